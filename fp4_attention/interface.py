@@ -1,0 +1,150 @@
+"""Public entry points: ``attention()`` and the ``FP4Attention`` module.
+
+Input validation lives here, once, for every backend: errors name the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .backends import flatten_state, get_backend, restore_state
+from .recipes import Recipe, get_recipe
+
+__all__ = ["LAYOUTS", "FP4Attention", "attention"]
+
+# layout name -> permutation from the layout to [B, H, S, D]
+LAYOUTS = {"bshd": (0, 2, 1, 3), "bhsd": (0, 1, 2, 3), "sbhd": (1, 2, 0, 3)}
+
+
+def _to_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    return x.permute(*LAYOUTS[layout])
+
+
+def _from_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    perm = LAYOUTS[layout]
+    inv = [perm.index(i) for i in range(4)]
+    return x.permute(*inv)
+
+
+def _validate(q, k, v, layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D in layout {layout!r}, got shape {tuple(t.shape)}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name} must be torch.bfloat16 (the recipes quantize from BF16), got {t.dtype}; "
+                            f"cast with .bfloat16()")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    qb, kb, vb = (_to_bhsd(t, layout) for t in (q, k, v))
+    if kb.shape != vb.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if qb.shape[0] != kb.shape[0]:
+        raise ValueError(f"batch mismatch: q has {qb.shape[0]}, k/v have {kb.shape[0]}")
+    if qb.shape[-1] != kb.shape[-1]:
+        raise ValueError(f"head dim mismatch: q has {qb.shape[-1]}, k/v have {kb.shape[-1]}")
+    if qb.shape[1] % kb.shape[1]:
+        raise ValueError(f"GQA needs the query heads ({qb.shape[1]}) to be a multiple of the key/value heads "
+                         f"({kb.shape[1]})")
+    if qb.shape[2] == 0 or kb.shape[2] == 0:
+        raise ValueError(f"empty sequence: q_len={qb.shape[2]}, kv_len={kb.shape[2]}")
+
+
+class _AttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, recipe: Recipe, causal: bool, softmax_scale: float, backend_name: str, options: dict):
+        backend = get_backend(backend_name)
+        out, lse, state = backend.forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, **options)
+        skeleton, tensors = flatten_state(state)
+        ctx.save_for_backward(*tensors)
+        ctx.skeleton = skeleton
+        ctx.meta = (recipe, causal, softmax_scale, backend_name, options)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        recipe, causal, softmax_scale, backend_name, options = ctx.meta
+        state = restore_state(ctx.skeleton, ctx.saved_tensors)
+        dq, dk, dv = get_backend(backend_name).backward(
+            state, dout.contiguous().bfloat16(), recipe, causal=causal, softmax_scale=softmax_scale, **options
+        )
+        return dq, dk, dv, None, None, None, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str | Recipe = "bf16",
+              causal: bool = False, softmax_scale: float | None = None, layout: str = "bshd",
+              backend: str = "reference", return_lse: bool = False, **options):
+    """Scaled dot-product attention in one of the low-precision recipes.
+
+    Args:
+        q: BF16 query, ``[B, Sq, Hq, D]`` for layout "bshd" (FlashAttention's), ``[B, Hq, Sq, D]`` for
+            "bhsd", ``[Sq, B, Hq, D]`` for "sbhd" (megatron-core's).
+        k, v: BF16, same layout with Hkv heads (Hq % Hkv == 0: GQA, K/V are never expanded).
+        recipe: a name from ``fp4_attention.RECIPES`` (``bf16``, ``fp8``, ``nvfp4qk_fp8pv``,
+            ``nvfp4qk_mxfp4pv_fast``, ``nvfp4qk_mxfp4pv_accurate``) or a :class:`Recipe`.
+        causal: causal mask, bottom-right aligned when Sq != Sk (query i sees key j iff
+            ``j <= i + Sk - Sq``; a query that sees no key outputs 0 with LSE = -inf).
+        softmax_scale: defaults to ``D ** -0.5``.
+        backend: a registered backend (``reference`` always; ``triton`` once imported on a GPU).
+        return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``.
+        options: backend options (reference: ``block_n``, ``rescale_threshold``).
+    Returns:
+        BF16 output in q's layout (and the LSE if asked).
+    Raises:
+        TypeError / ValueError: malformed inputs (message names the problem);
+        UnsupportedError: the backend cannot run this recipe/shape/device;
+        RuntimeError: a forward-only recipe called with gradients enabled.
+    """
+    _validate(q, k, v, layout)
+    rec = get_recipe(recipe)
+    be = get_backend(backend)
+    qb, kb, vb = (_to_bhsd(t, layout) for t in (q, k, v))
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(qb.shape[-1])
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    be.check(rec, qb, kb, vb)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if needs_grad and not rec.trainable:
+        raise RuntimeError(
+            f"recipe {rec.name} is forward-only (MXFP4 P/V diverged in every training run of the paper); "
+            "call it under torch.no_grad() / torch.inference_mode(), or train with bf16, fp8 or nvfp4qk_fp8pv"
+        )
+    if needs_grad:
+        out, lse = _AttentionFunction.apply(qb, kb, vb, rec, bool(causal), float(softmax_scale), backend, options)
+    else:
+        with torch.no_grad():
+            out, lse, _ = be.forward(qb, kb, vb, rec, causal=bool(causal), softmax_scale=float(softmax_scale),
+                                     **options)
+    out = _from_bhsd(out, layout)
+    return (out, lse) if return_lse else out
+
+
+class FP4Attention(torch.nn.Module):
+    """``nn.Module`` wrapper of :func:`attention` with a fixed recipe, mask, layout and backend.
+
+    ``forward(q, k, v)`` takes and returns tensors in ``layout`` (see :func:`attention`).
+    """
+
+    def __init__(self, recipe: str = "bf16", *, causal: bool = True, softmax_scale: float | None = None,
+                 layout: str = "bshd", backend: str = "reference", **options):
+        super().__init__()
+        self.recipe = get_recipe(recipe)
+        get_backend(backend)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.causal, self.softmax_scale, self.layout, self.backend, self.options = (
+            causal, softmax_scale, layout, backend, options)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(q, k, v, recipe=self.recipe, causal=self.causal, softmax_scale=self.softmax_scale,
+                         layout=self.layout, backend=self.backend, **self.options)
+
+    def extra_repr(self) -> str:
+        return f"recipe={self.recipe.name}, causal={self.causal}, layout={self.layout}, backend={self.backend}"

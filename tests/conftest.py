@@ -1,0 +1,27 @@
+"""Shared helpers for the attention tests (CPU and GPU)."""
+
+import pytest
+import torch
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def cosine(x: torch.Tensor, ref: torch.Tensor) -> float:
+    a, b = x.detach().double().cpu().flatten(), ref.detach().double().cpu().flatten()
+    return float(a @ b / (a.norm() * b.norm()).clamp_min(1e-300))
+
+
+def make_qkv(b, hq, hkv, sq, sk, d, *, seed=0, scale=1.0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(b, hq, sq, d, generator=g) * scale).bfloat16()
+    k = (torch.randn(b, hkv, sk, d, generator=g) * scale).bfloat16()
+    v = torch.randn(b, hkv, sk, d, generator=g).bfloat16()
+    return q.to(device), k.to(device), v.to(device)
+
+
+@pytest.fixture
+def qkv_factory():
+    return make_qkv

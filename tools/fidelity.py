@@ -1,0 +1,153 @@
+"""Fidelity of every recipe against float64 attention (issue 2, contract §4 case 3).
+
+For each input family and recipe: cosine and relative L2 of the output (and of dQ/dK/dV for the
+training recipes) against float64 naive attention on the same BF16 inputs, computed by the chosen
+backend. Writes a markdown table (and JSON) with the command that produced it.
+
+    python tools/fidelity.py --out results/fidelity            # reference backend, CPU
+    python tools/fidelity.py --backend triton --device cuda    # a GPU backend, same table
+
+Input families (B=1, Hq=8, Hkv=2, S=1024, D=128, causal unless noted; seed fixed):
+  normal        q, k, v ~ N(0, 1)
+  outliers      N(0, 1) with 0.1% of entries replaced by N(0, 100^2)
+  sink          N(0, 1) with key 0 aligned to every query so that it takes most of the mass
+  std=X         q, k scaled so that the scores have standard deviation X (X = 0.5, 1, 2, 4)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fp4_attention as fa
+from fp4_attention.exact import naive_attention
+
+
+def _metrics(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    a, b = x.double().flatten(), ref.double().flatten()
+    cos = float(a @ b / (a.norm() * b.norm()).clamp_min(1e-300))
+    rel = float((a - b).norm() / b.norm().clamp_min(1e-300))
+    return cos, rel
+
+
+def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, s, d, generator=g)
+    k = torch.randn(b, hkv, s, d, generator=g)
+    v = torch.randn(b, hkv, s, d, generator=g)
+    if family == "outliers":
+        for t in (q, k, v):
+            mask = torch.rand(t.shape, generator=g) < 1e-3
+            t[mask] = torch.randn(int(mask.sum()), generator=g) * 100.0
+    elif family == "sink":
+        # key 0 points along the mean query direction: its score is ~ +6 std above the others
+        direction = q.mean(dim=(1, 2), keepdim=True)
+        direction = direction / direction.norm(dim=-1, keepdim=True)
+        k[:, :, 0:1, :] = direction * 8.0 * math.sqrt(d)
+        q = q + direction * 2.0
+    elif family.startswith("std="):
+        target = float(family.split("=")[1])
+        # scores q.k / sqrt(d) of unit normals have std 1; scale q and k by sqrt(target)
+        q = q * math.sqrt(target)
+        k = k * math.sqrt(target)
+    elif family != "normal":
+        raise ValueError(f"unknown input family {family!r}")
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def run(args) -> list[dict]:
+    device = torch.device(args.device)
+    if args.backend != "reference":
+        __import__(f"fp4_attention.{args.backend}_backend")
+    records = []
+    for family in args.families:
+        q, k, v = make_inputs(family, args.batch, args.hq, args.hkv, args.seqlen, args.headdim, args.seed)
+        g = torch.Generator().manual_seed(args.seed + 1)
+        dout = torch.randn(q.shape, generator=g).bfloat16()
+        qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+        ref_out, _ = naive_attention(qd, kd, vd, causal=args.causal, softmax_scale=args.headdim ** -0.5)
+        ref_out.backward(dout.double())
+        for name in args.recipes:
+            rec = fa.get_recipe(name)
+            qq, kk, vv = (t.detach().clone().to(device).requires_grad_(rec.trainable) for t in (q, k, v))
+            ctx = torch.enable_grad() if rec.trainable else torch.no_grad()
+            with ctx:
+                out = fa.attention(qq, kk, vv, recipe=rec, causal=args.causal, layout="bhsd", backend=args.backend)
+            rec_row = {"family": family, "recipe": name, "out": _metrics(out.cpu(), ref_out.detach())}
+            if rec.trainable:
+                out.backward(dout.to(device))
+                for gname, mine, ref in (("dq", qq.grad, qd.grad), ("dk", kk.grad, kd.grad), ("dv", vv.grad, vd.grad)):
+                    rec_row[gname] = _metrics(mine.cpu(), ref)
+            records.append(rec_row)
+            print(json.dumps(rec_row), flush=True)
+    return records
+
+
+def to_markdown(records: list[dict], args, command: str) -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=False).stdout.strip()
+        commit += "+dirty" if dirty else ""
+    except Exception:  # noqa: BLE001 - running outside a checkout
+        commit = "unknown"
+    dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
+    lines = [
+        "# Attention fidelity vs float64",
+        "",
+        f"- command: `{command}`",
+        (f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; commit {commit}; "
+         f"device {dev}; torch {torch.__version__}; backend `{args.backend}`"),
+        (f"- shape: B={args.batch}, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, "
+         f"causal={args.causal}; inputs BF16; reference = float64 naive attention on the same BF16 inputs"),
+        "- cells: cosine / relative L2. Gradients only for the training recipes.",
+        "",
+        "| inputs | recipe | out | dQ | dK | dV |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        cells = [f"{r[k][0]:.5f} / {r[k][1]:.4f}" if k in r else "-" for k in ("out", "dq", "dk", "dv")]
+        lines.append(f"| {r['family']} | {r['recipe']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="reference")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--recipes", nargs="+", default=list(fa.RECIPES))
+    p.add_argument("--families", nargs="+",
+                   default=["normal", "outliers", "sink", "std=0.5", "std=1", "std=2", "std=4"])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--hq", type=int, default=8)
+    p.add_argument("--hkv", type=int, default=2)
+    p.add_argument("--seqlen", type=int, default=1024)
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    args = p.parse_args(argv)
+    records = run(args)
+    command = "python tools/fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    md = to_markdown(records, args, command.strip())
+    print(md)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out + ".md").write_text(md)
+        Path(args.out + ".json").write_text(json.dumps({"command": command, "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
