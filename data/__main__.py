@@ -1,0 +1,5 @@
+"""``python -m data`` is ``python -m data.prepare``."""
+
+from data.prepare import main
+
+raise SystemExit(main())
