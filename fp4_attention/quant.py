@@ -1,8 +1,11 @@
 """Block-scaled quantizers: NVFP4, MXFP4 (OCP and the paper's P/V convention) and scaled FP8.
 
 These define, to the bit, what every backend's quantizer kernels must produce (contract §1).
-All arithmetic is float32 in the order written below (the GPU kernels use the same order with
-IEEE round-to-nearest division), on top of the exact codecs of ``formats.py``.
+All arithmetic is float32 in the order written below, with IEEE round-to-nearest division (the
+GPU kernels use ``div_rn``), on top of the exact codecs of ``formats.py``. Note: torch divides a
+tensor by a Python scalar as a multiplication by the scalar's reciprocal, which is not IEEE
+division and differs in the last bit for some inputs (seen on the H200: E4M3 scales one code apart);
+hence :func:`ieee_div`, which divides by a full tensor.
 
 NVFP4 (one FP32 global scale ``g`` per scale group, one E4M3 scale per 16 elements of the last
 dim, E2M1 payload packed two per byte, element 2i in the low nibble)::
@@ -29,7 +32,8 @@ Scaled FP8 (E4M3 or E5M2 payload, one FP32 scale per slice of the tensor)::
 Non-finite input (documented behaviour): a NaN or +-Inf poisons the smallest unit whose scale it
 enters, so it can never be mistaken for a finite value. For NVFP4 the global scale of the group
 becomes NaN and every block of the group gets the E4M3 NaN scale code 0x7F (payload 0); for MXFP4
-the block gets the E8M0 NaN code 0xFF (payload 0); for FP8 the slice scale becomes NaN. In all
+the block gets the E8M0 NaN code 0xFF (payload 0); for FP8 the slice scale becomes NaN and every
+element of the slice the NaN code 0x7F (E4M3 and E5M2 alike). In all
 cases ``dequantize`` returns NaN for that unit. Training catches the NaN in the loss.
 """
 
@@ -75,6 +79,13 @@ NVFP4_GLOBAL_DIVISOR = E4M3_MAX * E2M1_MAX  # 2688
 FP8_FORMATS = {"e4m3": (torch.float8_e4m3fn, E4M3_MAX), "e5m2": (torch.float8_e5m2, E5M2_MAX)}
 
 
+def ieee_div(a: torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
+    """Elementwise IEEE round-to-nearest division ``a / b`` in float32, also for a scalar ``b``."""
+    if not isinstance(b, torch.Tensor) or b.dim() == 0:
+        b = torch.full_like(a, float(b))
+    return a / b
+
+
 def _check_blocked(x: torch.Tensor, block: int, who: str) -> None:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{who}: expected a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
@@ -106,7 +117,8 @@ class NVFP4Tensor:
     def scaled_payload(self) -> torch.Tensor:
         """``s_b * q`` as float32 ``[..., D]`` without the global scale (exact in BF16 too)."""
         q = decode_e2m1(unpack_e2m1(self.payload))
-        s = decode_e4m3(self.block_scale).repeat_interleave(NVFP4_BLOCK, dim=-1)
+        # torch's float8_e4m3fn view decodes every code exactly like formats.decode_e4m3 (tested)
+        s = self.block_scale.view(torch.float8_e4m3fn).float().repeat_interleave(NVFP4_BLOCK, dim=-1)
         return s * q
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -185,7 +197,7 @@ def nvfp4_global_scale(x: torch.Tensor, dims: tuple[int, ...] | None = None) -> 
     if dims:
         finite = torch.isfinite(xf).amin(dim=dims, keepdim=True)
     amax = xf.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).amax(dim=dims, keepdim=True)
-    g = amax / NVFP4_GLOBAL_DIVISOR
+    g = ieee_div(amax, NVFP4_GLOBAL_DIVISOR)
     g = torch.where(amax == 0, torch.ones_like(g), g)
     return torch.where(finite, g, torch.full_like(g, torch.nan))
 
@@ -210,7 +222,7 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None) ->
     bad = ~torch.isfinite(xb).all(-1, keepdim=True) | ~torch.isfinite(gb)
     xb_clean = torch.where(bad, torch.zeros_like(xb), xb)
     amax_b = xb_clean.abs().amax(-1, keepdim=True)
-    s_code = encode_e4m3((amax_b / 6.0) / gb)  # float32 divisions in contract order
+    s_code = encode_e4m3(ieee_div(ieee_div(amax_b, 6.0), gb))  # float32 divisions in contract order
     s_code = torch.where(bad, torch.full_like(s_code, E4M3_NAN), s_code)
     s_b = decode_e4m3(s_code)
     denom = s_b * gb
@@ -289,8 +301,10 @@ def quantize_fp8(x: torch.Tensor, fmt: str, dims: tuple[int, ...]) -> FP8Tensor:
     xf = x.float()
     finite = torch.isfinite(xf).amin(dim=dims, keepdim=True)
     amax = xf.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).amax(dim=dims, keepdim=True)
-    scale = amax / fmax
+    scale = ieee_div(amax, fmax)
     scale = torch.where(amax == 0, torch.ones_like(scale), scale)
     scale = torch.where(finite, scale, torch.full_like(scale, torch.nan))
     data = (xf / scale).clamp(-fmax, fmax).to(dtype)
+    # non-finite slices: every element gets the canonical NaN code 0x7F (not a sign-dependent NaN)
+    data = torch.where(finite, data.view(torch.uint8), torch.full_like(data.view(torch.uint8), 0x7F)).view(dtype)
     return FP8Tensor(data=data, scale=scale)

@@ -44,7 +44,7 @@ import torch
 from .direct_p import E8M0_MIN_EXP, p_codes
 from .formats import round_e4m3
 from .operands import QKOperands, Saved, VOperand, qk_operands, quantize_qk, quantize_v, v_operand
-from .quant import MXFP4_BLOCK, quantize_fp8
+from .quant import MXFP4_BLOCK, ieee_div, quantize_fp8
 from .recipes import Recipe, check_saturation_invariant
 
 __all__ = ["DEFAULT_BLOCK_N", "ReferenceState", "reference_backward", "reference_forward"]
@@ -117,11 +117,21 @@ def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe:
     Raises:
         ValueError: block size or threshold violating the contract.
     """
+    q_s, k_s = quantize_qk(q, k, recipe)
+    v_s = quantize_v(v, recipe)
+    return reference_forward_quantized(q_s, k_s, v_s, recipe, causal=causal, softmax_scale=softmax_scale,
+                                       block_n=block_n, rescale_threshold=rescale_threshold)
+
+
+def reference_forward_quantized(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Recipe, *, causal: bool,
+                                softmax_scale: float, block_n: int = DEFAULT_BLOCK_N, rescale_threshold: float = 0.0
+                                ) -> tuple[torch.Tensor, torch.Tensor, ReferenceState]:
+    """:func:`reference_forward` on operands already quantized as ``operands.quantize_qk`` /
+    ``quantize_v`` return them (V in ``[B, Hkv, Sk, D]`` layout): the way a GPU backend is
+    compared with the reference on identical quantized inputs."""
     if block_n <= 0:
         raise ValueError(f"block_n must be positive, got {block_n}")
     check_saturation_invariant(recipe.p_lift_log2, rescale_threshold)
-    q_s, k_s = quantize_qk(q, k, recipe)
-    v_s = quantize_v(v, recipe)
     ops = qk_operands(q_s, k_s, recipe, softmax_scale)
     vo = v_operand(v_s, recipe)
     if recipe.direct_p is not None:
@@ -181,12 +191,12 @@ def _forward_direct_p(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: boo
         rel = e_b - torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         # E8M0 holds 2^-127 .. 2^0 relative to the anchor; blocks further below are flushed.
         alpha = torch.where(rel >= E8M0_MIN_EXP, torch.exp2(rel), torch.zeros_like(rel))
-        l = l * rescale + (alpha * (codes.sum(-1) / 6.0)).sum(-1, keepdim=True)
+        l = l * rescale + (alpha * ieee_div(codes.sum(-1), 6.0)).sum(-1, keepdim=True)
         p_rep = (alpha.unsqueeze(-1) * codes).flatten(-2)  # 2^rel * q: exact in FP32
         acc = acc * rescale + torch.matmul(p_rep, vo.v_op[:, :, j0:j1p].unsqueeze(2))
         m = m_new
     empty = l == 0
-    out = torch.where(empty, torch.zeros_like(acc), (acc / 36.0) / torch.where(empty, torch.ones_like(l), l))
+    out = torch.where(empty, torch.zeros_like(acc), ieee_div(acc, 36.0) / torch.where(empty, torch.ones_like(l), l))
     lse = torch.where(empty, torch.full_like(m, -torch.inf), (m + torch.log2(l)) * LN2)
     return out.flatten(1, 2).bfloat16(), lse.flatten(1, 2).squeeze(-1)
 

@@ -47,7 +47,8 @@ def test_nvfp4_global_scale_formula_and_zero_blocks():
     x[0, 1, 2, 16:32] = 0.0  # a zero block
     gs = nvfp4_global_scale(x, dims=(2, 3))
     assert gs.shape == (2, 3, 1, 1)
-    assert torch.equal(gs, x.abs().amax(dim=(2, 3), keepdim=True) / 2688.0)
+    amax = x.abs().amax(dim=(2, 3), keepdim=True)
+    assert torch.equal(gs, amax / torch.full_like(amax, 2688.0))
     nv = quantize_nvfp4(x, gs)
     assert nv.block_scale[0, 1, 2, 1] == 0 and torch.all(_values(nv)[0, 1, 2, 16:32] == 0)
     # the head amax maps to 448 * 6 exactly: the largest block scale code is 448 (0x7E)
@@ -139,7 +140,7 @@ def test_fp8_granularities_bytes_equal_codec(fmt, dt, fmax, dims, scale_shape):
     t = quantize_fp8(x, fmt, dims)
     assert t.scale.shape == scale_shape and t.data.dtype == dt
     amax = x.float().abs().amax(dim=dims, keepdim=True)
-    expect_scale = torch.where(amax == 0, torch.ones_like(amax), amax / fmax)
+    expect_scale = torch.where(amax == 0, torch.ones_like(amax), amax / torch.full_like(amax, fmax))
     assert torch.equal(t.scale, expect_scale)
     enc = F.encode_e4m3 if fmt == "e4m3" else F.encode_e5m2
     assert torch.equal(t.data.view(torch.uint8), enc(x.float() / t.scale))

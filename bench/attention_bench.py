@@ -1,0 +1,277 @@
+"""Attention throughput on one GPU: our recipes (Triton backend) against same-run baselines.
+
+    python bench/attention_bench.py --out results/attention_bench_h200     # writes .json and .md
+
+FLOPs = 4 * B * Hq * S^2 * D, halved for causal; forward + backward counts 3.5x the forward FLOPs.
+Times are medians of ``triton.testing.do_bench`` (CUDA events) after warm-up, on inputs drawn
+N(0, 1). Our forward times include the quantization of the BF16 Q/K/V (what a layer pays); the
+"kernel only" column times the attention kernel on already-quantized operands, the fair
+comparison with cuDNN's FP8 attention, which takes FP8 inputs with per-tensor scales.
+
+Baselines measured in the same run: cuDNN BF16 and FlashAttention-2 through torch SDPA backends
+(GQA through ``enable_gqa``), and cuDNN FP8 attention through ``nvidia-cudnn-frontend``
+(``sdpa_fp8`` / ``sdpa_fp8_backward``, per-tensor unit scales, P scaled by 256) when importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fp4_attention as fa  # noqa: E402
+from fp4_attention import triton_backend  # noqa: E402
+
+SHAPES = [  # (B, Hq, Hkv, S, causal, passes)
+    (1, 32, 8, 4096, True, ("fwd", "fwd_bwd")),
+    (4, 32, 8, 4096, True, ("fwd", "fwd_bwd")),
+    (2, 32, 32, 8192, False, ("fwd",)),
+    (1, 24, 24, 32768, False, ("fwd",)),
+]
+D = 128
+
+
+def bench(fn, warmup=100, rep=400) -> float:
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def flops(b, hq, s, causal, pass_):
+    f = 4 * b * hq * s * s * D / (2 if causal else 1)
+    return f * (3.5 if pass_ == "fwd_bwd" else 1.0)
+
+
+def sdpa_fn(backend, q, k, v, causal, pass_):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"cudnn_bf16": SDPBackend.CUDNN_ATTENTION, "fa2_bf16": SDPBackend.FLASH_ATTENTION}[backend]
+    gqa = q.shape[1] != k.shape[1]
+    dout = torch.randn_like(q)
+
+    def fwd():
+        with sdpa_kernel(be):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    if pass_ == "fwd":
+        with torch.no_grad():
+            fwd()
+        return lambda: fwd()
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def fb():
+        with sdpa_kernel(be):
+            o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+        o.backward(dout)
+
+    fb()
+    return fb
+
+
+def ours_fn(recipe, q, k, v, causal, pass_):
+    rec = fa.get_recipe(recipe)
+    dout = torch.randn_like(q)
+    if pass_ == "fwd":
+        def f():
+            with torch.no_grad():
+                return fa.attention(q, k, v, recipe=rec, causal=causal, layout="bhsd", backend="triton")
+        return f
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def fb():
+        fa.attention(qg, kg, vg, recipe=rec, causal=causal, layout="bhsd", backend="triton").backward(dout)
+    return fb
+
+
+def ours_kernel_only(recipe, q, k, v, causal):
+    """Forward kernel alone on operands quantized once outside the timed region."""
+    from fp4_attention.triton_kernels import LOG2E, _fwd_kernel
+
+    be = triton_backend.TritonBackend()
+    rec = fa.get_recipe(recipe)
+    out, lse, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=D ** -0.5)
+    decoded = None
+    if rec.qk == "nvfp4":
+        decoded = (st.q.scaled_payload().bfloat16(), st.k.scaled_payload().bfloat16())
+    q_op, k_op, row, col = triton_backend._qk_kernel_operands(st.q, st.k, rec, q.shape, k.shape, decoded)
+    v_op, v_scale = triton_backend._v_kernel_operands(st.v, rec, q.shape[0], k.shape[1], D, q.device)
+    bn = triton_backend.default_block_n(D)
+    grid = (triton.cdiv(q.shape[2], 128), q.shape[0] * q.shape[1])
+
+    def f():
+        _fwd_kernel[grid](
+            q_op, k_op, v_op, row, col, v_scale, out, lse,
+            *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
+            *v_scale.stride(), *out.stride(), *lse.stride(),
+            q.shape[1], q.shape[1] // k.shape[1], q.shape[2], k.shape[2], D ** -0.5 * LOG2E,
+            HEAD_DIM=D, BLOCK_M=128, BLOCK_N=bn, CAUSAL=causal, QK_FP8=rec.qk == "fp8", PV_FP8=rec.pv == "fp8",
+            LIFT=rec.p_lift_log2, IMPRECISE=triton_backend.IMPRECISE_K if rec.qk == "fp8" else None,
+            num_warps=8, num_stages=3,
+        )
+    return f
+
+
+def cudnn_fp8_fn(q, k, v, causal, pass_):
+    """cuDNN FP8 attention via cudnn-frontend: E4M3 Q/K/V/O, per-tensor unit scales, S scaled by 256."""
+    import cudnn
+
+    b, hq, s, d = q.shape
+    f8 = torch.float8_e4m3fn
+    q8, k8, v8 = (t.to(f8) for t in (q, k, v))
+    one = torch.ones(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+    s256 = torch.full((1, 1, 1, 1), 256.0, device=q.device)
+    ds256 = torch.full((1, 1, 1, 1), 1 / 256.0, device=q.device)
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT)
+    tq, tk, tv = g.tensor_like(q8), g.tensor_like(k8), g.tensor_like(v8)
+    t_one = {n: g.tensor_like(one) for n in ("dq", "dk", "dv", "so")}
+    t_ds, t_s = g.tensor_like(ds256), g.tensor_like(s256)
+    o, stats, amax_s, amax_o = g.sdpa_fp8(tq, tk, tv, t_one["dq"], t_one["dk"], t_one["dv"], t_ds, t_s, t_one["so"],
+                                          is_inference=pass_ == "fwd", attn_scale=d ** -0.5,
+                                          use_causal_mask=causal)
+    o8 = torch.empty_like(q8)
+    o.set_output(True).set_dim(list(o8.shape)).set_stride(list(o8.stride())).set_data_type(cudnn.data_type.FP8_E4M3)
+    amax_s.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+    amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+    stats_t = None
+    if pass_ != "fwd":
+        stats_t = torch.empty(b, hq, s, 1, dtype=torch.float32, device=q.device)
+        stats.set_output(True).set_dim(list(stats_t.shape)).set_stride(list(stats_t.stride())).set_data_type(
+            cudnn.data_type.FLOAT)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    amax_buf = [torch.empty(1, 1, 1, 1, device=q.device) for _ in range(2)]
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=q.device)
+    pack = {tq: q8, tk: k8, tv: v8, t_ds: ds256, t_s: s256, o: o8, amax_s: amax_buf[0], amax_o: amax_buf[1],
+            **{t: one for t in t_one.values()}}
+    if stats_t is not None:
+        pack[stats] = stats_t
+
+    def fwd():
+        g.execute(pack, ws)
+
+    fwd()
+    if pass_ == "fwd":
+        return fwd
+    # backward graph
+    gb = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
+                       compute_data_type=cudnn.data_type.FLOAT)
+    do8 = torch.randn_like(q).to(torch.float8_e5m2)
+    bq, bk, bv, bo = gb.tensor_like(q8), gb.tensor_like(k8), gb.tensor_like(v8), gb.tensor_like(o8)
+    bdo, bst = gb.tensor_like(do8), gb.tensor_like(stats_t)
+    sc = {n: gb.tensor_like(one) for n in ("dq", "dk", "dv", "do", "ddo", "ddp", "sdq", "sdk", "sdv", "sdp")}
+    bds, bs = gb.tensor_like(ds256), gb.tensor_like(s256)
+    dq, dk, dv, a1, a2, a3, a4 = gb.sdpa_fp8_backward(
+        bq, bk, bv, bo, bdo, bst, sc["dq"], sc["dk"], sc["dv"], sc["do"], sc["ddo"], bds, sc["ddp"], bs, sc["sdq"],
+        sc["sdk"], sc["sdv"], sc["sdp"], attn_scale=d ** -0.5, use_causal_mask=causal)
+    outs = {dq: torch.empty_like(q, dtype=torch.float8_e5m2), dk: torch.empty_like(k, dtype=torch.float8_e5m2),
+            dv: torch.empty_like(v, dtype=torch.float8_e5m2)}
+    for t, buf in outs.items():
+        t.set_output(True).set_dim(list(buf.shape)).set_stride(list(buf.stride())).set_data_type(
+            cudnn.data_type.FP8_E5M2)
+    amaxes = {}
+    for a in (a1, a2, a3, a4):
+        a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+        amaxes[a] = torch.empty(1, 1, 1, 1, device=q.device)
+    gb.validate()
+    gb.build_operation_graph()
+    gb.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    gb.check_support()
+    gb.build_plans()
+    wsb = torch.empty(gb.get_workspace_size(), dtype=torch.uint8, device=q.device)
+    packb = {bq: q8, bk: k8, bv: v8, bo: o8, bdo: do8, bst: stats_t, bds: ds256, bs: s256, **outs, **amaxes,
+             **{t: one for t in sc.values()}}
+
+    def fb():
+        g.execute(pack, ws)
+        gb.execute(packb, wsb)
+
+    fb()
+    return fb
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None)
+    p.add_argument("--recipes", nargs="+", default=list(fa.TRAINING_RECIPES))
+    p.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into SHAPES")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip() or "unknown"
+    meta = {"date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
+            "commit": commit, "torch": torch.__version__, "triton": triton.__version__,
+            "cudnn": torch.backends.cudnn.version(), "flops": "4*B*Hq*S^2*D, /2 causal, x3.5 fwd+bwd"}
+    records = []
+    shapes = [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES
+    for (b, hq, hkv, s, causal, passes) in shapes:
+        q = torch.randn(b, hq, s, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16)
+        shape = f"B{b} H{hq}/{hkv} S{s} {'causal' if causal else 'non-causal'}"
+        for pass_ in passes:
+            base = {}
+            cands = [("cudnn_bf16", lambda: sdpa_fn("cudnn_bf16", q, k, v, causal, pass_)),
+                     ("fa2_bf16", lambda: sdpa_fn("fa2_bf16", q, k, v, causal, pass_)),
+                     ("cudnn_fp8", lambda: cudnn_fp8_fn(q, k, v, causal, pass_))]
+            cands += [(f"ours_{r}", (lambda r=r: ours_fn(r, q, k, v, causal, pass_))) for r in args.recipes]
+            if pass_ == "fwd":
+                cands += [(f"ours_{r}_kernel_only", (lambda r=r: ours_kernel_only(r, q, k, v, causal)))
+                          for r in args.recipes if r != "bf16"]
+            for name, make in cands:
+                rec = {"shape": shape, "B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": D, "causal": causal,
+                       "pass": pass_, "impl": name}
+                try:
+                    fn = make()
+                    ms = bench(fn)
+                    rec.update(ms=ms, tflops=flops(b, hq, s, causal, pass_) / ms / 1e9)
+                except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
+                    rec.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+                    traceback.print_exc(limit=2)
+                base[name] = rec
+                records.append(rec)
+                torch.cuda.empty_cache()
+            ref = base["cudnn_bf16"].get("tflops")
+            for rec in base.values():
+                if ref and "tflops" in rec:
+                    rec["vs_cudnn_bf16"] = rec["tflops"] / ref
+                rec["same_run_cudnn_bf16_tflops"] = ref
+                print(json.dumps(rec), flush=True)
+    md = to_markdown(records, meta)
+    print(md)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out + ".json").write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+        Path(args.out + ".md").write_text(md)
+    return 0
+
+
+def to_markdown(records, meta) -> str:
+    lines = [f"# Attention throughput, {meta['gpu']}", "",
+             f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}, "
+             f"cuDNN {meta['cudnn']}", f"- TFLOP/s with FLOPs = {meta['flops']}; median of CUDA-event timings; "
+             "baselines measured in the same run; `ours_*` forward includes quantizing BF16 Q/K/V, "
+             "`*_kernel_only` does not (cuDNN FP8 takes FP8 inputs)", "",
+             "| shape | pass | impl | ms | TFLOP/s | vs cuDNN BF16 |", "|---|---|---|---|---|---|"]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | {r['pass']} | {r['impl']} | - | error: {r['error'][:80]} | - |")
+        else:
+            lines.append(f"| {r['shape']} | {r['pass']} | {r['impl']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
+                         f"{r.get('vs_cudnn_bf16', float('nan')):.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

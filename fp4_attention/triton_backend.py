@@ -1,0 +1,194 @@
+"""The ``triton`` backend: training recipes on CUDA GPUs with FP8 tensor cores (sm_89 / sm_90+).
+
+Importing this module registers the backend. Quantization of Q/K/V/dO uses the quantizers of
+``quant.py`` running on the GPU (the reference's own code, so the bytes are the reference's);
+the attention products run in ``triton_kernels.py``. Forward saves the quantized payloads and
+scales, the output and the LSE, never BF16 Q/K/V (for the FP8 recipes).
+
+Supported: recipes ``bf16``, ``fp8``, ``nvfp4qk_fp8pv``; head dims 64 and 128; any sequence
+lengths, causal (bottom-right) or not, GQA. The Direct-P (MXFP4) forward recipes are not
+implemented here: they raise ``UnsupportedError`` naming the ``reference`` backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .backends import UnsupportedError, register_backend
+from .operands import Saved, quantize_qk, quantize_v
+from .quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale, quantize_fp8
+from .triton_quant import quantize_fp8_rows, quantize_nvfp4_rows
+from .recipes import Recipe
+from .triton_kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
+
+__all__ = ["TritonBackend", "TritonState"]
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
+
+
+def default_block_n(head_dim: int) -> int:
+    """Keys per KV tile of the forward kernel (the reference must use the same to compare
+    rounding-for-rounding: FP8 P is rounded relative to the running max of its tile)."""
+    return 128 if head_dim <= 64 else 64
+
+
+@dataclass
+class TritonState:
+    """Saved for backward: quantized Q/K (as ``operands.quantize_qk`` returns them), V as
+    :class:`FP8Tensor` whose data is stored transposed ``[B, Hkv, D, Sk]`` (or BF16 V for ``bf16``),
+    the BF16 output and the FP32 LSE."""
+
+    q: Saved
+    k: Saved
+    v: Saved
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+def _quantize_qk_fast(q, k, recipe: Recipe):
+    """Quantize Q/K with the Triton quantizers (bytes equal ``operands.quantize_qk``).
+
+    Returns ``(q_saved, k_saved, decoded)`` where ``decoded`` is the BF16 ``s_b * q`` pair for NVFP4.
+    """
+    if recipe.qk == "fp8":
+        return quantize_fp8_rows(q.contiguous()), quantize_fp8_rows(k.contiguous()), None
+    if recipe.qk == "nvfp4":
+        q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
+        k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
+        return q_s, k_s, (q_dec, k_dec)
+    q_s, k_s = quantize_qk(q, k, recipe)
+    return q_s, k_s, None
+
+
+def _qk_kernel_operands(q_s: Saved, k_s: Saved, recipe: Recipe, shape_q, shape_k, decoded=None):
+    """(q_op, k_op, row [B, Hq, Sq], col [B, Hkv, Sk]) as the kernels read them."""
+    b, hq, sq, _ = shape_q
+    hkv, sk = shape_k[1], shape_k[2]
+    if recipe.qk == "bf16":
+        one = torch.ones((), dtype=torch.float32, device=q_s.device)
+        return q_s, k_s, one.expand(b, hq, sq), one.expand(b, hkv, sk)
+    if recipe.qk == "fp8":
+        return q_s.data, k_s.data, q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+    if recipe.qk == "nvfp4":
+        # s_b * q is exact in BF16 (<= 6 significant bits, in range): the exact emulation of the
+        # NVFP4 QK product is a BF16 MMA of the decoded payloads, scaled by the global scales.
+        if decoded is not None:
+            q_op, k_op = decoded
+        else:
+            q_op = q_s.scaled_payload().to(torch.bfloat16)
+            k_op = k_s.scaled_payload().to(torch.bfloat16)
+        return q_op, k_op, q_s.global_scale.squeeze(-1).expand(b, hq, sq), k_s.global_scale.squeeze(-1).expand(
+            b, hkv, sk)
+    raise UnsupportedError(f"triton backend: Q/K format {recipe.qk!r} not implemented")
+
+
+def _v_kernel_operands(v_s: Saved, recipe: Recipe, b: int, hkv: int, d: int, device):
+    """(v_op [B, Hkv, Sk, D] view, v_scale [B, Hkv, D])."""
+    if recipe.pv == "fp8":
+        return v_s.data.transpose(-1, -2), v_s.scale.squeeze(2)
+    one = torch.ones((), dtype=torch.float32, device=device)
+    return v_s, one.expand(b, hkv, d)
+
+
+class TritonBackend:
+    """Triton kernels for the training recipes; options ``block_m``, ``block_n``, ``num_warps``,
+    ``num_stages`` (forward tiles) are for benchmarking and tests."""
+
+    name = "triton"
+
+    def check(self, recipe: Recipe, q, k, v) -> None:
+        if not q.is_cuda:
+            raise UnsupportedError("triton backend needs CUDA tensors; use backend='reference' on CPU")
+        if not recipe.trainable:
+            raise UnsupportedError(f"triton backend: recipe {recipe.name} (Direct-P MXFP4) is not implemented in "
+                                   "Triton; use backend='reference'")
+        major, minor = torch.cuda.get_device_capability(q.device)
+        if recipe.pv == "fp8" and (major, minor) < (8, 9):
+            raise UnsupportedError(f"triton backend: recipe {recipe.name} needs FP8 tensor cores (sm_89+), "
+                                   f"this GPU is sm_{major}{minor}; use recipe='bf16' or backend='reference'")
+        if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+            raise UnsupportedError(f"triton backend: head dim {q.shape[-1]} unsupported (supported: "
+                                   f"{SUPPORTED_HEAD_DIMS}); use backend='reference'")
+
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, block_m: int = 128,
+                block_n: int | None = None, num_warps: int = 8, num_stages: int = 3):
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+        q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
+        v_s = quantize_v(v, recipe)
+        if recipe.pv == "fp8":  # store V8 transposed: the K-major B operand of the FP8 PV product
+            v_s = FP8Tensor(data=v_s.data.transpose(-1, -2).contiguous(), scale=v_s.scale)
+        q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, q.shape, k.shape, decoded)
+        v_op, v_scale = _v_kernel_operands(v_s, recipe, b, hkv, d, q.device)
+        out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+        block_n = block_n or default_block_n(d)
+        grid = (triton.cdiv(sq, block_m), b * hq)
+        _fwd_kernel[grid](
+            q_op, k_op, v_op, row, col, v_scale, out, lse,
+            *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
+            *v_scale.stride(), *out.stride(), *lse.stride(),
+            hq, hq // hkv, sq, sk, softmax_scale * LOG2E,
+            HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, QK_FP8=recipe.qk == "fp8",
+            PV_FP8=recipe.pv == "fp8", LIFT=recipe.p_lift_log2, IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+        return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
+
+    def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float,
+                 block_m: int = 128, block_n: int | None = None, num_warps: int = 8, num_stages: int = 3):
+        b, hq, sq, d = state.out.shape
+        shape_k = (b, *_kv_shape(state.k, recipe))
+        hkv, sk = shape_k[1], shape_k[2]
+        g = hq // hkv
+        q_op, k_op, row, col = _qk_kernel_operands(state.q, state.k, recipe, state.out.shape, shape_k)
+        lift = recipe.p_lift_log2
+        if recipe.pv == "fp8":
+            v_scale = state.v.scale.squeeze(2)  # [B, Hkv, D]
+            v_op = state.v.data.transpose(-1, -2).contiguous()  # [B, Hkv, Sk, D] K-major for dP
+            v_scale_q = v_scale.repeat_interleave(g, dim=1).unsqueeze(2)  # [B, Hq, 1, D]
+            do_q = quantize_fp8(dout.float() * v_scale_q, "e5m2", dims=(-2, -1))
+            do_op, s_do = do_q.data, do_q.scale.reshape(b, hq)
+            delta = ((do_q.data.float() * do_q.scale) * state.out.float() / v_scale_q).sum(-1)
+        else:
+            v_op = state.v
+            v_scale = torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hkv, d)
+            do_op, s_do = dout, torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hq)
+            delta = (dout.float() * state.out.float()).sum(-1)
+        stat = torch.where(torch.isinf(state.lse), torch.full_like(state.lse, -torch.inf), lift - state.lse * LOG2E)
+        stat, delta = stat.contiguous(), delta.contiguous()
+        dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
+        dk = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dout.device)
+        dv = torch.empty_like(dk)
+        bm, bn = 64, 64
+        common = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, QK_FP8=recipe.qk == "fp8",
+                      PV_FP8=recipe.pv == "fp8", LIFT=lift, IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
+                      num_warps=4, num_stages=2)
+        _bwd_dkdv_kernel[(triton.cdiv(sk, bn), b * hkv)](
+            q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, v_scale, dk, dv,
+            *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
+            *stat.stride(), *s_do.stride(), *v_scale.stride(), *dk.stride(),
+            hkv, g, sq, sk, softmax_scale * LOG2E, softmax_scale, **common,
+        )
+        _bwd_dq_kernel[(triton.cdiv(sq, bm), b * hq)](
+            q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, dq,
+            *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
+            *stat.stride(), *s_do.stride(), *dq.stride(),
+            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, **common,
+        )
+        return dq, dk, dv
+
+
+def _kv_shape(k_s: Saved, recipe: Recipe) -> tuple[int, int, int]:
+    if isinstance(k_s, NVFP4Tensor):
+        return k_s.shape[1:]
+    if isinstance(k_s, FP8Tensor):
+        return tuple(k_s.data.shape[1:])
+    return tuple(k_s.shape[1:])
+
+
+register_backend(TritonBackend())
