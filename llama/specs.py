@@ -1,0 +1,104 @@
+"""Transformer-layer specs: megatron-core's Llama layer with our core attention in its slot.
+
+* Transformer Engine importable (and ``transformer_impl`` ``auto`` or ``transformer_engine``):
+  megatron-core's TE spec. RMSNorm is fused into ``linear_qkv`` / ``linear_fc1``
+  (``TELayerNormColumnParallelLinear``), ``linear_proj`` / ``linear_fc2`` are ``TERowParallelLinear``.
+  Projection precision ``te_fp8`` is set on the TransformerConfig (``builder.py``): TE then runs these
+  projections in FP8 inside its autocast, while our attention (not a TE module) keeps its own recipe.
+* Otherwise: megatron-core's local spec (``ColumnParallelLinear`` / ``RowParallelLinear``, torch
+  RMSNorm), same attention.
+
+``torchao_fp8`` is rejected: torchao's float8 training (``convert_to_float8_training``) swaps
+``torch.nn.Linear`` modules for ``Float8Linear``; megatron-core's ``ColumnParallelLinear`` /
+``RowParallelLinear`` are not ``nn.Linear`` (they subclass ``nn.Module``, return ``(output, bias)``
+and run their own autograd function with the tensor-parallel communication and gradient
+accumulation inside), so nothing would be swapped, and making them FP8 means reimplementing their
+forward/backward around torchao's scaled matmul. torchtitan's torchao+TP route works only with
+DTensor tensor parallelism, not megatron's. Use ``te_fp8`` (needs TE) or ``bf16``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from fp4_attention.megatron_adapter import CoreAttentionSettings, FP4CoreAttention
+
+from .config import LlamaConfig
+
+__all__ = ["core_attention_spec", "have_transformer_engine", "layer_spec", "uses_transformer_engine"]
+
+TORCHAO_FP8_UNSUPPORTED = (
+    "projection.precision='torchao_fp8' is not supported: torchao's float8 training swaps torch.nn.Linear "
+    "modules, and megatron-core's ColumnParallelLinear/RowParallelLinear are not nn.Linear (they carry the "
+    "tensor-parallel communication inside their own autograd function), so FP8 there would mean "
+    "reimplementing them. Use precision='te_fp8' (pip install -e '.[te]') or 'bf16'."
+)
+
+
+def have_transformer_engine() -> bool:
+    """Whether megatron-core found a usable Transformer Engine (its own ``HAVE_TE``)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False
+    from megatron.core.extensions.transformer_engine import HAVE_TE
+
+    return bool(HAVE_TE)
+
+
+def uses_transformer_engine(config: LlamaConfig) -> bool:
+    """Resolve ``config.transformer_impl`` (and the projection precision) to TE or local.
+
+    Raises:
+        ValueError: TE is required (``transformer_impl='transformer_engine'`` or ``te_fp8``) but not
+            importable, or ``te_fp8`` with ``transformer_impl='local'``, or ``torchao_fp8``.
+    """
+    precision = config.projection.precision
+    if precision == "torchao_fp8":
+        raise ValueError(TORCHAO_FP8_UNSUPPORTED)
+    te = have_transformer_engine()
+    needs_te = config.transformer_impl == "transformer_engine" or precision == "te_fp8"
+    if needs_te and not te:
+        why = "projection.precision='te_fp8'" if precision == "te_fp8" else "transformer_impl='transformer_engine'"
+        raise ValueError(f"{why} needs Transformer Engine, which is not importable: install the 'te' extra "
+                         "(pip install -e '.[te]', needs a CUDA toolchain) or use precision='bf16' with "
+                         "transformer_impl='auto'")
+    if precision == "te_fp8" and config.transformer_impl == "local":
+        raise ValueError("projection.precision='te_fp8' needs the Transformer Engine spec; set "
+                         "transformer_impl='auto' or 'transformer_engine'")
+    return te if config.transformer_impl == "auto" else config.transformer_impl == "transformer_engine"
+
+
+def core_attention_spec(config: LlamaConfig) -> ModuleSpec:
+    """Our core attention with the recipe and backend of ``config.attention``."""
+    settings = CoreAttentionSettings(recipe=config.attention.recipe, backend=config.attention.backend)
+    return ModuleSpec(module=FP4CoreAttention, params={"settings": settings})
+
+
+def layer_spec(config: LlamaConfig, *, core_attention: ModuleSpec | type | None = None) -> ModuleSpec:
+    """The transformer-layer spec for ``config``.
+
+    Args:
+        core_attention: what to put in the core-attention slot; default our attention
+            (:func:`core_attention_spec`). Tests pass megatron-core's ``DotProductAttention`` to
+            compare against its own attention path.
+    """
+    if uses_transformer_engine(config):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=False)
+    else:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        spec = get_gpt_layer_local_spec(qk_layernorm=False, normalization="RMSNorm")
+    slot = core_attention if core_attention is not None else core_attention_spec(config)
+    return _with_core_attention(spec, slot)
+
+
+def _with_core_attention(spec: ModuleSpec, core_attention: ModuleSpec | type) -> ModuleSpec:
+    """A copy of a layer ``spec`` whose ``self_attention.submodules.core_attention`` is replaced."""
+    attn = spec.submodules.self_attention
+    attn_sub = dataclasses.replace(attn.submodules, core_attention=core_attention)
+    new_attn = dataclasses.replace(attn, submodules=attn_sub)
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, self_attention=new_attn))
