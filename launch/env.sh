@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Environment for training launches; sourced by the launchers. Every value can be overridden by
+# exporting it before the launch. (Sourced file: no shebang effect, kept for shellcheck.)
+
+# NCCL: surface errors instead of hanging, modest logging.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# Set NCCL_SOCKET_IFNAME / NCCL_IB_HCA for your fabric if NCCL picks the wrong interface.
+# NVLink SHARP (multicast) stays off unless you ask for it: some shared hosts forbid it.
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+
+# CUDA_DEVICE_MAX_CONNECTIONS=1 orders kernel launches so that megatron-core can overlap TP/CP
+# communication with compute; it only matters (and is only set) when TP > 1 or CP > 1.
+# Pass TP / CP to the launcher with the values in your config.
+if [ "${TP:-1}" -gt 1 ] || [ "${CP:-1}" -gt 1 ]; then
+    export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+fi
+
+# Threads per rank for CPU-side work (data loading, optimizer on CPU runs).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+
+# Exit codes of pretrain_llama.py that mean "saved a checkpoint, run me again" (preempted by
+# SIGTERM/SIGUSR1, or the time budget ran out). See training/ (exit codes) and README.
+export PRETRAIN_REQUEUE_CODES="${PRETRAIN_REQUEUE_CODES:-3 4}"
+
+is_requeue_code() {
+    local code="$1" c
+    for c in ${PRETRAIN_REQUEUE_CODES}; do
+        [ "$code" = "$c" ] && return 0
+    done
+    return 1
+}
