@@ -5,9 +5,9 @@ Importing this module registers the backend. Quantization of Q/K/V/dO uses the q
 the attention products run in ``triton_kernels.py``. Forward saves the quantized payloads and
 scales, the output and the LSE, never BF16 Q/K/V (for the FP8 recipes).
 
-Supported: recipes ``bf16``, ``fp8``, ``nvfp4qk_fp8pv``; head dims 64 and 128; any sequence
-lengths, causal (bottom-right) or not, GQA. The Direct-P (MXFP4) forward recipes are not
-implemented here: they raise ``UnsupportedError`` naming the ``reference`` backend.
+Supported: recipes ``bf16``, ``fp8``, ``nvfp4qk_fp8pv`` (forward and backward) and the Direct-P
+forward recipes ``nvfp4qk_mxfp4pv_fast`` / ``_accurate``; head dims 64 and 128; any sequence
+lengths, causal (bottom-right) or not, GQA.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import triton
 
 from .backends import UnsupportedError, register_backend
-from .operands import Saved, quantize_qk, quantize_v
+from .operands import Saved, quantize_qk, quantize_v, v_operand
 from .quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale, quantize_fp8
 from .triton_quant import quantize_fp8_rows, quantize_nvfp4_rows
 from .recipes import Recipe
@@ -103,9 +103,6 @@ class TritonBackend:
     def check(self, recipe: Recipe, q, k, v) -> None:
         if not q.is_cuda:
             raise UnsupportedError("triton backend needs CUDA tensors; use backend='reference' on CPU")
-        if not recipe.trainable:
-            raise UnsupportedError(f"triton backend: recipe {recipe.name} (Direct-P MXFP4) is not implemented in "
-                                   "Triton; use backend='reference'")
         major, minor = torch.cuda.get_device_capability(q.device)
         if recipe.pv == "fp8" and (major, minor) < (8, 9):
             raise UnsupportedError(f"triton backend: recipe {recipe.name} needs FP8 tensor cores (sm_89+), "
@@ -120,6 +117,9 @@ class TritonBackend:
         hkv, sk = k.shape[1], k.shape[2]
         q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
         v_s = quantize_v(v, recipe)
+        if recipe.direct_p is not None:
+            return self._forward_direct_p(q, k, q_s, k_s, v_s, decoded, recipe, causal, softmax_scale, block_m,
+                                          block_n, num_warps, num_stages)
         if recipe.pv == "fp8":  # store V8 transposed: the K-major B operand of the FP8 PV product
             v_s = FP8Tensor(data=v_s.data.transpose(-1, -2).contiguous(), scale=v_s.scale)
         q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, q.shape, k.shape, decoded)
@@ -135,6 +135,28 @@ class TritonBackend:
             hq, hq // hkv, sq, sk, softmax_scale * LOG2E,
             HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, QK_FP8=recipe.qk == "fp8",
             PV_FP8=recipe.pv == "fp8", LIFT=recipe.p_lift_log2, IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+        return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
+
+    def _forward_direct_p(self, q, k, q_s, k_s, v_s, decoded, recipe, causal, softmax_scale, block_m, block_n,
+                          num_warps, num_stages):
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+        q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, q.shape, k.shape, decoded)
+        v_op = v_operand(v_s, recipe).v_op.to(torch.bfloat16)  # alpha_V * q_V, exact; [B, Hkv, Sk32, D]
+        v_scale = torch.ones((), dtype=torch.float32, device=q.device).expand(b, hkv, d)
+        out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+        block_n = block_n or default_block_n(d)
+        dp = recipe.direct_p
+        _fwd_kernel[(triton.cdiv(sq, block_m), b * hq)](
+            q_op, k_op, v_op, row, col, v_scale, out, lse,
+            *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
+            *v_scale.stride(), *out.stride(), *lse.stride(),
+            hq, hq // hkv, sq, sk, softmax_scale * LOG2E,
+            HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, QK_FP8=False, PV_FP8=False, LIFT=0,
+            IMPRECISE=None, DIRECT_P=True, DP_A=dp.a, DP_B=dp.b, DP_EXACT_EVERY=dp.exact_every,
             num_warps=num_warps, num_stages=num_stages,
         )
         return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)

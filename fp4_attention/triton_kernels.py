@@ -24,6 +24,10 @@ Every recipe is one instance of the same two products (``operands.py``):
   its GQA group and their query blocks) and ``_bwd_dq`` (one program per query block and head).
   Both rebuild the lifted P from the saved LSE statistic; dV and dP are FP8 MMAs of E4M3 P / V with
   E5M2 dO; dQ and dK are BF16 MMAs of BF16 dS. No Sq x Sk tensor is ever stored.
+* ``DIRECT_P`` (forward-only MXFP4 recipes): ``_direct_p_tile`` classifies each 32-key block of the
+  score tile into E2M1 codes (``direct_p.py``), with the integer row anchor; P's represented values
+  2^(e_B - m) q and V's alpha_V q_V are exact in BF16, so the PV product is a BF16 MMA (Hopper has
+  no FP4 MMA) and the 1/36 is applied once after it.
 
 Numerics are those of ``reference.py``; a kernel differs from it by FP32 accumulation order only
 (and, through it, by the E4M3 rounding of the few P values that land within an ulp of a boundary).
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .triton_quant import _e2m1_code, _e2m1_value
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -52,7 +58,8 @@ def _fwd_kernel(
     H_Q, GROUP, SEQ_Q, SEQ_K, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
-    IMPRECISE: tl.constexpr,
+    IMPRECISE: tl.constexpr, DIRECT_P: tl.constexpr = False, DP_A: tl.constexpr = 1.5, DP_B: tl.constexpr = 1.2,
+    DP_EXACT_EVERY: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -89,30 +96,73 @@ def _fwd_kernel(
         if CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
         s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - m_safe))
-        p = tl.math.exp2(s - m_safe[:, None] + LIFT)
-        l_i = l_i * alpha + tl.sum(p, 1)
         # V tile [BLOCK_N, D] read from the transposed [D, Sk] storage: contiguous along the
         # contraction dim (K-major), as the FP8 B operand requires.
         v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=n_ok[:, None], other=0.0)
-        if PV_FP8:
-            pv = tl.dot(p.to(tl.float8e4nv), v)
+        if DIRECT_P:
+            p, l_tile, m_new = _direct_p_tile(s, m_i, start_n, BLOCK_M, BLOCK_N, DP_A, DP_B, DP_EXACT_EVERY)
+            alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new)))
+            l_i = l_i * alpha + l_tile
+            pv = tl.dot(p.to(tl.bfloat16), v)  # 2^rel q and alpha_V q_V are exact in BF16
         else:
-            pv = tl.dot(p.to(tl.bfloat16), v)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - m_safe))
+            p = tl.math.exp2(s - m_safe[:, None] + LIFT)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if PV_FP8:
+                pv = tl.dot(p.to(tl.float8e4nv), v)
+            else:
+                pv = tl.dot(p.to(tl.bfloat16), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     vs = tl.load(VSCALE + b * svsb + hk * svsh + offs_d * svsd)
+    if DIRECT_P:  # the two 1/6 of P and V, once, after the PV product (contract §1)
+        acc = tl.math.div_rn(acc, tl.full([BLOCK_M, HEAD_DIM], 36.0, tl.float32))
     out = acc / l_safe[:, None] * vs[None, :]
     out = tl.where(empty[:, None], 0.0, out)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe) - LIFT) * 0.6931471805599453)
     tl.store(O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, out.to(tl.bfloat16),
              mask=m_ok[:, None])
     tl.store(LSE + b * slb + h * slh + offs_m * slm, lse, mask=m_ok)
+
+
+@triton.jit
+def _pow2_int(e):
+    """Exact 2^e for integer-valued float e in [-127, 0] (bit construction; ex2.approx is not
+    guaranteed exact); 0 for e < -127 (no E8M0 scale: the block is flushed, contract §2)."""
+    ec = tl.where(e >= -127.0, e, -200.0).to(tl.int32)
+    bits = tl.where(ec >= -126, (ec + 127) << 23, tl.where(ec == -127, 1 << 22, 0))
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _direct_p_tile(z, m_i, start_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DP_A: tl.constexpr,
+                   DP_B: tl.constexpr, DP_EXACT_EVERY: tl.constexpr):
+    """Direct-P on one tile of scores ``z`` (log2 units, masked = -inf), as ``direct_p.p_codes``:
+    returns the represented P (2^(e_B - m) q, [M, N]), the tile's represented denominator
+    sum_B 2^(e_B - m) (sum q / 6) and the new integer anchor m."""
+    NB: tl.constexpr = BLOCK_N // 32
+    zb = tl.reshape(z, [BLOCK_M, NB, 32])
+    e_b = tl.math.ceil(tl.max(zb, 2))
+    empty = e_b == float("-inf")
+    x = zb - tl.where(empty, 0.0, e_b)[:, :, None] + 2.584962500721156
+    x = tl.where(empty[:, :, None], float("-inf"), x)
+    q = _e2m1_value(_e2m1_code(tl.minimum(tl.maximum(DP_A * x + DP_B, 0.0), 6.0)))
+    if DP_EXACT_EVERY > 0:
+        key = start_n + tl.reshape(tl.arange(0, BLOCK_N), [NB, 32])
+        exact = _e2m1_value(_e2m1_code(tl.minimum(tl.math.exp2(x), 6.0)))
+        q = tl.where((key % DP_EXACT_EVERY == 0)[None, :, :], exact, q)
+    m_new = tl.maximum(m_i, tl.max(e_b, 1))
+    anchor = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = _pow2_int(e_b - anchor[:, None])
+    csum = tl.sum(q, 2)
+    l_tile = tl.sum(alpha * tl.math.div_rn(csum, tl.full([BLOCK_M, NB], 6.0, tl.float32)), 1)
+    p = tl.reshape(alpha[:, :, None] * q, [BLOCK_M, BLOCK_N])
+    return p, l_tile, m_new
 
 
 @triton.jit
@@ -213,7 +263,8 @@ def _bwd_dq_kernel(
     H_Q, GROUP, SEQ_Q, SEQ_K, qk_scale_log2, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
-    IMPRECISE: tl.constexpr,
+    IMPRECISE: tl.constexpr, DIRECT_P: tl.constexpr = False, DP_A: tl.constexpr = 1.5, DP_B: tl.constexpr = 1.2,
+    DP_EXACT_EVERY: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
