@@ -25,7 +25,7 @@ source "$here/env.sh"
 
 if [ -z "${NPROC_PER_NODE:-}" ]; then
     if command -v nvidia-smi >/dev/null 2>&1; then
-        NPROC_PER_NODE="$(nvidia-smi -L 2>/dev/null | wc -l)"
+        NPROC_PER_NODE="$( (nvidia-smi -L 2>/dev/null || true) | wc -l)"
     fi
     [ "${NPROC_PER_NODE:-0}" -gt 0 ] || NPROC_PER_NODE=1
 fi
