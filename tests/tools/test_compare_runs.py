@@ -1,0 +1,315 @@
+"""tools/compare_runs.py on synthetic run directories with a known gap (issue 8, item 1)."""
+
+from __future__ import annotations
+
+import json
+
+import compare_runs
+import numpy as np
+import pytest
+from runcompare import CompareError, Options, compare
+
+from tests.tools.conftest import synth_losses
+
+FP4 = "nvfp4_qk_fp8_pv"
+NB = 300  # bootstrap replicates in tests
+
+
+def _opt(**kw):
+    kw.setdefault("n_boot", NB)
+    kw.setdefault("windows", 8)
+    return Options(**kw)
+
+
+def _two_by_two(make_run, gap, **kw):
+    runs = []
+    for s in (0, 1):
+        runs.append(make_run(f"bf16_s{s}", seed=s, **kw))
+        runs.append(make_run(f"fp4_s{s}", recipe=FP4, seed=s, gap=gap, tps=1300.0, **kw))
+    return [str(r) for r in runs]
+
+
+def _coverage(rows, value):
+    return np.mean([r["lo"] <= value <= r["hi"] for r in rows])
+
+
+# (a) two arms x 2 seeds, constant gap 0.05 plus noise
+def test_known_gap_two_seeds(make_run):
+    res = compare(_two_by_two(make_run, 0.05), _opt())
+    (c,) = res["comparisons"]
+    assert res["baseline"] == "attn=bf16,proj=bf16"
+    assert c["arm"] == f"attn={FP4},proj=bf16" and c["method"] == "hier" and c["n_seeds"] == [2, 2]
+    gaps = np.array([r["gap"] for r in c["train_windows"]])
+    assert np.all(np.abs(gaps - 0.05) < 0.02), gaps
+    for est in (c["train_overall"], c["train_final"]):
+        assert abs(est["gap"] - 0.05) < 0.01
+        assert est["lo"] <= 0.05 <= est["hi"], est
+    assert _coverage(c["train_windows"], 0.05) >= 0.75  # ~90% nominal-ish coverage at 2 seeds
+    assert c["train_first_significant_window"] == 0
+    # validation records carry the same gap
+    assert abs(c["valid_final"]["gap"] - 0.05) < 0.03
+    assert c["valid_overall"]["lo"] <= 0.05 <= c["valid_overall"]["hi"]
+    assert res["arms"][c["arm"]]["throughput_ratio_vs_baseline"] == pytest.approx(1.3, rel=0.01)
+
+
+def test_first_significant_window_of_a_late_gap(make_run):
+    """Gap 0 over the first half of the tokens, 0.08 after: the first significant window is the
+    first window of the second half."""
+    n = 400
+    step_gap = np.where(np.arange(1, n + 1) > n // 2, 0.08, 0.0)
+    runs = []
+    for s in (0, 1):
+        runs.append(make_run(f"b{s}", seed=s))
+        runs.append(make_run(f"f{s}", recipe=FP4, seed=s,
+                             losses=synth_losses(n, gap=step_gap, seed=s, salt=7)))
+    res = compare([str(r) for r in runs], _opt(windows=4))
+    (c,) = res["comparisons"]
+    assert c["train_first_significant_window"] == 2
+    assert c["train_significant_windows"] == [2, 3]
+    assert abs(c["train_final"]["gap"] - 0.08) < 0.02
+
+
+# (b) one seed per arm: block bootstrap over steps
+def test_known_gap_one_seed_block_bootstrap(make_run):
+    """Runs without a per-seed offset: with one seed per arm, seed-to-seed variation cannot be
+    estimated (the report warns), so the block bootstrap is checked where it is valid."""
+    runs = [make_run("bf16", seed=3, seed_offset_sd=0.0),
+            make_run("fp4", recipe=FP4, seed=3, gap=0.05, seed_offset_sd=0.0)]
+    res = compare([str(r) for r in runs], _opt())
+    (c,) = res["comparisons"]
+    assert c["method"] == "blocks"
+    assert all(r["method"] == "blocks" and r["block_len"] >= 1 for r in c["train_windows"])
+    assert c["train_overall"]["lo"] <= 0.05 <= c["train_overall"]["hi"]
+    assert c["train_final"]["lo"] <= 0.05 <= c["train_final"]["hi"]
+    assert _coverage(c["train_windows"], 0.05) >= 0.75
+    assert c["train_first_significant_window"] == 0
+    # one seed and 2-3 evaluations per window: no validation interval, said so
+    assert c["valid_final"]["lo"] is None and "no interval" in c["valid_final"]["note"]
+    assert any("one seed" in w for w in c["warnings"])
+
+
+def test_seed_bootstrap_requires_two_seeds(make_run):
+    runs = [make_run("bf16", seed=3), make_run("fp4", recipe=FP4, seed=3, gap=0.05)]
+    with pytest.raises(Exception, match="needs >= 2 runs per arm"):
+        compare([str(r) for r in runs], _opt(bootstrap="seeds"))
+
+
+# (c) zero gap
+def test_zero_gap_no_significant_window(make_run):
+    res = compare(_two_by_two(make_run, 0.0), _opt(windows=5))
+    (c,) = res["comparisons"]
+    assert all(r["lo"] <= 0.0 <= r["hi"] for r in c["train_windows"])
+    assert c["train_first_significant_window"] is None and c["train_significant_windows"] == []
+    assert c["train_overall"]["lo"] <= 0.0 <= c["train_overall"]["hi"]
+    assert not c["valid_final"]["significant"]
+
+
+# (d) fingerprints
+def test_config_fingerprint_mismatch_refused(make_run):
+    a = make_run("a", seed=0)
+    b = make_run("b", recipe=FP4, seed=0, config_fp="deadbeef")
+    with pytest.raises(CompareError) as e:
+        compare([str(a), str(b)], _opt())
+    msg = str(e.value)
+    assert "config fingerprints differ" in msg and "c0ffee: a" in msg and "deadbeef: b" in msg
+    assert "--force" in msg
+    res = compare([str(a), str(b)], _opt(force=True))
+    assert any("forced: config fingerprints differ" in w for w in res["warnings"])
+
+
+def test_data_order_mismatch_refused_unless_forced(make_run):
+    a = make_run("a", seed=0)
+    b = make_run("b", recipe=FP4, seed=0, data_fp="0123")
+    with pytest.raises(CompareError, match="data order fingerprints differ"):
+        compare([str(a), str(b)], _opt())
+    res = compare([str(a), str(b)], _opt(force=True))
+    assert any("data order" in w for w in res["warnings"])
+
+
+def test_same_arm_same_seed_refused(make_run):
+    runs = [make_run("a", seed=0), make_run("a2", seed=0), make_run("b", recipe=FP4, seed=0)]
+    with pytest.raises(CompareError, match="more than one run with seed 0"):
+        compare([str(r) for r in runs], _opt())
+
+
+def test_single_arm_and_missing_baseline_refused(make_run):
+    a, b = make_run("a", seed=0), make_run("b", seed=1)
+    with pytest.raises(CompareError, match="at least two precision arms"):
+        compare([str(a), str(b)], _opt())
+    c = make_run("c", recipe=FP4, seed=0)
+    d = make_run("d", recipe="fp8", projection={"kind": "te_fp8", "recipe": "delayed"}, seed=0)
+    with pytest.raises(CompareError, match="no default baseline"):
+        compare([str(c), str(d)], _opt())
+    res = compare([str(c), str(d)], _opt(baseline=FP4))
+    assert res["baseline"] == f"attn={FP4},proj=bf16"
+    assert res["comparisons"][0]["arm"] == 'attn=fp8,proj={"kind":"te_fp8","recipe":"delayed"}'
+
+
+# (e) alignment
+def test_misaligned_token_grids_refused(make_run):
+    a = make_run("a", seed=0)
+    b = make_run("b", recipe=FP4, seed=0, tokens_per_step=2048 * 8)  # another sequence length
+    for force in (False, True):  # never interpolated, also with --force
+        with pytest.raises(CompareError, match="train token grids differ") as e:
+            compare([str(a), str(b)], _opt(force=force))
+        assert "a has consumed_tokens=8192" in str(e.value) and "b has 16384" in str(e.value)
+
+
+def test_different_token_ranges_refused_then_max_tokens(make_run):
+    a = make_run("a", seed=0, n_steps=400)
+    b = make_run("b", recipe=FP4, seed=0, n_steps=300, gap=0.05)
+    with pytest.raises(CompareError, match="train token ranges differ") as e:
+        compare([str(a), str(b)], _opt())
+    assert "--max-tokens 2457600" in str(e.value)
+    res = compare([str(a), str(b)], _opt(max_tokens=300 * 8192))
+    assert res["grid"]["last_tokens"] == 300 * 8192 and res["grid"]["n_train_points"] == 300
+
+
+def test_decreasing_tokens_refused(make_run):
+    bad = json.dumps({"kind": "train", "step": 401, "consumed_samples": 0, "consumed_tokens": 5,
+                      "loss": 3.0, "grad_norm": 1.0, "lr": 1e-4, "step_time_s": 1.0,
+                      "tokens_per_s_per_gpu": 1.0, "mfu": None, "peak_mem_gib": None,
+                      "skipped": False, "nonfinite_count": 0})
+    a = make_run("a", seed=0, extra_lines=[bad])
+    b = make_run("b", recipe=FP4, seed=0)
+    with pytest.raises(CompareError, match="do not increase with step"):
+        compare([str(a), str(b)], _opt())
+
+
+# (f) resumed run: duplicate steps, last record wins
+def test_resumed_run_last_record_wins(make_run):
+    n = 400
+    good = synth_losses(n, gap=0.05, seed=0, salt=5)
+    stale = good.copy()
+    stale[300:] += 5.0  # the pre-crash attempt at steps 301..400: garbage that must be replaced
+    extra = [json.dumps({"kind": "event", "step": 300, "event": "resume", "detail": "from ckpt 300"})]
+    for i in range(300, n):
+        step = i + 1
+        extra.append(json.dumps({
+            "kind": "train", "step": step, "consumed_samples": step * 8, "consumed_tokens": step * 8192,
+            "loss": float(good[i]), "grad_norm": 1.0, "lr": 3e-4, "step_time_s": 0.1,
+            "tokens_per_s_per_gpu": 1000.0, "mfu": None, "peak_mem_gib": 1.0, "skipped": False,
+            "nonfinite_count": 0}))
+        if step % 20 == 0:
+            extra.append(json.dumps({"kind": "valid", "step": step, "consumed_tokens": step * 8192,
+                                     "val_loss": float(good[i]) + 0.1}))
+    a = make_run("bf16", seed=0)
+    b = make_run("fp4", recipe=FP4, seed=0, losses=stale, extra_lines=extra)
+    res = compare([str(a), str(b)], _opt(windows=4))
+    row = next(r for r in res["runs"] if r["name"] == "fp4")
+    assert row["records_replaced_by_later"] == 100 + 5
+    assert row["train_records"] == 400 and row["valid_records"] == 20
+    assert row["events"] == {"start": 1, "save": 4, "exit": 1, "resume": 1}
+    (c,) = res["comparisons"]
+    assert abs(c["train_final"]["gap"] - 0.05) < 0.02  # not ~5: the stale records are gone
+    assert abs(c["valid_final"]["gap"] - 0.05) < 0.1
+
+
+# (g) NaN / Infinity losses
+def test_nonfinite_losses_counted_and_excluded(make_run, tmp_path):
+    a = make_run("bf16", seed=0)
+    b = make_run("fp4", recipe=FP4, seed=0, gap=0.05, nan_steps=(10, 11, 250))
+    inf_line = json.dumps({"kind": "train", "step": 12, "consumed_samples": 96, "consumed_tokens": 12 * 8192,
+                           "loss": float("inf"), "grad_norm": float("inf"), "lr": 3e-4, "step_time_s": 0.1,
+                           "tokens_per_s_per_gpu": 1000.0, "mfu": None, "peak_mem_gib": 1.0,
+                           "skipped": True, "nonfinite_count": 3})
+    assert "Infinity" in inf_line
+    with open(b / "metrics.jsonl", "a") as f:
+        f.write(inf_line + "\n")
+    res = compare([str(a), str(b)], _opt())
+    row = next(r for r in res["runs"] if r["name"] == "fp4")
+    assert row["nonfinite"]["train_loss"] == 4  # NaN at 10, 11, 250 and Infinity at 12
+    assert row["nonfinite"]["skipped_steps"] == 4
+    assert row["nonfinite"]["grad_norm"] == 1
+    assert row["nonfinite"]["nonfinite_count_last"] == 3
+    assert res["arms"][f"attn={FP4},proj=bf16"]["nonfinite_train_loss"] == 4
+    (c,) = res["comparisons"]
+    assert all(r["gap"] is not None and np.isfinite(r["gap"]) for r in c["train_windows"])
+    assert abs(c["train_overall"]["gap"] - 0.05) < 0.02
+
+
+def test_all_nan_window_reported_without_gap(make_run):
+    a = make_run("bf16", seed=0)
+    b = make_run("fp4", recipe=FP4, seed=0, nan_steps=tuple(range(1, 101)))
+    res = compare([str(a), str(b)], _opt(windows=4))
+    w0 = res["comparisons"][0]["train_windows"][0]
+    assert w0["gap"] is None and "no point of this window has a finite loss" in w0["note"]
+
+
+def test_malformed_line_refused_or_skipped(make_run):
+    a = make_run("a", seed=0)
+    b = make_run("b", recipe=FP4, seed=0, extra_lines=['{"kind": "train", "step": 3, "loss": "x"', '[1, 2]'])
+    with pytest.raises(CompareError, match=r"metrics.jsonl:\d+: not valid JSON"):
+        compare([str(a), str(b)], _opt())
+    res = compare([str(a), str(b)], _opt(skip_malformed=True))
+    assert next(r for r in res["runs"] if r["name"] == "b")["malformed_lines_skipped"] == 2
+    c = make_run("c", recipe=FP4, seed=1, extra_lines=[json.dumps({"kind": "train", "step": True})])
+    with pytest.raises(CompareError, match="'step' must be int, got bool"):
+        compare([str(a), str(c)], _opt())
+
+
+def test_bad_meta_refused(make_run):
+    a = make_run("a", seed=0)
+    b = make_run("b", recipe=FP4, seed=0)
+    meta = json.loads((b / "run_meta.json").read_text())
+    meta["seed"] = "0"
+    del meta["precision"]["projection"]
+    (b / "run_meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CompareError) as e:
+        compare([str(a), str(b)], _opt())
+    assert "seed must be an int" in str(e.value) and "missing precision.projection" in str(e.value)
+
+
+def test_window_tokens_and_reproducibility(make_run):
+    runs = _two_by_two(make_run, 0.05)
+    r1 = compare(runs, _opt(window_tokens=1_000_000, bootstrap_seed=7))
+    r2 = compare(runs, _opt(window_tokens=1_000_000, bootstrap_seed=7))
+    assert [w["hi_tokens"] for w in r1["windows"]] == [1e6, 2e6, 3e6, 4e6]
+    assert r1["comparisons"][0]["train_windows"] == r2["comparisons"][0]["train_windows"]
+
+
+# (h) CLI end to end
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_end_to_end(make_run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    runs = _two_by_two(make_run, 0.05)
+    out = tmp_path / "report"
+    rc = compare_runs.main([*runs, "--out", str(out), "--windows", "6", "--n-boot", str(NB)])
+    assert rc == 0
+    for name in ("summary.md", "summary.json", "loss_vs_tokens.png", "gap_vs_tokens.png"):
+        assert (out / name).is_file(), name
+    for png in ("loss_vs_tokens.png", "gap_vs_tokens.png"):
+        assert (out / png).read_bytes()[:8] == PNG
+    md = (out / "summary.md").read_text()
+    assert "python tools/compare_runs.py" in md and "--windows 6" in md
+    assert "abc1234" in md  # the runs' commit
+    for needle in ("Train-loss gap per window", "First significant window", "Final validation gap",
+                   "Non-finite counts", "tokens/s/GPU", "1.300", "compare_runs commit", "Date (UTC)"):
+        assert needle in md, needle
+    data = json.loads((out / "summary.json").read_text())
+    (c,) = data["comparisons"]
+    assert len(c["train_windows"]) == 6 and data["options"]["n_boot"] == NB
+    assert abs(c["train_final"]["gap"] - 0.05) < 0.02
+    assert data["tool"]["command"].startswith("python tools/compare_runs.py")
+    assert {r["commit"] for r in data["runs"]} == {"abc1234"}
+
+
+def test_cli_refusal_exit_code(make_run, tmp_path, capsys):
+    a = make_run("a", seed=0)
+    b = make_run("b", recipe=FP4, seed=0, data_fp="other")
+    rc = compare_runs.main([str(a), str(b), "--out", str(tmp_path / "o"), "--no-plots"])
+    assert rc == 2
+    assert "data order fingerprints differ" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_markdown_escapes_untrusted_strings(make_run, tmp_path):
+    ev = json.dumps({"kind": "event", "step": 1, "event": "x|y\n<b>", "detail": ""})
+    a = make_run("a", seed=0, extra_lines=[ev])
+    b = make_run("b", recipe=FP4, seed=0)
+    out = tmp_path / "o"
+    assert compare_runs.main([str(a), str(b), "--out", str(out), "--no-plots", "--n-boot", "50"]) == 0
+    md = (out / "summary.md").read_text()
+    assert "x\\|y &lt;b&gt;: 1" in md and "<b>" not in md

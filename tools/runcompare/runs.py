@@ -1,0 +1,397 @@
+"""Reading run directories, grouping runs into precision arms, aligning them on consumed tokens.
+
+A run directory holds ``metrics.jsonl`` (records of kind train / valid / telemetry / event, appended
+across resumes: for each (kind, step) the last record wins) and ``run_meta.json``. The files are
+untrusted data: every field that is used is type-checked and nothing in them is executed or used
+as a path. Units: tokens (consumed_tokens), nats (loss, val_loss), tokens/s/GPU (throughput).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class CompareError(Exception):
+    """The runs cannot be compared (or a file cannot be read); ``reasons`` lists why, one per item."""
+
+    def __init__(self, reasons: list[str] | str):
+        self.reasons = [reasons] if isinstance(reasons, str) else list(reasons)
+        super().__init__("; ".join(self.reasons))
+
+    def __str__(self) -> str:
+        if len(self.reasons) == 1:
+            return self.reasons[0]
+        return "runs refused:\n" + "\n".join(f"  - {r}" for r in self.reasons)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# Fields read from each record kind and their check: (name, predicate, description).
+_TRAIN_FIELDS = (
+    ("step", _is_int, "int"),
+    ("consumed_tokens", _is_int, "int"),
+    ("loss", _is_num, "number"),
+    ("tokens_per_s_per_gpu", _is_num, "number"),
+    ("skipped", lambda v: isinstance(v, bool), "bool"),
+    ("nonfinite_count", _is_int, "int"),
+    ("grad_norm", lambda v: v is None or _is_num(v), "number or null"),
+)
+_VALID_FIELDS = (
+    ("step", _is_int, "int"),
+    ("consumed_tokens", _is_int, "int"),
+    ("val_loss", _is_num, "number"),
+)
+_EVENT_FIELDS = (("event", lambda v: isinstance(v, str), "str"),)
+
+
+@dataclass
+class RunData:
+    """One run: its metadata and its de-duplicated records as arrays sorted by step.
+
+    ``train``: dict of 1-D arrays (length = train steps): ``step``, ``consumed_tokens`` (int64,
+    tokens), ``loss`` (float64 nats; NaN/inf kept as logged), ``tokens_per_s_per_gpu``,
+    ``skipped`` (bool), ``nonfinite_count`` (int64, cumulative), ``grad_norm`` (NaN where null).
+    ``valid``: ``step``, ``consumed_tokens``, ``val_loss``.
+    """
+
+    path: Path
+    name: str
+    config_fingerprint: str
+    data_order_fingerprint: str
+    attention_recipe: str
+    attention_backend: str
+    projection: str  # canonical text: the string, or compact sorted JSON of an object
+    seed: int
+    world_size: int
+    commit: str | None
+    train: dict[str, np.ndarray]
+    valid: dict[str, np.ndarray]
+    events: Counter = field(default_factory=Counter)
+    record_counts: Counter = field(default_factory=Counter)  # lines read per kind (before de-dup)
+    n_replaced: int = 0  # records superseded by a later record of the same (kind, step)
+    n_malformed: int = 0  # lines skipped with --skip-malformed
+
+    @property
+    def arm(self) -> str:
+        """Arm label: the precision of the run, ``attn=<recipe>,proj=<projection>``."""
+        return arm_label(self.attention_recipe, self.projection)
+
+
+def arm_label(recipe: str, projection: str) -> str:
+    """Label of the arm with attention recipe ``recipe`` and canonical projection text."""
+    return f"attn={recipe},proj={projection}"
+
+
+def _canonical_projection(p) -> str:
+    if isinstance(p, str):
+        return p
+    return json.dumps(p, sort_keys=True, separators=(",", ":"))
+
+
+def read_meta(run_dir: Path) -> dict:
+    """Validated fields of ``run_dir/run_meta.json``; raises CompareError naming what is wrong."""
+    path = run_dir / "run_meta.json"
+    if not path.is_file():
+        raise CompareError(f"{run_dir}: no run_meta.json")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CompareError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CompareError(f"{path}: top level is not an object")
+    errs = []
+
+    def need(obj, key, pred, desc, where):
+        if key not in obj:
+            errs.append(f"{path}: missing {where}{key}")
+        elif not pred(obj[key]):
+            errs.append(f"{path}: {where}{key} must be {desc}, got {type(obj[key]).__name__}")
+
+    need(meta, "config_fingerprint", lambda v: isinstance(v, str) and v, "a non-empty string", "")
+    need(meta, "data_order_fingerprint", lambda v: isinstance(v, str) and v, "a non-empty string", "")
+    need(meta, "seed", _is_int, "an int", "")
+    need(meta, "world_size", lambda v: _is_int(v) and v > 0, "a positive int", "")
+    need(meta, "commit", lambda v: v is None or isinstance(v, str), "a string or null", "")
+    need(meta, "precision", lambda v: isinstance(v, dict), "an object", "")
+    prec = meta.get("precision")
+    if isinstance(prec, dict):
+        need(prec, "attention_recipe", lambda v: isinstance(v, str) and v, "a non-empty string", "precision.")
+        need(prec, "attention_backend", lambda v: isinstance(v, str), "a string", "precision.")
+        need(prec, "projection", lambda v: isinstance(v, (str, dict)), "a string or an object", "precision.")
+    if errs:
+        raise CompareError(errs)
+    return meta
+
+
+def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
+    """Parse ``run_dir/metrics.jsonl``.
+
+    Returns ``(train, valid, events, record_counts, n_replaced, n_malformed)`` where ``train`` and
+    ``valid`` map step -> record (the last record of that kind and step wins). A malformed line
+    (bad JSON, not an object, a used field missing or of the wrong type) raises CompareError with
+    its line number, or is counted and skipped with ``skip_malformed``. Unknown kinds are counted.
+    """
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise CompareError(f"{run_dir}: no metrics.jsonl")
+    train: dict[int, dict] = {}
+    valid: dict[int, dict] = {}
+    events: Counter = Counter()
+    counts: Counter = Counter()
+    replaced = malformed = 0
+    with path.open("r", encoding="utf-8", errors="strict") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            problem = None
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                rec, problem = None, f"not valid JSON ({e.msg})"
+            if problem is None and not isinstance(rec, dict):
+                problem = "not a JSON object"
+            if problem is None:
+                kind = rec.get("kind")
+                checks = {"train": _TRAIN_FIELDS, "valid": _VALID_FIELDS, "event": _EVENT_FIELDS}.get(kind, ())
+                for key, pred, desc in checks:
+                    if key not in rec:
+                        problem = f"{kind} record without {key!r}"
+                        break
+                    if not pred(rec[key]):
+                        problem = f"{kind} record: {key!r} must be {desc}, got {type(rec[key]).__name__}"
+                        break
+            if problem is not None:
+                if skip_malformed:
+                    malformed += 1
+                    continue
+                raise CompareError(
+                    f"{path}:{lineno}: {problem} (pass --skip-malformed to skip and count such lines)"
+                )
+            kind = rec.get("kind")
+            counts[kind if isinstance(kind, str) else repr(kind)] += 1
+            if kind == "train":
+                replaced += rec["step"] in train
+                train[rec["step"]] = rec
+            elif kind == "valid":
+                replaced += rec["step"] in valid
+                valid[rec["step"]] = rec
+            elif kind == "event":
+                events[rec["event"]] += 1
+    return train, valid, events, counts, replaced, malformed
+
+
+def _as_arrays(records: dict[int, dict], fields: tuple) -> dict[str, np.ndarray]:
+    steps = sorted(records)
+    out = {}
+    for key, _, desc in fields:
+        vals = [records[s][key] for s in steps]
+        if desc == "int":
+            out[key] = np.array(vals, dtype=np.int64)
+        elif desc == "bool":
+            out[key] = np.array(vals, dtype=bool)
+        else:
+            out[key] = np.array([math.nan if v is None else float(v) for v in vals], dtype=np.float64)
+    return out
+
+
+def load_run(run_dir: str | Path, *, skip_malformed: bool = False) -> RunData:
+    """Read one run directory into a :class:`RunData` (records de-duplicated, sorted by step)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CompareError(f"{run_dir}: not a directory")
+    meta = read_meta(run_dir)
+    train, valid, events, counts, replaced, malformed = read_metrics(run_dir, skip_malformed=skip_malformed)
+    if not train:
+        raise CompareError(f"{run_dir}: metrics.jsonl has no train records")
+    prec = meta["precision"]
+    return RunData(
+        path=run_dir,
+        name=run_dir.name,
+        config_fingerprint=meta["config_fingerprint"],
+        data_order_fingerprint=meta["data_order_fingerprint"],
+        attention_recipe=prec["attention_recipe"],
+        attention_backend=prec["attention_backend"],
+        projection=_canonical_projection(prec["projection"]),
+        seed=meta["seed"],
+        world_size=meta["world_size"],
+        commit=meta["commit"],
+        train=_as_arrays(train, _TRAIN_FIELDS),
+        valid=_as_arrays(valid, _VALID_FIELDS),
+        events=events,
+        record_counts=counts,
+        n_replaced=replaced,
+        n_malformed=malformed,
+    )
+
+
+def unique_names(runs: list[RunData]) -> None:
+    """Make ``run.name`` unique (the directory name, or parent/name where names collide)."""
+    seen = Counter(r.name for r in runs)
+    for r in runs:
+        if seen[r.name] > 1:
+            r.name = f"{r.path.parent.name}/{r.path.name}"
+    seen = Counter(r.name for r in runs)
+    for r in runs:
+        if seen[r.name] > 1:
+            r.name = str(r.path)
+
+
+def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
+    """Refuse runs whose config or data-order fingerprints differ, unless ``force``.
+
+    Returns warnings (the overridden refusals when forced); raises CompareError otherwise.
+    """
+    reasons = []
+    for attr, what in (("config_fingerprint", "config"), ("data_order_fingerprint", "data order")):
+        groups: dict[str, list[str]] = {}
+        for r in runs:
+            groups.setdefault(getattr(r, attr), []).append(r.name)
+        if len(groups) > 1:
+            detail = "; ".join(f"{fp}: {', '.join(names)}" for fp, names in groups.items())
+            reasons.append(f"{what} fingerprints differ ({detail})")
+    if reasons and not force:
+        raise CompareError([f"{r} (pass --force to compare anyway)" for r in reasons])
+    return [f"forced: {r}" for r in reasons]
+
+
+def group_arms(runs: list[RunData], *, force: bool) -> tuple[dict[str, list[RunData]], list[str]]:
+    """Group runs by precision arm (attention recipe + projection), sorted by seed within an arm.
+
+    Two runs of one arm with the same seed are refused unless ``force``. Returns ``(arms, warnings)``.
+    """
+    arms: dict[str, list[RunData]] = {}
+    for r in runs:
+        arms.setdefault(r.arm, []).append(r)
+    warnings, reasons = [], []
+    for label, members in arms.items():
+        members.sort(key=lambda r: (r.seed, r.name))
+        dup = [s for s, c in Counter(r.seed for r in members).items() if c > 1]
+        for s in dup:
+            names = ", ".join(r.name for r in members if r.seed == s)
+            msg = f"arm {label} has more than one run with seed {s} ({names})"
+            (warnings if force else reasons).append(f"forced: {msg}" if force else f"{msg} (pass --force)")
+    if reasons:
+        raise CompareError(reasons)
+    if len(arms) < 2:
+        raise CompareError(f"need at least two precision arms, all runs are {next(iter(arms))}")
+    return arms, warnings
+
+
+def pick_baseline(arms: dict[str, list[RunData]], baseline: str | None) -> str:
+    """Label of the baseline arm: ``baseline`` (an arm label, or an attention recipe naming exactly
+    one arm), or by default the arm with attention recipe ``bf16`` and projection ``bf16``."""
+    labels = list(arms)
+    if baseline is None:
+        want = arm_label("bf16", "bf16")
+        if want not in arms:
+            raise CompareError(f"no default baseline arm {want}; arms are {', '.join(labels)}; pass --baseline")
+        return want
+    if baseline in arms:
+        return baseline
+    hits = [lab for lab, rs in arms.items() if rs[0].attention_recipe == baseline]
+    if len(hits) == 1:
+        return hits[0]
+    why = "matches several arms" if hits else "matches no arm"
+    raise CompareError(f"--baseline {baseline!r} {why}; arms are {', '.join(labels)}")
+
+
+def _grid_reasons(runs: list[RunData], kind: str, grids: list[np.ndarray]) -> list[str]:
+    """Reasons why the token grids (one int array per run) of ``kind`` records differ."""
+    ref_run, ref = runs[0], grids[0]
+    reasons = []
+    for r, g in zip(runs[1:], grids[1:]):
+        if np.array_equal(g, ref):
+            continue
+        n = min(len(g), len(ref))
+        diff = np.nonzero(g[:n] != ref[:n])[0]
+        if diff.size:
+            i = int(diff[0])
+            reasons.append(
+                f"{kind} token grids differ: {ref_run.name} has consumed_tokens={int(ref[i])} at its "
+                f"{kind} record #{i}, {r.name} has {int(g[i])} (different global batch, sequence length "
+                f"or logging interval?)"
+            )
+        else:
+            end_ref = int(ref[-1]) if len(ref) else 0
+            end_g = int(g[-1]) if len(g) else 0
+            reasons.append(
+                f"{kind} token ranges differ: {ref_run.name} ends at {end_ref} tokens ({len(ref)} records), "
+                f"{r.name} at {end_g} ({len(g)} records); pass --max-tokens {min(end_ref, end_g)} "
+                f"to compare the common range"
+            )
+    return reasons
+
+
+@dataclass
+class Aligned:
+    """Runs aligned on one token grid.
+
+    ``tokens``: (n_steps,) int64 consumed tokens of the train grid; ``loss[name]``: (n_steps,)
+    float64 train loss of each run (as logged, non-finite included); ``val_tokens``: (n_val,) and
+    ``val_loss[name]``: (n_val,) likewise for validation (n_val may be 0).
+    """
+
+    tokens: np.ndarray
+    loss: dict[str, np.ndarray]
+    val_tokens: np.ndarray
+    val_loss: dict[str, np.ndarray]
+    train_mask: dict[str, np.ndarray]  # per run: which of its train records lie in the range
+    max_tokens: int | None
+
+
+def align(runs: list[RunData], *, max_tokens: int | None = None) -> Aligned:
+    """Align runs on consumed tokens, keeping records with ``consumed_tokens <= max_tokens``.
+
+    Train (and validation) records of every run must sit at exactly the same consumed_tokens
+    values: misaligned grids (another global batch or sequence length, a different range) are
+    refused with a reason -- never interpolated, even with --force, because different per-step
+    batches would make the paired per-step gap meaningless. Within a run consumed_tokens must
+    increase with step.
+    """
+    reasons = []
+    for r in runs:
+        for kind, arrs in (("train", r.train), ("valid", r.valid)):
+            t = arrs["consumed_tokens"]
+            if t.size > 1 and np.any(np.diff(t) <= 0):
+                i = int(np.nonzero(np.diff(t) <= 0)[0][0])
+                reasons.append(
+                    f"{r.name}: {kind} consumed_tokens do not increase with step "
+                    f"(step {int(arrs['step'][i])}: {int(t[i])}, step {int(arrs['step'][i + 1])}: {int(t[i + 1])})"
+                )
+    if reasons:
+        raise CompareError(reasons)
+
+    def clip(arrs):
+        t = arrs["consumed_tokens"]
+        return np.ones(t.shape, bool) if max_tokens is None else t <= max_tokens
+
+    masks = {r.name: clip(r.train) for r in runs}
+    vmasks = {r.name: clip(r.valid) for r in runs}
+    grids = [r.train["consumed_tokens"][masks[r.name]] for r in runs]
+    vgrids = [r.valid["consumed_tokens"][vmasks[r.name]] for r in runs]
+    if any(g.size == 0 for g in grids):
+        empty = [r.name for r, g in zip(runs, grids) if g.size == 0]
+        raise CompareError(f"no train records at or below --max-tokens {max_tokens} in {', '.join(empty)}")
+    reasons = _grid_reasons(runs, "train", grids) + _grid_reasons(runs, "valid", vgrids)
+    if reasons:
+        raise CompareError(reasons)
+    return Aligned(
+        tokens=grids[0],
+        loss={r.name: r.train["loss"][masks[r.name]] for r in runs},
+        val_tokens=vgrids[0],
+        val_loss={r.name: r.valid["val_loss"][vmasks[r.name]] for r in runs},
+        train_mask=masks,
+        max_tokens=max_tokens,
+    )
