@@ -1,16 +1,83 @@
-"""Llama-3.1 pretraining with low-precision attention (entry point).
+"""Llama-3.1 pretraining with low-precision attention: the main job.
 
-The training loop (megatron-core model, data, optimizer, checkpoint resume) is the subject of the
-open issues "megatron-core integration", "Data" and "pretrain_llama.py"; until it lands, this entry
-point runs the attention demo: every recipe of ``fp4_attention`` on one shape, against float64.
-It says so on its first line, so that nobody mistakes it for a training run.
+    python pretrain_llama.py                                   # the embedded default (configs/default.yaml)
+    python pretrain_llama.py --config configs/NAME.yaml [section.key=value ...]
+    python pretrain_llama.py --config configs/llama3_1_8b_100b_fp8.yaml --dry-run --world-size 64
+    torchrun --nproc-per-node 8 pretrain_llama.py --config ...   # or one srun task per GPU under Slurm
+
+The default trains a small Llama-3.1-architecture model on the embedded corpus with the ``fp8``
+attention recipe (Triton backend on a GPU, the reference backend on a CPU). Every run resumes from
+the newest complete checkpoint in its run directory. Exit codes: see ``training/signals.py``
+(0 done, 2 config error, 3 preempted, 4 time budget, 5 non-finite stop). The loop lives in
+``training/``.
 """
 
-import sys
+from __future__ import annotations
 
-from fp4_attention.demo import main
+import argparse
+import os
+import sys
+import warnings
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config (default: the embedded default, configs/default.yaml)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="resolve the config for --world-size and print the plan; needs no GPU and no data")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="world size for --dry-run (default: $WORLD_SIZE or 1)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # megatron-core warns at import about optional packages (TE, Apex); the log reports what is used
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
+    from training.config import load_config
+    from training.signals import EXIT_CONFIG
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"pretrain_llama: configuration error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.dry_run:
+        from training.plan import format_plan, make_plan
+
+        world = args.world_size if args.world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+        try:
+            plan = make_plan(cfg, world)
+        except ValueError as err:
+            print(f"pretrain_llama --dry-run: impossible plan: {err}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(format_plan(plan))
+        return 0
+    from training.trainer import Trainer
+
+    code = Trainer(cfg, log=lambda msg: print(msg, flush=True)).run()
+    _report_exit_code(code)
+    return code
+
+
+def _report_exit_code(code: int) -> None:
+    """Write the exit code to ``$PRETRAIN_EXIT_FILE`` (rank 0 only), for launchers.
+
+    torchrun reports any failing worker as exit code 1, which would hide the distinct codes the
+    requeue logic needs (3 preempted, 4 time budget); ``launch/torchrun_node.sh`` and
+    ``launch/slurm_8x8.sbatch`` read this file instead. Written atomically (temp file + rename).
+    """
+    path = os.environ.get("PRETRAIN_EXIT_FILE")
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    if not path or rank != 0:
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{code}\n")
+    os.replace(tmp, path)
+
 
 if __name__ == "__main__":
-    print("pretrain_llama.py: the training loop is not implemented yet; running the attention demo "
-          "(python -m fp4_attention.demo)", flush=True)
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""End-to-end CPU runs of the trainer on a tiny model and a tiny real-text corpus (in-process)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import torch
+
+from training import checkpoint as ckpt
+from training.signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE
+
+from .conftest import metrics
+
+TRAIN_KEYS = {"kind", "step", "consumed_samples", "consumed_tokens", "loss", "grad_norm", "lr", "step_time_s",
+              "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "skipped", "nonfinite_count"}
+
+
+def train_losses(recs):
+    """Per step, the last train record's loss (the documented reader rule)."""
+    out = {}
+    for r in recs:
+        if r["kind"] == "train":
+            out[r["step"]] = r["loss"]
+    return out
+
+
+def test_short_run_trains_and_writes_documented_outputs(make_cfg, train, tmp_path):
+    cfg = make_cfg("training.train_iters=24", "training.warmup_iters=3", "checkpoint.save_interval=8")
+    code, log = train(cfg)
+    assert code == EXIT_DONE, log.text()
+    run = tmp_path / "run"
+    recs = metrics(run)
+    trains = [r for r in recs if r["kind"] == "train"]
+    assert [r["step"] for r in trains] == list(range(1, 25))
+    for r in trains:
+        assert set(r) == TRAIN_KEYS
+        assert r["mfu"] is None and r["skipped"] is False and r["nonfinite_count"] == 0
+        assert r["consumed_samples"] == 4 * r["step"] and r["consumed_tokens"] == 128 * r["step"]
+    first = sum(r["loss"] for r in trains[:3]) / 3
+    last = sum(r["loss"] for r in trains[-3:]) / 3
+    assert last < first - 1.0, (first, last)
+    valid = [r for r in recs if r["kind"] == "valid"]
+    assert [v["step"] for v in valid] == [4, 8, 12, 16, 20, 24] and set(valid[0]) == {"kind", "step",
+                                                                                     "consumed_tokens", "val_loss"}
+    assert valid[-1]["val_loss"] < valid[0]["val_loss"]
+    tele = [r for r in recs if r["kind"] == "telemetry"]
+    assert {(t["step"], t["layer"]) for t in tele} == {(s, layer) for s in (4, 8, 12, 16, 20, 24) for layer in (1, 2)}
+    assert all(t["max_logit"] > 0 and t["zero_scale_block_frac"] is None for t in tele)
+    events = [(r["event"], r["step"]) for r in recs if r["kind"] == "event"]
+    assert events[0] == ("start", 0) and events[-1] == ("exit", 24)
+    assert ("save", 8) in events and ("save", 24) in events
+    meta = json.loads((run / "run_meta.json").read_text())
+    assert set(meta) == {"config_fingerprint", "data_order_fingerprint", "precision", "seed", "world_size", "commit",
+                         "config"}
+    assert meta["precision"]["attention_recipe"] == "fp8" and meta["precision"]["attention_backend"] == "reference"
+    assert meta["world_size"] == 1 and len(meta["config_fingerprint"]) == 64
+    root = run / "checkpoints"
+    assert (root / ckpt.MARKER).read_text().strip() == "24"
+    assert sorted(p.name for p in root.iterdir()) == ["iter_0000016", "iter_0000024", ckpt.MARKER]  # keep_last 2
+    assert ckpt.verify_checkpoint(root / "iter_0000024") is None
+    assert "backend reference (auto: no CUDA device)" in log.text()
+    assert "torch.optim.AdamW" in log.text()
+
+
+def test_resume_is_bitwise_exact(make_cfg, train, tmp_path):
+    code, log = train(make_cfg(run="full"))
+    assert code == EXIT_DONE, log.text()
+    full = train_losses(metrics(tmp_path / "full"))
+    # "kill" after step 4: a fresh run directory holding only the step-4 checkpoint of the first run
+    root = tmp_path / "half" / "checkpoints"
+    root.mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "iter_0000004", root / "iter_0000004")
+    (root / ckpt.MARKER).write_text("4\n")
+    code, log = train(make_cfg(run="half"))
+    assert code == EXIT_DONE, log.text()
+    recs = metrics(tmp_path / "half")
+    assert [(r["event"], r["step"]) for r in recs if r["kind"] == "event"][0] == ("resume", 4)
+    resumed = train_losses(recs)
+    assert sorted(resumed) == [5, 6, 7, 8]
+    assert all(resumed[s] == full[s] for s in resumed), (resumed, full)  # bitwise
+    a = torch.load(tmp_path / "full/checkpoints/iter_0000008/model.pt", weights_only=True)
+    b = torch.load(tmp_path / "half/checkpoints/iter_0000008/model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_truncated_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
+    code, log = train(make_cfg())
+    assert code == EXIT_DONE
+    root = tmp_path / "run" / "checkpoints"
+    opt = root / "iter_0000008" / "optimizer.pt"
+    with open(opt, "r+b") as f:
+        f.truncate(opt.stat().st_size // 2)
+    assert "truncated" in ckpt.verify_checkpoint(root / "iter_0000008")
+    code, log = train(make_cfg("training.train_iters=8"))
+    assert code == EXIT_DONE, log.text()
+    assert "latest checkpoint (iteration 8) is incomplete; resuming from the previous complete one, iteration 4" \
+        in log.text()
+    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
+    assert ("resume", 4) in events
+    assert ckpt.verify_checkpoint(root / "iter_0000008") is None  # re-saved complete
+
+
+def test_changed_model_shape_stops_with_the_difference(make_cfg, train):
+    code, _ = train(make_cfg())
+    assert code == EXIT_DONE
+    code, log = train(make_cfg("model.num_layers=3", "training.train_iters=12"))
+    assert code == EXIT_CONFIG
+    text = log.text()
+    assert "model.num_layers: 2 in the checkpoint, 3 now" in text
+    assert "training.train_iters: 8 in the checkpoint, 12 now" in text and "data.identity" in text
+    assert "checkpoint.allow_config_change=[" in text
+    # a deliberate change of the run length is allowed explicitly
+    code, log = train(make_cfg("training.train_iters=10",
+                               "checkpoint.allow_config_change=[training.train_iters, data.identity]"))
+    assert code == EXIT_DONE, log.text()
+    assert "allowed config change training.train_iters: 8 -> 10" in log.text()
+
+
+def test_nonfinite_skip_counts_and_continues(make_cfg, train, tmp_path):
+    code, log = train(make_cfg("runtime.nonfinite=skip"), inject_nan_steps=frozenset({3}))
+    assert code == EXIT_DONE, log.text()
+    trains = {r["step"]: r for r in metrics(tmp_path / "run") if r["kind"] == "train"}
+    assert trains[3]["skipped"] and trains[3]["grad_norm"] is None and trains[3]["nonfinite_count"] == 1
+    assert all(not trains[s]["skipped"] for s in trains if s != 3)
+    assert trains[8]["nonfinite_count"] == 1 and all(trains[s]["loss"] == trains[s]["loss"] for s in (4, 8))
+    state = json.loads((tmp_path / "run/checkpoints/iter_0000008/trainer_state.json").read_text())
+    assert state["nonfinite_count"] == 1
+
+
+def test_nonfinite_stop_exits_without_saving(make_cfg, train, tmp_path):
+    code, log = train(make_cfg("runtime.nonfinite=stop"), inject_nan_steps=frozenset({6}))
+    assert code == EXIT_NONFINITE
+    assert "non-finite loss" in log.text() and "runtime.nonfinite=skip" in log.text()
+    root = tmp_path / "run" / "checkpoints"
+    assert (root / ckpt.MARKER).read_text().strip() == "4"
+    assert not (root / "iter_0000006").exists() and not (root / "iter_0000008").exists()

@@ -1,0 +1,88 @@
+"""The megatron-core engine on a CUDA GPU (run on the H200: python -m pytest -m gpu tests/training).
+
+* the default job (configs/default.yaml, shortened) runs with the Triton backend, trains, and logs
+  tokens/s/GPU, MFU and peak memory;
+* resume is exact in deterministic mode: 8 steps in one run vs 4 + resume + 4 (a copied step-4
+  checkpoint); bitwise-equal losses are asserted, see RESUME_RTOL for the tolerance used otherwise;
+* an asynchronous save completes (manifest, marker) and resumes.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from training import checkpoint as ckpt
+from training.config import load_config
+from training.signals import EXIT_DONE
+
+from .conftest import metrics
+
+pytestmark = pytest.mark.gpu
+
+# Deterministic mode on one GPU: the same kernels on the same inputs in the same order; megatron's
+# optimizer state and the RNG are restored bit for bit, so losses must match exactly.
+RESUME_RTOL = 0.0
+
+GPU_MODEL = ("model.hidden_size=128", "model.head_dim=64", "model.max_seq_length=128", "data.seq_length=128")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_backend():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    try:
+        import fp4_attention.triton_backend  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"fp4_attention.triton_backend is not importable: {type(exc).__name__}: {exc}")
+
+
+def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):
+    cfg = load_config(None, ["training.train_iters=40", "training.warmup_iters=4", "checkpoint.save_interval=20",
+                             f"runtime.output_dir={tmp_path / 'default'}"])
+    code, log = train(cfg)
+    text = log.text()
+    assert code == EXIT_DONE, text
+    assert "backend triton (auto: CUDA device" in text and "MFU = tokens/s/GPU x" in text
+    assert "megatron-core" in text and "DistributedDataParallel" in text
+    trains = [r for r in metrics(tmp_path / "default") if r["kind"] == "train"]
+    assert len(trains) == 40
+    for r in trains[1:]:
+        assert r["tokens_per_s_per_gpu"] > 0 and 0 < r["mfu"] < 1 and r["peak_mem_gib"] > 0
+    first = sum(r["loss"] for r in trains[:3]) / 3
+    last = sum(r["loss"] for r in trains[-5:]) / 5
+    assert last < first - 2.0, (first, last)
+    assert ckpt.find_latest(tmp_path / "default" / "checkpoints")[0] == 40
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
+def test_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path, recipe):
+    over = (*GPU_MODEL, f"attention.recipe={recipe}", "runtime.deterministic=true")
+    code, log = train(make_cfg(*over, run="full"))
+    assert code == EXIT_DONE, log.text()
+    full = {r["step"]: r["loss"] for r in metrics(tmp_path / "full") if r["kind"] == "train"}
+    tele = [r for r in metrics(tmp_path / "full") if r["kind"] == "telemetry"]
+    assert tele and all((t["zero_scale_block_frac"] is not None) == (recipe == "nvfp4qk_fp8pv") for t in tele)
+    root = tmp_path / "half" / "checkpoints"
+    root.mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "iter_0000004", root / "iter_0000004")
+    (root / ckpt.MARKER).write_text("4\n")
+    code, log = train(make_cfg(*over, run="half"))
+    assert code == EXIT_DONE, log.text()
+    resumed = {r["step"]: r["loss"] for r in metrics(tmp_path / "half") if r["kind"] == "train"}
+    assert sorted(resumed) == [5, 6, 7, 8]
+    for s in resumed:
+        assert resumed[s] == pytest.approx(full[s], rel=RESUME_RTOL, abs=0), (s, resumed[s], full[s])
+
+
+def test_async_save_completes_and_resumes(make_cfg, train, tmp_path):
+    code, log = train(make_cfg(*GPU_MODEL, "checkpoint.async_save=true"))
+    assert code == EXIT_DONE, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    assert ckpt.find_latest(root)[0] == 8 and ckpt.verify_checkpoint(root / "iter_0000004") is None
+    code, log = train(make_cfg(*GPU_MODEL, "checkpoint.async_save=true", "training.train_iters=10",
+                               "checkpoint.allow_config_change=[training.train_iters,data.identity]"))
+    assert code == EXIT_DONE, log.text()
+    assert ckpt.find_latest(root)[0] == 10

@@ -1,0 +1,16 @@
+"""The training job behind ``pretrain_llama.py``; small modules with one job each.
+
+| module | job |
+|---|---|
+| ``config`` | YAML sections -> validated dataclasses, overrides, resolved config, fingerprint |
+| ``plan`` | parallel layout, batch arithmetic, steps, memory, FLOPs (``--dry-run``, start-up checks) |
+| ``schedule`` | the LR schedule (warmup, cosine, floor), used by both engines |
+| ``distenv`` | torchrun / Slurm ranks, process group, megatron-core parallel state |
+| ``data_setup`` | tokenizer, corpus, GPTDatasets, consumed-samples loaders |
+| ``engine`` / ``engine_megatron`` / ``engine_cpu`` | model + optimizer + engine checkpoint files (GPU / CPU) |
+| ``checkpoint`` | iter_XXXXXXX/ layout, manifest, latest marker, retention, resume compatibility |
+| ``metrics`` | metrics.jsonl, run_meta.json, terminal, TensorBoard, wandb |
+| ``telemetry`` | attention max logit and NVFP4 zero-scale-block fraction (sampled hook) |
+| ``signals`` | SIGTERM/SIGUSR1 and time budget flags; the exit codes |
+| ``trainer`` | the loop |
+"""

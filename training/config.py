@@ -1,0 +1,602 @@
+"""The training job's configuration: YAML sections validated into keyword-only dataclasses.
+
+    cfg = load_config("configs/default.yaml", ["training.train_iters=50", "attention.recipe=bf16"])
+    cfg = load_config(None)                     # the embedded default (same as configs/default.yaml)
+
+Sections (each a dataclass below; its ``__post_init__`` raises ``ValueError`` saying how to fix a
+value; an unknown section or key is an error that lists the valid ones):
+
+| section | holds |
+|---|---|
+| ``model`` | ``preset`` + overrides of any :class:`llama.LlamaConfig` field (shapes, init_std, ...) |
+| ``attention`` | ``recipe`` (bf16, fp8, nvfp4qk_fp8pv), ``backend`` (auto, reference, triton) |
+| ``projection`` | ``precision`` (bf16, te_fp8) and the TE FP8 fields of :class:`llama.ProjectionConfig` |
+| ``parallel`` | ``tensor``, ``pipeline``, ``context``, ``sequence_parallel``; data parallel = the rest |
+| ``data`` | ``corpus`` (``default`` or a list of ``{prefix, weight}``), tokenizer, seq_length, split, seed |
+| ``training`` | batch sizes, ``train_tokens`` or ``train_iters``, AdamW, LR schedule, clipping, init seed |
+| ``checkpoint`` | dir, save_interval, keep_last, async_save, load, allow_config_change |
+| ``logging`` | log_interval, metrics_file, tensorboard, wandb, telemetry_interval, peak FLOP/s for MFU |
+| ``validation`` | interval, iters |
+| ``runtime`` | exit_duration_mins, nonfinite (skip, stop), deterministic, output_dir |
+
+Command-line overrides are dotted ``section.key=value``; the value is parsed with
+``yaml.safe_load``. Numbers given as strings (YAML 1.1 reads ``3e-4`` as a string) are accepted
+for numeric fields, so ``training.lr=3e-4`` works.
+
+The *resolved* config (:func:`resolved_dict`) is the validated config as a plain dict with every
+model field spelled out, ``training.train_iters`` computed from ``train_tokens``, and
+``attention.backend`` resolved to the backend that runs; it is saved with the run and in every
+checkpoint, and compared on resume (``training.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "CONFIG_SECTIONS",
+    "TrainConfig",
+    "apply_overrides",
+    "config_fingerprint",
+    "from_dict",
+    "load_config",
+    "resolved_dict",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "default.yaml"
+
+ATTENTION_BACKENDS = ("auto", "reference", "triton")
+PROJECTION_PRECISIONS = ("bf16", "te_fp8")
+NONFINITE_POLICIES = ("skip", "stop")
+WANDB_MODES = ("disabled", "offline", "online")
+TOKENIZER_KINDS = ("llama3", "hf")
+
+
+# ----------------------------------------------------------------------------------------- sections
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSection:
+    """``preset`` (llama3_1_8b, small, tiny) and overrides of LlamaConfig fields, e.g. ``vocab_size``."""
+
+    preset: str = "tiny"
+    overrides: dict = field(default_factory=lambda: {"vocab_size": 128256})
+
+    def __post_init__(self):
+        from llama import PRESETS, LlamaConfig
+
+        if self.preset not in PRESETS:
+            raise ValueError(f"model.preset={self.preset!r} is unknown; choose one of {', '.join(PRESETS)}")
+        valid = model_override_keys()
+        bad = sorted(set(self.overrides) - set(valid))
+        if bad:
+            raise ValueError(f"model: unknown key(s) {', '.join(bad)}; valid keys: preset, {', '.join(valid)}")
+        hints = typing.get_type_hints(LlamaConfig)
+        object.__setattr__(self, "overrides", {k: _coerce(f"model.{k}", hints[k], v)
+                                               for k, v in self.overrides.items()})
+        self.llama_base()  # validates the shapes (LlamaConfig raises ValueError with the fix)
+
+    def llama_base(self):
+        """The LlamaConfig of the preset with the overrides (attention/projection at their defaults)."""
+        from llama import preset
+
+        try:
+            return preset(self.preset, **self.overrides)
+        except ValueError as err:
+            raise ValueError(f"model: {err}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSection:
+    """``recipe``: an fp4_attention training recipe; ``backend``: auto (triton on CUDA, reference on CPU)."""
+
+    recipe: str = "fp8"
+    backend: str = "auto"
+
+    def __post_init__(self):
+        from fp4_attention import TRAINING_RECIPES
+
+        if self.recipe not in TRAINING_RECIPES:
+            raise ValueError(f"attention.recipe={self.recipe!r} cannot train; choose one of "
+                             f"{', '.join(TRAINING_RECIPES)}")
+        if self.backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention.backend={self.backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionSection:
+    """Projection precision (maps 1:1 onto :class:`llama.ProjectionConfig`)."""
+
+    precision: str = "bf16"
+    fp8_format: str = "hybrid"
+    fp8_scaling: str = "current"
+    fp8_bf16_first_layers: int = 0
+    fp8_bf16_last_layers: int = 0
+    fp8_amax_history_len: int = 1024
+    fp8_amax_compute_algo: str = "max"
+
+    def __post_init__(self):
+        if self.precision not in PROJECTION_PRECISIONS:
+            raise ValueError(f"projection.precision={self.precision!r}; choose one of {', '.join(PROJECTION_PRECISIONS)}")
+        self.llama()
+
+    def llama(self):
+        from llama import ProjectionConfig
+
+        return ProjectionConfig(**dataclasses.asdict(self))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSection:
+    """Model-parallel sizes; the data-parallel size is world_size / (tensor * pipeline * context)."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
+    sequence_parallel: bool = False
+
+    def __post_init__(self):
+        for name in ("tensor", "pipeline", "context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.sequence_parallel and self.tensor == 1:
+            raise ValueError("parallel.sequence_parallel needs parallel.tensor > 1; set sequence_parallel=false")
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor * self.pipeline * self.context
+
+    def llama(self):
+        from llama import ParallelConfig
+
+        try:
+            return ParallelConfig(tensor_parallel=self.tensor, pipeline_parallel=self.pipeline,
+                                  context_parallel=self.context, sequence_parallel=self.sequence_parallel)
+        except ValueError as err:
+            raise ValueError(str(err).replace("parallel.tensor_parallel", "parallel.tensor")
+                             .replace("parallel.context_parallel", "parallel.context")) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSection:
+    """``corpus``: ``default`` (the embedded KJV + CPython stdlib blend, prepared on first use) or a
+    list of ``{prefix: <indexed dataset prefix>, weight: <float>}`` (``path`` is accepted for
+    ``prefix``) with a Megatron ``split`` such as ``"969,30,1"``."""
+
+    corpus: Any = "default"
+    tokenizer: str = "llama3"
+    tokenizer_path: str | None = None
+    seq_length: int = 256
+    split: str | None = None
+    seed: int = 1234
+    cache_dir: str | None = None
+    num_workers: int = 0
+
+    def __post_init__(self):
+        if self.corpus != "default":
+            if not isinstance(self.corpus, list) or not self.corpus:
+                raise ValueError("data.corpus must be 'default' or a non-empty list of {prefix: PATH, weight: W}")
+            norm = []
+            for i, entry in enumerate(self.corpus):
+                if not isinstance(entry, dict):
+                    raise ValueError(f"data.corpus[{i}] must be a mapping {{prefix: PATH, weight: W}}, got {entry!r}")
+                bad = set(entry) - {"prefix", "path", "weight"}
+                if bad or ("prefix" in entry) == ("path" in entry):
+                    raise ValueError(f"data.corpus[{i}]={entry!r}: give exactly one of prefix/path and optionally "
+                                     "weight (default 1.0)")
+                weight = _coerce(f"data.corpus[{i}].weight", float, entry.get("weight", 1.0))
+                if not weight > 0:
+                    raise ValueError(f"data.corpus[{i}].weight must be > 0, got {weight}")
+                norm.append({"prefix": str(entry.get("prefix", entry.get("path"))), "weight": weight})
+            object.__setattr__(self, "corpus", norm)
+            if self.split is None:
+                raise ValueError("data.split is needed with a custom corpus, e.g. data.split='969,30,1'")
+        elif self.split is not None:
+            raise ValueError("data.split must be null with corpus 'default' (it is split 98/1/1 at preparation)")
+        if self.tokenizer not in TOKENIZER_KINDS:
+            raise ValueError(f"data.tokenizer={self.tokenizer!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
+        if self.tokenizer == "hf" and not self.tokenizer_path:
+            raise ValueError("data.tokenizer='hf' needs data.tokenizer_path (a local HuggingFace tokenizer directory)")
+        if self.seq_length < 1:
+            raise ValueError(f"data.seq_length must be >= 1, got {self.seq_length}")
+        if self.num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSection:
+    """Batch, duration, AdamW and the LR schedule (linear warmup, cosine decay to ``min_lr``)."""
+
+    micro_batch_size: int = 2
+    global_batch_size: int = 4
+    train_tokens: int | None = None
+    train_iters: int | None = 80
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_iters: int = 8
+    lr_decay_style: str = "cosine"
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    seed: int = 1234
+
+    def __post_init__(self):
+        if self.micro_batch_size < 1 or self.global_batch_size < 1:
+            raise ValueError("training.micro_batch_size and training.global_batch_size must be >= 1")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(f"training.global_batch_size={self.global_batch_size} is not a multiple of "
+                             f"micro_batch_size={self.micro_batch_size}")
+        if (self.train_tokens is None) == (self.train_iters is None):
+            raise ValueError("give exactly one of training.train_tokens and training.train_iters "
+                             "(set the other to null)")
+        if self.train_iters is not None and self.train_iters < 1:
+            raise ValueError(f"training.train_iters must be >= 1, got {self.train_iters}")
+        if self.train_tokens is not None and self.train_tokens < 1:
+            raise ValueError(f"training.train_tokens must be >= 1, got {self.train_tokens}")
+        if not (self.lr > 0 or math.isinf(self.lr)) or not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"training: need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.warmup_iters < 0:
+            raise ValueError(f"training.warmup_iters must be >= 0, got {self.warmup_iters}")
+        if self.lr_decay_style != "cosine":
+            raise ValueError(f"training.lr_decay_style={self.lr_decay_style!r}; only 'cosine' is implemented")
+        if self.weight_decay < 0 or self.adam_eps <= 0 or not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+            raise ValueError("training: need weight_decay >= 0, adam_eps > 0 and betas in [0, 1)")
+        if self.clip_grad < 0:
+            raise ValueError(f"training.clip_grad must be >= 0 (0 = no clipping), got {self.clip_grad}")
+
+    def iters(self, seq_length: int) -> int:
+        """Optimizer steps: ``train_iters``, or ``ceil(train_tokens / (global_batch_size * seq_length))``.
+
+        Rounding up means the last step completes the token budget (it overshoots by less than one step).
+        """
+        if self.train_iters is not None:
+            return self.train_iters
+        return -(-self.train_tokens // (self.global_batch_size * seq_length))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSection:
+    """``dir`` (default ``<output_dir>/checkpoints``); ``save_interval`` steps (0 = only at the end and
+    on exit); ``keep_last`` complete checkpoints; ``load``: ``auto`` (latest complete one in ``dir``,
+    if any), ``none``, or a checkpoint directory; ``allow_config_change``: resolved-config keys (or
+    section names) allowed to differ from the checkpoint's on resume (``data.identity`` for the data)."""
+
+    dir: str | None = None
+    save_interval: int = 40
+    keep_last: int = 2
+    async_save: bool = False
+    load: str = "auto"
+    allow_config_change: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.save_interval < 0:
+            raise ValueError(f"checkpoint.save_interval must be >= 0, got {self.save_interval}")
+        if self.keep_last < 1:
+            raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
+        if not self.load:
+            raise ValueError("checkpoint.load must be 'auto', 'none' or a checkpoint path")
+        allow = self.allow_config_change
+        if isinstance(allow, str):
+            allow = [a.strip() for a in allow.split(",") if a.strip()]
+        if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+            raise ValueError(f"checkpoint.allow_config_change must be a list of keys, got {allow!r}")
+        object.__setattr__(self, "allow_config_change", list(allow))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingSection:
+    """Metrics file (relative to output_dir), TensorBoard, wandb, attention telemetry, MFU peak."""
+
+    log_interval: int = 1
+    metrics_file: str = "metrics.jsonl"
+    tensorboard: bool = True
+    wandb_mode: str = "disabled"
+    wandb_project: str = "fp4-attention-pretrain"
+    telemetry_interval: int = 20
+    peak_flops_per_gpu: float = 989.4e12
+    progress_bar: bool = True
+
+    def __post_init__(self):
+        if self.log_interval < 1:
+            raise ValueError(f"logging.log_interval must be >= 1, got {self.log_interval}")
+        if self.wandb_mode not in WANDB_MODES:
+            raise ValueError(f"logging.wandb_mode={self.wandb_mode!r}; choose one of {', '.join(WANDB_MODES)}")
+        if self.telemetry_interval < 0:
+            raise ValueError("logging.telemetry_interval must be >= 0 (0 = off)")
+        if not self.peak_flops_per_gpu > 0:
+            raise ValueError("logging.peak_flops_per_gpu must be > 0 (989.4e12 = H100/H200 dense BF16)")
+        if not self.metrics_file:
+            raise ValueError("logging.metrics_file must name a file")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationSection:
+    """Validation loss on the held-out split every ``interval`` steps (and at the end) over ``iters``
+    global batches (the same batches every time; 0 = off)."""
+
+    interval: int = 20
+    iters: int = 2
+
+    def __post_init__(self):
+        if self.interval < 0 or self.iters < 0:
+            raise ValueError("validation.interval and validation.iters must be >= 0 (0 = off)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSection:
+    """``exit_duration_mins``: save and exit after this many minutes from process start;
+    ``nonfinite``: ``skip`` (skip the step and count it) or ``stop``; ``deterministic``: deterministic
+    algorithms; ``output_dir``: the run directory (metrics, run_meta.json, checkpoints)."""
+
+    exit_duration_mins: float | None = None
+    nonfinite: str = "skip"
+    deterministic: bool = False
+    output_dir: str = "runs/default"
+
+    def __post_init__(self):
+        if self.exit_duration_mins is not None and not self.exit_duration_mins > 0:
+            raise ValueError(f"runtime.exit_duration_mins must be > 0 or null, got {self.exit_duration_mins}")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"runtime.nonfinite={self.nonfinite!r}; choose one of {', '.join(NONFINITE_POLICIES)}")
+        if not self.output_dir:
+            raise ValueError("runtime.output_dir must name a directory")
+
+
+CONFIG_SECTIONS = {
+    "model": ModelSection, "attention": AttentionSection, "projection": ProjectionSection,
+    "parallel": ParallelSection, "data": DataSection, "training": TrainingSection,
+    "checkpoint": CheckpointSection, "logging": LoggingSection, "validation": ValidationSection,
+    "runtime": RuntimeSection,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The whole job configuration (one field per section)."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    attention: AttentionSection = field(default_factory=AttentionSection)
+    projection: ProjectionSection = field(default_factory=ProjectionSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    data: DataSection = field(default_factory=DataSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
+
+    def __post_init__(self):
+        llama = self.llama(backend="reference")
+        if self.data.seq_length > llama.max_seq_length:
+            raise ValueError(f"data.seq_length={self.data.seq_length} exceeds model.max_seq_length="
+                             f"{llama.max_seq_length}; lower data.seq_length or set model.max_seq_length")
+        if self.data.tokenizer == "llama3" and llama.vocab_size < 128256:
+            raise ValueError(f"model.vocab_size={llama.vocab_size} is smaller than the Llama-3 tokenizer's 128256 "
+                             "ids; set model.vocab_size=128256")
+        iters = self.train_iters
+        if self.training.warmup_iters >= iters:
+            raise ValueError(f"training.warmup_iters={self.training.warmup_iters} must be < the number of "
+                             f"steps ({iters}); lower warmup_iters or train longer")
+
+    @property
+    def train_iters(self) -> int:
+        return self.training.iters(self.data.seq_length)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.data.seq_length
+
+    def llama(self, *, backend: str):
+        """The :class:`llama.LlamaConfig` to build, with the attention ``backend`` resolved."""
+        from llama import AttentionConfig
+
+        base = self.model.llama_base()
+        try:
+            return base.replace(attention=AttentionConfig(recipe=self.attention.recipe, backend=backend),
+                                projection=self.projection.llama())
+        except ValueError as err:
+            raise ValueError(f"model/projection: {err}") from None
+
+    def replace(self, **sections) -> TrainConfig:
+        return dataclasses.replace(self, **sections)
+
+
+# ----------------------------------------------------------------------------------- loading
+
+def model_override_keys() -> list[str]:
+    from llama import LlamaConfig
+
+    return [f.name for f in dataclasses.fields(LlamaConfig) if f.name not in ("attention", "projection")]
+
+
+def _coerce(name: str, typ, value):
+    """Check ``value`` against the annotation ``typ``; accept numeric strings for numbers."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and type(None) in args:
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(name, inner[0], value) if len(inner) == 1 else value
+    if typ is Any or origin in (list, dict) or typ in (list, dict):
+        return value
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            f = math.nan
+        if math.isfinite(f) and f.is_integer():
+            return int(f)
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, bool):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def _build_section(name: str, cls, raw) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"config section {name!r} must be a mapping, got {type(raw).__name__}")
+    if cls is ModelSection:
+        raw = dict(raw)
+        preset_name = raw.pop("preset", ModelSection.preset)
+        return ModelSection(preset=preset_name, overrides=raw)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    bad = sorted(set(raw) - set(fields))
+    if bad:
+        raise ValueError(f"{name}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _coerce(f"{name}.{k}", hints[k], v) for k, v in raw.items()})
+
+
+def from_dict(raw: dict | None) -> TrainConfig:
+    """Validate a config mapping (as read from YAML) into a :class:`TrainConfig`.
+
+    A missing section or key takes the embedded default. A ``model`` section replaces the default
+    model (preset ``tiny`` with ``vocab_size: 128256``) as a whole; ``model.*`` command-line
+    overrides on top of the default keep it.
+
+    Raises:
+        ValueError: unknown section/key (lists the valid ones) or an invalid value (says how to fix it).
+    """
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"a config must be a mapping of sections, got {type(raw).__name__}")
+    bad = sorted(set(raw) - set(CONFIG_SECTIONS))
+    if bad:
+        raise ValueError(f"unknown config section(s) {', '.join(bad)}; valid sections: {', '.join(CONFIG_SECTIONS)}")
+    sections = {name: _build_section(name, cls, raw[name]) for name, cls in CONFIG_SECTIONS.items() if name in raw}
+    return TrainConfig(**sections)
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply dotted ``section.key=value`` overrides (values parsed with ``yaml.safe_load``) to ``raw``.
+
+    Raises:
+        ValueError: an override without ``=`` or without exactly one dot in its key.
+    """
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (raw or {}).items()}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            raise ValueError(f"override {item!r} must look like section.key=value, e.g. training.train_iters=50")
+        section, name = parts
+        if section not in CONFIG_SECTIONS:
+            raise ValueError(f"override {item!r}: unknown section {section!r}; valid sections: "
+                             f"{', '.join(CONFIG_SECTIONS)}")
+        value = yaml.safe_load(text) if text.strip() else None
+        sec = raw.get(section)
+        sec = dict(sec) if isinstance(sec, dict) else {}
+        if section == "model" and "model" not in raw and name != "preset":
+            sec = {"preset": ModelSection.preset, **ModelSection().overrides}
+        sec[name] = value
+        raw[section] = sec
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read a YAML config (None = the embedded default) and apply dotted overrides.
+
+    Raises:
+        ValueError: see :func:`from_dict` / :func:`apply_overrides`; FileNotFoundError for a missing file.
+    """
+    raw: dict = {}
+    if path is not None:
+        text = Path(path).read_text()
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: not valid YAML: {err}") from None
+    return from_dict(apply_overrides(raw, list(overrides)))
+
+
+# --------------------------------------------------------------------------------- resolved form
+
+def resolved_dict(cfg: TrainConfig, *, backend: str | None = None) -> dict:
+    """The resolved config as plain JSON-able data (see the module docstring).
+
+    Args:
+        backend: the attention backend that runs (``auto`` resolved); None keeps the configured value.
+    """
+    out = {}
+    for name in CONFIG_SECTIONS:
+        section = getattr(cfg, name)
+        if name == "model":
+            base = dataclasses.asdict(section.llama_base())
+            base.pop("attention"), base.pop("projection")
+            out[name] = {"preset": section.preset, **base}
+        else:
+            out[name] = json.loads(json.dumps(dataclasses.asdict(section)))
+    out["training"]["train_iters"] = cfg.train_iters
+    if backend is not None:
+        out["attention"]["backend"] = backend
+    return out
+
+
+# Keys that do not define *what* is trained (precision, seed of the init, bookkeeping): removed from
+# the config fingerprint so that runs differing only in precision (or seed) compare as the same job.
+FINGERPRINT_EXCLUDED = ("attention.recipe", "attention.backend", "projection.*", "training.seed", "checkpoint.*",
+                        "logging.*", "runtime.output_dir", "runtime.exit_duration_mins")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    flat = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(_flatten(v, key + "."))
+        else:
+            flat[key] = v
+    return flat
+
+
+def flatten(d: dict) -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    return _flatten(d)
+
+
+def key_matches(key: str, pattern: str) -> bool:
+    """``pattern`` is a full key, ``section.*`` or a bare section name."""
+    if pattern.endswith(".*"):
+        return key.startswith(pattern[:-1])
+    return key == pattern or key.startswith(pattern + ".")
+
+
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def config_fingerprint(resolved: dict) -> str:
+    """sha256 hex of the canonical JSON of ``resolved`` without :data:`FINGERPRINT_EXCLUDED`."""
+    kept = {k: v for k, v in flatten(resolved).items() if not any(key_matches(k, p) for p in FINGERPRINT_EXCLUDED)}
+    return hashlib.sha256(canonical_json(kept).encode()).hexdigest()

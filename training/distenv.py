@@ -1,0 +1,102 @@
+"""Process-group set-up from torchrun or Slurm variables, and megatron-core's model-parallel state.
+
+Rank variables, in order: ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` (torchrun, or a launcher that
+exports them), else ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` (one srun task per
+GPU), else a single process. The rendezvous is ``MASTER_ADDR``/``MASTER_PORT`` (torchrun sets them;
+under plain srun the launcher must export them, e.g. from ``scontrol show hostnames``). A single
+process without them gets a local TCP rendezvous on a free port. Backend: NCCL on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistEnv", "init_distributed", "shutdown"]
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    created_group: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if os.environ.get(name, "").strip():
+            return int(os.environ[name])
+    return None
+
+
+def ranks_from_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun or Slurm variables; (0, 1, 0) when neither is set."""
+    rank = _env_int("RANK")
+    if rank is not None:
+        return rank, _env_int("WORLD_SIZE") or 1, _env_int("LOCAL_RANK") or 0
+    rank = _env_int("SLURM_PROCID")
+    if rank is not None and (_env_int("SLURM_NTASKS") or 1) > 1:
+        return rank, _env_int("SLURM_NTASKS"), _env_int("SLURM_LOCALID") or 0
+    return 0, 1, 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(*, use_cuda: bool) -> DistEnv:
+    """Initialize torch.distributed (if not already) and pick this rank's device."""
+    rank, world, local = ranks_from_env()
+    if use_cuda:
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    created = False
+    if not dist.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            init = "env://"
+        elif world == 1:
+            init = f"tcp://127.0.0.1:{_free_port()}"
+        else:
+            raise ValueError(f"{world} processes but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun, "
+                             "or export them (the first host of the job and a free port)")
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+        created = True
+    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device,
+                   created_group=created)
+
+
+def init_model_parallel(parallel, *, seed: int, use_cuda: bool) -> None:
+    """megatron-core's ``initialize_model_parallel`` with the config's sizes, and its CUDA RNG tracker."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=parallel.tensor,
+                                             pipeline_model_parallel_size=parallel.pipeline,
+                                             context_parallel_size=parallel.context)
+    if use_cuda:
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def shutdown(env: DistEnv) -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if env.created_group and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,85 @@
+"""What the trainer needs from an engine, and the pieces both engines share.
+
+An engine owns the model, the optimizer and the engine-specific checkpoint files; the trainer owns
+the loop, the schedule, data, logging, signals and the checkpoint directory protocol. Two engines:
+
+* ``engine_megatron.MegatronEngine`` (CUDA; the real one): megatron-core DDP + distributed
+  optimizer + ``forward_backward_func`` + ``dist_checkpointing`` (torch_dist).
+* ``engine_cpu.CPUEngine`` (no GPU): the same megatron-core model (``llama.cpu_compat``), torch
+  AdamW on FP32 main weights, our own micro-batch accumulation into an FP32 gradient buffer, gloo
+  all-reduce for data parallelism, ``torch.save`` checkpoints. megatron-core's DDP, optimizer and
+  dist_checkpointing need CUDA (shared/spec/megatron-core-notes.md), hence this second route.
+
+Interface (duck-typed)::
+
+    engine.describe: str                         # which optimizer implementation, etc. (logged)
+    engine.model: torch.nn.Module                # the unwrapped GPTModel (telemetry hooks)
+    engine.train_step(micro_batches, *, lr, inject_nan=False) -> StepResult
+    engine.eval_loss(micro_batches) -> float     # token-weighted mean over all data-parallel ranks
+    engine.save(tmp_dir, finalize)               # all ranks; calls finalize() (all ranks) when written
+    engine.load(ckpt_dir)                        # all ranks
+    engine.poll_saves(blocking=False)            # async saves: run pending finalizations
+    engine.params_finite() -> bool               # global
+    engine.peak_mem_gib() -> float | None
+    engine.all_reduce_max(int) -> int
+    engine.barrier()
+
+Loss: each micro-batch's loss is its token-mean (``sum(loss * mask) / sum(mask)``); the step loss
+and the gradient are the mean over the micro-batches and data-parallel ranks (megatron-core's
+default, ``calculate_per_token_loss=False``). A step whose loss or gradients are not finite on any
+rank is not applied (``StepResult.skipped``).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["StepResult", "restore_rng_state", "rng_state"]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    grad_norm: float | None
+    skipped: bool
+
+
+def rng_state() -> dict:
+    """Python, numpy, torch (and CUDA, megatron's CUDA tracker) RNG states, as weights_only-loadable data."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        state["cuda"] = torch.cuda.get_rng_state()
+        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    random.setstate(python_rng_state_to_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if torch.cuda.is_available() and "cuda" in state:
+        from megatron.core import tensor_parallel
+
+        torch.cuda.set_rng_state(state["cuda"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def python_rng_state_to_tuple(state):
+    """random.setstate needs tuples; a weights_only load may give lists."""
+    if isinstance(state, list):
+        return tuple(python_rng_state_to_tuple(s) for s in state)
+    return state

@@ -1,0 +1,286 @@
+"""The GPU engine: megatron-core end to end (DDP, distributed optimizer, schedules, dist_checkpointing).
+
+* Model: ``llama.build_gpt_model`` (BF16 parameters) wrapped in ``Float16Module`` (FP32 loss output)
+  and megatron-core ``DistributedDataParallel`` with ``grad_reduce_in_fp32=True`` (FP32 ``main_grad``
+  buffers) and ``use_distributed_optimizer=True``.
+* Optimizer: ``get_megatron_optimizer(OptimizerConfig(optimizer="adam", bf16=True,
+  use_distributed_optimizer=True, ...))``: FP32 main weights sharded over data-parallel ranks. Its
+  Adam is Transformer Engine's FusedAdam when TE imports, else Apex's, else ``torch.optim.AdamW``,
+  which we switch to its fused CUDA kernel (``fused=True``). :attr:`MegatronEngine.describe` says
+  which one runs. LR and weight decay are written into the param groups every step from
+  :func:`training.schedule.lr_at` (not megatron's ``OptimizerParamScheduler``), so both engines
+  share one schedule; megatron's ``wd_mult`` (0 for biases and 1-D parameters) is honoured.
+* Step: ``get_forward_backward_func()`` runs the micro-batches (gradient accumulation, and the
+  pipeline schedule when PP > 1) and ``finalize_model_grads`` (DP reduce-scatter); then a global
+  finiteness check of the loss and the gradient buffers (megatron's BF16 optimizer has no
+  inf/NaN check of its own), then ``optimizer.step()`` (clipping, update, parameter all-gather).
+* Checkpoint: ``dist_checkpointing.save/load`` (torch_dist format, fully parallel save over the
+  data-parallel group) of ``{"model": GPTModel.sharded_state_dict(), "optimizer":
+  optimizer.sharded_state_dict(..., metadata={"distrib_optim_sharding_type": "dp_reshardable"})}``
+  (``dp_reshardable``: the data-parallel size may change on resume; tensor/pipeline sizes may not).
+  Per-rank RNG states (CUDA and megatron's tracker included) go into ``rng/rank_XXXXX.pt``.
+  ``checkpoint.async_save``: megatron-core's own asynchronous writer (``async_strategy="mcore"``,
+  a forked process per save; no nvidia-resiliency-ext needed); completion (manifest, rename,
+  latest marker) runs when the write has finished, polled after every step.
+
+Deterministic mode (``runtime.deterministic``): ``torch.use_deterministic_algorithms(True)`` and
+``CUBLAS_WORKSPACE_CONFIG`` (set by the trainer), and megatron's ``deterministic_mode``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .engine import StepResult, restore_rng_state, rng_state
+
+__all__ = ["MegatronEngine"]
+
+CKPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _inner_optimizers(optimizer):
+    chained = getattr(optimizer, "chained_optimizers", None)
+    return list(chained) if chained is not None else [optimizer]
+
+
+class MegatronEngine:
+    def __init__(self, cfg, llama_cfg, env, *, log=print):
+        from megatron.core import parallel_state
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.transformer.module import Float16Module
+
+        from llama import build_gpt_model
+
+        self.cfg, self.env, self.log = cfg, env, log
+        self.device = env.device
+        self.seq_length = cfg.data.seq_length
+        self.micro_batch_size = cfg.training.micro_batch_size
+        self.is_last_stage = parallel_state.is_pipeline_last_stage()
+        torch.manual_seed(cfg.training.seed)
+        self.model = build_gpt_model(llama_cfg, parallel=cfg.parallel.llama(),
+                                     pre_process=parallel_state.is_pipeline_first_stage(),
+                                     post_process=self.is_last_stage)
+        tc = self.model.config
+        if cfg.runtime.deterministic:
+            tc.deterministic_mode = True
+        module = Float16Module(tc, self.model) if tc.bf16 else self.model
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
+                                                   overlap_grad_reduce=False, overlap_param_gather=False)
+        self.ddp = DistributedDataParallel(config=tc, ddp_config=ddp_config, module=module)
+        self.ddp.broadcast_params()
+        t = cfg.training
+        opt_config = OptimizerConfig(optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
+                                     adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
+                                     clip_grad=t.clip_grad, bf16=tc.bf16, params_dtype=tc.params_dtype,
+                                     use_distributed_optimizer=True)
+        self.optimizer = get_megatron_optimizer(opt_config, [self.ddp])
+        adam = self._use_fused_adam()
+        tc.no_sync_func = self.ddp.no_sync
+        tc.finalize_model_grads_func = finalize_model_grads
+        tc.grad_scale_func = self.optimizer.scale_loss
+        self.forward_backward = get_forward_backward_func()
+        self.async_queue = None
+        if cfg.checkpoint.async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self.async_queue = AsyncCallsQueue(persistent=False)
+        self.describe = (f"megatron-core: GPTModel (BF16 params) in Float16Module + DistributedDataParallel "
+                         f"(FP32 grad buffers, distributed optimizer, DP={parallel_state.get_data_parallel_world_size()}) "
+                         f"+ {type(self.optimizer).__name__} with {adam}; dist_checkpointing torch_dist "
+                         f"({'async' if self.async_queue else 'synchronous'} save)")
+
+    def _use_fused_adam(self) -> str:
+        """Name the Adam implementation; switch torch's AdamW fallback to its fused CUDA kernel."""
+        names = set()
+        for opt in _inner_optimizers(self.optimizer):
+            inner = getattr(opt, "optimizer", None)
+            if inner is None:
+                continue
+            if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+                for group in inner.param_groups:
+                    group["fused"], group["foreach"] = True, False
+                inner.defaults["fused"], inner.defaults["foreach"] = True, False
+                names.add(f"torch.optim.{type(inner).__name__}(fused=True) (Transformer Engine / Apex not installed)")
+            else:
+                names.add(f"{type(inner).__module__}.{type(inner).__name__}")
+        return ", ".join(sorted(names)) or "no local parameters"
+
+    # ------------------------------------------------------------------------------ step
+    def _forward_step(self, data_iterator, model, *, inject_nan: bool = False):
+        mb = next(data_iterator)
+        tokens = mb["tokens"].to(self.device, non_blocking=True)
+        labels = mb["labels"].to(self.device, non_blocking=True)
+        mask = mb["loss_mask"].to(self.device, non_blocking=True)
+        position_ids = mb["position_ids"].to(self.device, non_blocking=True)
+        output = model(input_ids=tokens, position_ids=position_ids, attention_mask=None, labels=labels)
+        return output, partial(self._loss_func, mask, inject_nan)
+
+    @staticmethod
+    def _loss_func(loss_mask, inject_nan, output_tensor):
+        losses = output_tensor.float().view(-1)
+        mask = loss_mask.view(-1).float()
+        loss = torch.sum(losses * mask)
+        if inject_nan:
+            loss = loss * float("nan")
+        num_tokens = mask.sum().to(torch.int)
+        report = torch.cat([loss.detach().view(1), num_tokens.float().view(1)])
+        # 3-tuple: megatron divides the loss by num_tokens and the number of micro-batches
+        return loss, num_tokens, {"lm loss": report}
+
+    def _run(self, micro_batches, *, forward_only: bool, inject_nan: bool = False):
+        return self.forward_backward(
+            forward_step_func=partial(self._forward_step, inject_nan=inject_nan), data_iterator=iter(micro_batches),
+            model=[self.ddp], num_microbatches=len(micro_batches), seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size, forward_only=forward_only)
+
+    def train_step(self, micro_batches: list[dict], *, lr: float, inject_nan: bool = False) -> StepResult:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        reports = self._run(micro_batches, forward_only=False, inject_nan=inject_nan)
+        stats = torch.zeros(3, dtype=torch.float32, device=self.device)
+        if self.is_last_stage and reports:
+            per_mb = torch.stack([r["lm loss"][0] / r["lm loss"][1] for r in reports])
+            stats[0] = per_mb.mean()
+            stats[1] = 1.0
+        buffers = list(self.ddp.buffers) + list(getattr(self.ddp, "expert_parallel_buffers", []))
+        finite = torch.stack([torch.isfinite(b.grad_data).all() for b in buffers]).all() if buffers else True
+        stats[2] = 0.0 if bool(finite) else 1.0
+        dist.all_reduce(stats)
+        loss = float(stats[0] / stats[1])
+        if stats[2] > 0 or not torch.isfinite(stats[0]):
+            return StepResult(loss=loss, grad_norm=None, skipped=True)
+        wd = self.cfg.training.weight_decay
+        for group in self.optimizer.param_groups:
+            if isinstance(group.get("lr"), torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+            group["weight_decay"] = wd * group.get("wd_mult", 1.0)
+        _, grad_norm, _ = self.optimizer.step()
+        return StepResult(loss=loss, grad_norm=None if grad_norm is None else float(grad_norm), skipped=False)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches: list[dict]) -> float:
+        reports = self._run(micro_batches, forward_only=True)
+        stats = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if self.is_last_stage:
+            for r in reports:
+                stats += r["lm loss"].double()
+        dist.all_reduce(stats)
+        return float(stats[0] / stats[1])
+
+    # ------------------------------------------------------------------------ checkpoint
+    def _sharded_state_dict(self, *, is_loading: bool) -> dict:
+        model_sd = self.model.sharded_state_dict(metadata=dict(CKPT_METADATA))
+        opt_sd = self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=dict(CKPT_METADATA))
+        return {"model": model_sd, "optimizer": opt_sd}
+
+    def save(self, tmp: Path, finalize) -> None:
+        from megatron.core import dist_checkpointing, parallel_state
+        from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+            FullyParallelSaveStrategyWrapper,
+        )
+        from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+        (tmp / "rng").mkdir(exist_ok=True)
+        with open(tmp / "rng" / f"rank_{self.env.rank:05d}.pt", "wb") as f:
+            torch.save(rng_state(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        strategy = FullyParallelSaveStrategyWrapper(
+            TorchDistSaveShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True))
+        state = self._sharded_state_dict(is_loading=False)
+        if self.async_queue is None:
+            dist_checkpointing.save(sharded_state_dict=state, checkpoint_dir=str(tmp), sharded_strategy=strategy,
+                                    content_metadata=dict(CKPT_METADATA))
+            finalize()
+            return
+        request = dist_checkpointing.save(sharded_state_dict=state, checkpoint_dir=str(tmp),
+                                          sharded_strategy=strategy, content_metadata=dict(CKPT_METADATA),
+                                          async_sharded_save=True, async_strategy="mcore")
+        request.finalize_fns.append(finalize)
+        self.async_queue.schedule_async_request(request)
+
+    def poll_saves(self, blocking: bool = False) -> None:
+        if self.async_queue is not None:
+            self.async_queue.maybe_finalize_async_calls(blocking=blocking)
+
+    def _materialize_optimizer_state(self) -> None:
+        """Create the Adam state (step, m, v) before loading: megatron's DistributedOptimizer.state_dict()
+        needs it with torch's Adam (lazily created at the first step). Uses megatron's own dummy step
+        with lr 0 (zero gradients, so m = v = 0 and the weights do not move); the load overwrites it all."""
+        for opt in _inner_optimizers(self.optimizer):
+            inner = getattr(opt, "optimizer", None)
+            if inner is None or not hasattr(opt, "_init_optimizer_states_with_dummy_values") or len(inner.state):
+                continue
+            saved = [g["lr"] for g in inner.param_groups]
+            for g in inner.param_groups:
+                g["lr"] = 0.0
+            opt._init_optimizer_states_with_dummy_values()
+            for g, lr in zip(inner.param_groups, saved):
+                g["lr"] = lr
+
+    def _restore_adam_step(self, applied_updates: int) -> None:
+        """Set torch Adam's per-parameter ``step`` (its bias correction) to the number of applied updates.
+
+        With torch's Adam (no TE/Apex), megatron-core 0.19.2 restores ``step`` from the param groups
+        of the state built for loading, i.e. the dummy step above (1), not the checkpoint's (seen on
+        the H200: m, v and the weights matched, ``step`` was 1). Every applied update is one
+        ``optimizer.step()`` (skipped non-finite steps call none), so the count is known exactly.
+        TE's FusedAdam keeps ``step`` in its param groups, which megatron restores itself.
+        """
+        for opt in _inner_optimizers(self.optimizer):
+            inner = getattr(opt, "optimizer", None)
+            if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+                for st in inner.state.values():
+                    if "step" in st:
+                        st["step"] = torch.full_like(st["step"], float(applied_updates))
+
+    def load(self, ckpt: Path) -> None:
+        from megatron.core import dist_checkpointing
+
+        self._materialize_optimizer_state()
+        state = dist_checkpointing.load(sharded_state_dict=self._sharded_state_dict(is_loading=True),
+                                        checkpoint_dir=str(ckpt))
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
+        self._restore_adam_step(trainer_state["iteration"] - trainer_state["nonfinite_count"])
+        rng = ckpt / "rng" / f"rank_{self.env.rank:05d}.pt"
+        saved_world = trainer_state.get("world_size")
+        if rng.is_file() and saved_world == self.env.world_size:
+            restore_rng_state(torch.load(rng, weights_only=True))
+        else:
+            self.log(f"resume: RNG states not restored (saved with world size {saved_world}, now "
+                     f"{self.env.world_size}); the model draws no random numbers while training (dropout 0)")
+
+    # ------------------------------------------------------------------------------ misc
+    def params_finite(self) -> bool:
+        flags = [torch.isfinite(p).all() for p in self.model.parameters()]
+        ok = torch.stack(flags).all().to(torch.int32).view(1) if flags else torch.ones(1, dtype=torch.int32,
+                                                                                        device=self.device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
+    def peak_mem_gib(self) -> float | None:
+        return torch.cuda.max_memory_allocated(self.device) / 1024 ** 3
+
+    def all_reduce_max(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def barrier(self) -> None:
+        dist.barrier()

@@ -1,0 +1,210 @@
+"""Run-directory outputs: ``metrics.jsonl``, ``run_meta.json``, terminal lines, TensorBoard, wandb.
+
+``metrics.jsonl`` holds one JSON object per line, with a ``kind``:
+
+* ``train``: ``step`` (1-based, the step just finished), ``consumed_samples``, ``consumed_tokens``,
+  ``loss``, ``grad_norm`` (float or null), ``lr``, ``step_time_s``, ``tokens_per_s_per_gpu``,
+  ``mfu`` (float or null: null on CPU), ``peak_mem_gib`` (float or null: null on CPU), ``skipped``
+  (the update was not applied: non-finite loss or gradients), ``nonfinite_count`` (cumulative);
+* ``valid``: ``step``, ``consumed_tokens``, ``val_loss``;
+* ``telemetry``: ``step``, ``layer`` (1-based), ``max_logit``, ``zero_scale_block_frac`` (null for
+  recipes without NVFP4 Q/K);
+* ``event``: ``step``, ``event`` (``start``, ``resume``, ``save``, ``exit``), ``detail``.
+
+Numbers are written with Python's ``json`` (a non-finite ``loss`` of a skipped step is written as
+``NaN``/``Infinity``, which Python's and pandas' readers accept; ``grad_norm`` is null when not
+finite). The file is only ever appended to. After a kill and resume, steps between the resumed
+checkpoint and the kill appear twice: the ``resume`` event marks where the second run starts, and
+**readers keep, for each (kind, step[, layer]), the LAST record in the file** - that is the record of
+the run whose state the training continued from.
+
+``run_meta.json`` (rewritten at every start) holds ``config_fingerprint``, ``data_order_fingerprint``,
+``precision``, ``seed``, ``world_size``, ``commit`` and the resolved ``config``; see
+:func:`run_meta`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .config import canonical_json, config_fingerprint
+
+__all__ = ["MetricsLogger", "data_order_fingerprint", "git_commit", "read_metrics", "run_meta"]
+
+
+def git_commit() -> str | None:
+    """Short hash of the repository's HEAD, or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def data_order_fingerprint(*, dataset_identity: str, data_seed: int, seq_length: int, global_batch_size: int,
+                           micro_batch_size: int) -> str:
+    obj = {"dataset_identity": dataset_identity, "data_seed": data_seed, "seq_length": seq_length,
+           "global_batch_size": global_batch_size, "micro_batch_size": micro_batch_size}
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
+
+
+def run_meta(*, resolved: dict, dataset_identity: str, world_size: int) -> dict:
+    data, training = resolved["data"], resolved["training"]
+    return {
+        "config_fingerprint": config_fingerprint(resolved),
+        "data_order_fingerprint": data_order_fingerprint(
+            dataset_identity=dataset_identity, data_seed=data["seed"], seq_length=data["seq_length"],
+            global_batch_size=training["global_batch_size"], micro_batch_size=training["micro_batch_size"]),
+        "precision": {"attention_recipe": resolved["attention"]["recipe"],
+                      "attention_backend": resolved["attention"]["backend"],
+                      "projection": resolved["projection"]},
+        "seed": training["seed"],
+        "world_size": world_size,
+        "commit": git_commit(),
+        "config": resolved,
+    }
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """All records of a metrics file, keeping for each (kind, step, layer) the last one, in step order."""
+    last: dict = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                if rec["kind"] == "event":
+                    continue
+                last[(rec["kind"], rec["step"], rec.get("layer"))] = rec
+    return sorted(last.values(), key=lambda r: (r["step"], r["kind"], r.get("layer") or 0))
+
+
+class MetricsLogger:
+    """Writes metrics on the logging rank (``enabled``); every method is a no-op elsewhere."""
+
+    def __init__(self, output_dir: Path, *, cfg, enabled: bool, log=print):
+        self.enabled = enabled
+        self.log = log
+        self.cfg = cfg
+        self._file = None
+        self._tb = None
+        self._wandb = None
+        self._bar = None
+        if not enabled:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.path = output_dir / cfg.logging.metrics_file
+        self._file = open(self.path, "a", buffering=1)
+        if cfg.logging.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+                log(f"logging: TensorBoard -> {output_dir / 'tensorboard'}")
+            except ImportError:
+                log("logging: TensorBoard skipped (the 'tensorboard' package is not installed)")
+        if cfg.logging.wandb_mode != "disabled":
+            try:
+                import wandb
+            except ImportError:
+                log(f"logging: wandb skipped (wandb_mode={cfg.logging.wandb_mode} but the 'wandb' package is not "
+                    "installed: pip install -e '.[wandb]')")
+            else:
+                self._wandb = wandb.init(project=cfg.logging.wandb_project, mode=cfg.logging.wandb_mode,
+                                         dir=str(output_dir), config=None, resume="allow")
+                log(f"logging: wandb {cfg.logging.wandb_mode}, project {cfg.logging.wandb_project}")
+
+    def write_meta(self, meta: dict) -> None:
+        if not self.enabled:
+            return
+        path = self.path.parent / "run_meta.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+    def record(self, rec: dict) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(rec) + "\n")
+        step = rec.get("step", 0)
+        if rec["kind"] in ("train", "valid"):
+            scalars = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and k != "step" and v is not None and math.isfinite(v)}
+            if self._tb is not None:
+                for k, v in scalars.items():
+                    self._tb.add_scalar(f"{rec['kind']}/{k}", v, step)
+            if self._wandb is not None:
+                self._wandb.log({f"{rec['kind']}/{k}": v for k, v in scalars.items()}, step=step)
+        elif rec["kind"] == "telemetry" and self._tb is not None:
+            self._tb.add_scalar(f"telemetry/max_logit/layer{rec['layer']}", rec["max_logit"], step)
+            if rec["zero_scale_block_frac"] is not None:
+                self._tb.add_scalar(f"telemetry/zero_scale_block_frac/layer{rec['layer']}",
+                                    rec["zero_scale_block_frac"], step)
+
+    def event(self, step: int, event: str, detail: str) -> None:
+        self.record({"kind": "event", "step": step, "event": event, "detail": detail})
+        self.info(f"[{event}] step {step}: {detail}")
+
+    def train(self, **fields) -> None:
+        rec = {"kind": "train", **fields}
+        rec["grad_norm"] = _clean(rec["grad_norm"])
+        self.record(rec)
+        if not self.enabled:
+            return
+        step = rec["step"]
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            self._bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        if step % self.cfg.logging.log_interval == 0 or rec["skipped"] or step == self.cfg.train_iters:
+            gn = "-" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
+            mfu = "-" if rec["mfu"] is None else f"{100 * rec['mfu']:.2f}%"
+            mem = "-" if rec["peak_mem_gib"] is None else f"{rec['peak_mem_gib']:.1f} GiB"
+            self.info(f"step {step:>6}/{self.cfg.train_iters} | loss {rec['loss']:.4f} | grad norm {gn} | "
+                      f"lr {rec['lr']:.3e} | {rec['step_time_s']:.3f} s | "
+                      f"{rec['tokens_per_s_per_gpu']:,.0f} tok/s/GPU | MFU {mfu} | mem {mem}"
+                      + (f" | SKIPPED (non-finite, total {rec['nonfinite_count']})" if rec["skipped"] else ""))
+
+    def valid(self, step: int, consumed_tokens: int, val_loss: float) -> None:
+        self.record({"kind": "valid", "step": step, "consumed_tokens": consumed_tokens, "val_loss": val_loss})
+        self.info(f"step {step:>6}/{self.cfg.train_iters} | validation loss {val_loss:.4f}")
+
+    def start_progress(self, start_step: int) -> None:
+        if not (self.enabled and self.cfg.logging.progress_bar and sys.stderr.isatty()):
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=self.cfg.train_iters, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def info(self, msg: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(msg)
+        else:
+            self.log(msg)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

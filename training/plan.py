@@ -1,0 +1,183 @@
+"""The run plan: parallel layout, batch arithmetic, steps, memory and FLOPs of a config at a world size.
+
+Used by ``pretrain_llama.py --dry-run`` (no GPU, no data) and by the trainer at start-up, so an
+impossible combination stops before anything is built, with a message saying what to change.
+
+FLOPs per token (MFU numerator), forward + backward, the standard 6N + attention count::
+
+    flops_per_token = 6 * N_matmul + 6 * L * s * (Hq * d)
+
+* ``N_matmul``: every parameter except the input embedding table (the output layer included; the
+  few norm weights are counted too, a <0.01% difference);
+* ``6 * L * s * Hq * d``: the attention score and value products, 2 * 2 * s * Hq * d FLOPs per token
+  and layer forward (QK^T and PV), times 3 for forward + backward, halved for the causal mask
+  (``Hq * d`` equals the hidden size in the Llama-3.1 shapes).
+
+MFU = tokens/s/GPU * flops_per_token / peak FLOP/s per GPU (``logging.peak_flops_per_gpu``,
+989.4e12 = H100/H200 dense BF16). Quantized attention runs partly in FP8, but MFU is stated
+against the BF16 peak so that recipes compare on one scale.
+
+Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
+
+* weights ``2 P`` (BF16); gradients ``4 P`` (megatron-core's FP32 ``main_grad`` buffer,
+  ``grad_reduce_in_fp32``); optimizer ``12 P / DP`` (FP32 main weights, Adam m and v, sharded by
+  the distributed optimizer);
+* activations, an estimate without recomputation, saved tensors per token and layer in BF16:
+  ``2 * (4h + (2 Hq + 2 Hkv) d + 3 f) + 4 Hq`` bytes (norm inputs/outputs, QKV, attention output,
+  SwiGLU input and output, FP32 log-sum-exp; ~34 h for Llama-8B, as Korthikanti et al. 2022 count
+  for flash-style attention), the TP-split parts divided by TP (the 4h by TP only with sequence
+  parallelism), times the micro-batch tokens, the layers of a stage and the micro-batches in
+  flight on the first stage (min(PP, accumulation) under 1F1B), plus the logits (BF16 + FP32
+  softmax, ``6 V / TP`` bytes per token). Quantized attention saves less than this BF16 figure.
+* checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import TrainConfig
+
+__all__ = ["Plan", "flops_per_token", "format_plan", "make_plan"]
+
+GIB = 1024 ** 3
+
+
+def flops_per_token(llama, seq_length: int) -> float:
+    """Training FLOPs per token of ``llama`` (a LlamaConfig) at ``seq_length``; see the module docstring."""
+    from llama import parameter_count
+
+    n_matmul = parameter_count(llama) - llama.vocab_size * llama.hidden_size
+    return 6.0 * n_matmul + 6.0 * llama.num_layers * seq_length * llama.num_attention_heads * llama.head_dim
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    tensor: int
+    pipeline: int
+    context: int
+    data: int
+    micro_batch_size: int
+    global_batch_size: int
+    accumulation: int
+    seq_length: int
+    train_iters: int
+    train_tokens: int | None
+    parameters: int
+    flops_per_token: float
+    memory_bytes: dict
+    checkpoint_bytes: int
+    precision: dict
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+
+def _layer_params(m) -> int:
+    h, d, f = m.hidden_size, m.head_dim, m.ffn_hidden_size
+    return h * (m.num_attention_heads + 2 * m.num_kv_heads) * d + m.num_attention_heads * d * h + 3 * h * f + 2 * h
+
+
+def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
+    """Resolve ``cfg`` at ``world_size`` GPUs (or processes).
+
+    Raises:
+        ValueError: an impossible combination, naming the numbers and what to change.
+    """
+    from llama import parameter_count
+
+    par, tr = cfg.parallel, cfg.training
+    m = cfg.llama(backend="reference")
+    tp, pp, cp = par.tensor, par.pipeline, par.context
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if world_size % par.model_parallel_size:
+        raise ValueError(f"world size {world_size} is not divisible by tensor*pipeline*context = "
+                         f"{tp}*{pp}*{cp} = {par.model_parallel_size}; change the parallel sizes or the GPU count")
+    dp = world_size // par.model_parallel_size
+    if tr.global_batch_size % (tr.micro_batch_size * dp):
+        raise ValueError(f"training.global_batch_size={tr.global_batch_size} is not divisible by micro_batch_size * "
+                         f"data_parallel = {tr.micro_batch_size} * {dp} = {tr.micro_batch_size * dp}; pick a global "
+                         "batch that is a multiple of it (or change the micro batch / parallel sizes)")
+    for name, value in (("model.num_attention_heads", m.num_attention_heads), ("model.num_kv_heads", m.num_kv_heads),
+                        ("model.ffn_hidden_size", m.ffn_hidden_size), ("model.vocab_size", m.vocab_size)):
+        if value % tp:
+            raise ValueError(f"{name}={value} is not divisible by parallel.tensor={tp}; choose a tensor-parallel "
+                             "size that divides it")
+    if m.num_layers % pp:
+        raise ValueError(f"model.num_layers={m.num_layers} is not divisible by parallel.pipeline={pp}")
+    if cp > 1 and cfg.data.seq_length % (2 * cp):
+        raise ValueError(f"data.seq_length={cfg.data.seq_length} is not divisible by 2 * parallel.context = {2 * cp} "
+                         "(load-balanced context parallelism gives each rank two chunks)")
+    if par.sequence_parallel and cfg.data.seq_length % tp:
+        raise ValueError(f"data.seq_length={cfg.data.seq_length} is not divisible by parallel.tensor={tp} "
+                         "(sequence parallelism splits the sequence)")
+    if cfg.projection.precision == "te_fp8" and (tr.micro_batch_size * cfg.data.seq_length // cp) % 16:
+        raise ValueError("projection.precision='te_fp8' needs micro_batch_size * seq_length / context to be a "
+                         "multiple of 16 (FP8 GEMM shapes)")
+    par.llama()  # the model's own limits (e.g. context parallelism not implemented by the attention)
+    accumulation = tr.global_batch_size // (tr.micro_batch_size * dp)
+
+    n = parameter_count(m)
+    layers = m.num_layers // pp
+    embed = m.vocab_size * m.hidden_size
+    stage = [layers * _layer_params(m) + (embed if s == 0 else 0) + (embed + m.hidden_size if s == pp - 1 else 0)
+             for s in range(pp)]
+    p_gpu = max(stage) / tp
+    tokens_mb = tr.micro_batch_size * cfg.data.seq_length / cp
+    h, d, f, hq, hkv = m.hidden_size, m.head_dim, m.ffn_hidden_size, m.num_attention_heads, m.num_kv_heads
+    per_token_layer = 2 * 4 * h / (tp if par.sequence_parallel else 1) + (2 * ((2 * hq + 2 * hkv) * d + 3 * f)
+                                                                          + 4 * hq) / tp
+    in_flight = min(pp, accumulation)
+    activations = per_token_layer * tokens_mb * layers * in_flight + 6 * m.vocab_size / tp * tokens_mb
+    memory = {"weights": 2 * p_gpu, "gradients": 4 * p_gpu, "optimizer": 12 * p_gpu / dp, "activations": activations}
+    memory["total"] = sum(memory.values())
+    proj = cfg.projection
+    projection = "bf16" if proj.precision == "bf16" else (
+        f"te_fp8 (format {proj.fp8_format}, {proj.fp8_scaling} scaling, BF16 first/last layers "
+        f"{proj.fp8_bf16_first_layers}/{proj.fp8_bf16_last_layers})")
+    return Plan(world_size=world_size, tensor=tp, pipeline=pp, context=cp, data=dp,
+                micro_batch_size=tr.micro_batch_size, global_batch_size=tr.global_batch_size,
+                accumulation=accumulation, seq_length=cfg.data.seq_length, train_iters=cfg.train_iters,
+                train_tokens=tr.train_tokens, parameters=n, flops_per_token=flops_per_token(m, cfg.data.seq_length),
+                memory_bytes=memory, checkpoint_bytes=14 * n,
+                precision={"attention": f"{cfg.attention.recipe} (backend {cfg.attention.backend})",
+                           "projection": projection})
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as aligned text lines; only the lines starting with ``precision`` depend on precision."""
+    tps = plan.tokens_per_step
+    total_tokens = plan.train_iters * tps
+    if plan.train_tokens is not None:
+        exact = plan.train_tokens / tps
+        rounding = ("exact" if plan.train_tokens % tps == 0 else
+                    f"rounded up: the last step completes the budget, overshooting by "
+                    f"{total_tokens - plan.train_tokens:,} tokens")
+        steps = f"{plan.train_iters:,} (train_tokens {plan.train_tokens:,} / {tps:,} tokens per step = {exact:,.2f}; {rounding})"
+    else:
+        steps = f"{plan.train_iters:,} (training.train_iters)"
+    mem = plan.memory_bytes
+    rows = [
+        ("world size", f"{plan.world_size} = DP {plan.data} x TP {plan.tensor} x PP {plan.pipeline} x CP {plan.context}"),
+        ("parallel", f"DP {plan.data}, TP {plan.tensor}, PP {plan.pipeline}, CP {plan.context}"),
+        ("micro batch", f"{plan.micro_batch_size} sequences x {plan.seq_length} tokens"),
+        ("global batch", f"{plan.global_batch_size} sequences = {tps:,} tokens per step"),
+        ("accumulation", (f"{plan.accumulation} micro-batches per step per DP rank "
+                          f"(global {plan.global_batch_size} / (micro {plan.micro_batch_size} x DP {plan.data}))")),
+        ("steps", steps),
+        ("tokens", f"{total_tokens:,}"),
+        ("parameters", f"{plan.parameters:,}"),
+        ("flops/token", f"{plan.flops_per_token:.4e} (6*N_matmul + 6*L*s*Hq*d)"),
+        ("memory/GPU", (f"weights {mem['weights'] / GIB:.2f} GiB (BF16) + gradients {mem['gradients'] / GIB:.2f} "
+                        f"GiB (FP32) + optimizer {mem['optimizer'] / GIB:.2f} GiB (FP32 main+m+v / DP)")),
+        ("activations/GPU", f"{mem['activations'] / GIB:.2f} GiB (estimate, BF16, no recomputation)"),
+        ("total/GPU", f"{mem['total'] / GIB:.2f} GiB (estimate)"),
+        ("checkpoint", f"{plan.checkpoint_bytes / GIB:.1f} GiB (BF16 model + FP32 main weights + Adam m, v)"),
+        ("precision attention", plan.precision["attention"]),
+        ("precision projection", plan.precision["projection"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

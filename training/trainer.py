@@ -1,0 +1,276 @@
+"""The training loop, shared by both engines: data, schedule, logging, validation, checkpoints, signals.
+
+    code = Trainer(load_config("configs/default.yaml")).run()     # an exit code, see training.signals
+
+One step = ``accumulation`` micro-batches per data-parallel rank (``global_batch_size`` samples in
+all), the LR of :func:`training.schedule.lr_at` for that step, one optimizer update (or none, if the
+loss or gradients are not finite). After every step the loop logs, samples attention telemetry,
+validates, saves, and checks the stop flags (signal, time budget) all-reduced over ranks.
+
+Resume (``checkpoint.load: auto``): the newest complete checkpoint under ``checkpoint.dir`` is
+checked against the new config (:func:`training.checkpoint.check_resume_compatible`), then the
+engine state (model, optimizer, RNG) and the trainer state (iteration, consumed samples and tokens,
+non-finite count) are restored; the data loader restarts at ``consumed_samples`` of the identically
+rebuilt dataset, so the resumed run sees exactly the batches the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from . import checkpoint as ckpt
+from .config import TrainConfig, resolved_dict
+from .data_setup import build_data, micro_batches, validation_micro_batches
+from .distenv import init_distributed, init_model_parallel, shutdown
+from .metrics import MetricsLogger, run_meta
+from .plan import format_plan, make_plan
+from .schedule import lr_at
+from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
+
+__all__ = ["Trainer", "resolve_backend"]
+
+
+def resolve_backend(requested: str, use_cuda: bool) -> tuple[str, str]:
+    """(backend, why) for ``attention.backend``; imports the Triton backend when it is chosen."""
+    if requested == "auto":
+        name = "triton" if use_cuda else "reference"
+        why = (f"auto: CUDA device {torch.cuda.get_device_name()}" if use_cuda else "auto: no CUDA device")
+    else:
+        name, why = requested, "configured"
+    if name == "triton":
+        if not use_cuda:
+            raise ValueError("attention.backend='triton' needs a CUDA GPU; use attention.backend=auto or reference")
+        import fp4_attention.triton_backend  # noqa: F401  (registers "triton")
+    return name, why
+
+
+class Trainer:
+    """Runs one training job; :meth:`run` returns the process exit code.
+
+    Args:
+        cfg: the validated config.
+        log: receives human-readable lines (rank 0 only).
+        inject_nan_steps: steps whose loss is multiplied by NaN (tests of the non-finite policy).
+    """
+
+    def __init__(self, cfg: TrainConfig, *, log=print, inject_nan_steps: frozenset[int] = frozenset()):
+        self.cfg = cfg
+        self._print = log
+        self.inject_nan_steps = frozenset(inject_nan_steps)
+
+    # ----------------------------------------------------------------------------- set-up
+    def run(self) -> int:
+        cfg = self.cfg
+        use_cuda = torch.cuda.is_available()
+        if cfg.runtime.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self.env = env = init_distributed(use_cuda=use_cuda)
+        self.log = self._print if env.is_main else (lambda *_: None)
+        self.metrics = None
+        try:
+            return self._run(use_cuda)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+            shutdown(env)
+
+    def _setup(self, use_cuda: bool):
+        """Everything that can fail because of the config; ValueErrors here mean exit code 2."""
+        cfg, env, log = self.cfg, self.env, self.log
+        self.plan = make_plan(cfg, env.world_size)
+        self.backend, why = resolve_backend(cfg.attention.backend, use_cuda)
+        self.resolved = resolved_dict(cfg, backend=self.backend)
+        self.output_dir = Path(cfg.runtime.output_dir)
+        self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
+        self.metrics = MetricsLogger(self.output_dir, cfg=cfg, enabled=env.is_main, log=log)
+        log(f"pretrain_llama: {'CUDA' if use_cuda else 'CPU'} run, {env.world_size} process(es), "
+            f"output {self.output_dir}")
+        log(format_plan(self.plan))
+        log(f"attention: recipe {cfg.attention.recipe}, backend {self.backend} ({why})")
+        if use_cuda:
+            log(f"MFU = tokens/s/GPU x {self.plan.flops_per_token:.4e} FLOPs/token (6*N_matmul + 6*L*s*Hq*d: "
+                f"forward+backward, causal attention) / {cfg.logging.peak_flops_per_gpu / 1e12:.1f} TFLOP/s peak")
+        else:
+            log("MFU: not reported on CPU (null in metrics.jsonl)")
+
+        init_model_parallel(cfg.parallel, seed=cfg.training.seed, use_cuda=use_cuda)
+        llama_cfg = cfg.llama(backend=self.backend)
+        if use_cuda:
+            from .engine_megatron import MegatronEngine
+
+            self.engine = MegatronEngine(cfg, llama_cfg, env, log=log)
+        else:
+            from .engine_cpu import CPUEngine
+
+            self.engine = CPUEngine(cfg, llama_cfg, env, log=log)
+        log(f"engine: {self.engine.describe}")
+        from megatron.core import parallel_state
+
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.data = build_data(cfg, model_vocab_size=llama_cfg.vocab_size, log=log)
+        log(f"data: {self.data.describe}; train identity {self.data.identity}")
+
+        self.iteration, self.consumed_samples, self.consumed_tokens, self.nonfinite_count = 0, 0, 0, 0
+        self.resumed_from = self._find_checkpoint()
+        if self.resumed_from is not None:
+            state = ckpt.read_json(self.resumed_from / "trainer_state.json")
+            allowed = ckpt.check_resume_compatible(
+                ckpt.read_json(self.resumed_from / "config.json"), self.resolved,
+                allow=cfg.checkpoint.allow_config_change, saved_data_identity=state.get("data_identity"),
+                data_identity=self.data.identity, where=str(self.resumed_from))
+            for line in allowed:
+                log(f"resume: allowed config change {line}")
+            self.engine.load(self.resumed_from)
+            self.iteration = state["iteration"]
+            self.consumed_samples = state["consumed_samples"]
+            self.consumed_tokens = state["consumed_tokens"]
+            self.nonfinite_count = state["nonfinite_count"]
+
+    def _find_checkpoint(self) -> Path | None:
+        load = self.cfg.checkpoint.load
+        if load == "none":
+            return None
+        if load == "auto":
+            found = ckpt.find_latest(self.ckpt_root, warn=self.log)
+            return None if found is None else found[1]
+        path = Path(load)
+        if (path / ckpt.MANIFEST).exists() or path.name.startswith("iter_"):
+            reason = ckpt.verify_checkpoint(path)
+            if reason:
+                raise ValueError(f"checkpoint.load={load}: not a complete checkpoint ({reason})")
+            return path
+        found = ckpt.find_latest(path, warn=self.log)
+        if found is None:
+            raise ValueError(f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto or none")
+        return found[1]
+
+    # ------------------------------------------------------------------------------- loop
+    def _run(self, use_cuda: bool) -> int:
+        cfg, log = self.cfg, self.log
+        try:
+            self._setup(use_cuda)
+        except ValueError as err:  # config, plan, data or resume-compatibility errors
+            log(f"pretrain_llama: configuration error: {err}")
+            return EXIT_CONFIG
+        m, eng, plan = self.metrics, self.engine, self.plan
+        m.write_meta(run_meta(resolved=self.resolved, dataset_identity=self.data.identity,
+                              world_size=self.env.world_size))
+        if self.resumed_from is not None:
+            m.event(self.iteration, "resume", f"from {self.resumed_from} (consumed_samples {self.consumed_samples})")
+        else:
+            m.event(0, "start", f"fresh start, {cfg.train_iters} steps")
+        total = cfg.train_iters
+        if self.iteration >= total:
+            m.event(self.iteration, "exit", f"done: already trained {self.iteration} of {total} steps (use another "
+                                            "runtime.output_dir or checkpoint.load=none to train again)")
+            return EXIT_DONE
+
+        telemetry = None
+        if cfg.logging.telemetry_interval and self.env.is_main:
+            from .telemetry import AttentionTelemetry
+
+            telemetry = AttentionTelemetry(eng.model)
+        flags = StopFlags(exit_duration_mins=cfg.runtime.exit_duration_mins)
+        flags.install()
+        data_iter = micro_batches(self.data, cfg, consumed_samples=self.consumed_samples, dp_rank=self.dp_rank,
+                                  dp_size=self.dp_size)
+        tr = cfg.training
+        gbs, seq = tr.global_batch_size, cfg.data.seq_length
+        m.start_progress(self.iteration)
+        try:
+            while self.iteration < total:
+                step = self.iteration + 1
+                t0 = time.perf_counter()
+                batch = [next(data_iter) for _ in range(plan.accumulation)]
+                lr = lr_at(step, max_lr=tr.lr, min_lr=tr.min_lr, warmup_iters=tr.warmup_iters, total_iters=total)
+                sample = telemetry is not None and step % cfg.logging.telemetry_interval == 0
+                if sample:
+                    telemetry.arm()
+                result = eng.train_step(batch, lr=lr, inject_nan=step in self.inject_nan_steps)
+                if use_cuda:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                self.iteration = step
+                self.consumed_samples += gbs
+                self.consumed_tokens += gbs * seq
+                self.nonfinite_count += int(result.skipped)
+                tps = gbs * seq / dt / self.env.world_size
+                m.train(step=step, consumed_samples=self.consumed_samples, consumed_tokens=self.consumed_tokens,
+                        loss=result.loss, grad_norm=result.grad_norm, lr=lr, step_time_s=dt,
+                        tokens_per_s_per_gpu=tps,
+                        mfu=tps * plan.flops_per_token / cfg.logging.peak_flops_per_gpu if use_cuda else None,
+                        peak_mem_gib=eng.peak_mem_gib(), skipped=result.skipped,
+                        nonfinite_count=self.nonfinite_count)
+                if sample:
+                    for layer, (max_logit, zero_frac) in sorted(telemetry.collect().items()):
+                        m.record({"kind": "telemetry", "step": step, "layer": layer, "max_logit": max_logit,
+                                  "zero_scale_block_frac": zero_frac})
+                if result.skipped and cfg.runtime.nonfinite == "stop":
+                    last = ckpt.find_latest(self.ckpt_root, warn=lambda *_: None)
+                    m.event(step, "exit", f"non-finite loss ({result.loss}) or gradients at step {step}; stopping "
+                                          "without saving (runtime.nonfinite=stop). Last complete checkpoint: "
+                                          f"{last[1] if last else 'none'}. Set runtime.nonfinite=skip to skip such "
+                                          "steps instead")
+                    return EXIT_NONFINITE
+                if cfg.validation.interval and cfg.validation.iters and step % cfg.validation.interval == 0:
+                    self._validate(step)
+                reason = eng.all_reduce_max(flags.local_reason())
+                if reason:
+                    self._save(step)
+                    eng.poll_saves(blocking=True)
+                    m.event(step, "exit", flags.describe(reason))
+                    return reason
+                if cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0 and step < total:
+                    self._save(step)
+                eng.poll_saves(blocking=False)
+            if cfg.validation.interval and cfg.validation.iters and total % cfg.validation.interval:
+                self._validate(total)
+            self._save(total)
+            eng.poll_saves(blocking=True)
+            m.event(total, "exit", f"done: {total} steps, {self.consumed_tokens:,} tokens, "
+                                   f"{self.nonfinite_count} non-finite step(s) skipped")
+            return EXIT_DONE
+        finally:
+            flags.uninstall()
+            if telemetry is not None:
+                telemetry.remove()
+
+    def _validate(self, step: int) -> None:
+        if not hasattr(self, "_val_batches"):
+            self._val_batches = validation_micro_batches(self.data, self.cfg, dp_rank=self.dp_rank,
+                                                         dp_size=self.dp_size)
+        if not self._val_batches:
+            return
+        self.metrics.valid(step, self.consumed_tokens, self.engine.eval_loss(self._val_batches))
+
+    def _save(self, step: int) -> None:
+        eng, root = self.engine, self.ckpt_root
+        eng.poll_saves(blocking=True)  # one save in flight at a time
+        if not eng.params_finite():
+            self.metrics.event(step, "save", "NOT saved: the parameters are not finite (a non-finite state is "
+                                             "never saved)")
+            return
+        if self.env.is_main:
+            ckpt.prepare_tmp_dir(root, step)
+        eng.barrier()
+        tmp = root / f"iter_{step:07d}.tmp"
+        state = {"iteration": step, "consumed_samples": self.consumed_samples,
+                 "consumed_tokens": self.consumed_tokens, "nonfinite_count": self.nonfinite_count,
+                 "data_identity": self.data.identity, "world_size": self.env.world_size}
+        t0 = time.perf_counter()
+
+        def finalize():
+            eng.barrier()
+            if self.env.is_main:
+                final = ckpt.finish_save(root, step, tmp, config=self.resolved, trainer_state=state,
+                                         keep_last=self.cfg.checkpoint.keep_last)
+                self.metrics.event(step, "save", f"{final} ({time.perf_counter() - t0:.1f} s)")
+            eng.barrier()
+
+        eng.save(tmp, finalize)
