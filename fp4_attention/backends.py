@@ -63,17 +63,30 @@ def register_backend(backend: Backend, *, replace: bool = False) -> None:
     _BACKENDS[backend.name] = backend
 
 
+# Backends that live in their own module and register themselves when it is imported.
+_LAZY = {"triton": "fp4_attention.triton_backend"}
+
+
 def get_backend(name: str) -> Backend:
-    """Look up a backend by name; importing ``fp4_attention.triton_backend`` etc. registers GPU ones.
+    """Look up a backend by name, importing the GPU backends' modules on first use.
 
     Raises:
-        ValueError: unknown name (lists the registered backends).
+        ValueError: unknown name (lists the known backends), or a known backend whose module cannot
+            be imported (the message says what is missing).
     """
+    if name not in _BACKENDS and name in _LAZY:
+        import importlib
+
+        try:
+            importlib.import_module(_LAZY[name])
+        except ImportError as err:
+            raise ValueError(f"attention backend {name!r} cannot be imported ({err}); it needs Triton and a CUDA "
+                             "build of torch; use backend='reference'") from err
     try:
         return _BACKENDS[name]
     except KeyError:
         raise ValueError(
-            f"unknown attention backend {name!r}; registered: {', '.join(sorted(_BACKENDS))}"
+            f"unknown attention backend {name!r}; known: {', '.join(sorted(set(_BACKENDS) | set(_LAZY)))}"
         ) from None
 
 

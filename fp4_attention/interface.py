@@ -5,6 +5,7 @@ Input validation lives here, once, for every backend: errors name the problem an
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -109,6 +110,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str 
         softmax_scale = 1.0 / math.sqrt(qb.shape[-1])
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    accepted = set(inspect.signature(be.forward).parameters) - {"self", "q", "k", "v", "recipe", "causal",
+                                                                 "softmax_scale"}
+    unknown = set(options) - accepted
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts {sorted(accepted)}")
     be.check(rec, qb, kb, vb)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and not rec.trainable:

@@ -244,13 +244,13 @@ class TrainingSection:
             raise ValueError(f"training.train_iters must be >= 1, got {self.train_iters}")
         if self.train_tokens is not None and self.train_tokens < 1:
             raise ValueError(f"training.train_tokens must be >= 1, got {self.train_tokens}")
-        if not (self.lr > 0 or math.isinf(self.lr)) or not 0 <= self.min_lr <= self.lr:
+        if not (math.isfinite(self.lr) and self.lr > 0) or not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
             raise ValueError(f"training: need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
         if self.warmup_iters < 0:
             raise ValueError(f"training.warmup_iters must be >= 0, got {self.warmup_iters}")
         if self.lr_decay_style != "cosine":
             raise ValueError(f"training.lr_decay_style={self.lr_decay_style!r}; only 'cosine' is implemented")
-        if self.weight_decay < 0 or self.adam_eps <= 0 or not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+        if self.weight_decay < 0 or not (math.isfinite(self.adam_eps) and self.adam_eps > 0) or not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
             raise ValueError("training: need weight_decay >= 0, adam_eps > 0 and betas in [0, 1)")
         if self.clip_grad < 0:
             raise ValueError(f"training.clip_grad must be >= 0 (0 = no clipping), got {self.clip_grad}")

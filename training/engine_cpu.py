@@ -53,6 +53,9 @@ class CPUEngine:
             raise ValueError("the CPU engine supports data parallelism only; set parallel.tensor=parallel.pipeline="
                              "parallel.context=1 (or run on GPUs)")
         cpu_compat.install()
+        if cfg.checkpoint.async_save:
+            log("checkpoint: async_save applies to the megatron-core (GPU) engine only; the CPU engine saves "
+                "synchronously")
         self.env = env
         self.device = torch.device("cpu")
         self.dp = env.world_size

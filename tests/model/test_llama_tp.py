@@ -50,7 +50,7 @@ def _worker(rank: int, port: int, path: str):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=1)
     cpu_compat.install()
     try:
-        saved = torch.load(path)
+        saved = torch.load(path, weights_only=True)
         cfg = _config()
         model = build_gpt_model(cfg, parallel=ParallelConfig(tensor_parallel=TP))
         core = model.decoder.layers[0].self_attention.core_attention
@@ -91,7 +91,7 @@ def test_tp2_matches_tp1(mcore, tmp_path):
     path = str(tmp_path / "tp.pt")
     torch.save({"state": model.state_dict(), "batch": (ids, pos, labels)}, path)
     mp.start_processes(_worker, args=(_free_port(), path), nprocs=TP, join=True, start_method="spawn")
-    out = torch.load(path + ".out")
+    out = torch.load(path + ".out", weights_only=True)
     assert out["core"] == "FP4CoreAttention" and out["grads_ok"]
     got = out["logits"]
     assert got.shape == ref.shape
