@@ -26,7 +26,7 @@ from .triton_quant import quantize_fp8_rows, quantize_nvfp4_rows
 from .recipes import Recipe
 from .triton_kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
 
-__all__ = ["TritonBackend", "TritonState"]
+__all__ = ["TritonBackend", "TritonState", "launch_forward"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 # Opt-in for the Direct-P forward kernels until their GPU test has passed on a GPU (see check()).
@@ -98,6 +98,31 @@ def _v_kernel_operands(v_s: Saved, recipe: Recipe, b: int, hkv: int, d: int, dev
     return v_s, one.expand(b, hkv, d)
 
 
+def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causal: bool, softmax_scale: float,
+                   seq_k: int, block_m: int = 128, block_n: int | None = None, num_warps: int = 8,
+                   num_stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel on prepared operands (see ``triton_kernels``): q_op ``[B, Hq, Sq, D]``,
+    k_op ``[B, Hkv, Sk, D]``, v_op a ``[B, Hkv, >=Sk, D]`` view, row ``[B, Hq, Sq]``, col
+    ``[B, Hkv, Sk]``, v_scale ``[B, Hkv, D]``. Returns BF16 out ``[B, Hq, Sq, D]`` and FP32 LSE."""
+    b, hq, sq, d = q_op.shape
+    hkv = k_op.shape[1]
+    out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q_op.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q_op.device)
+    dp = recipe.direct_p
+    direct_p = {} if dp is None else dict(DIRECT_P=True, DP_A=dp.a, DP_B=dp.b, DP_EXACT_EVERY=dp.exact_every)
+    _fwd_kernel[(triton.cdiv(sq, block_m), b * hq)](
+        q_op, k_op, v_op, row, col, v_scale, out, lse,
+        *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
+        *v_scale.stride(), *out.stride(), *lse.stride(),
+        hq, hq // hkv, sq, seq_k, softmax_scale * LOG2E,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n or default_block_n(d), CAUSAL=causal,
+        QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=recipe.p_lift_log2,
+        IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None, **direct_p,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out, lse
+
+
 class TritonBackend:
     """Triton kernels for the training recipes; options ``block_m``, ``block_n``, ``num_warps``,
     ``num_stages`` (forward tiles) are for benchmarking and tests."""
@@ -127,48 +152,17 @@ class TritonBackend:
         hkv, sk = k.shape[1], k.shape[2]
         q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
         v_s = quantize_v(v, recipe)
-        if recipe.direct_p is not None:
-            return self._forward_direct_p(q, k, q_s, k_s, v_s, decoded, recipe, causal, softmax_scale, block_m,
-                                          block_n, num_warps, num_stages)
         if recipe.pv == "fp8":  # store V8 transposed: the K-major B operand of the FP8 PV product
             v_s = FP8Tensor(data=v_s.data.transpose(-1, -2).contiguous(), scale=v_s.scale)
         q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, q.shape, k.shape, decoded)
-        v_op, v_scale = _v_kernel_operands(v_s, recipe, b, hkv, d, q.device)
-        out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q.device)
-        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-        block_n = block_n or default_block_n(d)
-        grid = (triton.cdiv(sq, block_m), b * hq)
-        _fwd_kernel[grid](
-            q_op, k_op, v_op, row, col, v_scale, out, lse,
-            *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
-            *v_scale.stride(), *out.stride(), *lse.stride(),
-            hq, hq // hkv, sq, sk, softmax_scale * LOG2E,
-            HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, QK_FP8=recipe.qk == "fp8",
-            PV_FP8=recipe.pv == "fp8", LIFT=recipe.p_lift_log2, IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
-            num_warps=num_warps, num_stages=num_stages,
-        )
-        return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
-
-    def _forward_direct_p(self, q, k, q_s, k_s, v_s, decoded, recipe, causal, softmax_scale, block_m, block_n,
-                          num_warps, num_stages):
-        b, hq, sq, d = q.shape
-        hkv, sk = k.shape[1], k.shape[2]
-        q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, q.shape, k.shape, decoded)
-        v_op = v_operand(v_s, recipe).v_op.to(torch.bfloat16)  # alpha_V * q_V, exact; [B, Hkv, Sk32, D]
-        v_scale = torch.ones((), dtype=torch.float32, device=q.device).expand(b, hkv, d)
-        out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q.device)
-        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-        block_n = block_n or default_block_n(d)
-        dp = recipe.direct_p
-        _fwd_kernel[(triton.cdiv(sq, block_m), b * hq)](
-            q_op, k_op, v_op, row, col, v_scale, out, lse,
-            *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
-            *v_scale.stride(), *out.stride(), *lse.stride(),
-            hq, hq // hkv, sq, sk, softmax_scale * LOG2E,
-            HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, QK_FP8=False, PV_FP8=False, LIFT=0,
-            IMPRECISE=None, DIRECT_P=True, DP_A=dp.a, DP_B=dp.b, DP_EXACT_EVERY=dp.exact_every,
-            num_warps=num_warps, num_stages=num_stages,
-        )
+        if recipe.direct_p is not None:
+            v_op = v_operand(v_s, recipe).v_op.to(torch.bfloat16)  # alpha_V * q_V, exact; [B, Hkv, Sk32, D]
+            v_scale = torch.ones((), dtype=torch.float32, device=q.device).expand(b, hkv, d)
+        else:
+            v_op, v_scale = _v_kernel_operands(v_s, recipe, b, hkv, d, q.device)
+        out, lse = launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe, causal=causal,
+                                  softmax_scale=softmax_scale, seq_k=sk, block_m=block_m, block_n=block_n,
+                                  num_warps=num_warps, num_stages=num_stages)
         return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float,

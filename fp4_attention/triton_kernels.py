@@ -263,8 +263,7 @@ def _bwd_dq_kernel(
     H_Q, GROUP, SEQ_Q, SEQ_K, qk_scale_log2, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
-    IMPRECISE: tl.constexpr, DIRECT_P: tl.constexpr = False, DP_A: tl.constexpr = 1.5, DP_B: tl.constexpr = 1.2,
-    DP_EXACT_EVERY: tl.constexpr = 0,
+    IMPRECISE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
