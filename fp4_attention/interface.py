@@ -5,6 +5,7 @@ Input validation lives here, once, for every backend: errors name the problem an
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -29,7 +30,8 @@ def _from_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x.permute(*inv)
 
 
-def _validate(q, k, v, layout: str) -> None:
+def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check the inputs; return them as ``[B, H, S, D]`` views."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -54,6 +56,14 @@ def _validate(q, k, v, layout: str) -> None:
                          f"({kb.shape[1]})")
     if qb.shape[2] == 0 or kb.shape[2] == 0:
         raise ValueError(f"empty sequence: q_len={qb.shape[2]}, kv_len={kb.shape[2]}")
+    return qb, kb, vb
+
+
+@functools.cache
+def _backend_options(forward) -> frozenset[str]:
+    """Keyword options a backend's ``forward`` accepts beyond the fixed ones (cached: per-call path)."""
+    fixed = {"self", "q", "k", "v", "recipe", "causal", "softmax_scale"}
+    return frozenset(inspect.signature(forward).parameters) - fixed
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -102,19 +112,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str 
         UnsupportedError: the backend cannot run this recipe/shape/device;
         RuntimeError: a forward-only recipe called with gradients enabled.
     """
-    _validate(q, k, v, layout)
+    qb, kb, vb = _validate(q, k, v, layout)
     rec = get_recipe(recipe)
     be = get_backend(backend)
-    qb, kb, vb = (_to_bhsd(t, layout) for t in (q, k, v))
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(qb.shape[-1])
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    accepted = set(inspect.signature(be.forward).parameters) - {"self", "q", "k", "v", "recipe", "causal",
-                                                                 "softmax_scale"}
-    unknown = set(options) - accepted
+    unknown = set(options) - _backend_options(type(be).forward)
     if unknown:
-        raise TypeError(f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts {sorted(accepted)}")
+        raise TypeError(f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts "
+                        f"{sorted(_backend_options(type(be).forward))}")
     be.check(rec, qb, kb, vb)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and not rec.trainable:

@@ -193,9 +193,7 @@ def nvfp4_global_scale(x: torch.Tensor, dims: tuple[int, ...] | None = None) -> 
     """
     xf = x.float()
     dims = tuple(range(x.dim())) if dims is None else dims
-    finite = torch.isfinite(xf).all()
-    if dims:
-        finite = torch.isfinite(xf).amin(dim=dims, keepdim=True)
+    finite = torch.isfinite(xf).amin(dim=dims, keepdim=True) if dims else torch.isfinite(xf).all()
     amax = xf.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).amax(dim=dims, keepdim=True)
     g = ieee_div(amax, NVFP4_GLOBAL_DIVISOR)
     g = torch.where(amax == 0, torch.ones_like(g), g)
