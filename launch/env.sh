@@ -30,3 +30,28 @@ is_requeue_code() {
     done
     return 1
 }
+
+# Run a command (torchrun, or srun of the node script) in the background, forward SIGTERM/SIGUSR1
+# to it as SIGTERM and wait until it has really exited: a trapped signal interrupts `wait`, and this
+# shell must outlive the checkpoint save, or Slurm ends the step and kills the workers mid-save.
+# Sets LAUNCH_EXIT_CODE: the code rank 0 of pretrain_llama.py wrote to $PRETRAIN_EXIT_FILE if there
+# is one (torchrun reports any worker failure as 1, srun the launcher's code), else the command's.
+run_forwarding_signals() {
+    "$@" &
+    local pid=$!
+    # shellcheck disable=SC2064  # $pid is expanded now, on purpose
+    trap "echo 'launch: TERM/USR1 received: asking the training run to save and exit' >&2; kill -TERM $pid 2>/dev/null || true" TERM USR1
+    set +e
+    wait "$pid"
+    LAUNCH_EXIT_CODE=$?
+    while kill -0 "$pid" 2>/dev/null; do
+        wait "$pid"
+        LAUNCH_EXIT_CODE=$?
+    done
+    set -e
+    trap - TERM USR1
+    if [ -s "${PRETRAIN_EXIT_FILE:-}" ]; then
+        LAUNCH_EXIT_CODE="$(head -c 16 "$PRETRAIN_EXIT_FILE" | tr -dc '0-9')"
+        LAUNCH_EXIT_CODE="${LAUNCH_EXIT_CODE:-1}"
+    fi
+}

@@ -57,26 +57,8 @@ fi
 extra=(${TORCHRUN_EXTRA:-})
 cd "$repo"
 echo "torchrun_node.sh: node ${NODE_RANK}/${NNODES}, ${NPROC_PER_NODE} procs, rendezvous ${rdzv[*]}" >&2
-"$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --node-rank="$NODE_RANK" \
-    --nproc-per-node="$NPROC_PER_NODE" "${rdzv[@]}" "${extra[@]}" pretrain_llama.py "$@" &
-pid=$!
-# Forward SIGTERM / SIGUSR1 to torchrun as SIGTERM (torchrun passes SIGTERM on to its workers, which
-# finish the step and save) and keep waiting: this shell must outlive the save, or Slurm ends the
-# step and kills the workers mid-save.
-# shellcheck disable=SC2329  # invoked by the trap below
-forward() { kill -TERM "$pid" 2>/dev/null || true; }
-trap forward TERM USR1
-set +e
-wait "$pid"
-code=$?
-while kill -0 "$pid" 2>/dev/null; do
-    wait "$pid"
-    code=$?
-done
-set -e
-if [ -s "$PRETRAIN_EXIT_FILE" ]; then
-    code="$(head -c 16 "$PRETRAIN_EXIT_FILE" | tr -dc '0-9')"
-    code="${code:-1}"
-fi
+run_forwarding_signals "$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --node-rank="$NODE_RANK" \
+    --nproc-per-node="$NPROC_PER_NODE" "${rdzv[@]}" "${extra[@]}" pretrain_llama.py "$@"
+code="$LAUNCH_EXIT_CODE"
 echo "torchrun_node.sh: node ${NODE_RANK} exit code ${code}" >&2
 exit "$code"
