@@ -69,9 +69,10 @@ def _report_exit_code(code: int) -> None:
     requeue logic needs (3 preempted, 4 time budget); ``launch/torchrun_node.sh`` and
     ``launch/slurm_8x8.sbatch`` read this file instead. Written atomically (temp file + rename).
     """
+    from training.distenv import ranks_from_env
+
     path = os.environ.get("PRETRAIN_EXIT_FILE")
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    if not path or rank != 0:
+    if not path or ranks_from_env()[0] != 0:
         return
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

@@ -195,7 +195,16 @@ class Tokenizer(ABC):
     bos: int | None
     eos: int
     pad: int
-    unique_identifiers: OrderedDict[str, object]
+    file_sha256: str  # of the tokenizer file(s)
+
+    @property
+    def unique_identifiers(self) -> OrderedDict[str, object]:
+        """What identifies this tokenizer in megatron-core's dataset index-cache key."""
+        return OrderedDict(
+            [("class", type(self).__name__), ("file_sha256", self.file_sha256),
+             ("vocab_size", self.vocab_size), ("bos", self.bos if self.spec.add_bos else None),
+             ("eos", self.eos if self.spec.add_eos else None), ("pad", self.pad)]
+        )
 
     @property
     def eod(self) -> int:
@@ -283,11 +292,6 @@ class Llama3Tokenizer(Tokenizer):
         self.eos = specials["<|end_of_text|>"]
         self.pad = specials["<|finetune_right_pad_id|>"]
         self.file_sha256 = _sha256_file(model_path)
-        self.unique_identifiers = OrderedDict(
-            [("class", type(self).__name__), ("file_sha256", self.file_sha256),
-             ("vocab_size", self.vocab_size), ("bos", self.bos if add_bos else None),
-             ("eos", self.eos if add_eos else None), ("pad", self.pad)]
-        )
 
     def encode(self, text: str) -> list[int]:
         """See :meth:`Tokenizer.encode`; matches Meta's ``Tokenizer.encode(s, bos=False, eos=False)``."""
@@ -349,11 +353,6 @@ class HFTokenizer(Tokenizer):
             if f.is_file() and ("token" in f.name or f.name in ("vocab.json", "merges.txt", "vocab.txt")):
                 h.update(f.name.encode() + b"\0" + f.read_bytes())
         self.file_sha256 = h.hexdigest()
-        self.unique_identifiers = OrderedDict(
-            [("class", type(self).__name__), ("file_sha256", self.file_sha256),
-             ("vocab_size", self.vocab_size), ("bos", self.bos if add_bos else None),
-             ("eos", self.eos if add_eos else None), ("pad", self.pad)]
-        )
 
     def encode(self, text: str) -> list[int]:
         """See :meth:`Tokenizer.encode` (``add_special_tokens=False, split_special_tokens=True``)."""
