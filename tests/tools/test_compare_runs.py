@@ -313,3 +313,19 @@ def test_markdown_escapes_untrusted_strings(make_run, tmp_path):
     assert compare_runs.main([str(a), str(b), "--out", str(out), "--no-plots", "--n-boot", "50"]) == 0
     md = (out / "summary.md").read_text()
     assert "x\\|y &lt;b&gt;: 1" in md and "<b>" not in md
+
+
+def test_trainer_projection_section_gives_arm_labels(make_run):
+    """run_meta.json written by the trainer holds the whole ``projection`` section (a dict): BF16
+    projections label as ``bf16`` (the default baseline is found); FP8 projections keep their settings."""
+    from training.config import load_config, resolved_dict
+
+    proj = resolved_dict(load_config(None, []), backend="reference")["projection"]
+    assert isinstance(proj, dict) and proj["precision"] == "bf16"
+    runs = [str(make_run("bf16", projection=proj)), str(make_run("fp8", recipe="fp8", projection=proj, gap=0.02)),
+            str(make_run("fp8_te", recipe="fp8", projection={**proj, "precision": "te_fp8"}, gap=0.03))]
+    res = compare(runs, _opt())
+    assert res["baseline"] == "attn=bf16,proj=bf16"
+    labels = sorted(c["arm"] for c in res["comparisons"])
+    assert labels[0] == "attn=fp8,proj=bf16"
+    assert labels[1].startswith("attn=fp8,proj=te_fp8{") and '"fp8_format":"hybrid"' in labels[1]

@@ -95,8 +95,16 @@ def arm_label(recipe: str, projection: str) -> str:
 
 
 def _canonical_projection(p) -> str:
+    """``"bf16"`` for BF16 projections (a string, or the trainer's ``projection`` section with
+    ``precision: bf16``, whose FP8 settings do not apply); otherwise the precision followed by the
+    compact sorted JSON of the remaining settings, e.g. ``te_fp8{"fp8_format":"hybrid",...}``."""
     if isinstance(p, str):
         return p
+    if isinstance(p.get("precision"), str):
+        if p["precision"] == "bf16":
+            return "bf16"
+        rest = {k: v for k, v in p.items() if k != "precision"}
+        return p["precision"] + json.dumps(rest, sort_keys=True, separators=(",", ":"))
     return json.dumps(p, sort_keys=True, separators=(",", ":"))
 
 
