@@ -191,10 +191,12 @@ def nvfp4_global_scale(x: torch.Tensor, dims: tuple[int, ...] | None = None) -> 
     Returns:
         float32 tensor; 1.0 where amax == 0; NaN where the group holds a NaN or Inf.
     """
-    xf = x.float()
     dims = tuple(range(x.dim())) if dims is None else dims
-    finite = torch.isfinite(xf).amin(dim=dims, keepdim=True) if dims else torch.isfinite(xf).all()
-    amax = xf.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).amax(dim=dims, keepdim=True)
+    # |x| and max are exact in x's own dtype, and amax propagates NaN; a group holding a NaN or an
+    # Inf therefore has a non-finite amax: one reduction pass, no FP32 copy of x.
+    amax = x.abs().amax(dim=dims, keepdim=True).float()
+    finite = torch.isfinite(amax)
+    amax = torch.where(finite, amax, torch.zeros_like(amax))
     g = ieee_div(amax, NVFP4_GLOBAL_DIVISOR)
     g = torch.where(amax == 0, torch.ones_like(g), g)
     return torch.where(finite, g, torch.full_like(g, torch.nan))

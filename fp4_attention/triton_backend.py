@@ -22,7 +22,7 @@ import triton
 from .backends import UnsupportedError, register_backend
 from .operands import Saved, quantize_qk, quantize_v, v_operand
 from .quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale, quantize_fp8
-from .triton_quant import quantize_fp8_rows, quantize_nvfp4_rows
+from .triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
 from .recipes import Recipe
 from .triton_kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
 
@@ -100,10 +100,11 @@ def _v_kernel_operands(v_s: Saved, recipe: Recipe, b: int, hkv: int, d: int, dev
 
 def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causal: bool, softmax_scale: float,
                    seq_k: int, block_m: int = 128, block_n: int | None = None, num_warps: int = 8,
-                   num_stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+                   num_stages: int = 3, split: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel on prepared operands (see ``triton_kernels``): q_op ``[B, Hq, Sq, D]``,
     k_op ``[B, Hkv, Sk, D]``, v_op a ``[B, Hkv, >=Sk, D]`` view, row ``[B, Hq, Sq]``, col
-    ``[B, Hkv, Sk]``, v_scale ``[B, Hkv, D]``. Returns BF16 out ``[B, Hq, Sq, D]`` and FP32 LSE."""
+    ``[B, Hkv, Sk]``, v_scale ``[B, Hkv, D]``. Returns BF16 out ``[B, Hq, Sq, D]`` and FP32 LSE.
+    ``split=False`` masks every KV tile (the kernel before the unmasked fast path; for benchmarks)."""
     b, hq, sq, d = q_op.shape
     hkv = k_op.shape[1]
     out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q_op.device)
@@ -117,7 +118,7 @@ def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causa
         hq, hq // hkv, sq, seq_k, softmax_scale * LOG2E,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n or default_block_n(d), CAUSAL=causal,
         QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=recipe.p_lift_log2,
-        IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None, **direct_p,
+        IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None, SPLIT=split, **direct_p,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out, lse
@@ -151,9 +152,10 @@ class TritonBackend:
         b, hq, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
         q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
-        v_s = quantize_v(v, recipe)
-        if recipe.pv == "fp8":  # store V8 transposed: the K-major B operand of the FP8 PV product
-            v_s = FP8Tensor(data=v_s.data.transpose(-1, -2).contiguous(), scale=v_s.scale)
+        if recipe.pv == "fp8":  # V8 stored transposed: the K-major B operand of the FP8 PV product
+            v_s = quantize_fp8_v_transposed(v)
+        else:
+            v_s = quantize_v(v, recipe)
         q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, q.shape, k.shape, decoded)
         if recipe.direct_p is not None:
             v_op = v_operand(v_s, recipe).v_op.to(torch.bfloat16)  # alpha_V * q_V, exact; [B, Hkv, Sk32, D]

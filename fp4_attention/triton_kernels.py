@@ -45,6 +45,73 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs_d, offs_n0, start, stop,
+               skn, skd, svn, svd, scn, SEQ_K, shift,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               PER_TOKEN_SCALES: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr, IMPRECISE: tl.constexpr,
+               DIRECT_P: tl.constexpr, DP_A: tl.constexpr, DP_B: tl.constexpr, DP_EXACT_EVERY: tl.constexpr):
+    """KV tiles ``[start, stop)`` of one query block (online softmax). ``MASKED`` tiles apply the
+    key-range and causal masks; the others are whole tiles fully visible to every row of the block.
+
+    Scores in log2 units: per-head scales (bf16, nvfp4: ``qk`` = row * col * softmax_scale * log2 e,
+    one scalar) give ``z = dot * qk``; ``PER_TOKEN_SCALES`` (fp8) give ``z = (dot * col) * row`` with
+    ``row`` already holding softmax_scale * log2 e. The row max is taken before the row scale is
+    applied (scales are > 0, and rounding is monotone, so max(t) * r == max(t * r)), and
+    ``exp2(t * r - m)`` is one FMA: the FP32 rounding of the exponent argument may differ from the
+    reference's by an ulp (an FP32 order difference, like the MMA's accumulation order)."""
+    for start_n in tl.range(start, stop, BLOCK_N):
+        offs_n = start_n + offs_n0
+        n_ok = offs_n < SEQ_K
+        if MASKED:
+            kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=n_ok[None, :], other=0.0)
+        else:
+            kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd)
+        t = tl.dot(q, kt, max_num_imprecise_acc=IMPRECISE)
+        if not PER_TOKEN_SCALES:
+            r = qk
+        else:
+            if MASKED:
+                col = tl.load(col_base + offs_n * scn, mask=n_ok, other=0.0)
+            else:
+                col = tl.load(col_base + offs_n * scn)
+            t = t * col[None, :]
+            r = row[:, None]
+        if MASKED:
+            valid = n_ok[None, :]
+            if CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
+            t = tl.where(valid, t, float("-inf"))
+        # V tile [BLOCK_N, D] read from the transposed [D, Sk] storage: contiguous along the
+        # contraction dim (K-major), as the FP8 B operand requires.
+        if MASKED:
+            v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=n_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd)
+        if DIRECT_P:
+            p, l_tile, m_new = _direct_p_tile(t * r, m_i, start_n, BLOCK_M, BLOCK_N, DP_A, DP_B, DP_EXACT_EVERY)
+            alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new)))
+            l_i = l_i * alpha + l_tile
+            pv = tl.dot(p.to(tl.bfloat16), v)  # 2^rel q and alpha_V q_V are exact in BF16
+        else:
+            if PER_TOKEN_SCALES:
+                m_tile = tl.max(t, 1) * row
+            else:
+                m_tile = tl.max(t, 1) * qk
+            m_new = tl.maximum(m_i, m_tile)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - m_safe))
+            p = tl.math.exp2(tl.fma(t, r, (LIFT - m_safe)[:, None]))
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if PV_FP8:
+                pv = tl.dot(p.to(tl.float8e4nv), v)
+            else:
+                pv = tl.dot(p.to(tl.bfloat16), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, ROW, COL, VSCALE, O, LSE,
     sqb, sqh, sqm, sqd,
@@ -59,9 +126,14 @@ def _fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
     IMPRECISE: tl.constexpr, DIRECT_P: tl.constexpr = False, DP_A: tl.constexpr = 1.5, DP_B: tl.constexpr = 1.2,
-    DP_EXACT_EVERY: tl.constexpr = 0,
+    DP_EXACT_EVERY: tl.constexpr = 0, SPLIT: tl.constexpr = True,
 ):
+    """One program per (query block, batch x query head). ``SPLIT``: the whole, fully visible KV
+    tiles run without masks, the rest (causal diagonal band, ragged last tile) with them; the tiles
+    and their order are the same either way. Causal: the heaviest query blocks are launched first."""
     pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     b = pid_bh // H_Q
     h = pid_bh % H_Q
@@ -72,7 +144,13 @@ def _fwd_kernel(
     m_ok = offs_m < SEQ_Q
 
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None], other=0.0)
-    row = tl.load(ROW + b * srb + h * srh + offs_m * srm, mask=m_ok, other=0.0) * qk_scale_log2
+    col_base = COL + b * scb + hk * sch
+    if QK_FP8:  # per-token row/col scales
+        row = tl.load(ROW + b * srb + h * srh + offs_m * srm, mask=m_ok, other=0.0) * qk_scale_log2
+        qk = 1.0
+    else:  # bf16 (ones) and nvfp4 (global scales): one value per head
+        row = tl.load(ROW + b * srb + h * srh) * qk_scale_log2
+        qk = row * tl.load(col_base)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -80,42 +158,22 @@ def _fwd_kernel(
 
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
-    col_base = COL + b * scb + hk * sch
     shift = SEQ_K - SEQ_Q  # bottom-right causal alignment
     hi = SEQ_K
+    lo = (SEQ_K // BLOCK_N) * BLOCK_N  # whole tiles
     if CAUSAL:
-        hi = tl.minimum(SEQ_K, (pid_m + 1) * BLOCK_M + shift)
-        hi = tl.maximum(hi, 0)
-    for start_n in tl.range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        n_ok = offs_n < SEQ_K
-        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=n_ok[None, :], other=0.0)
-        col = tl.load(col_base + offs_n * scn, mask=n_ok, other=0.0)
-        s = tl.dot(q, kt, max_num_imprecise_acc=IMPRECISE) * row[:, None] * col[None, :]
-        valid = n_ok[None, :]
-        if CAUSAL:
-            valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
-        s = tl.where(valid, s, float("-inf"))
-        # V tile [BLOCK_N, D] read from the transposed [D, Sk] storage: contiguous along the
-        # contraction dim (K-major), as the FP8 B operand requires.
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=n_ok[:, None], other=0.0)
-        if DIRECT_P:
-            p, l_tile, m_new = _direct_p_tile(s, m_i, start_n, BLOCK_M, BLOCK_N, DP_A, DP_B, DP_EXACT_EVERY)
-            alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new)))
-            l_i = l_i * alpha + l_tile
-            pv = tl.dot(p.to(tl.bfloat16), v)  # 2^rel q and alpha_V q_V are exact in BF16
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - m_safe))
-            p = tl.math.exp2(s - m_safe[:, None] + LIFT)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if PV_FP8:
-                pv = tl.dot(p.to(tl.float8e4nv), v)
-            else:
-                pv = tl.dot(p.to(tl.bfloat16), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        hi = tl.maximum(tl.minimum(SEQ_K, (pid_m + 1) * BLOCK_M + shift), 0)
+        # tiles [n, n + BLOCK_N) with n + BLOCK_N - 1 <= first row + shift are visible to every row
+        lo = tl.minimum(lo, (tl.maximum(pid_m * BLOCK_M + shift + 1, 0) // BLOCK_N) * BLOCK_N)
+        lo = tl.minimum(lo, hi)
+    if not SPLIT:
+        lo = 0
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs_d, offs_n0, 0, lo,
+                               skn, skd, svn, svd, scn, SEQ_K, shift, BLOCK_M, BLOCK_N, False, CAUSAL, QK_FP8,
+                               PV_FP8, LIFT, IMPRECISE, DIRECT_P, DP_A, DP_B, DP_EXACT_EVERY)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs_d, offs_n0, lo, hi,
+                               skn, skd, svn, svd, scn, SEQ_K, shift, BLOCK_M, BLOCK_N, True, CAUSAL, QK_FP8,
+                               PV_FP8, LIFT, IMPRECISE, DIRECT_P, DP_A, DP_B, DP_EXACT_EVERY)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)

@@ -6,6 +6,8 @@ saturating FP8 conversion. ``tests/gpu/test_triton_quant.py`` checks the bytes a
 reference on the same GPU input, including zero rows, zero blocks and NaN/Inf.
 
 * :func:`quantize_fp8_rows`: one FP32 scale per row of the last dim (per token for ``[B, H, S, D]``).
+* :func:`quantize_fp8_v_transposed`: V per channel (amax over the sequence) to E4M3, written
+  transposed ``[B, H, D, S]`` in the same pass (the K-major B operand of the FP8 PV product).
 * :func:`quantize_nvfp4_rows`: NVFP4 with the global scale given per row (the per-head scale
   broadcast over its rows); also returns ``s_b * q`` decoded to BF16, which is exact and is what
   the Hopper emulation of the NVFP4 QK product multiplies.
@@ -17,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
+from .quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, ieee_div
 
-__all__ = ["quantize_fp8_rows", "quantize_nvfp4_rows"]
+__all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
 
 
 @triton.jit
@@ -67,6 +69,59 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3") -> FP8Tensor:
     _fp8_rows_kernel[(triton.cdiv(n, rows),)](x, y, s, n, D=d, FMAX=fmax, E5M2=fmt == "e5m2", ROWS=rows,
                                                num_warps=4)
     return FP8Tensor(data=y.view(dtype), scale=s)
+
+
+@triton.jit
+def _fp8_v_t_kernel(X, SC, Y, H, S, sxb, sxh, sxs, sxd, D: tl.constexpr, FMAX: tl.constexpr,
+                    BLOCK_S: tl.constexpr):
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    ok = s < S
+    x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :] * sxd, mask=ok[:, None], other=0.0)
+    scale = tl.load(SC + bh * D + d)
+    bad = scale != scale  # NaN scale: the channel holds a NaN or an Inf
+    y = tl.math.div_rn(x.to(tl.float32), tl.broadcast_to(scale[None, :], [BLOCK_S, D]))
+    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+    yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
+    tl.store(Y + bh * D * S + d[:, None] * S + s[None, :], tl.trans(yq), mask=ok[None, :])
+
+
+def quantize_fp8_v_transposed(v: torch.Tensor) -> FP8Tensor:
+    """E4M3 V with one FP32 scale per (batch, head, channel), stored transposed.
+
+    Args:
+        v: CUDA tensor ``[B, H, S, D]`` (BF16 or FP32, any strides), D a power of two <= 256.
+    Returns:
+        :class:`FP8Tensor` with ``data [B, H, D, S]`` (contiguous, E4M3) and ``scale [B, H, 1, D]``:
+        ``data.transpose(-1, -2)`` and ``scale`` equal ``quant.quantize_fp8(v, "e4m3", dims=(-2,))``
+        byte for byte (scale = amax/448 by IEEE division, 1 for an all-zero channel, NaN and code
+        0x7F for a channel holding a NaN or Inf; contract §1-2).
+    Raises:
+        ValueError: not a 4-D CUDA tensor, or D not a power of two <= 256.
+    """
+    if not v.is_cuda or v.dim() != 4:
+        raise ValueError("quantize_fp8_v_transposed: needs a CUDA tensor [B, H, S, D]")
+    b, h, sk, d = v.shape
+    if d & (d - 1) or d > 256:
+        raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
+    _, fmax = FP8_FORMATS["e4m3"]
+    # |v| and max are exact in v's dtype and amax propagates NaN: one reduction pass
+    amax = v.abs().amax(dim=2, keepdim=True).float()  # [B, H, 1, D]
+    finite = torch.isfinite(amax)
+    amax = torch.where(finite, amax, torch.zeros_like(amax))
+    scale = ieee_div(amax, fmax)
+    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+    scale = torch.where(finite, scale, torch.full_like(scale, torch.nan)).contiguous()
+    y = torch.empty((b, h, d, sk), dtype=torch.uint8, device=v.device)
+    block_s = 64
+    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, *v.stride(), D=d, FMAX=fmax,
+                                                        BLOCK_S=block_s, num_warps=4)
+    return FP8Tensor(data=y.view(torch.float8_e4m3fn), scale=scale)
 
 
 @triton.jit

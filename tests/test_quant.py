@@ -157,3 +157,21 @@ def test_fp8_non_finite_slice_is_nan():
 def test_fp8_rejects_unknown_format():
     with pytest.raises(ValueError, match="fmt must be one of"):
         quantize_fp8(torch.ones(2, 2), "e3m4", dims=(-1,))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_nvfp4_global_scale_matches_definition(dtype):
+    """g = amax/2688 per group (IEEE division), 1 for an all-zero group, NaN for a group holding a
+    NaN, +Inf or -Inf; checked against the definition computed elementwise in float64."""
+    x = (torch.randn(4, 3, 7, 32, generator=torch.Generator().manual_seed(5)) * 3).to(dtype)
+    x[0, 0, 1, 2], x[0, 1, 3, 4], x[0, 2, 0, 0], x[1, 0] = float("nan"), float("inf"), float("-inf"), 0.0
+    g = nvfp4_global_scale(x, dims=(2, 3))
+    for b in range(4):
+        for h in range(3):
+            grp = x[b, h].double()
+            if not torch.isfinite(grp).all():
+                assert torch.isnan(g[b, h]).all()
+                continue
+            amax = grp.abs().max()
+            want = 1.0 if amax == 0 else float(torch.tensor(float(amax), dtype=torch.float32) / 2688.0)
+            assert g[b, h].item() == want, (b, h)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from fp4_attention.triton_quant import quantize_fp8_rows, quantize_nvfp4_rows  # noqa: E402
+from fp4_attention.triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows  # noqa: E402
 
 
 def _inputs(d, seq=333):
@@ -41,6 +41,26 @@ def test_fp8_rows_bytes_equal_reference(fmt, d):
     assert torch.equal(got.data.view(torch.uint8), ref.data.view(torch.uint8))
     assert torch.equal(got.scale.isnan(), ref.scale.isnan())
     assert torch.equal(got.scale.nan_to_num(), ref.scale.nan_to_num())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("seq", [333, 4096])
+@pytest.mark.parametrize("layout", ["contiguous", "sbhd_view"])
+def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout):
+    """V per channel to E4M3, stored [B, H, D, S]: bytes and scales equal quantize_fp8(v, dims=(-2,))
+    on the CPU copy, also for the non-contiguous [B, H, S, D] view of megatron's [S, B, H, D]."""
+    x = _inputs(d, seq)
+    x[1, 3, 11, 2] = float("nan")  # poisons channel 2 of head (1, 3)
+    x[1, 2, 12, 5] = float("-inf")
+    x[0, 2, :, 7] = 0.0  # all-zero channel: scale 1
+    if layout == "sbhd_view":
+        x = x.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    got = quantize_fp8_v_transposed(x)
+    ref = quantize_fp8(x.cpu(), "e4m3", dims=(-2,))
+    assert got.data.shape == (2, 4, d, seq) and got.data.is_contiguous()
+    assert torch.equal(got.data.cpu().view(torch.uint8).transpose(-1, -2), ref.data.view(torch.uint8))
+    assert torch.equal(got.scale.cpu().isnan(), ref.scale.isnan())
+    assert torch.equal(got.scale.cpu().nan_to_num(), ref.scale.nan_to_num())
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -1,0 +1,106 @@
+"""Compile the Triton forward kernel for sm_90 on any machine (no GPU needed) and report its SASS.
+
+    python bench/sass_report.py [--block-m 128 --block-n 64 --num-warps 8 --num-stages 3]
+
+For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
+register count, spills (STL/LDL), dynamic shared memory, and counts of the instructions that decide
+speed: QGMMA (FP8 wgmma), HGMMA (BF16 wgmma), LDGSTS (cp.async), UTMALDG (TMA), MUFU.EX2, F2FP
+(FP32 -> FP8/BF16 conversions). The arguments are specialised as a real launch on contiguous
+[B, H, S, D] tensors would be (stride-1 dims constant, pointers and other strides 16-divisible,
+S = 4096), so the code is the code the GPU runs. Uses the ptxas and cuobjdump that ship with Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fp4_attention import triton_kernels as K  # noqa: E402
+
+INSTRUCTIONS = ("QGMMA", "HGMMA", "LDGSTS", "UTMALDG", "MUFU.EX2", "F2FP", "FFMA ", "FMUL ", "STL", "LDL")
+UNIT_STRIDES = ("sqd", "skd", "svn", "srm", "scn", "svsd", "sod", "slm")
+
+
+def compile_forward(*, qk_fp8: bool, pv_fp8: bool, causal: bool, block_m: int, block_n: int, head_dim: int = 128,
+                    num_warps: int = 8, num_stages: int = 3, split: bool = True, imprecise: int | None = 32):
+    """``triton.compile`` of ``_fwd_kernel`` for sm_90 with launch-like specialisation."""
+    names = K._fwd_kernel.arg_names
+    ptrs = {"Q": "fp8e4nv" if qk_fp8 else "bf16", "K": "fp8e4nv" if qk_fp8 else "bf16",
+            "V": "fp8e4nv" if pv_fp8 else "bf16", "ROW": "fp32", "COL": "fp32", "VSCALE": "fp32", "O": "bf16",
+            "LSE": "fp32"}
+    consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, QK_FP8=qk_fp8, PV_FP8=pv_fp8,
+                  LIFT=8, IMPRECISE=imprecise if qk_fp8 else None, DIRECT_P=False, DP_A=1.5, DP_B=1.2,
+                  DP_EXACT_EVERY=0, SPLIT=split)
+    if not qk_fp8:  # per-head scales are stride-0 expanded views
+        consts.update(srm=0, scn=0)
+    for n in UNIT_STRIDES:
+        consts.setdefault(n, 1)
+    sig, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in ptrs:
+            sig[n], attrs[(i,)] = "*" + ptrs[n], [["tt.divisibility", 16]]
+        elif n == "qk_scale_log2":
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if n != "GROUP":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=K._fwd_kernel, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                              num_stages=num_stages))
+
+
+def sass_stats(kernel) -> dict:
+    """Registers, dynamic shared bytes and instruction counts of a compiled kernel's SASS."""
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", path], capture_output=True, text=True,
+                              check=True).stdout
+        res = subprocess.run([str(bin_dir / "cuobjdump"), "-res-usage", path], capture_output=True, text=True,
+                             check=True).stdout
+    out = {"registers": int(re.findall(r"REG:(\d+)", res)[0]), "dynamic_shared_bytes": kernel.metadata.shared}
+    out.update({k.strip(): len(re.findall(re.escape(k), sass)) for k in INSTRUCTIONS})
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--block-m", type=int, default=128)
+    p.add_argument("--block-n", type=int, default=64)
+    p.add_argument("--num-warps", type=int, default=8)
+    p.add_argument("--num-stages", type=int, default=3)
+    p.add_argument("--no-split", action="store_true", help="mask every KV tile (the older loop)")
+    a = p.parse_args(argv)
+    cases = [("fp8", True, True), ("nvfp4qk_fp8pv", False, True), ("bf16", False, False)]
+    print(f"triton {triton.__version__}, sm_90, BLOCK_M {a.block_m}, BLOCK_N {a.block_n}, warps {a.num_warps}, "
+          f"stages {a.num_stages}, split {not a.no_split}")
+    print("| recipe | causal | " + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS]) + " |")
+    print("|---" * (len(INSTRUCTIONS) + 4) + "|")
+    for name, qk8, pv8 in cases:
+        for causal in (True, False):
+            st = sass_stats(compile_forward(qk_fp8=qk8, pv_fp8=pv8, causal=causal, block_m=a.block_m,
+                                            block_n=a.block_n, num_warps=a.num_warps, num_stages=a.num_stages,
+                                            split=not a.no_split))
+            print(f"| {name} | {causal} | " + " | ".join(str(v) for v in st.values()) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,43 @@
+"""The Triton forward kernel compiled for sm_90 on the CPU (Triton ships ptxas and cuobjdump): the
+FP8 products are FP8 tensor-core instructions (QGMMA) and the default tiles do not spill (issue 3).
+
+No GPU is needed: ``bench/sass_report.py`` compiles with the specialisation of a real launch."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+if importlib.util.find_spec("sass_report") is None:
+    pytest.skip("bench/sass_report.py not found", allow_module_level=True)
+
+from sass_report import compile_forward, sass_stats  # noqa: E402
+
+from fp4_attention import triton_backend  # noqa: E402
+
+
+def _stats(qk_fp8, pv_fp8, causal):
+    try:
+        kernel = compile_forward(qk_fp8=qk_fp8, pv_fp8=pv_fp8, causal=causal, block_m=128,
+                                 block_n=triton_backend.default_block_n(128))
+    except (RuntimeError, FileNotFoundError, PermissionError) as exc:  # no runnable ptxas on this host
+        pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
+    return sass_stats(kernel)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp8_forward_runs_both_products_on_fp8_tensor_cores(causal):
+    st = _stats(True, True, causal)
+    # QK (D=128: 4 k-steps of 32) and PV (BLOCK_N=64: 2 k-steps) per tile, two loops (unmasked, masked)
+    assert st["QGMMA"] >= 2 * 6 and st["HGMMA"] == 0, st
+    assert st["STL"] == 0 and st["LDL"] == 0, f"register spills: {st}"
+    assert st["LDGSTS"] > 0, f"K/V tiles are not loaded asynchronously (no software pipelining): {st}"
+
+
+def test_nvfp4qk_fp8pv_forward_qk_bf16_emulation_pv_fp8():
+    st = _stats(False, True, True)
+    assert st["HGMMA"] > 0 and st["QGMMA"] > 0, st  # exact BF16 emulation of the NVFP4 QK; FP8 PV
+    assert st["STL"] == 0, st
