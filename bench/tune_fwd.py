@@ -10,7 +10,8 @@ the same quantized operands with the same BLOCK_N (rel-L2 and max |dLSE|, at B2 
 halved for causal) on B4 H32/8 S4096 causal and B2 H32/32 S8192 non-causal; medians of
 ``triton.testing.do_bench``. For fp8 it also times the QK product without the FP32 promotion every
 32 head-dim elements (``IMPRECISE_K=None``, not a recipe: it shows what that promotion costs).
-Finally the time of each quantization step of the forward at B4 H32/8 S4096.
+Then the backward tile sweep (``--no-backward`` skips it) and the time of each quantization step
+of the forward at B4 H32/8 S4096.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ from tests.conftest import make_qkv, rel_l2  # noqa: E402
 D = 128
 CONFIGS = [  # (BLOCK_M, BLOCK_N, warps, stages, split)
     (128, 64, 8, 3, False), (128, 64, 8, 3, True), (128, 64, 8, 2, True), (128, 64, 8, 4, True),
-    (128, 128, 8, 2, True), (128, 128, 8, 3, True), (64, 64, 4, 3, True), (128, 64, 4, 3, True),
-    (64, 128, 4, 3, True),
+    (128, 128, 8, 2, True), (64, 64, 4, 3, True), (128, 64, 4, 3, True),
 ]
 SHAPES = [(4, 32, 8, 4096, True), (2, 32, 32, 8192, False)]
 
@@ -74,10 +74,46 @@ def check(recipe, cfg):
     return worst
 
 
+BWD_DKDV = [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 8, 2), (128, 64, 8, 2), (64, 128, 8, 2)]
+BWD_DQ = [(64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 128, 8, 2)]
+
+
+def backward_sweep(recipes):
+    """Time the backward (dO quantization + dK/dV + dQ kernels) with each dK/dV tile choice (dQ at
+    its default) and each dQ tile choice (dK/dV at its default); grads vs the default tiles' grads."""
+    rows = []
+    for recipe in (r for r in recipes if r == "fp8"):  # the training target; the kernels are shared
+        rec = fa.get_recipe(recipe)
+        be = tb.TritonBackend()
+        q, k, v = make_qkv(4, 32, 8, 4096, 4096, D, seed=4, device="cuda")
+        dout = torch.randn_like(q)
+        _, _, st = be.forward(q, k, v, rec, causal=True, softmax_scale=D ** -0.5)
+        default = (tb.BWD_DKDV_TILES, tb.BWD_DQ_TILES)
+        ref = be.backward(st, dout, rec, causal=True, softmax_scale=D ** -0.5)
+        combos = [(t, default[1]) for t in BWD_DKDV] + [(default[0], t) for t in BWD_DQ if t != default[1]]
+        for dkdv, dq in combos:
+            row = {"recipe": recipe, "dkdv": list(dkdv), "dq": list(dq)}
+            tb.BWD_DKDV_TILES, tb.BWD_DQ_TILES = dkdv, dq
+            try:
+                grads = be.backward(st, dout, rec, causal=True, softmax_scale=D ** -0.5)
+                row["rel_l2"] = round(max(rel_l2(g, r) for g, r in zip(grads, ref)), 6)
+                row["ms"] = round(triton.testing.do_bench(
+                    lambda: be.backward(st, dout, rec, causal=True, softmax_scale=D ** -0.5), warmup=30, rep=100,
+                    return_mode="median"), 4)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            finally:
+                tb.BWD_DKDV_TILES, tb.BWD_DQ_TILES = default
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/tune_fwd_h200")
     p.add_argument("--recipes", nargs="+", default=["fp8", "nvfp4qk_fp8pv", "bf16"])
+    p.add_argument("--no-backward", dest="backward", action="store_false", help="skip the backward tile sweep")
     a = p.parse_args(argv)
     commit = os.environ.get("BENCH_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                               capture_output=True, text=True).stdout.strip()
@@ -112,6 +148,8 @@ def main(argv=None) -> int:
             records.append(rec_row)
             print(json.dumps(rec_row), flush=True)
 
+    bwd = backward_sweep(a.recipes) if a.backward else []
+
     # where the forward's quantization time goes (B4 H32/8 S4096)
     from fp4_attention.quant import nvfp4_global_scale
     from fp4_attention.triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
@@ -128,8 +166,8 @@ def main(argv=None) -> int:
     print(json.dumps({"quantization_ms": quant}), flush=True)
 
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out + ".json").write_text(json.dumps({"meta": meta, "records": records, "quantization_ms": quant},
-                                                indent=1))
+    Path(a.out + ".json").write_text(json.dumps({"meta": meta, "records": records, "backward": bwd,
+                                                 "quantization_ms": quant}, indent=1))
     keys = [k for k in records[0] if k.endswith("TFLOP/s")] if records else []
     lines = [f"# Forward tile sweep, {meta['gpu']}", "",
              f"- date {meta['date']}, commit {commit}, torch {meta['torch']}, triton {meta['triton']}",
@@ -145,6 +183,12 @@ def main(argv=None) -> int:
         lines.append(f"| {r['recipe']} | {r['block_m']} | {r['block_n']} | {r['warps']} | {r['stages']} | {r['split']} "
                      f"| {r['imprecise_k']} | {r['rel_l2']:.1e} | {r['max_dlse']:.1e} | "
                      + " | ".join(str(r.get(k)) for k in keys) + " |")
+    if bwd:
+        lines += ["", "Backward tiles (BLOCK_M, BLOCK_N, warps, stages) at B4 H32/8 S4096 causal: backward ms (dO "
+                  "quantization + both kernels), grads rel-L2 vs the default tiles", "",
+                  "| recipe | dK/dV tiles | dQ tiles | backward ms | max rel-L2 |", "|---|---|---|---|---|"]
+        lines += [f"| {r['recipe']} | {r['dkdv']} | {r['dq']} | {r.get('ms', r.get('error', ''))} | "
+                  f"{r.get('rel_l2', '')} |" for r in bwd]
     lines += ["", "Quantization steps at B4 H32/8 S4096 (ms):", ""] + [f"- {k}: {v}" for k, v in quant.items()]
     Path(a.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -32,6 +32,9 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 # Opt-in for the Direct-P forward kernels until their GPU test has passed on a GPU (see check()).
 DIRECT_P_OPT_IN = "FP4_ATTENTION_TRITON_DIRECT_P"
 IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
+# Backward tiles (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and the dQ kernel (bench/tune_fwd.py)
+BWD_DKDV_TILES = (64, 64, 4, 2)
+BWD_DQ_TILES = (64, 64, 4, 2)
 
 
 def default_block_n(head_dim: int) -> int:
@@ -169,6 +172,8 @@ class TritonBackend:
 
     def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float,
                  block_m: int = 128, block_n: int | None = None, num_warps: int = 8, num_stages: int = 3):
+        """dQ, dK, dV (BF16) from the saved state. ``block_m``... are the forward's tile options (the
+        attention options reach both passes); the backward tiles are ``BWD_DKDV_TILES`` / ``BWD_DQ_TILES``."""
         b, hq, sq, d = state.out.shape
         shape_k = (b, *_kv_shape(state.k, recipe))
         hkv, sk = shape_k[1], shape_k[2]
@@ -192,21 +197,23 @@ class TritonBackend:
         dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
         dk = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dout.device)
         dv = torch.empty_like(dk)
-        bm, bn = 64, 64
-        common = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, QK_FP8=recipe.qk == "fp8",
-                      PV_FP8=recipe.pv == "fp8", LIFT=lift, IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
-                      num_warps=4, num_stages=2)
+        common = dict(HEAD_DIM=d, CAUSAL=causal, QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=lift,
+                      IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None)
+        bm, bn, nw, ns = BWD_DKDV_TILES
         _bwd_dkdv_kernel[(triton.cdiv(sk, bn), b * hkv)](
             q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, v_scale, dk, dv,
             *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
             *stat.stride(), *s_do.stride(), *v_scale.stride(), *dk.stride(),
-            hkv, g, sq, sk, softmax_scale * LOG2E, softmax_scale, **common,
+            hkv, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
+            num_stages=ns, **common,
         )
+        bm, bn, nw, ns = BWD_DQ_TILES
         _bwd_dq_kernel[(triton.cdiv(sq, bm), b * hq)](
             q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, dq,
             *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
             *stat.stride(), *s_do.stride(), *dq.stride(),
-            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, **common,
+            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
+            num_stages=ns, **common,
         )
         return dq, dk, dv
 
