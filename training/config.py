@@ -14,7 +14,7 @@ value; an unknown section or key is an error that lists the valid ones):
 | ``parallel`` | ``tensor``, ``pipeline``, ``context``, ``sequence_parallel``; data parallel = the rest |
 | ``data`` | ``corpus`` (``default`` or a list of ``{prefix, weight}``), tokenizer, seq_length, split, seed |
 | ``training`` | batch sizes, ``train_tokens`` or ``train_iters``, AdamW, LR schedule, clipping, init seed |
-| ``checkpoint`` | dir, save_interval, keep_last, async_save, load, allow_config_change |
+| ``checkpoint`` | dir, save (false = never write one), save_interval, keep_last, async_save, load, allow_config_change |
 | ``logging`` | log_interval, metrics_file, tensorboard, wandb, telemetry_interval, peak FLOP/s for MFU |
 | ``validation`` | interval, iters |
 | ``runtime`` | exit_duration_mins, nonfinite (skip, stop), deterministic, output_dir |
@@ -267,12 +267,21 @@ class TrainingSection:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSection:
-    """``dir`` (default ``<output_dir>/checkpoints``); ``save_interval`` steps (0 = only at the end and
-    on exit); ``keep_last`` complete checkpoints; ``load``: ``auto`` (latest complete one in ``dir``,
-    if any), ``none``, or a checkpoint directory; ``allow_config_change``: resolved-config keys (or
-    section names) allowed to differ from the checkpoint's on resume (``data.identity`` for the data)."""
+    """``dir`` (default ``<output_dir>/checkpoints``); ``save``: ``false`` writes no checkpoint at all
+    (not every ``save_interval`` steps, not at the end, not on a signal or the time budget, which
+    still exit with their codes 3 / 4; for benchmarks, where an 8B-shaped checkpoint would cost
+    ~70 GB and minutes); ``save_interval`` steps (0 = only at the end and on exit); ``keep_last``
+    complete checkpoints; ``load``: ``auto`` (latest complete one in ``dir``, if any), ``none``, or a
+    checkpoint directory; ``allow_config_change``: resolved-config keys (or section names) allowed to
+    differ from the checkpoint's on resume (``data.identity`` for the data).
+
+    A run with ``save: false`` starts fresh: ``load`` must be ``none``, or ``auto`` finding nothing
+    (the trainer stops with a configuration error, exit code 2, when ``auto`` finds a checkpoint),
+    so that a run that keeps nothing never continues, and silently abandons, another run's state.
+    """
 
     dir: str | None = None
+    save: bool = True
     save_interval: int = 40
     keep_last: int = 2
     async_save: bool = False
@@ -286,6 +295,10 @@ class CheckpointSection:
             raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
         if not self.load:
             raise ValueError("checkpoint.load must be 'auto', 'none' or a checkpoint path")
+        if not self.save and self.load not in ("auto", "none"):
+            raise ValueError(f"checkpoint.save=false starts a fresh run that writes no checkpoint, so it cannot "
+                             f"load one: got checkpoint.load={self.load!r}; use checkpoint.load=none (or auto, "
+                             "which must find nothing), or checkpoint.save=true to resume and keep saving")
         allow = self.allow_config_change
         if isinstance(allow, str):
             allow = [a.strip() for a in allow.split(",") if a.strip()]

@@ -12,6 +12,11 @@ checked against the new config (:func:`training.checkpoint.check_resume_compatib
 engine state (model, optimizer, RNG) and the trainer state (iteration, consumed samples and tokens,
 non-finite count) are restored; the data loader restarts at ``consumed_samples`` of the identically
 rebuilt dataset, so the resumed run sees exactly the batches the uninterrupted run would have seen.
+
+``checkpoint.save: false`` (benchmarks): no checkpoint is ever written; the run must start fresh
+(``checkpoint.load`` ``none``, or ``auto`` finding nothing, else exit code 2 before the model is
+built); a signal or the time budget still stops the loop with exit code 3 / 4, and the exit event
+says that nothing was saved.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 
 __all__ = ["Trainer", "resolve_backend"]
+
+NOT_SAVED = "; nothing saved (checkpoint.save=false)"
 
 
 def resolve_backend(requested: str, use_cuda: bool) -> tuple[str, str]:
@@ -97,6 +104,17 @@ class Trainer:
                 f"forward+backward, causal attention) / {cfg.logging.peak_flops_per_gpu / 1e12:.1f} TFLOP/s peak")
         else:
             log("MFU: not reported on CPU (null in metrics.jsonl)")
+        self.resumed_from = self._find_checkpoint()
+        if cfg.checkpoint.save:
+            every = f"every {cfg.checkpoint.save_interval} steps, " if cfg.checkpoint.save_interval else ""
+            log(f"checkpoints: {self.ckpt_root} ({every}at the end, on SIGTERM/SIGUSR1 and the time budget)")
+        else:
+            if self.resumed_from is not None:
+                raise ValueError(f"checkpoint.save=false must start fresh, but checkpoint.load=auto found "
+                                 f"{self.resumed_from}; set checkpoint.load=none (train from scratch and write "
+                                 "nothing) or use another runtime.output_dir / checkpoint.dir")
+            log("checkpoints: disabled (checkpoint.save=false): nothing is written, neither every save_interval "
+                "steps nor at the end, nor on SIGTERM/SIGUSR1 or the time budget")
 
         init_model_parallel(cfg.parallel, seed=cfg.training.seed, use_cuda=use_cuda)
         llama_cfg = cfg.llama(backend=self.backend)
@@ -117,7 +135,6 @@ class Trainer:
         log(f"data: {self.data.describe}; train identity {self.data.identity}")
 
         self.iteration, self.consumed_samples, self.consumed_tokens, self.nonfinite_count = 0, 0, 0, 0
-        self.resumed_from = self._find_checkpoint()
         if self.resumed_from is not None:
             state = ckpt.read_json(self.resumed_from / "trainer_state.json")
             allowed = ckpt.check_resume_compatible(
@@ -182,6 +199,7 @@ class Trainer:
                                   dp_size=self.dp_size)
         tr = cfg.training
         gbs, seq = tr.global_batch_size, cfg.data.seq_length
+        saving = cfg.checkpoint.save
         m.start_progress(self.iteration)
         try:
             while self.iteration < total:
@@ -222,19 +240,22 @@ class Trainer:
                     self._validate(step)
                 reason = eng.all_reduce_max(flags.local_reason())
                 if reason:
-                    self._save(step)
-                    eng.poll_saves(blocking=True)
-                    m.event(step, "exit", flags.describe(reason))
+                    if saving:
+                        self._save(step)
+                        eng.poll_saves(blocking=True)
+                    m.event(step, "exit", flags.describe(reason) + ("" if saving else NOT_SAVED))
                     return reason
-                if cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0 and step < total:
+                if saving and cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0 \
+                        and step < total:
                     self._save(step)
                 eng.poll_saves(blocking=False)
             if cfg.validation.interval and cfg.validation.iters and total % cfg.validation.interval:
                 self._validate(total)
-            self._save(total)
-            eng.poll_saves(blocking=True)
+            if saving:
+                self._save(total)
+                eng.poll_saves(blocking=True)
             m.event(total, "exit", f"done: {total} steps, {self.consumed_tokens:,} tokens, "
-                                   f"{self.nonfinite_count} non-finite step(s) skipped")
+                                   f"{self.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED))
             return EXIT_DONE
         finally:
             flags.uninstall()
