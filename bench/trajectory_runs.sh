@@ -11,6 +11,7 @@
 #   GPUS      CUDA device ids (default "0"); the seeds are dealt round-robin over the GPUs and each
 #             GPU runs its runs one after another (one GPU per run)
 #   OVERRIDES passed to every run (e.g. training.train_iters=20 for a smoke test)
+#   COMPARE=0 (environment) skips the comparison (when other seeds run in another invocation).
 #
 # Data, prepared here when missing (python -m data.prepare, deterministic):
 #   * the default corpus (KJV + CPython stdlib) into cache/data/default;
@@ -101,7 +102,9 @@ for seed in "${seed_list[@]}"; do
         [ -f "$root/${arm}_seed${seed}/metrics.jsonl" ] && runs+=("$root/${arm}_seed${seed}")
     done
 done
-if [ ${#runs[@]} -ge 2 ]; then
+if [ "${COMPARE:-1}" = 0 ]; then
+    :
+elif [ ${#runs[@]} -ge 2 ]; then
     "$py" tools/compare_runs.py "${runs[@]}" --out "$root/compare" || ok=0
 else
     ok=0
