@@ -37,7 +37,7 @@ job() {  # job NAME GPU: run one job with its time limit; print and record its e
     local name="$1" gpu="$2" t0 code lim
     t0=$(date +%s)
     case "$name" in
-        multigpu) lim=$(limit 330); timeout "$lim" bash bench/multi_gpu.sh "$work/multigpu" ;;
+        multigpu) lim=$(limit 300); timeout "$lim" bash bench/multi_gpu.sh "$work/multigpu" --ckpt-root /tmp/mg_ckpt --budget $((lim - 20)) ;;
         tests_gpu) lim=$(limit 300); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s ;;
         tests_model) lim=$(limit 200); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/model -p no:cacheprovider ;;
         tests_training) lim=$(limit 300); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/training -p no:cacheprovider ;;

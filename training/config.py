@@ -230,6 +230,11 @@ class TrainingSection:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     seed: int = 1234
+    # null: megatron-core's default (initialise on the GPU, each tensor-parallel shard from its own RNG
+    # stream; on the CPU when there is no GPU). true: initialise the full weights on the CPU from
+    # ``seed``, then shard (Megatron-LM's --use-cpu-initialization): the same initial model for any TP
+    # size, as TP-parity checks need; slower start.
+    use_cpu_initialization: bool | None = None
 
     def __post_init__(self):
         if self.micro_batch_size < 1 or self.global_batch_size < 1:

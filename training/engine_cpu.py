@@ -61,6 +61,9 @@ class CPUEngine:
         self.dp = env.world_size
         self.clip_grad = cfg.training.clip_grad
         torch.manual_seed(cfg.training.seed)
+        if cfg.training.use_cpu_initialization is False:
+            raise ValueError("training.use_cpu_initialization=false initialises on a GPU, and this CPU run has "
+                             "none; use null (the default) or true")
         self.model = build_gpt_model(llama_cfg, parallel=par.llama(), use_cpu_initialization=True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in self.params)

@@ -71,7 +71,8 @@ class MegatronEngine:
         torch.manual_seed(cfg.training.seed)
         self.model = build_gpt_model(llama_cfg, parallel=cfg.parallel.llama(),
                                      pre_process=parallel_state.is_pipeline_first_stage(),
-                                     post_process=self.is_last_stage)
+                                     post_process=self.is_last_stage,
+                                     use_cpu_initialization=cfg.training.use_cpu_initialization)
         tc = self.model.config
         if cfg.runtime.deterministic:
             tc.deterministic_mode = True
