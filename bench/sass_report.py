@@ -1,6 +1,6 @@
 """Compile the Triton forward kernel for sm_90 on any machine (no GPU needed) and report its SASS.
 
-    python bench/sass_report.py [--block-m 128 --block-n 64 --num-warps 8 --num-stages 3]
+    python bench/sass_report.py [--block-m M --block-n N --num-warps W --num-stages S]   (default: the backend's)
 
 For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
 register count, spills (STL/LDL), dynamic shared memory, and counts of the instructions that decide
@@ -82,10 +82,13 @@ def sass_stats(kernel) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--block-m", type=int, default=128)
-    p.add_argument("--block-n", type=int, default=64)
-    p.add_argument("--num-warps", type=int, default=8)
-    p.add_argument("--num-stages", type=int, default=3)
+    from fp4_attention.triton_backend import default_block_n, default_fwd_tiles
+
+    tile_m, warps, stages = default_fwd_tiles(128)
+    p.add_argument("--block-m", type=int, default=tile_m)
+    p.add_argument("--block-n", type=int, default=default_block_n(128))
+    p.add_argument("--num-warps", type=int, default=warps)
+    p.add_argument("--num-stages", type=int, default=stages)
     p.add_argument("--no-split", action="store_true", help="mask every KV tile (the older loop)")
     a = p.parse_args(argv)
     cases = [("fp8", True, True), ("nvfp4qk_fp8pv", False, True), ("bf16", False, False)]

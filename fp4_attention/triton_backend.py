@@ -37,6 +37,13 @@ BWD_DKDV_TILES = (64, 64, 4, 2)
 BWD_DQ_TILES = (64, 64, 4, 2)
 
 
+def default_fwd_tiles(head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_M, warps, stages) of the forward kernel. Head dim 128: 64 query rows on one warpgroup,
+    3 stages (H200, 2026-11-29, bench/tune_fwd.py, fp8 kernel-only: 457 TFLOP/s at B4 H32/8 S4096
+    causal and 524 at B2 H32/32 S8192, vs 435 / 485 with 128 rows on two warpgroups)."""
+    return (64, 4, 3) if head_dim > 64 else (128, 8, 3)
+
+
 def default_block_n(head_dim: int) -> int:
     """Keys per KV tile of the forward kernel (the reference must use the same to compare
     rounding-for-rounding: FP8 P is rounded relative to the running max of its tile)."""
@@ -102,14 +109,17 @@ def _v_kernel_operands(v_s: Saved, recipe: Recipe, b: int, hkv: int, d: int, dev
 
 
 def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causal: bool, softmax_scale: float,
-                   seq_k: int, block_m: int = 128, block_n: int | None = None, num_warps: int = 8,
-                   num_stages: int = 3, split: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                   seq_k: int, block_m: int | None = None, block_n: int | None = None,
+                   num_warps: int | None = None, num_stages: int | None = None,
+                   split: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel on prepared operands (see ``triton_kernels``): q_op ``[B, Hq, Sq, D]``,
     k_op ``[B, Hkv, Sk, D]``, v_op a ``[B, Hkv, >=Sk, D]`` view, row ``[B, Hq, Sq]``, col
     ``[B, Hkv, Sk]``, v_scale ``[B, Hkv, D]``. Returns BF16 out ``[B, Hq, Sq, D]`` and FP32 LSE.
     ``split=False`` masks every KV tile (the kernel before the unmasked fast path; for benchmarks)."""
     b, hq, sq, d = q_op.shape
     hkv = k_op.shape[1]
+    tile_m, warps, stages = default_fwd_tiles(d)
+    block_m, num_warps, num_stages = block_m or tile_m, num_warps or warps, num_stages or stages
     out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q_op.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q_op.device)
     dp = recipe.direct_p
@@ -129,7 +139,8 @@ def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causa
 
 class TritonBackend:
     """Triton kernels for the training recipes; options ``block_m``, ``block_n``, ``num_warps``,
-    ``num_stages`` (forward tiles) are for benchmarking and tests."""
+    ``num_stages`` (forward tiles; None = :func:`default_fwd_tiles`, :func:`default_block_n`) are for
+    benchmarking and tests."""
 
     name = "triton"
 
@@ -150,8 +161,8 @@ class TritonBackend:
             raise UnsupportedError(f"triton backend: head dim {q.shape[-1]} unsupported (supported: "
                                    f"{SUPPORTED_HEAD_DIMS}); use backend='reference'")
 
-    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, block_m: int = 128,
-                block_n: int | None = None, num_warps: int = 8, num_stages: int = 3):
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, block_m: int | None = None,
+                block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
         b, hq, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
         q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
@@ -171,7 +182,8 @@ class TritonBackend:
         return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float,
-                 block_m: int = 128, block_n: int | None = None, num_warps: int = 8, num_stages: int = 3):
+                 block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                 num_stages: int | None = None):
         """dQ, dK, dV (BF16) from the saved state. ``block_m``... are the forward's tile options (the
         attention options reach both passes); the backward tiles are ``BWD_DKDV_TILES`` / ``BWD_DQ_TILES``."""
         b, hq, sq, d = state.out.shape

@@ -44,6 +44,41 @@ __all__ = ["MegatronEngine"]
 CKPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
+def _ignore_stop_signals() -> None:
+    """Initializer of the checkpoint writer's results-queue manager process (see below)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+_RESULTS_MANAGER = None
+
+
+def _signal_proof_write_results_queue() -> None:
+    """Give megatron-core's checkpoint writer a results queue whose manager process survives SIGTERM.
+
+    ``dist_checkpointing``'s torch_dist writer (``filesystem_async.get_write_results_queue``) puts its
+    write results into a ``multiprocessing.Manager().Queue()``, whose server process is a child of the
+    rank. torchrun stops its workers with ``os.killpg`` (each worker leads its own process group), so
+    a preemption SIGTERM also reaches that server process, which dies; the rank, which catches
+    SIGTERM to save and exit, then fails in the save with ``BrokenPipeError`` (seen on 4 H200s,
+    2026-11-29: exit 1, no checkpoint at the preemption step). The same queue, from a manager process
+    that ignores SIGTERM/SIGINT/SIGUSR1, is installed once per process before the first save.
+    """
+    global _RESULTS_MANAGER
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is not None:
+        return
+    _RESULTS_MANAGER = SyncManager(ctx=mp.get_context("spawn"))
+    _RESULTS_MANAGER.start(initializer=_ignore_stop_signals)
+    filesystem_async._results_queue = _RESULTS_MANAGER.Queue()
+
+
 def _inner_optimizers(optimizer):
     chained = getattr(optimizer, "chained_optimizers", None)
     return list(chained) if chained is not None else [optimizer]
@@ -93,6 +128,8 @@ class MegatronEngine:
         tc.grad_scale_func = self.optimizer.scale_loss
         self.forward_backward = get_forward_backward_func()
         self.async_queue = None
+        if cfg.checkpoint.save:
+            _signal_proof_write_results_queue()
         if cfg.checkpoint.async_save:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
