@@ -51,7 +51,7 @@ job() {  # job NAME GPU: run one job with its time limit; print and record its e
         traj_A) lim=$(limit 330); COMPARE=0 timeout "$lim" bash bench/trajectory_runs.sh "$work/trajectory" "bf16 fp8 nvfp4qk_fp8pv" 1234 "$gpu" ;;
         traj_B) lim=$(limit 330); COMPARE=0 timeout "$lim" bash bench/trajectory_runs.sh "$work/trajectory" "bf16 fp8 nvfp4qk_fp8pv" 1235 "$gpu" ;;
         throughput) lim=$(limit 480); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 bench/train_throughput.py --budget-s $((lim - 20)) --run-dir "$work/train_throughput_runs" --out "$work/train_throughput_h200" ;;
-        fidelity) lim=$(limit 200); CUDA_VISIBLE_DEVICES="$gpu" FP4_ATTENTION_TRITON_DIRECT_P=1 timeout "$lim" python3 tools/fidelity.py --backend triton --device cuda --out "$work/fidelity_triton" ;;
+        fidelity) lim=$(limit 200); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 tools/fidelity.py --backend triton --device cuda --out "$work/fidelity_triton" ;;
         *) echo "unknown job $name"; false ;;
     esac > "$work/$name.log" 2>&1
     code=$?

@@ -7,13 +7,13 @@ scales, the output and the LSE, never BF16 Q/K/V (for the FP8 recipes).
 
 Supported: recipes ``bf16``, ``fp8``, ``nvfp4qk_fp8pv`` (forward and backward); head dims 64 and
 128; any sequence lengths, causal (bottom-right) or not, GQA. The Direct-P forward recipes
-(``nvfp4qk_mxfp4pv_fast`` / ``_accurate``) have kernels that have not yet run on a GPU: they raise
-``UnsupportedError`` unless ``FP4_ATTENTION_TRITON_DIRECT_P=1``.
+(``nvfp4qk_mxfp4pv_fast`` / ``_accurate``, forward only) run in the same forward kernel
+(``DIRECT_P``); tests/gpu/test_triton_backend.py::test_direct_p_forward_matches_reference passed on
+the H200 on 2026-11-29.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -22,15 +22,13 @@ import triton
 from .backends import UnsupportedError, register_backend
 from .operands import Saved, quantize_qk, quantize_v, v_operand
 from .quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale, quantize_fp8
-from .triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
 from .recipes import Recipe
 from .triton_kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
+from .triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
 
 __all__ = ["TritonBackend", "TritonState", "launch_forward"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
-# Opt-in for the Direct-P forward kernels until their GPU test has passed on a GPU (see check()).
-DIRECT_P_OPT_IN = "FP4_ATTENTION_TRITON_DIRECT_P"
 IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
 # Backward tiles (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and the dQ kernel (bench/tune_fwd.py)
 BWD_DKDV_TILES = (64, 64, 4, 2)
@@ -147,12 +145,6 @@ class TritonBackend:
     def check(self, recipe: Recipe, q, k, v) -> None:
         if not q.is_cuda:
             raise UnsupportedError("triton backend needs CUDA tensors; use backend='reference' on CPU")
-        if recipe.direct_p is not None and os.environ.get(DIRECT_P_OPT_IN) != "1":
-            raise UnsupportedError(
-                f"triton backend: the Direct-P kernels (recipe {recipe.name}) are written but not yet validated on a "
-                "GPU (tests/gpu/test_triton_backend.py::test_direct_p_forward_matches_reference has not run); use "
-                f"backend='reference', or set {DIRECT_P_OPT_IN}=1 to run them anyway"
-            )
         major, minor = torch.cuda.get_device_capability(q.device)
         if recipe.pv == "fp8" and (major, minor) < (8, 9):
             raise UnsupportedError(f"triton backend: recipe {recipe.name} needs FP8 tensor cores (sm_89+), "

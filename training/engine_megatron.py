@@ -232,24 +232,31 @@ class MegatronEngine:
         )
         from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
-        (tmp / "rng").mkdir(exist_ok=True)
-        with open(tmp / "rng" / f"rank_{self.env.rank:05d}.pt", "wb") as f:
-            torch.save(rng_state(), f)
-            f.flush()
-            os.fsync(f.fileno())
+        # The RNG files are written after dist_checkpointing.save has looked at the (empty) directory:
+        # a non-empty one makes it warn "Overwriting old incomplete / corrupted checkpoint".
         strategy = FullyParallelSaveStrategyWrapper(
             TorchDistSaveShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True))
         state = self._sharded_state_dict(is_loading=False)
         if self.async_queue is None:
             dist_checkpointing.save(sharded_state_dict=state, checkpoint_dir=str(tmp), sharded_strategy=strategy,
                                     content_metadata=dict(CKPT_METADATA))
+            self._save_rng(tmp)
             finalize()
             return
         request = dist_checkpointing.save(sharded_state_dict=state, checkpoint_dir=str(tmp),
                                           sharded_strategy=strategy, content_metadata=dict(CKPT_METADATA),
                                           async_sharded_save=True, async_strategy="mcore")
+        self._save_rng(tmp)
         request.finalize_fns.append(finalize)
         self.async_queue.schedule_async_request(request)
+
+    def _save_rng(self, tmp: Path) -> None:
+        """This rank's RNG states into ``tmp/rng/rank_XXXXX.pt`` (fsynced)."""
+        (tmp / "rng").mkdir(exist_ok=True)
+        with open(tmp / "rng" / f"rank_{self.env.rank:05d}.pt", "wb") as f:
+            torch.save(rng_state(), f)
+            f.flush()
+            os.fsync(f.fileno())
 
     def poll_saves(self, blocking: bool = False) -> None:
         if self.async_queue is not None:

@@ -39,7 +39,11 @@ __all__ = ["MetricsLogger", "data_order_fingerprint", "git_commit", "read_metric
 
 
 def git_commit() -> str | None:
-    """Short hash of the repository's HEAD, or None outside a git checkout."""
+    """Short hash of the repository's HEAD, or None outside a git checkout. ``$BENCH_COMMIT``, when set,
+    wins: for copies of a working tree whose git metadata is not the tree's (the GPU machine's copy
+    reported the session's first commit for every run on 2026-11-29)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
                              capture_output=True, text=True, timeout=10, check=False)
