@@ -31,7 +31,7 @@ __all__ = ["TritonBackend", "TritonState", "launch_forward"]
 SUPPORTED_HEAD_DIMS = (64, 128)
 IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
 # Backward tiles (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and the dQ kernel (bench/tune_fwd.py)
-BWD_DKDV_TILES = (64, 64, 4, 2)
+BWD_DKDV_TILES = (64, 64, 8, 2)  # the only dK/dV tile without register spills (bench/sass_report.py)
 BWD_DQ_TILES = (64, 64, 4, 2)
 
 
@@ -199,18 +199,23 @@ class TritonBackend:
         stat = torch.where(torch.isinf(state.lse), torch.full_like(state.lse, -torch.inf), lift - state.lse * LOG2E)
         stat, delta = stat.contiguous(), delta.contiguous()
         dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
-        dk = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dout.device)
+        # dK/dV per query head: FP32 partials summed over the GQA group below (BF16 directly for MHA)
+        dkv_dtype = torch.float32 if g > 1 else torch.bfloat16
+        dk = torch.empty((b, hq, sk, d), dtype=dkv_dtype, device=dout.device)
         dv = torch.empty_like(dk)
         common = dict(HEAD_DIM=d, CAUSAL=causal, QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=lift,
                       IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None)
         bm, bn, nw, ns = BWD_DKDV_TILES
-        _bwd_dkdv_kernel[(triton.cdiv(sk, bn), b * hkv)](
+        _bwd_dkdv_kernel[(triton.cdiv(sk, bn), b * hq)](
             q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, v_scale, dk, dv,
             *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
             *stat.stride(), *s_do.stride(), *v_scale.stride(), *dk.stride(),
-            hkv, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
+            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
             num_stages=ns, **common,
         )
+        if g > 1:
+            dk = dk.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
+            dv = dv.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
         bm, bn, nw, ns = BWD_DQ_TILES
         _bwd_dq_kernel[(triton.cdiv(sq, bm), b * hq)](
             q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, dq,

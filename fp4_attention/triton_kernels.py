@@ -20,8 +20,9 @@ Every recipe is one instance of the same two products (``operands.py``):
   the head dim (``max_num_imprecise_acc``), so that forward and backward recompute the same scores
   as the reference up to FP32 order; the PV product of each KV tile is taken into a fresh FP32
   value and added to the running FP32 accumulator (promotion once per KV tile).
-* Backward: ``_bwd_dkdv`` (one program per KV block and kv-head, looping over the query heads of
-  its GQA group and their query blocks) and ``_bwd_dq`` (one program per query block and head).
+* Backward: ``_bwd_dkdv`` (one program per KV block and query head, looping over its query blocks;
+  the GQA group's FP32 partials are summed after it) and ``_bwd_dq`` (one program per query block
+  and head).
   Both rebuild the lifted P from the saved LSE statistic; dV and dP are FP8 MMAs of E4M3 P / V with
   E5M2 dO; dQ and dK are BF16 MMAs of BF16 dS. No Sq x Sk tensor is ever stored.
 * ``DIRECT_P`` (forward-only MXFP4 recipes): ``_direct_p_tile`` classifies each 32-key block of the
@@ -236,15 +237,19 @@ def _bwd_dkdv_kernel(
     ssb, ssh,
     svsb, svsh, svsd,
     sdkb, sdkh, sdkn, sdkd,
-    H_KV, GROUP, SEQ_Q, SEQ_K, qk_scale_log2, sm_scale,
+    H_Q, GROUP, SEQ_Q, SEQ_K, qk_scale_log2, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
     IMPRECISE: tl.constexpr,
 ):
+    """dK, dV of one KV block for ONE query head (program per KV block and batch x query head):
+    two FP32 accumulators, dO's per-head scale applied once at the end. DK/DV are indexed by the
+    query head: the caller sums the GROUP query heads of a KV head (FP32 partials) when GROUP > 1."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H_KV
-    hk = pid_bh % H_KV
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    hk = h // GROUP
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -261,49 +266,45 @@ def _bwd_dkdv_kernel(
     if CAUSAL:
         lo = tl.maximum(pid_n * BLOCK_N - shift, 0)
         lo = (lo // BLOCK_M) * BLOCK_M
-    for g in tl.range(0, GROUP):
-        h = hk * GROUP + g
-        s_do = tl.load(SDO + b * ssb + h * ssh)
-        dv_h = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        for start_m in tl.range(lo, SEQ_Q, BLOCK_M):
-            offs_m = start_m + offs_m0
-            m_ok = offs_m < SEQ_Q
-            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None],
-                        other=0.0)
-            row = tl.load(ROW + b * srb + h * srh + offs_m * srm, mask=m_ok, other=0.0)
-            stat = tl.load(STAT + b * stb + h * sth + offs_m * stm, mask=m_ok, other=float("-inf"))
-            delta = tl.load(DELTA + b * stb + h * sth + offs_m * stm, mask=m_ok, other=0.0)
-            do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
-                         mask=m_ok[:, None], other=0.0)
-            # scores transposed: [BLOCK_N, BLOCK_M]
-            st = tl.dot(k, tl.trans(q), max_num_imprecise_acc=IMPRECISE) * col[:, None] * (row * qk_scale_log2)[None, :]
-            valid = n_ok[:, None] & m_ok[None, :]
-            if CAUSAL:
-                valid = valid & (offs_n[:, None] <= offs_m[None, :] + shift)
-            st = tl.where(valid, st, float("-inf"))
-            pt = tl.math.exp2(st + stat[None, :])  # 2^LIFT * P^T, in [0, 2^LIFT]
-            if PV_FP8:
-                dv_h += tl.dot(pt.to(tl.float8e4nv), do)
-                dpt = tl.dot(v, tl.trans(do)) * s_do
-            else:
-                dv_h += tl.dot(pt.to(tl.bfloat16), do)
-                dpt = tl.dot(v, tl.trans(do))
-            dst = pt * (1.0 / (1 << LIFT)) * (dpt - delta[None, :])
-            dst = tl.where(valid, dst, 0.0)
-            if QK_FP8:
-                dk += tl.dot((dst * row[None, :]).to(tl.bfloat16), q.to(tl.bfloat16))
-            else:
-                dk += tl.dot((dst * row[None, :]).to(tl.bfloat16), q)
-        dv += dv_h * s_do
+    s_do = tl.load(SDO + b * ssb + h * ssh)
+    for start_m in tl.range(lo, SEQ_Q, BLOCK_M):
+        offs_m = start_m + offs_m0
+        m_ok = offs_m < SEQ_Q
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None],
+                    other=0.0)
+        row = tl.load(ROW + b * srb + h * srh + offs_m * srm, mask=m_ok, other=0.0)
+        stat = tl.load(STAT + b * stb + h * sth + offs_m * stm, mask=m_ok, other=float("-inf"))
+        delta = tl.load(DELTA + b * stb + h * sth + offs_m * stm, mask=m_ok, other=0.0)
+        do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
+                     mask=m_ok[:, None], other=0.0)
+        # scores transposed: [BLOCK_N, BLOCK_M]
+        st = tl.dot(k, tl.trans(q), max_num_imprecise_acc=IMPRECISE) * col[:, None] * (row * qk_scale_log2)[None, :]
+        valid = n_ok[:, None] & m_ok[None, :]
+        if CAUSAL:
+            valid = valid & (offs_n[:, None] <= offs_m[None, :] + shift)
+        st = tl.where(valid, st, float("-inf"))
+        pt = tl.math.exp2(st + stat[None, :])  # 2^LIFT * P^T, in [0, 2^LIFT]
+        if PV_FP8:
+            dv += tl.dot(pt.to(tl.float8e4nv), do)
+            dpt = tl.dot(v, tl.trans(do)) * s_do
+        else:
+            dv += tl.dot(pt.to(tl.bfloat16), do)
+            dpt = tl.dot(v, tl.trans(do))
+        dst = pt * (1.0 / (1 << LIFT)) * (dpt - delta[None, :])
+        dst = tl.where(valid, dst, 0.0)
+        if QK_FP8:
+            dk += tl.dot((dst * row[None, :]).to(tl.bfloat16), q.to(tl.bfloat16))
+        else:
+            dk += tl.dot((dst * row[None, :]).to(tl.bfloat16), q)
     dk = dk * sm_scale
-    # epilogue of dV: the 1/2^LIFT factor (separate from the lift of P) and V's channel scale,
-    # which was folded into dO before its E5M2 quantization
+    # epilogue of dV: dO's per-head scale, the 1/2^LIFT factor (separate from the lift of P) and V's
+    # channel scale, which was folded into dO before its E5M2 quantization
     vs = tl.load(VSCALE + b * svsb + hk * svsh + offs_d * svsd)
-    dv = dv * (1.0 / (1 << LIFT)) / vs[None, :]
-    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd, dk.to(tl.bfloat16),
-             mask=n_ok[:, None])
-    tl.store(DV + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd, dv.to(tl.bfloat16),
-             mask=n_ok[:, None])
+    dv = dv * s_do * (1.0 / (1 << LIFT)) / vs[None, :]
+    tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+             dk.to(DK.dtype.element_ty), mask=n_ok[:, None])
+    tl.store(DV + b * sdkb + h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+             dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
 
 
 @triton.jit
