@@ -31,7 +31,10 @@ __all__ = ["TritonBackend", "TritonState", "launch_forward"]
 SUPPORTED_HEAD_DIMS = (64, 128)
 IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
 # Backward tiles (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and the dQ kernel (bench/tune_fwd.py)
-BWD_DKDV_TILES = (64, 64, 8, 2)  # the only dK/dV tile without register spills (bench/sass_report.py)
+# dK/dV (program per query head): (64, 128, 8, 2) was the fastest of 4 on the H200 (B4 H32/8 S4096 causal
+# fp8 backward 11.35 ms vs 11.74 (64, 64, 4, 2) and 13.82 (64, 64, 8, 2), the one tile without register
+# spills; results/tune_bwd_h200.md, 2026-11-29)
+BWD_DKDV_TILES = (64, 128, 8, 2)
 BWD_DQ_TILES = (64, 64, 4, 2)
 
 
