@@ -1,6 +1,7 @@
 """Compile the Triton forward kernel for sm_90 on any machine (no GPU needed) and report its SASS.
 
     python bench/sass_report.py [--block-m M --block-n N --num-warps W --num-stages S]   (default: the backend's)
+    python bench/sass_report.py --backward          # the dK/dV and dQ kernels at the backend's tiles
 
 For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
 register count, spills (STL/LDL), dynamic shared memory, and counts of the instructions that decide
@@ -64,6 +65,39 @@ def compile_forward(*, qk_fp8: bool, pv_fp8: bool, causal: bool, block_m: int, b
                                                                               num_stages=num_stages))
 
 
+BWD_UNIT_STRIDES = ("sqd", "skd", "svd", "srm", "scn", "sdod", "stm", "svsd", "sdkd", "sdqd")
+
+
+def compile_backward(kernel_name: str, *, qk_fp8: bool, pv_fp8: bool, causal: bool, tiles: tuple[int, int, int, int],
+                     head_dim: int = 128):
+    """``triton.compile`` of a backward kernel (``_bwd_dkdv_kernel`` or ``_bwd_dq_kernel``) for sm_90,
+    with ``tiles`` = (BLOCK_M, BLOCK_N, warps, stages) and launch-like specialisation."""
+    fn = getattr(K, kernel_name)
+    names = fn.arg_names
+    ptrs = {"Q": "fp8e4nv" if qk_fp8 else "bf16", "K": "fp8e4nv" if qk_fp8 else "bf16",
+            "V": "fp8e4nv" if pv_fp8 else "bf16", "ROW": "fp32", "COL": "fp32", "DO": "fp8e5" if pv_fp8 else "bf16",
+            "STAT": "fp32", "DELTA": "fp32", "SDO": "fp32", "VSCALE": "fp32", "DK": "fp32", "DV": "fp32",
+            "DQ": "bf16"}
+    bm, bn, warps, stages = tiles
+    consts = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, QK_FP8=qk_fp8, PV_FP8=pv_fp8, LIFT=8,
+                  IMPRECISE=32 if qk_fp8 else None)
+    consts.update({n: 1 for n in BWD_UNIT_STRIDES if n in names})
+    sig, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in ptrs:
+            sig[n], attrs[(i,)] = "*" + ptrs[n], [["tt.divisibility", 16]]
+        elif n in ("qk_scale_log2", "sm_scale"):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if n != "GROUP":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
 def sass_stats(kernel) -> dict:
     """Registers, dynamic shared bytes and instruction counts of a compiled kernel's SASS."""
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -90,8 +124,20 @@ def main(argv=None) -> int:
     p.add_argument("--num-warps", type=int, default=warps)
     p.add_argument("--num-stages", type=int, default=stages)
     p.add_argument("--no-split", action="store_true", help="mask every KV tile (the older loop)")
+    p.add_argument("--backward", action="store_true", help="the backward kernels at their default tiles instead")
     a = p.parse_args(argv)
     cases = [("fp8", True, True), ("nvfp4qk_fp8pv", False, True), ("bf16", False, False)]
+    if a.backward:
+        from fp4_attention.triton_backend import BWD_DKDV_TILES, BWD_DQ_TILES
+
+        print(f"triton {triton.__version__}, sm_90, causal, dK/dV tiles {BWD_DKDV_TILES}, dQ tiles {BWD_DQ_TILES}")
+        print("| kernel | recipe | " + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS]) + " |")
+        print("|---" * (len(INSTRUCTIONS) + 4) + "|")
+        for kname, tiles in (("_bwd_dkdv_kernel", BWD_DKDV_TILES), ("_bwd_dq_kernel", BWD_DQ_TILES)):
+            for name, qk8, pv8 in cases:
+                st = sass_stats(compile_backward(kname, qk_fp8=qk8, pv_fp8=pv8, causal=True, tiles=tiles))
+                print(f"| {kname} | {name} | " + " | ".join(str(v) for v in st.values()) + " |", flush=True)
+        return 0
     print(f"triton {triton.__version__}, sm_90, BLOCK_M {a.block_m}, BLOCK_N {a.block_n}, warps {a.num_warps}, "
           f"stages {a.num_stages}, split {not a.no_split}")
     print("| recipe | causal | " + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS]) + " |")

@@ -42,3 +42,17 @@ def test_nvfp4qk_fp8pv_forward_qk_bf16_emulation_pv_fp8():
     st = _stats(False, True, True)
     assert st["HGMMA"] > 0 and st["QGMMA"] > 0, st  # exact BF16 emulation of the NVFP4 QK; FP8 PV
     assert st["STL"] == 0, st
+
+
+@pytest.mark.parametrize("kernel", ["_bwd_dkdv_kernel", "_bwd_dq_kernel"])
+def test_fp8_backward_products_on_fp8_tensor_cores(kernel):
+    """dV = P8^T dO8 and dP = dO8 V8^T (dK/dV kernel), dP (dQ kernel) are FP8 MMAs; dK and dQ are BF16
+    MMAs of the BF16 dS (contract §1): both instruction kinds appear, at the backend's tiles."""
+    from sass_report import compile_backward
+
+    tiles = triton_backend.BWD_DKDV_TILES if kernel == "_bwd_dkdv_kernel" else triton_backend.BWD_DQ_TILES
+    try:
+        st = sass_stats(compile_backward(kernel, qk_fp8=True, pv_fp8=True, causal=True, tiles=tiles))
+    except (RuntimeError, FileNotFoundError, PermissionError) as exc:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
+    assert st["QGMMA"] > 0 and st["HGMMA"] > 0, st
