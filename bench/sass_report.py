@@ -33,10 +33,30 @@ INSTRUCTIONS = ("QGMMA", "HGMMA", "LDGSTS", "UTMALDG", "MUFU.EX2", "F2FP", "FFMA
 UNIT_STRIDES = ("sqd", "skd", "svn", "srm", "scn", "svsd", "sod", "slm")
 
 
+def _compile(fn, ptrs: dict, consts: dict, num_warps: int, num_stages: int):
+    """Compile ``fn`` for sm_90 as a launch would specialise it: ``consts`` as constexprs, pointers
+    (element types in ``ptrs``) and integers 16-divisible (GROUP excepted), softmax scales FP32."""
+    names = fn.arg_names
+    sig, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in ptrs:
+            sig[n], attrs[(i,)] = "*" + ptrs[n], [["tt.divisibility", 16]]
+        elif n in ("qk_scale_log2", "sm_scale"):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if n != "GROUP":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                              num_stages=num_stages))
+
+
 def compile_forward(*, qk_fp8: bool, pv_fp8: bool, causal: bool, block_m: int, block_n: int, head_dim: int = 128,
                     num_warps: int = 8, num_stages: int = 3, split: bool = True, imprecise: int | None = 32):
     """``triton.compile`` of ``_fwd_kernel`` for sm_90 with launch-like specialisation."""
-    names = K._fwd_kernel.arg_names
     ptrs = {"Q": "fp8e4nv" if qk_fp8 else "bf16", "K": "fp8e4nv" if qk_fp8 else "bf16",
             "V": "fp8e4nv" if pv_fp8 else "bf16", "ROW": "fp32", "COL": "fp32", "VSCALE": "fp32", "O": "bf16",
             "LSE": "fp32"}
@@ -47,22 +67,7 @@ def compile_forward(*, qk_fp8: bool, pv_fp8: bool, causal: bool, block_m: int, b
         consts.update(srm=0, scn=0)
     for n in UNIT_STRIDES:
         consts.setdefault(n, 1)
-    sig, attrs = {}, {}
-    for i, n in enumerate(names):
-        if n in consts:
-            sig[n] = "constexpr"
-        elif n in ptrs:
-            sig[n], attrs[(i,)] = "*" + ptrs[n], [["tt.divisibility", 16]]
-        elif n == "qk_scale_log2":
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-            if n != "GROUP":
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=K._fwd_kernel, signature=sig,
-                    constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
-                                                                              num_stages=num_stages))
+    return _compile(K._fwd_kernel, ptrs, consts, num_warps, num_stages)
 
 
 BWD_UNIT_STRIDES = ("sqd", "skd", "svd", "srm", "scn", "sdod", "stm", "svsd", "sdkd", "sdqd")
@@ -82,20 +87,7 @@ def compile_backward(kernel_name: str, *, qk_fp8: bool, pv_fp8: bool, causal: bo
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, QK_FP8=qk_fp8, PV_FP8=pv_fp8, LIFT=8,
                   IMPRECISE=32 if qk_fp8 else None)
     consts.update({n: 1 for n in BWD_UNIT_STRIDES if n in names})
-    sig, attrs = {}, {}
-    for i, n in enumerate(names):
-        if n in consts:
-            sig[n] = "constexpr"
-        elif n in ptrs:
-            sig[n], attrs[(i,)] = "*" + ptrs[n], [["tt.divisibility", 16]]
-        elif n in ("qk_scale_log2", "sm_scale"):
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-            if n != "GROUP":
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    return _compile(fn, ptrs, consts, warps, stages)
 
 
 def sass_stats(kernel) -> dict:
