@@ -66,6 +66,7 @@ __all__ = [
     "FP8Tensor",
     "MXFP4Tensor",
     "NVFP4Tensor",
+    "amax_scale",
     "nvfp4_global_scale",
     "quantize_fp8",
     "quantize_mxfp4",
@@ -181,6 +182,25 @@ class FP8Tensor:
         return self.data.numel() * self.data.element_size() + self.scale.numel() * self.scale.element_size()
 
 
+def amax_scale(x: torch.Tensor, dims: tuple[int, ...], divisor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slice scale ``amax / divisor`` of ``x`` reduced over ``dims`` (keepdim), and the slices' finiteness.
+
+    The one rule of every scaled format here (contract §1-2): IEEE division (:func:`ieee_div`), 1.0
+    for an all-zero slice, NaN for a slice holding a NaN or Inf. ``|x|`` and max are exact in x's own
+    dtype and amax propagates NaN, so a non-finite slice has a non-finite amax: one reduction pass,
+    no FP32 copy of ``x``.
+
+    Returns:
+        ``(scale, finite)``: float32 scale and bool, both shaped like ``x`` with ``dims`` kept as size 1.
+    """
+    amax = x.abs().amax(dim=dims, keepdim=True).float()
+    finite = torch.isfinite(amax)
+    amax = torch.where(finite, amax, torch.zeros_like(amax))
+    scale = ieee_div(amax, divisor)
+    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+    return torch.where(finite, scale, torch.full_like(scale, torch.nan)), finite
+
+
 def nvfp4_global_scale(x: torch.Tensor, dims: tuple[int, ...] | None = None) -> torch.Tensor:
     """NVFP4 global scale ``g = amax / 2688`` over ``dims`` (keepdim), float32.
 
@@ -192,14 +212,7 @@ def nvfp4_global_scale(x: torch.Tensor, dims: tuple[int, ...] | None = None) -> 
         float32 tensor; 1.0 where amax == 0; NaN where the group holds a NaN or Inf.
     """
     dims = tuple(range(x.dim())) if dims is None else dims
-    # |x| and max are exact in x's own dtype, and amax propagates NaN; a group holding a NaN or an
-    # Inf therefore has a non-finite amax: one reduction pass, no FP32 copy of x.
-    amax = x.abs().amax(dim=dims, keepdim=True).float()
-    finite = torch.isfinite(amax)
-    amax = torch.where(finite, amax, torch.zeros_like(amax))
-    g = ieee_div(amax, NVFP4_GLOBAL_DIVISOR)
-    g = torch.where(amax == 0, torch.ones_like(g), g)
-    return torch.where(finite, g, torch.full_like(g, torch.nan))
+    return amax_scale(x, dims, NVFP4_GLOBAL_DIVISOR)[0]
 
 
 def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> NVFP4Tensor:
@@ -298,13 +311,8 @@ def quantize_fp8(x: torch.Tensor, fmt: str, dims: tuple[int, ...]) -> FP8Tensor:
     if not dims:
         raise ValueError("quantize_fp8: dims must name at least one reduced dim")
     dtype, fmax = FP8_FORMATS[fmt]
-    xf = x.float()
-    finite = torch.isfinite(xf).amin(dim=dims, keepdim=True)
-    amax = xf.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).amax(dim=dims, keepdim=True)
-    scale = ieee_div(amax, fmax)
-    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
-    scale = torch.where(finite, scale, torch.full_like(scale, torch.nan))
-    data = (xf / scale).clamp(-fmax, fmax).to(dtype)
+    scale, finite = amax_scale(x, dims, fmax)
+    data = (x.float() / scale).clamp(-fmax, fmax).to(dtype)
     # non-finite slices: every element gets the canonical NaN code 0x7F (not a sign-dependent NaN)
     data = torch.where(finite, data.view(torch.uint8), torch.full_like(data.view(torch.uint8), 0x7F)).view(dtype)
     return FP8Tensor(data=data, scale=scale)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, ieee_div
+from .quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale
 
 __all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
 
@@ -110,13 +110,7 @@ def quantize_fp8_v_transposed(v: torch.Tensor) -> FP8Tensor:
     if d & (d - 1) or d > 256:
         raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
     _, fmax = FP8_FORMATS["e4m3"]
-    # |v| and max are exact in v's dtype and amax propagates NaN: one reduction pass
-    amax = v.abs().amax(dim=2, keepdim=True).float()  # [B, H, 1, D]
-    finite = torch.isfinite(amax)
-    amax = torch.where(finite, amax, torch.zeros_like(amax))
-    scale = ieee_div(amax, fmax)
-    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
-    scale = torch.where(finite, scale, torch.full_like(scale, torch.nan)).contiguous()
+    scale = amax_scale(v, (2,), fmax)[0].contiguous()  # [B, H, 1, D]
     y = torch.empty((b, h, d, sk), dtype=torch.uint8, device=v.device)
     block_s = 64
     _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, *v.stride(), D=d, FMAX=fmax,
