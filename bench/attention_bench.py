@@ -96,15 +96,10 @@ def ours_kernel_only(recipe, q, k, v, causal):
     be = triton_backend.TritonBackend()
     rec = fa.get_recipe(recipe)
     _, _, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=D ** -0.5)
-    decoded = None
-    if rec.qk == "nvfp4":
-        decoded = (st.q.scaled_payload().bfloat16(), st.k.scaled_payload().bfloat16())
-    q_op, k_op, row, col = triton_backend._qk_kernel_operands(st.q, st.k, rec, q.shape, k.shape, decoded)
-    v_op, v_scale = triton_backend._v_kernel_operands(st.v, rec, q.shape[0], k.shape[1], D, q.device)
+    ops = triton_backend.forward_operands(st.q, st.k, st.v, rec, q.shape, k.shape)
 
     def f():
-        triton_backend.launch_forward(q_op, k_op, v_op, row, col, v_scale, rec, causal=causal,
-                                      softmax_scale=D ** -0.5, seq_k=k.shape[2])
+        triton_backend.launch_forward(*ops, rec, causal=causal, softmax_scale=D ** -0.5, seq_k=k.shape[2])
     return f
 
 

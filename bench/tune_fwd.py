@@ -47,10 +47,7 @@ def operands(recipe, q, k, v):
     rec = fa.get_recipe(recipe)
     be = tb.TritonBackend()
     _, _, st = be.forward(q, k, v, rec, causal=False, softmax_scale=D ** -0.5)
-    decoded = (st.q.scaled_payload().bfloat16(), st.k.scaled_payload().bfloat16()) if rec.qk == "nvfp4" else None
-    q_op, k_op, row, col = tb._qk_kernel_operands(st.q, st.k, rec, q.shape, k.shape, decoded)
-    v_op, v_scale = tb._v_kernel_operands(st.v, rec, q.shape[0], k.shape[1], D, q.device)
-    return rec, st, (q_op, k_op, v_op, row, col, v_scale)
+    return rec, st, tb.forward_operands(st.q, st.k, st.v, rec, q.shape, k.shape)
 
 
 def run_config(rec, ops, cfg, causal, seq_k):

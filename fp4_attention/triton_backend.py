@@ -26,7 +26,7 @@ from .recipes import Recipe
 from .triton_kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
 from .triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
 
-__all__ = ["TritonBackend", "TritonState", "launch_forward"]
+__all__ = ["TritonBackend", "TritonState", "forward_operands", "launch_forward"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
@@ -109,6 +109,21 @@ def _v_kernel_operands(v_s: Saved, recipe: Recipe, b: int, hkv: int, d: int, dev
     return v_s, one.expand(b, hkv, d)
 
 
+def forward_operands(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Recipe, shape_q, shape_k, decoded=None):
+    """The forward kernel's operands ``(q_op, k_op, v_op, row, col, v_scale)`` (see :func:`launch_forward`)
+    from quantized Q/K/V as :class:`TritonState` holds them (V8 stored ``[B, Hkv, D, Sk]``).
+    ``decoded``: the BF16 ``s_b * q`` pair of NVFP4 Q/K when already at hand (else decoded here)."""
+    b, _, _, d = shape_q
+    hkv = shape_k[1]
+    q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, shape_q, shape_k, decoded)
+    if recipe.direct_p is not None:
+        v_op = v_operand(v_s, recipe).v_op.to(torch.bfloat16)  # alpha_V * q_V, exact; [B, Hkv, Sk32, D]
+        v_scale = torch.ones((), dtype=torch.float32, device=q_op.device).expand(b, hkv, d)
+    else:
+        v_op, v_scale = _v_kernel_operands(v_s, recipe, b, hkv, d, q_op.device)
+    return q_op, k_op, v_op, row, col, v_scale
+
+
 def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causal: bool, softmax_scale: float,
                    seq_k: int, block_m: int | None = None, block_n: int | None = None,
                    num_warps: int | None = None, num_stages: int | None = None,
@@ -158,22 +173,15 @@ class TritonBackend:
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, block_m: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
-        b, hq, sq, d = q.shape
-        hkv, sk = k.shape[1], k.shape[2]
+        sk = k.shape[2]
         q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
         if recipe.pv == "fp8":  # V8 stored transposed: the K-major B operand of the FP8 PV product
             v_s = quantize_fp8_v_transposed(v)
         else:
             v_s = quantize_v(v, recipe)
-        q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, q.shape, k.shape, decoded)
-        if recipe.direct_p is not None:
-            v_op = v_operand(v_s, recipe).v_op.to(torch.bfloat16)  # alpha_V * q_V, exact; [B, Hkv, Sk32, D]
-            v_scale = torch.ones((), dtype=torch.float32, device=q.device).expand(b, hkv, d)
-        else:
-            v_op, v_scale = _v_kernel_operands(v_s, recipe, b, hkv, d, q.device)
-        out, lse = launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe, causal=causal,
-                                  softmax_scale=softmax_scale, seq_k=sk, block_m=block_m, block_n=block_n,
-                                  num_warps=num_warps, num_stages=num_stages)
+        ops = forward_operands(q_s, k_s, v_s, recipe, q.shape, k.shape, decoded)
+        out, lse = launch_forward(*ops, recipe, causal=causal, softmax_scale=softmax_scale, seq_k=sk,
+                                  block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
         return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float,
