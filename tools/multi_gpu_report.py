@@ -174,23 +174,27 @@ def _losses(records: list[dict]) -> dict[int, float]:
     return {r["step"]: float(r["loss"]) for r in records if r.get("kind") == "train"}
 
 
-def _train_iters(run_dir: Path) -> int | None:
+def _from_meta(run_dir: Path, get, default=None):
+    """``get(meta)`` of the run's ``run_meta.json``, or ``default`` when the file is missing or
+    unreadable or lacks what ``get`` reads."""
     try:
-        meta = json.loads((run_dir / "run_meta.json").read_text())
-        return int(meta["config"]["training"]["train_iters"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return get(json.loads((run_dir / "run_meta.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+        return default
+
+
+def _train_iters(run_dir: Path) -> int | None:
+    return _from_meta(run_dir, lambda m: int(m["config"]["training"]["train_iters"]))
 
 
 def _accumulation_per_rank(run_dir: Path) -> int | None:
     """Micro-batches per step per data-parallel rank of a run (from run_meta.json)."""
-    try:
-        meta = json.loads((run_dir / "run_meta.json").read_text())
+    def get(meta):
         tr, par = meta["config"]["training"], meta["config"]["parallel"]
         dp = meta["world_size"] // (par["tensor"] * par["pipeline"] * par["context"])
         return tr["global_batch_size"] // (tr["micro_batch_size"] * dp)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
+
+    return _from_meta(run_dir, get)
 
 
 _ERR_RE = re.compile(r"\b[A-Za-z_.]*(Error|Exception)\b:?")
@@ -429,10 +433,7 @@ def _step1_check(runs: _Runs, nproc: int, tol: float, why: str) -> dict:
 
 
 def _seed_of(run_dir: Path) -> int | None:
-    try:
-        return int(json.loads((run_dir / "run_meta.json").read_text())["seed"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return _from_meta(run_dir, lambda m: int(m["seed"]))
 
 
 def _yardstick(runs: _Runs, steps: list[int]) -> dict | None:
@@ -447,11 +448,7 @@ def _yardstick(runs: _Runs, steps: list[int]) -> dict | None:
 
 def _cpu_initialized(run_dir: Path) -> bool:
     """True when the run initialised its weights on the CPU (training.use_cpu_initialization)."""
-    try:
-        meta = json.loads((run_dir / "run_meta.json").read_text())
-        return meta["config"]["training"].get("use_cpu_initialization") is True
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+    return _from_meta(run_dir, lambda m: m["config"]["training"].get("use_cpu_initialization") is True, False)
 
 
 def _tp_check(runs: _Runs, steps: list[int], total: int, yard: dict | None, dp_tol: float = Tolerances.DP) -> dict:
