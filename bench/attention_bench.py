@@ -76,19 +76,35 @@ def sdpa_fn(backend, q, k, v, causal, pass_):
     return fb
 
 
-def ours_fn(recipe, q, k, v, causal, pass_):
+def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
     rec = fa.get_recipe(recipe)
     dout = torch.randn_like(q)
     if pass_ == "fwd":
         def f():
             with torch.no_grad():
-                return fa.attention(q, k, v, recipe=rec, causal=causal, layout="bhsd", backend="triton")
+                return fa.attention(q, k, v, recipe=rec, causal=causal, layout="bhsd", backend=backend, **options)
         return f
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 
     def fb():
-        fa.attention(qg, kg, vg, recipe=rec, causal=causal, layout="bhsd", backend="triton").backward(dout)
+        fa.attention(qg, kg, vg, recipe=rec, causal=causal, layout="bhsd", backend=backend,
+                     **options).backward(dout)
     return fb
+
+
+def cute_kernel_only(q, k, v, causal, tiles):
+    """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside."""
+    from fp4_attention import cute_backend
+
+    be = cute_backend.CuteBackend()
+    _, _, st = be.forward(q, k, v, fa.get_recipe("fp8"), causal=causal, softmax_scale=D ** -0.5, tiles=tiles)
+    ops = (st.q.data, st.k.data, cute_backend.permute_v_for_pv(st.v.data),
+           st.q.scale.squeeze(-1) * (D ** -0.5 * triton_backend.LOG2E), st.k.scale.squeeze(-1),
+           st.v.scale.squeeze(2).contiguous())
+
+    def f():
+        cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles)
+    return f
 
 
 def ours_kernel_only(recipe, q, k, v, causal):
@@ -190,6 +206,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--recipes", nargs="+", default=list(fa.TRAINING_RECIPES))
     p.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into SHAPES")
+    p.add_argument("--cute", action="store_true", help="add the cute fp8 backend and the FA4 BF16 control")
+    p.add_argument("--cute-tiles", nargs="*", default=["128,128,2"],
+                   help="tile_m,tile_n,stages of the cute kernel to time (kernel only); the first is used "
+                        "for the full forward / fwd+bwd rows")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
@@ -213,6 +233,14 @@ def main(argv=None) -> int:
             if pass_ == "fwd":
                 cands += [(f"ours_{r}_kernel_only", (lambda r=r: ours_kernel_only(r, q, k, v, causal)))
                           for r in args.recipes if r != "bf16"]
+            if args.cute:
+                tiles = [tuple(int(x) for x in t.split(",")) for t in args.cute_tiles]
+                cands += [("fa4_bf16", lambda: ours_fn("bf16", q, k, v, causal, pass_, backend="fa4")),
+                          ("cute_fp8", lambda: ours_fn("fp8", q, k, v, causal, pass_, backend="cute",
+                                                       tiles=tiles[0]))]
+                if pass_ == "fwd":
+                    cands += [(f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}",
+                               (lambda t=t: cute_kernel_only(q, k, v, causal, t))) for t in tiles]
             for name, make in cands:
                 rec = {"shape": shape, "B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": D, "causal": causal,
                        "pass": pass_, "impl": name}
@@ -230,8 +258,16 @@ def main(argv=None) -> int:
             for rec in base.values():
                 if ref and "tflops" in rec:
                     rec["vs_cudnn_bf16"] = rec["tflops"] / ref
+                for other in ("fa4_bf16", "cudnn_fp8"):
+                    o = base.get(other, {}).get("tflops")
+                    if o and "tflops" in rec:
+                        rec[f"vs_{other}"] = rec["tflops"] / o
                 rec["same_run_cudnn_bf16_tflops"] = ref
                 print(json.dumps(rec), flush=True)
+    if args.cute:
+        from fp4_attention import cute_backend
+        meta["cute_first_call_compile_s"] = {f"d{k[0]} g{k[1]} {'causal' if k[2] else 'non-causal'} tiles{k[3]}": round(v, 2)
+                                             for k, v in cute_backend.COMPILE_SECONDS.items()}
     md = to_markdown(records, meta)
     print(md)
     if args.out:
@@ -246,14 +282,18 @@ def to_markdown(records, meta) -> str:
              f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}, "
              f"cuDNN {meta['cudnn']}", f"- TFLOP/s with FLOPs = {meta['flops']}; median of CUDA-event timings; "
              "baselines measured in the same run; `ours_*` forward includes quantizing BF16 Q/K/V, "
-             "`*_kernel_only` does not (cuDNN FP8 takes FP8 inputs)", "",
-             "| shape | pass | impl | ms | TFLOP/s | vs cuDNN BF16 |", "|---|---|---|---|---|---|"]
+             "`*_kernel_only` does not (cuDNN FP8 takes FP8 inputs)",
+             *([f"- cute first-call compile seconds: {meta['cute_first_call_compile_s']}"]
+               if "cute_first_call_compile_s" in meta else []), "",
+             "| shape | pass | impl | ms | TFLOP/s | vs cuDNN BF16 | vs FA4 BF16 | vs cuDNN FP8 |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['shape']} | {r['pass']} | {r['impl']} | - | error: {r['error'][:80]} | - |")
+            lines.append(f"| {r['shape']} | {r['pass']} | {r['impl']} | - | error: {r['error'][:80]} | - | - | - |")
         else:
             lines.append(f"| {r['shape']} | {r['pass']} | {r['impl']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
-                         f"{r.get('vs_cudnn_bf16', float('nan')):.2f}x |")
+                         + " | ".join(f"{r[k]:.2f}x" if k in r else "-"
+                                      for k in ("vs_cudnn_bf16", "vs_fa4_bf16", "vs_cudnn_fp8")) + " |")
     return "\n".join(lines) + "\n"
 
 

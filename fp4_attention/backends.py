@@ -64,7 +64,8 @@ def register_backend(backend: Backend, *, replace: bool = False) -> None:
 
 
 # Backends that live in their own module and register themselves when it is imported.
-_LAZY = {"triton": "fp4_attention.triton_backend"}
+_LAZY = {"triton": "fp4_attention.triton_backend", "cute": "fp4_attention.cute_backend",
+         "fa4": "fp4_attention.fa4_backend"}
 
 
 def get_backend(name: str) -> Backend:
@@ -80,8 +81,8 @@ def get_backend(name: str) -> Backend:
         try:
             importlib.import_module(_LAZY[name])
         except ImportError as err:
-            raise ValueError(f"attention backend {name!r} cannot be imported ({err}); it needs Triton and a CUDA "
-                             "build of torch; use backend='reference'") from err
+            raise ValueError(f"attention backend {name!r} cannot be imported ({err}); the GPU backends need a "
+                             "CUDA build of torch (and their extras); use backend='reference'") from err
     try:
         return _BACKENDS[name]
     except KeyError:

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 11 on the GPU machine, in two back-to-back device calls (the CUTLASS DSL bundle travels in
+# two parts, ../shared/offline-gpu/README.md):
+#   call A, carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh:
+#       BENCH_COMMIT=<sha> bash bench/cute_session.sh A     (installs; runs the Triton GPU tests)
+#   call B, machine still warm, carry .gpu-bundle/cute-b.tar.xz .gpu-bundle/install.sh .whl:
+#       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]
+#         (CuTe + FA4 GPU tests, then bench/attention_bench.py --cute with same-run baselines)
+# Logs and results go to $OUT (default cute-logs).
+set -uo pipefail
+part=${1:?usage: bash bench/cute_session.sh A|B [tile_m,tile_n,stages ...]}; shift
+out="${OUT:-cute-logs}"; mkdir -p "$out"
+# shellcheck disable=SC1091
+source .gpu-bundle/install.sh .gpu-bundle /tmp/site
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+if [[ $part == A ]]; then
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_triton_backend.py tests/gpu/test_triton_quant.py \
+    -p no:cacheprovider > "$out/triton_tests.log" 2>&1; echo "triton tests rc=$?" | tee -a "$out/status.txt"
+  tail -3 "$out/triton_tests.log"
+  exit 0
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cudnn_frontend*.whl
+tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=(128,128,2)
+timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_cute_backend.py -p no:cacheprovider \
+  > "$out/cute_tests.log" 2>&1; echo "cute tests rc=$?" | tee -a "$out/status.txt"
+tail -25 "$out/cute_tests.log"
+timeout 280 python3 bench/attention_bench.py --recipes fp8 --cute --cute-tiles "${tiles[@]}" \
+  --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
+grep -v '^{' "$out/bench.log" | tail -40

@@ -1,0 +1,137 @@
+"""The ``cute`` backend: CUTLASS DSL (CuTe) forward kernel for Hopper (sm_90), issue 11.
+
+Importing this module registers the backend. It needs ``nvidia-cutlass-dsl`` and ``flash-attn-4``
+(``pip install 'fp4-attention-pretrain[cute]'``); without them ``get_backend('cute')`` raises and
+names the ``triton`` backend as the alternative.
+
+Scope, said plainly:
+* Forward of recipe ``fp8`` on sm_90 (``cute_fwd_sm90.FP8ForwardSm90``), head dims 64 and 128, any
+  sequence lengths, causal (bottom-right) or not, GQA. Other recipes raise :class:`UnsupportedError`
+  naming ``backend='triton'``.
+* Backward: the Triton backward kernels (``TritonBackend.backward``) on the same saved state
+  (:class:`~fp4_attention.triton_backend.TritonState`: quantized Q/K, transposed E4M3 V, output,
+  LSE). There is no CuTe backward yet; this is the documented composition, not a fallback.
+* Quantization of Q/K/V: the Triton quantizers (bytes equal ``quant.py``'s). V is additionally
+  permuted within each 16 keys (:data:`~fp4_attention.cute_fwd_sm90.V_PERM16`) and padded to a
+  multiple of 16 keys for the kernel; the state keeps the unpermuted V for backward.
+* Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
+  compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .backends import UnsupportedError, register_backend
+from .recipes import Recipe
+from .triton_backend import TritonBackend, TritonState
+from .triton_kernels import LOG2E
+from .triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed
+
+try:
+    import cutlass.cute as cute
+    from flash_attn.cute.cute_dsl_utils import to_cute_tensor
+
+    from .cute_fwd_sm90 import FP8ForwardSm90, V_PERM16
+except ImportError as err:  # re-raised by backends.get_backend with the alternative named
+    raise ImportError(f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
+                      "pip install 'fp4-attention-pretrain[cute]', or use backend='triton'") from err
+
+__all__ = ["CuteBackend", "COMPILE_SECONDS", "DEFAULT_TILES", "permute_v_for_pv", "forward_fp8"]
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+# (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, 128 keys per KV tile
+DEFAULT_TILES = (128, 128, 2)
+_CACHE: dict = {}
+COMPILE_SECONDS: dict = {}
+
+
+def permute_v_for_pv(vt: torch.Tensor) -> torch.Tensor:
+    """Transposed E4M3 V ``[B, Hkv, D, Sk]`` -> ``[B, Hkv, D, Sk16]`` (Sk16 = Sk rounded up to 16,
+    zero padded) with keys permuted within each 16 as the PV wgmma reads them
+    (``out[..., 16 i + k] = vt[..., 16 i + V_PERM16[k]]``; see ``cute_fwd_sm90``)."""
+    b, h, d, sk = vt.shape
+    sk16 = -(-sk // 16) * 16
+    raw = vt.view(torch.uint8)
+    if sk16 != sk:
+        raw = torch.nn.functional.pad(raw, (0, sk16 - sk))
+    perm = torch.tensor(V_PERM16, device=vt.device)
+    return raw.view(b, h, d, sk16 // 16, 16)[..., perm].reshape(b, h, d, sk16).view(torch.float8_e4m3fn)
+
+
+def _compiled(d: int, group: int, causal: bool, tiles, args):
+    key = (d, group, causal, tiles)
+    if key not in _CACHE:
+        tile_m, tile_n, stages = tiles
+        kernel = FP8ForwardSm90(d, group, causal, tile_m=tile_m, tile_n=tile_n, num_stages=stages)
+        q, k, vt, out, lse, row, col, vs = args
+        cute_args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)]
+        cute_args.append(to_cute_tensor(vt, leading_dim=1))
+        cute_args.append(to_cute_tensor(out, leading_dim=3))
+        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=2) for t in (lse, row, col, vs)]
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        t0 = time.perf_counter()
+        _CACHE[key] = cute.compile(kernel, *cute_args, stream, options="--enable-tvm-ffi")
+        COMPILE_SECONDS[key] = time.perf_counter() - t0
+    return _CACHE[key]
+
+
+def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES):
+    """Run the CuTe ``fp8`` forward on prepared operands.
+
+    Args:
+        q8: E4M3 ``[B, Hq, Sq, D]`` contiguous; k8: E4M3 ``[B, Hkv, Sk, D]`` contiguous.
+        vt_perm: E4M3 ``[B, Hkv, D, Sk16]`` from :func:`permute_v_for_pv`.
+        row_r: FP32 ``[B, Hq, Sq]``, Q token scale times softmax_scale * log2 e.
+        col: FP32 ``[B, Hkv, Sk]``, K token scale; v_scale: FP32 ``[B, Hkv, D]``.
+    Returns:
+        out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
+    """
+    b, hq, sq, d = q8.shape
+    hkv = k8.shape[1]
+    out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q8.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q8.device)
+    args = (q8.permute(0, 2, 1, 3), k8.permute(0, 2, 1, 3), vt_perm.permute(0, 3, 1, 2), out.permute(0, 2, 1, 3),
+            lse, row_r, col, v_scale)
+    fn = _compiled(d, hq // hkv, causal, tuple(tiles), args)
+    fn(*[t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in args])
+    return out, lse
+
+
+class CuteBackend:
+    """CuTe DSL forward (sm_90, recipe ``fp8``) + Triton backward; options ``tiles`` =
+    ``(tile_m, tile_n, stages)`` for benchmarks and tests."""
+
+    name = "cute"
+
+    def check(self, recipe: Recipe, q, k, v) -> None:
+        if not q.is_cuda:
+            raise UnsupportedError("cute backend needs CUDA tensors; use backend='reference' on CPU")
+        cap = torch.cuda.get_device_capability(q.device)
+        if cap[0] != 9:
+            raise UnsupportedError(f"cute backend: kernels are for sm_90 (Hopper), this GPU is sm_{cap[0]}{cap[1]}; "
+                                   "use backend='triton'")
+        if recipe.name != "fp8":
+            raise UnsupportedError(f"cute backend: recipe {recipe.name!r} not implemented (only 'fp8'); "
+                                   "use backend='triton'")
+        if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+            raise UnsupportedError(f"cute backend: head dim {q.shape[-1]} unsupported (supported: "
+                                   f"{SUPPORTED_HEAD_DIMS}); use backend='triton' or 'reference'")
+
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=DEFAULT_TILES):
+        q_s = quantize_fp8_rows(q.contiguous())
+        k_s = quantize_fp8_rows(k.contiguous())
+        v_s = quantize_fp8_v_transposed(v)
+        row_r = q_s.scale.squeeze(-1) * (softmax_scale * LOG2E)
+        out, lse = forward_fp8(q_s.data, k_s.data, permute_v_for_pv(v_s.data), row_r, k_s.scale.squeeze(-1),
+                               v_s.scale.squeeze(2).contiguous(), causal=causal, tiles=tiles)
+        return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
+
+    def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
+        """The Triton backward kernels on the same state (module docstring)."""
+        return TritonBackend().backward(state, dout, recipe, causal=causal, softmax_scale=softmax_scale)
+
+
+register_backend(CuteBackend())

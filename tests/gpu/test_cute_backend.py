@@ -1,0 +1,107 @@
+"""``cute`` backend (CuTe DSL fp8 forward, sm_90) and ``fa4`` backend vs the torch reference (issue 11).
+
+The same assertions as test_triton_backend.py (its ``compare``), with the reference run at the
+CuTe kernel's KV tile (``block_n = tile_n``), since FP8 P is rounded against the running max of
+its tile. Gradients come from the Triton backward on the CuTe forward's state and output.
+"""
+
+import pytest
+import torch
+
+import fp4_attention as fa
+from fp4_attention.exact import naive_attention
+
+from ..conftest import cosine, make_qkv, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (pip install '.[cute]')")
+pytest.importorskip("flash_attn.cute", reason="needs flash-attn-4 (pip install '.[cute]')")
+
+from fp4_attention import cute_backend  # noqa: E402
+from fp4_attention.cute_fwd_sm90 import V_PERM16  # noqa: E402
+
+from . import test_triton_backend as tt  # noqa: E402
+
+BE = cute_backend.CuteBackend()
+TILE_N = cute_backend.DEFAULT_TILES[1]
+
+
+@pytest.fixture(autouse=True)
+def _cute_backend(monkeypatch):
+    monkeypatch.setattr(tt, "BE", BE)
+    monkeypatch.setattr(tt.triton_backend, "default_block_n", lambda d: TILE_N)
+
+
+def test_v_perm16_is_the_accumulator_to_a_fragment_map():
+    # thread q of a quad holds accumulator columns 2q, 2q+1, 8+2q, 9+2q; the 8-bit A fragment k = 4q..4q+3
+    assert sorted(V_PERM16) == list(range(16))
+    for q in range(4):
+        assert V_PERM16[4 * q:4 * q + 4] == (2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 6])
+def test_matches_reference_shapes(causal, d, group):
+    tt.compare("fp8", 2, 2 * group, 2, 300, 300, d, causal)
+
+
+@pytest.mark.parametrize("n", [127, 128, 129, 255, 256, 257])
+def test_tile_boundaries(n):
+    tt.compare("fp8", 1, 4, 1, n, n, 128, True)
+    tt.compare("fp8", 1, 4, 1, n // 2 + 1, n, 128, True)
+    tt.compare("fp8", 1, 4, 1, n, n // 2 + 1, 128, True)
+
+
+def test_real_training_shape():
+    tt.compare("fp8", 1, 32, 8, 4096, 4096, 128, True)
+
+
+@pytest.mark.parametrize("scale", [2.0, 3.0])
+def test_wide_logits(scale):
+    tt.compare("fp8", 1, 8, 2, 1024, 1024, 128, True, scale=scale)
+
+
+def test_long_kv_no_drift():
+    tt.compare("fp8", 1, 2, 1, 256, 131072, 128, False, grads=False)
+
+
+def test_per_head_scales_matter():
+    tt.test_per_head_scales_matter("fp8")
+
+
+def test_zero_dout_exact_zero():
+    tt.test_zero_dout_exact_zero("fp8")
+
+
+def test_api_end_to_end_and_fidelity():
+    q, k, v = make_qkv(2, 8, 2, 1024, 1024, 128, device="cuda")
+    out = fa.attention(q, k, v, recipe="fp8", causal=True, layout="bhsd", backend="cute")
+    ref, _ = naive_attention(q.double(), k.double(), v.double(), causal=True, softmax_scale=128 ** -0.5)
+    assert cosine(out, ref) > 0.999
+
+
+def test_unsupported_raises():
+    q, k, v = make_qkv(1, 4, 1, 128, 128, 128, device="cuda")
+    with pytest.raises(fa.UnsupportedError, match="backend='triton'"):
+        fa.attention(q, k, v, recipe="nvfp4qk_fp8pv", backend="cute", layout="bhsd")
+    with pytest.raises(fa.UnsupportedError, match="backend='cute'"):
+        fa.attention(q, k, v, recipe="fp8", backend="fa4", layout="bhsd")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_bf16_matches_exact(causal):
+    q, k, v = make_qkv(2, 8, 2, 1024, 1024, 128, device="cuda")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = fa.attention(q, k, v, recipe="bf16", causal=causal, layout="bhsd", backend="fa4")
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = naive_attention(qd, kd, vd, causal=causal, softmax_scale=128 ** -0.5)
+    ref.backward(dout.double())
+    assert rel_l2(out, ref) <= 1e-2
+    for g, r in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        assert rel_l2(g, r) <= 2e-2
