@@ -8,19 +8,26 @@
 #         (CuTe + FA4 GPU tests, then bench/attention_bench.py --cute with same-run baselines)
 # Logs and results go to $OUT (default cute-logs).
 set -uo pipefail
-part=${1:?usage: bash bench/cute_session.sh A|B [tile_m,tile_n,stages ...]}; shift
+mode=${1:?usage: bash bench/cute_session.sh A|B [tile_m,tile_n,stages ...]}; shift
 out="${OUT:-cute-logs}"; mkdir -p "$out"
-# shellcheck disable=SC1091
-source .gpu-bundle/install.sh .gpu-bundle /tmp/site
+if [[ $mode == A ]]; then
+  # shellcheck disable=SC1091
+  source .gpu-bundle/install.sh .gpu-bundle /tmp/site
+else
+  # not install.sh again: it would reinstall the wheels with --upgrade, which replaces the
+  # nvidia_cutlass_dsl folder and so deletes the cute-a part unpacked into it by call A
+  xz -d -T0 -c .gpu-bundle/cute-b.tar.xz | tar x -C /tmp/site
+  export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-if [[ $part == A ]]; then
+if [[ $mode == A ]]; then
   timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_triton_backend.py tests/gpu/test_triton_quant.py \
     -p no:cacheprovider > "$out/triton_tests.log" 2>&1; echo "triton tests rc=$?" | tee -a "$out/status.txt"
   tail -3 "$out/triton_tests.log"
   exit 0
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cudnn_frontend*.whl
-tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=(128,128,2)
+tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=("128,128,2")
 timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_cute_backend.py -p no:cacheprovider \
   > "$out/cute_tests.log" 2>&1; echo "cute tests rc=$?" | tee -a "$out/status.txt"
 tail -25 "$out/cute_tests.log"
