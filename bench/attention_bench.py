@@ -92,7 +92,7 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
     return fb
 
 
-def cute_kernel_only(q, k, v, causal, tiles):
+def cute_kernel_only(q, k, v, causal, tiles, promote_pv=True):
     """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside."""
     from fp4_attention import cute_backend
 
@@ -103,7 +103,7 @@ def cute_kernel_only(q, k, v, causal, tiles):
            st.v.scale.squeeze(2).contiguous())
 
     def f():
-        cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles)
+        cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, promote_pv=promote_pv)
     return f
 
 
@@ -241,6 +241,8 @@ def main(argv=None) -> int:
                 if pass_ == "fwd":
                     cands += [(f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}",
                                (lambda t=t: cute_kernel_only(q, k, v, causal, t))) for t in tiles]
+                    cands.append((f"cute_fp8_kernel_only_t{tiles[0][0]}x{tiles[0][1]}s{tiles[0][2]}_no_pv_promotion",
+                                  lambda: cute_kernel_only(q, k, v, causal, tiles[0], promote_pv=False)))
             for name, make in cands:
                 rec = {"shape": shape, "B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": D, "causal": causal,
                        "pass": pass_, "impl": name}

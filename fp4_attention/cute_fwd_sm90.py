@@ -86,15 +86,19 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         tile_m, tile_n: query rows per CTA (64 per consumer warpgroup) and keys per KV tile; the
             reference must use ``block_n = tile_n`` to round P identically.
         num_stages: K/V shared-memory pipeline depth.
+        promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
+            to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
+            registers, no promotion); for measuring the promotion's cost only.
     """
 
     def __init__(self, head_dim: int, qhead_per_kvhead: int, is_causal: bool, tile_m: int = 128,
-                 tile_n: int = 128, num_stages: int = 2, intra_wg_overlap: bool = True):
+                 tile_n: int = 128, num_stages: int = 2, intra_wg_overlap: bool = True, promote_pv: bool = True):
         super().__init__(cutlass.BFloat16, head_dim, head_dim, qhead_per_kvhead, is_causal=is_causal,
                          is_local=False, pack_gqa=False, tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
                          num_threads=128 * (tile_m // 64 + 1), Q_in_regs=False,
                          intra_wg_overlap=intra_wg_overlap, mma_pv_is_rs=True)
         self.in_dtype = cutlass.Float8E4M3FN
+        self.promote_pv = promote_pv
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -249,9 +253,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                                                           sQ, sK)
         acc_O, tOrP, tOrVt = sm90_utils.partition_fragment_ABC(
             wg_mma_pv, (self.tile_m, self.tile_hdimv, self.tile_n), None, sVt)
-        acc_PV = cute.make_fragment_like(acc_O, Float32)
+        acc_PV = cute.make_fragment_like(acc_O, Float32) if const_expr(self.promote_pv) else acc_O
         mma_qk = partial(sm90_utils.gemm_zero_init, tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK)
-        mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_PV, tOrP, tOrVt, True)
+        mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_PV, tOrP, tOrVt, self.promote_pv)
         # coordinates of this thread's accumulator elements (rows, columns of the score tile)
         tScS_mn = layout_utils.reshape_acc_to_mn(thr_mma_qk.partition_C(cute.make_identity_tensor(
             (self.tile_m, self.tile_n))))
@@ -309,7 +313,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             mma_pv(B_idx=kv_state.index, wg_wait=0)
             pipeline_v.consumer_release(kv_state)
             kv_state.advance()
-            acc_O.store(acc_O.load() + acc_PV.load())
+            if const_expr(self.promote_pv):
+                acc_O.store(acc_O.load() + acc_PV.load())
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, seqlen, self.gmem_tiled_copy_O, tma_atom_O, tiled_mma_pv,
@@ -338,11 +343,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_prev)
         self._p_to_e4m3(acc_S, tOrP)
-        # FP32 promotion once per KV tile: O = (O + P_prev V_prev) * alpha
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
-        acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
-        for r in cutlass.range(cute.size(alpha), unroll_full=True):
-            acc_O_mn[r, None].store((acc_O_mn[r, None].load() + acc_PV_mn[r, None].load()) * alpha[r])
+        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile: O = (O + P_prev V_prev) * alpha
+            acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
+            for r in cutlass.range(cute.size(alpha), unroll_full=True):
+                acc_O_mn[r, None].store((acc_O_mn[r, None].load() + acc_PV_mn[r, None].load()) * alpha[r])
+        else:
+            for r in cutlass.range(cute.size(alpha), unroll_full=True):
+                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
         return kv_state
 
     @cute.jit
@@ -353,13 +361,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         per-row rescale factor alpha of the running output (contract §2, reference.py)."""
         n0 = n_block * self.tile_n
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        # t * col, one K scale at a time (each is read once and used for this thread's two rows;
-        # holding the tile's 32 scales in registers spilled)
+        # t * col, one K scale at a time (each is read once and used for this thread's two rows).
+        # Keys past the end read the last scale (their scores are already -inf): no branch, so the
+        # loads issue back to back instead of one latency each.
+        k_last = seqlen_k - 1
         for c in cutlass.range(cute.size(tScS_mn, mode=[1]), unroll_full=True):
-            k_idx = n0 + tScS_mn[0, c][1]
-            col = Float32(1.0)
-            if k_idx < seqlen_k:
-                col = mCol[k_idx]
+            col = mCol[cutlass.min(n0 + tScS_mn[0, c][1], k_last)]
             for r in cutlass.range(cute.size(row_max), unroll_full=True):
                 acc_S_mn[r, c] = acc_S_mn[r, c] * col
         alpha = cute.make_fragment_like(row_max, Float32)

@@ -124,11 +124,17 @@ def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe:
 
 
 def reference_forward_quantized(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Recipe, *, causal: bool,
-                                softmax_scale: float, block_n: int = DEFAULT_BLOCK_N, rescale_threshold: float = 0.0
-                                ) -> tuple[torch.Tensor, torch.Tensor, ReferenceState]:
+                                softmax_scale: float, block_n: int = DEFAULT_BLOCK_N, rescale_threshold: float = 0.0,
+                                reverse_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor, ReferenceState]:
     """:func:`reference_forward` on operands already quantized as ``operands.quantize_qk`` /
     ``quantize_v`` return them (V in ``[B, Hkv, Sk, D]`` layout): the way a GPU backend is
-    compared with the reference on identical quantized inputs."""
+    compared with the reference on identical quantized inputs.
+
+    ``reverse_tiles``: visit the KV tiles (the same tiles, starting at key 0) last to first, as
+    FA3/FA4-style kernels do (the ``cute`` backend). The order decides the running max each FP8 P
+    tile is rounded against, so a kernel is compared rounding-for-rounding only in its own order."""
+    if reverse_tiles and recipe.direct_p is not None:
+        raise ValueError("reverse_tiles: only for the FP8/BF16 recipes")
     if block_n <= 0:
         raise ValueError(f"block_n must be positive, got {block_n}")
     check_saturation_invariant(recipe.p_lift_log2, rescale_threshold)
@@ -139,12 +145,12 @@ def reference_forward_quantized(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Reci
             raise ValueError(f"recipe {recipe.name}: block_n must be a multiple of {MXFP4_BLOCK}, got {block_n}")
         out, lse = _forward_direct_p(ops, vo, recipe, causal, block_n)
     else:
-        out, lse = _forward_fp(ops, vo, recipe, causal, block_n, rescale_threshold)
+        out, lse = _forward_fp(ops, vo, recipe, causal, block_n, rescale_threshold, reverse_tiles)
     return out, lse, ReferenceState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
 
 def _forward_fp(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: bool, block_n: int,
-                threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+                threshold: float, reverse_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     sq = ops.q_op.shape[2]
     hkv, sk = ops.k_op.shape[1], ops.k_op.shape[2]
     qg, row_g = _group(ops.q_op, hkv), _group(ops.row_scale, hkv)
@@ -152,7 +158,8 @@ def _forward_fp(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: bool, blo
     m = torch.full((*qg.shape[:-1], 1), -torch.inf, dtype=torch.float32, device=qg.device)
     l = torch.zeros_like(m)
     acc = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
-    for j0 in range(0, sk, block_n):
+    starts = range(0, sk, block_n)
+    for j0 in (reversed(starts) if reverse_tiles else starts):
         j1 = min(j0 + block_n, sk)
         z = _scores_log2(ops, qg, row_g, j0, j1, causal, sq, sk)
         m_tile = z.amax(-1, keepdim=True)

@@ -1,15 +1,18 @@
 """``cute`` backend (CuTe DSL fp8 forward, sm_90) and ``fa4`` backend vs the torch reference (issue 11).
 
 The same assertions as test_triton_backend.py (its ``compare``), with the reference run at the
-CuTe kernel's KV tile (``block_n = tile_n``), since FP8 P is rounded against the running max of
-its tile. Gradients come from the Triton backward on the CuTe forward's state and output.
+CuTe kernel's KV tile (``block_n = tile_n``) and in its tile order (last to first,
+``reverse_tiles``), since FP8 P is rounded against the running max of its tile. Gradients come from the Triton backward on the CuTe forward's state and output.
 """
+
+from functools import partial
 
 import pytest
 import torch
 
 import fp4_attention as fa
 from fp4_attention.exact import naive_attention
+from fp4_attention.reference import reference_forward_quantized
 
 from ..conftest import cosine, make_qkv, rel_l2
 
@@ -31,8 +34,10 @@ TILE_N = cute_backend.DEFAULT_TILES[1]
 
 @pytest.fixture(autouse=True)
 def _cute_backend(monkeypatch):
+    # the kernel visits KV tiles last to first (FA4's producer order): the reference does the same
     monkeypatch.setattr(tt, "BE", BE)
     monkeypatch.setattr(tt.triton_backend, "default_block_n", lambda d: TILE_N)
+    monkeypatch.setattr(tt, "reference_forward_quantized", partial(reference_forward_quantized, reverse_tiles=True))
 
 
 def test_v_perm16_is_the_accumulator_to_a_fragment_map():
