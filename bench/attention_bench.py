@@ -92,7 +92,7 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
     return fb
 
 
-def cute_kernel_only(q, k, v, causal, tiles, promote_pv=True):
+def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
     """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside."""
     from fp4_attention import cute_backend
 
@@ -103,7 +103,7 @@ def cute_kernel_only(q, k, v, causal, tiles, promote_pv=True):
            st.v.scale.squeeze(2).contiguous())
 
     def f():
-        cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, promote_pv=promote_pv)
+        cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, **kernel_options)
     return f
 
 
@@ -241,8 +241,14 @@ def main(argv=None) -> int:
                 if pass_ == "fwd":
                     cands += [(f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}",
                                (lambda t=t: cute_kernel_only(q, k, v, causal, t))) for t in tiles]
-                    cands.append((f"cute_fp8_kernel_only_t{tiles[0][0]}x{tiles[0][1]}s{tiles[0][2]}_no_pv_promotion",
-                                  lambda: cute_kernel_only(q, k, v, causal, tiles[0], promote_pv=False)))
+                    # what the contract's promotions cost: FA3's intra-warpgroup overlap needs the QK
+                    # chained inside the MMA; the last also skips the PV promotion
+                    t0 = tiles[0]
+                    for tag, opts in (("overlap_qk_chained", dict(intra_wg_overlap=True, promote_qk=False)),
+                                      ("overlap_unpromoted", dict(intra_wg_overlap=True, promote_qk=False,
+                                                                  promote_pv=False))):
+                        cands.append((f"cute_fp8_kernel_only_t{t0[0]}x{t0[1]}s{t0[2]}_{tag}",
+                                      (lambda opts=opts: cute_kernel_only(q, k, v, causal, t0, **opts))))
             for name, make in cands:
                 rec = {"shape": shape, "B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": D, "causal": causal,
                        "pass": pass_, "impl": name}

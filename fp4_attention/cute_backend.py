@@ -31,15 +31,15 @@ from .triton_kernels import LOG2E
 from .triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed
 
 try:
-    import cutlass.cute as cute
+    from cutlass import cute
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
 
-    from .cute_fwd_sm90 import FP8ForwardSm90, V_PERM16
+    from .cute_fwd_sm90 import V_PERM16, FP8ForwardSm90
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
     raise ImportError(f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
                       "pip install 'fp4-attention-pretrain[cute]', or use backend='triton'") from err
 
-__all__ = ["CuteBackend", "COMPILE_SECONDS", "DEFAULT_TILES", "permute_v_for_pv", "forward_fp8"]
+__all__ = ["COMPILE_SECONDS", "DEFAULT_TILES", "CuteBackend", "forward_fp8", "permute_v_for_pv"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 # (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, 128 keys per KV tile
@@ -61,12 +61,11 @@ def permute_v_for_pv(vt: torch.Tensor) -> torch.Tensor:
     return raw.view(b, h, d, sk16 // 16, 16)[..., perm].reshape(b, h, d, sk16).view(torch.float8_e4m3fn)
 
 
-def _compiled(d: int, group: int, causal: bool, tiles, args, promote_pv: bool = True):
-    key = (d, group, causal, tiles) + (() if promote_pv else ("no_pv_promotion",))
+def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dict):
+    key = (d, group, causal, tiles, tuple(sorted(kernel_options.items())))
     if key not in _CACHE:
         tile_m, tile_n, stages = tiles
-        kernel = FP8ForwardSm90(d, group, causal, tile_m=tile_m, tile_n=tile_n, num_stages=stages,
-                                promote_pv=promote_pv)
+        kernel = FP8ForwardSm90(d, group, causal, tile_m=tile_m, tile_n=tile_n, num_stages=stages, **kernel_options)
         q, k, vt, out, lse, row, col, vs = args
         cute_args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)]
         cute_args.append(to_cute_tensor(vt, leading_dim=1))
@@ -79,7 +78,7 @@ def _compiled(d: int, group: int, causal: bool, tiles, args, promote_pv: bool = 
     return _CACHE[key]
 
 
-def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, promote_pv=True):
+def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, **kernel_options):
     """Run the CuTe ``fp8`` forward on prepared operands.
 
     Args:
@@ -87,7 +86,8 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]`` from :func:`permute_v_for_pv`.
         row_r: FP32 ``[B, Hq, Sq]``, Q token scale times softmax_scale * log2 e.
         col: FP32 ``[B, Hkv, Sk]``, K token scale; v_scale: FP32 ``[B, Hkv, D]``.
-        promote_pv: False only to measure the cost of the contract's per-tile FP32 promotion.
+        kernel_options: ``intra_wg_overlap`` / ``promote_qk`` / ``promote_pv`` of
+            :class:`FP8ForwardSm90`, to measure what the defaults (the contract's promotions) cost.
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     """
@@ -97,7 +97,7 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q8.device)
     args = (q8.permute(0, 2, 1, 3), k8.permute(0, 2, 1, 3), vt_perm.permute(0, 3, 1, 2), out.permute(0, 2, 1, 3),
             lse, row_r, col, v_scale)
-    fn = _compiled(d, hq // hkv, causal, tuple(tiles), args, promote_pv)
+    fn = _compiled(d, hq // hkv, causal, tuple(tiles), args, kernel_options)
     fn(*[t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in args])
     return out, lse
 

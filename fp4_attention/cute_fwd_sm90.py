@@ -37,13 +37,11 @@ import operator
 from functools import partial
 
 import cutlass
-import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils_basic
-from cutlass import Float32, Int32, const_expr
-from cutlass import pipeline
+from cutlass import Float32, Int32, const_expr, cute, pipeline
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 from flash_attn.cute import pipeline as pipeline_custom
@@ -56,7 +54,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
-__all__ = ["FP8ForwardSm90", "V_PERM16", "LIFT"]
+__all__ = ["LIFT", "V_PERM16", "FP8ForwardSm90"]
 
 LIFT = 8
 LN2 = math.log(2.0)
@@ -86,19 +84,29 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         tile_m, tile_n: query rows per CTA (64 per consumer warpgroup) and keys per KV tile; the
             reference must use ``block_n = tile_n`` to round P identically.
         num_stages: K/V shared-memory pipeline depth.
+        intra_wg_overlap: False (default): per warpgroup QK -> softmax -> PV, overlapped across the
+            two consumer warpgroups (ping-pong). True: also FA3's intra-warpgroup overlap of QK(j)
+            with PV(j-1); only with ``promote_qk=False``.
+        promote_qk: True (default, as the Triton kernels): FP32 promotion every 32 elements of the
+            head dim of the QK product. False: the k-blocks chain inside the MMA (measurement).
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
     """
 
     def __init__(self, head_dim: int, qhead_per_kvhead: int, is_causal: bool, tile_m: int = 128,
-                 tile_n: int = 128, num_stages: int = 2, intra_wg_overlap: bool = True, promote_pv: bool = True):
+                 tile_n: int = 128, num_stages: int = 2, intra_wg_overlap: bool = False, promote_pv: bool = True,
+                 promote_qk: bool = True):
         super().__init__(cutlass.BFloat16, head_dim, head_dim, qhead_per_kvhead, is_causal=is_causal,
                          is_local=False, pack_gqa=False, tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
                          num_threads=128 * (tile_m // 64 + 1), Q_in_regs=False,
                          intra_wg_overlap=intra_wg_overlap, mma_pv_is_rs=True)
         self.in_dtype = cutlass.Float8E4M3FN
         self.promote_pv = promote_pv
+        self.promote_qk = promote_qk
+        if promote_qk and intra_wg_overlap:
+            raise ValueError("FP8ForwardSm90: promote_qk needs intra_wg_overlap=False (the k32 QK products "
+                             "wait one by one, which would also wait for the PV product in flight)")
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -254,7 +262,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         acc_O, tOrP, tOrVt = sm90_utils.partition_fragment_ABC(
             wg_mma_pv, (self.tile_m, self.tile_hdimv, self.tile_n), None, sVt)
         acc_PV = cute.make_fragment_like(acc_O, Float32) if const_expr(self.promote_pv) else acc_O
-        mma_qk = partial(sm90_utils.gemm_zero_init, tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK)
+        if const_expr(self.promote_qk):
+            mma_qk = partial(self._qk_promoted, tiled_mma_qk, tSrQ, tSrK)
+        elif const_expr(self.intra_wg_overlap):
+            mma_qk = partial(sm90_utils.gemm_zero_init, tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK)
+        else:
+            mma_qk = partial(self._qk_chained, tiled_mma_qk, tSrQ, tSrK)
         mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_PV, tOrP, tOrVt, self.promote_pv)
         # coordinates of this thread's accumulator elements (rows, columns of the score tile)
         tScS_mn = layout_utils.reshape_acc_to_mn(thr_mma_qk.partition_C(cute.make_identity_tensor(
@@ -287,40 +300,129 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                               mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
-            # first tile (the last KV tile: ragged and, for causal, masked): QK and softmax only
-            n_block = n_block_max - 1
-            pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-            acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
-            pipeline_k.consumer_release(kv_state)
-            mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
-            softmax(acc_S, n_block=n_block, is_first=True)
-            self._p_to_e4m3(acc_S, tOrP)
             acc_O.fill(0.0)
-            step = partial(self._overlapped_tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
-                           pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
-            n_block_max -= 1
-            if const_expr(self.is_causal):
-                n_block_min_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
-                for n_tile in cutlass.range(n_block_max - n_block_min_mask, unroll=1):
-                    kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile,
-                                    mask_fn=partial(mask_fn, mask_seqlen=False))
-                n_block_max = cutlass.min(n_block_max, n_block_min_mask)
-            for n_tile in cutlass.range(n_block_max - n_block_min, unroll=1):
-                kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=None)
+            if const_expr(self.intra_wg_overlap):
+                kv_state = self._mainloop_overlapped(kv_state, n_block_min, n_block_max, seqlen, m_block, block_info,
+                                                     mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O, acc_PV, tOrP,
+                                                     softmax, mask_fn)
+            else:
+                step = partial(self._tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
+                               pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
+                # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
+                self.warp_scheduler_barrier_sync()
+                kv_state = step(kv_state, n_block=n_block_max - 1, mask_fn=partial(mask_fn, mask_seqlen=True),
+                                is_first=True)
+                n_block_max -= 1
+                if const_expr(self.is_causal):
+                    n_block_min_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
+                    for n_tile in cutlass.range(n_block_max - n_block_min_mask, unroll=1):
+                        kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile,
+                                        mask_fn=partial(mask_fn, mask_seqlen=False))
+                    n_block_max = cutlass.min(n_block_max, n_block_min_mask)
+                for n_tile in cutlass.range(n_block_max - n_block_min, unroll=1):
+                    kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=None)
+                self.warp_scheduler_barrier_arrive()
             pipeline_q.consumer_release_w_index(0)
-            # last PV product
-            pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
-            mma_pv(B_idx=kv_state.index, wg_wait=0)
-            pipeline_v.consumer_release(kv_state)
-            kv_state.advance()
-            if const_expr(self.promote_pv):
-                acc_O.store(acc_O.load() + acc_PV.load())
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, seqlen, self.gmem_tiled_copy_O, tma_atom_O, tiled_mma_pv,
                           tidx, m_block, head_idx, batch_idx)
             tile_scheduler.advance_to_next_work()
             work_tile = tile_scheduler.get_current_work()
+
+    @cute.jit
+    def _mainloop_overlapped(self, kv_state, n_block_min: Int32, n_block_max: Int32, seqlen, m_block: Int32,
+                             block_info: BlockInfo, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O: cute.Tensor,
+                             acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn):
+        """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together (the QK
+        head-dim chain is not promoted in this mode)."""
+        n_block = n_block_max - 1
+        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
+        acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
+        pipeline_k.consumer_release(kv_state)
+        mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
+        softmax(acc_S, n_block=n_block, is_first=True)
+        self._p_to_e4m3(acc_S, tOrP)
+        step = partial(self._overlapped_tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
+                       pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
+        n_block_max -= 1
+        if const_expr(self.is_causal):
+            n_block_min_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
+            for n_tile in cutlass.range(n_block_max - n_block_min_mask, unroll=1):
+                kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=partial(mask_fn, mask_seqlen=False))
+            n_block_max = cutlass.min(n_block_max, n_block_min_mask)
+        for n_tile in cutlass.range(n_block_max - n_block_min, unroll=1):
+            kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=None)
+        pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
+        mma_pv(B_idx=kv_state.index, wg_wait=0)
+        pipeline_v.consumer_release(kv_state)
+        kv_state.advance()
+        if const_expr(self.promote_pv):
+            acc_O.store(acc_O.load() + acc_PV.load())
+        return kv_state
+
+    @cute.jit
+    def _tile(self, kv_state, n_block: Int32, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O: cute.Tensor,
+              acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn=None, is_first: cutlass.Constexpr = False):
+        """One KV tile, QK -> softmax -> PV, while the other consumer warpgroup runs its own (FA3's
+        ping-pong through the warp-scheduler barriers). Enters holding the barrier and leaves holding
+        it again: the GEMM issue of one warpgroup does not interleave with the other's."""
+        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
+        acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
+        pipeline_k.consumer_release(kv_state)
+        if const_expr(mask_fn is not None):
+            mask_fn(acc_S, n_block=n_block)
+        alpha = softmax(acc_S, n_block=n_block, is_first=is_first)
+        self._p_to_e4m3(acc_S, tOrP)
+        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+        if const_expr(not self.promote_pv):
+            for r in cutlass.range(cute.size(alpha), unroll_full=True):
+                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
+        pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
+        self.warp_scheduler_barrier_sync()
+        mma_pv(B_idx=kv_state.index, wg_wait=0)
+        pipeline_v.consumer_release(kv_state)
+        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile: O = O * alpha + P V
+            acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
+            for r in cutlass.range(cute.size(alpha), unroll_full=True):
+                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r] + acc_PV_mn[r, None].load())
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def _qk_chained(self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32,
+                    arrive=None) -> cute.Tensor:
+        """S = Q K^T, the head-dim k-blocks chained inside the MMA (no promotion; measurement only)."""
+        acc = sm90_utils.gemm_zero_init(tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK, B_idx=B_idx, wg_wait=-1)
+        if const_expr(arrive is not None):
+            arrive()
+        warpgroup.wait_group(0)
+        return acc
+
+    @cute.jit
+    def _qk_promoted(self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32,
+                     arrive=None) -> cute.Tensor:
+        """S = Q K^T with FP32 promotion every 32 elements of the head dim (each k32 wgmma into a
+        zeroed accumulator, summed in FP32 registers), as the Triton kernels' max_num_imprecise_acc=32
+        (contract §2: Hopper's FP8 MMA accumulates with reduced precision). ``arrive`` (the
+        warp-scheduler barrier) is called once the first product is issued."""
+        shape = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        acc = cute.make_rmem_tensor(shape, Float32)
+        tmp = cute.make_rmem_tensor(shape, Float32)
+        rB = tSrK[None, None, None, B_idx]
+        for kb in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
+            dst = acc if const_expr(kb == 0) else tmp
+            warpgroup.fence()
+            atom = cute.make_mma_atom(tiled_mma_qk.op)
+            atom.set(warpgroup.Field.ACCUMULATE, False)
+            cute.gemm(atom, dst, tSrQ[None, None, kb], rB[None, None, kb], dst)
+            warpgroup.commit_group()
+            if const_expr(kb == 0 and arrive is not None):
+                arrive()
+            warpgroup.wait_group(0)
+            if const_expr(kb > 0):
+                acc.store(acc.load() + tmp.load())
+        return acc
 
     @cute.jit
     def _overlapped_tile(self, kv_state, n_block: Int32, mma_qk, mma_pv, pipeline_k, pipeline_v,
