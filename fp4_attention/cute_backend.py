@@ -11,9 +11,10 @@ Scope, said plainly:
 * Backward: the Triton backward kernels (``TritonBackend.backward``) on the same saved state
   (:class:`~fp4_attention.triton_backend.TritonState`: quantized Q/K, transposed E4M3 V, output,
   LSE). There is no CuTe backward yet; this is the documented composition, not a fallback.
-* Quantization of Q/K/V: the Triton quantizers (bytes equal ``quant.py``'s). V is additionally
-  permuted within each 16 keys (:data:`~fp4_attention.cute_fwd_sm90.V_PERM16`) and padded to a
-  multiple of 16 keys for the kernel; the state keeps the unpermuted V for backward.
+* Quantization of Q/K/V: the Triton quantizers (bytes equal ``quant.py``'s). The V quantizer writes
+  V transposed with its keys permuted within each 16 (:data:`~fp4_attention.cute_fwd_sm90.V_PERM16`)
+  and padded to a multiple of 16 keys, the kernel's operand; that is what :class:`CuteState`
+  saves, and the backward puts the keys back in order (one byte gather) for the Triton kernels.
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time).
 """
@@ -21,10 +22,13 @@ Scope, said plainly:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from .backends import UnsupportedError, register_backend
+from .pv_layout import permute_v_for_pv, unpermute_v_keys
+from .quant import FP8Tensor
 from .recipes import Recipe
 from .triton_backend import TritonBackend, TritonState
 from .triton_kernels import LOG2E
@@ -39,7 +43,8 @@ except ImportError as err:  # re-raised by backends.get_backend with the alterna
     raise ImportError(f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
                       "pip install 'fp4-attention-pretrain[cute]', or use backend='triton'") from err
 
-__all__ = ["COMPILE_SECONDS", "DEFAULT_TILES", "CuteBackend", "forward_fp8", "permute_v_for_pv"]
+__all__ = ["COMPILE_SECONDS", "DEFAULT_TILES", "CuteBackend", "CuteState", "forward_fp8", "permute_v_for_pv",
+           "triton_state", "unpermute_v"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 # (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, 128 keys per KV tile
@@ -48,17 +53,21 @@ _CACHE: dict = {}
 COMPILE_SECONDS: dict = {}
 
 
-def permute_v_for_pv(vt: torch.Tensor) -> torch.Tensor:
-    """Transposed E4M3 V ``[B, Hkv, D, Sk]`` -> ``[B, Hkv, D, Sk16]`` (Sk16 = Sk rounded up to 16,
-    zero padded) with keys permuted within each 16 as the PV wgmma reads them
-    (``out[..., 16 i + k] = vt[..., 16 i + V_PERM16[k]]``; see ``cute_fwd_sm90``)."""
-    b, h, d, sk = vt.shape
-    sk16 = -(-sk // 16) * 16
-    raw = vt.view(torch.uint8)
-    if sk16 != sk:
-        raw = torch.nn.functional.pad(raw, (0, sk16 - sk))
-    perm = torch.tensor(V_PERM16, device=vt.device)
-    return raw.view(b, h, d, sk16 // 16, 16)[..., perm].reshape(b, h, d, sk16).view(torch.float8_e4m3fn)
+@dataclass
+class CuteState(TritonState):
+    """:class:`TritonState` whose V data is the kernel's operand: ``[B, Hkv, D, Sk16]``, keys permuted
+    within each 16 and zero padded (``quantize_fp8_v_transposed(perm16=True)``)."""
+
+
+def unpermute_v(v_s: FP8Tensor, seq_k: int) -> FP8Tensor:
+    """V saved in the kernel's layout -> data ``[B, Hkv, D, seq_k]`` in key order (an exact byte gather)."""
+    return FP8Tensor(data=unpermute_v_keys(v_s.data, seq_k), scale=v_s.scale)
+
+
+def triton_state(state: CuteState) -> TritonState:
+    """The same saved tensors with V in key order, as the Triton backward (and the reference) read it."""
+    sk = state.k.data.shape[2]
+    return TritonState(q=state.q, k=state.k, v=unpermute_v(state.v, sk), out=state.out, lse=state.lse)
 
 
 def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dict):
@@ -83,7 +92,8 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
 
     Args:
         q8: E4M3 ``[B, Hq, Sq, D]`` contiguous; k8: E4M3 ``[B, Hkv, Sk, D]`` contiguous.
-        vt_perm: E4M3 ``[B, Hkv, D, Sk16]`` from :func:`permute_v_for_pv`.
+        vt_perm: E4M3 ``[B, Hkv, D, Sk16]`` in the ``pv_layout`` key order
+            (``quantize_fp8_v_transposed(v, perm16=True).data``).
         row_r: FP32 ``[B, Hq, Sq]``, Q token scale times softmax_scale * log2 e.
         col: FP32 ``[B, Hkv, Sk]``, K token scale; v_scale: FP32 ``[B, Hkv, D]``.
         kernel_options: ``intra_wg_overlap`` / ``promote_qk`` / ``promote_pv`` of
@@ -125,14 +135,16 @@ class CuteBackend:
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=DEFAULT_TILES):
         q_s = quantize_fp8_rows(q.contiguous())
         k_s = quantize_fp8_rows(k.contiguous())
-        v_s = quantize_fp8_v_transposed(v)
+        v_s = quantize_fp8_v_transposed(v, perm16=True)  # the kernel's PV operand layout
         row_r = q_s.scale.squeeze(-1) * (softmax_scale * LOG2E)
-        out, lse = forward_fp8(q_s.data, k_s.data, permute_v_for_pv(v_s.data), row_r, k_s.scale.squeeze(-1),
+        out, lse = forward_fp8(q_s.data, k_s.data, v_s.data, row_r, k_s.scale.squeeze(-1),
                                v_s.scale.squeeze(2).contiguous(), causal=causal, tiles=tiles)
-        return out, lse, TritonState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
+        return out, lse, CuteState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
-        """The Triton backward kernels on the same state (module docstring)."""
+        """The Triton backward kernels on the same state, V back in key order (module docstring)."""
+        if isinstance(state, CuteState):
+            state = triton_state(state)
         return TritonBackend().backward(state, dout, recipe, causal=causal, softmax_scale=softmax_scale)
 
 

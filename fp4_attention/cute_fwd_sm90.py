@@ -16,9 +16,9 @@ ping-pong the two consumer warpgroups, and the TMA epilogue. Ours are the parts 
 * P leaves the FP32 accumulator as E4M3 (``cvt.rn.satfinite.e4m3x2.f32``) straight into the
   register A operand of the PV wgmma, with no shuffle: the wgmma accumulator of a thread holds
   columns {2q, 2q+1, 8+2q, 9+2q} of each 16, where the 8-bit A fragment wants k = 4q..4q+3. The
-  kernel feeds its registers in that order and V's rows are permuted to match on the host
-  (:data:`V_PERM16`: within every 16 keys, logical k reads key ``V_PERM16[k]``); PV sums over k,
-  so the product is unchanged.
+  kernel feeds its registers in that order and V's keys are permuted to match by the V quantizer
+  (``pv_layout.V_PERM16``: within every 16 keys, slot k holds key ``V_PERM16[k]``); PV sums over
+  keys, so the product is unchanged.
 * V is E4M3 stored transposed ``[B, Hkv, D, Sk]`` (keys contiguous): the K-major layout the FP8 B
   operand needs, TMA-loaded into a column-major (MN-major) shared tile.
 * FP32 promotion (contract §2): each KV tile's PV product goes into a zeroed FP32 accumulator and
@@ -54,13 +54,12 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
+from .pv_layout import V_PERM16
+
 __all__ = ["LIFT", "V_PERM16", "FP8ForwardSm90"]
 
 LIFT = 8
 LN2 = math.log(2.0)
-# Within each 16 keys, the k-th row the PV wgmma reads (its A fragment order) is key V_PERM16[k]:
-# thread q of a quad holds accumulator columns (2q, 2q+1, 8+2q, 9+2q) = A fragment k = 4q..4q+3.
-V_PERM16 = tuple(2 * (k // 4) + (k % 4) % 2 + 8 * ((k % 4) // 2) for k in range(16))
 
 
 @dsl_user_op
@@ -466,11 +465,18 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         # t * col, one K scale at a time (each is read once and used for this thread's two rows).
         # Keys past the end read the last scale (their scores are already -inf): no branch, so the
         # loads issue back to back instead of one latency each.
+        # A query block that sees no key at all (causal, Sq > Sk) still gets one tile, n_block = -1,
+        # whose keys are out of range below 0 and read as zeros by TMA: they are masked here (the
+        # causal mask alone would leave some visible), so such rows end with l = 0: O = 0, LSE = -inf.
         k_last = seqlen_k - 1
         for c in cutlass.range(cute.size(tScS_mn, mode=[1]), unroll_full=True):
-            col = mCol[cutlass.min(n0 + tScS_mn[0, c][1], k_last)]
+            k_idx = n0 + tScS_mn[0, c][1]
+            col = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)]
             for r in cutlass.range(cute.size(row_max), unroll_full=True):
-                acc_S_mn[r, c] = acc_S_mn[r, c] * col
+                if const_expr(is_first):
+                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col
+                else:
+                    acc_S_mn[r, c] = acc_S_mn[r, c] * col
         alpha = cute.make_fragment_like(row_max, Float32)
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
             t = acc_S_mn[r, None].load()

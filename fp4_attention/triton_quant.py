@@ -72,8 +72,8 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3") -> FP8Tensor:
 
 
 @triton.jit
-def _fp8_v_t_kernel(X, SC, Y, H, S, sxb, sxh, sxs, sxd, D: tl.constexpr, FMAX: tl.constexpr,
-                    BLOCK_S: tl.constexpr):
+def _fp8_v_t_kernel(X, SC, Y, H, S, SO, sxb, sxh, sxs, sxd, D: tl.constexpr, FMAX: tl.constexpr,
+                    BLOCK_S: tl.constexpr, PERM16: tl.constexpr = False):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -88,10 +88,15 @@ def _fp8_v_t_kernel(X, SC, Y, H, S, sxb, sxh, sxs, sxd, D: tl.constexpr, FMAX: t
     y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
     yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
-    tl.store(Y + bh * D * S + d[:, None] * S + s[None, :], tl.trans(yq), mask=ok[None, :])
+    if PERM16:  # key j of each 16 goes to slot 4 * ((j % 8) // 2) + j % 2 + 2 * (j // 8) (cute_fwd_sm90.V_PERM16)
+        j = s % 16
+        so = s - j + 4 * ((j % 8) // 2) + (j % 2) + 2 * (j // 8)
+    else:
+        so = s
+    tl.store(Y + bh * D * SO + d[:, None] * SO + so[None, :], tl.trans(yq), mask=ok[None, :])
 
 
-def quantize_fp8_v_transposed(v: torch.Tensor) -> FP8Tensor:
+def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Tensor:
     """E4M3 V with one FP32 scale per (batch, head, channel), stored transposed.
 
     Args:
@@ -101,6 +106,9 @@ def quantize_fp8_v_transposed(v: torch.Tensor) -> FP8Tensor:
         ``data.transpose(-1, -2)`` and ``scale`` equal ``quant.quantize_fp8(v, "e4m3", dims=(-2,))``
         byte for byte (scale = amax/448 by IEEE division, 1 for an all-zero channel, NaN and code
         0x7F for a channel holding a NaN or Inf; contract §1-2).
+        ``perm16=True`` (the ``cute`` backend's PV operand): ``data [B, H, D, S16]``, S rounded up
+        to 16 with zero keys, the keys of each 16 permuted so that slot k holds key
+        ``cute_fwd_sm90.V_PERM16[k]`` (``cute_backend.unpermute_v`` inverts it).
     Raises:
         ValueError: not a 4-D CUDA tensor, or D not a power of two <= 256.
     """
@@ -111,10 +119,13 @@ def quantize_fp8_v_transposed(v: torch.Tensor) -> FP8Tensor:
         raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
     _, fmax = FP8_FORMATS["e4m3"]
     scale = amax_scale(v, (2,), fmax)[0].contiguous()  # [B, H, 1, D]
-    y = torch.empty((b, h, d, sk), dtype=torch.uint8, device=v.device)
+    so = -(-sk // 16) * 16 if perm16 else sk
+    y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
+    if so != sk:
+        y[..., sk // 16 * 16:] = 0  # the last, partial block of 16: its padding slots stay zero
     block_s = 64
-    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, *v.stride(), D=d, FMAX=fmax,
-                                                        BLOCK_S=block_s, num_warps=4)
+    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, so, *v.stride(), D=d, FMAX=fmax,
+                                                        BLOCK_S=block_s, PERM16=perm16, num_warps=4)
     return FP8Tensor(data=y.view(torch.float8_e4m3fn), scale=scale)
 
 

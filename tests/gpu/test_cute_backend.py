@@ -24,7 +24,6 @@ pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (pip install '.[
 pytest.importorskip("flash_attn.cute", reason="needs flash-attn-4 (pip install '.[cute]')")
 
 from fp4_attention import cute_backend
-from fp4_attention.cute_fwd_sm90 import V_PERM16
 
 from . import test_triton_backend as tt
 
@@ -36,7 +35,9 @@ class _TiledCute(cute_backend.CuteBackend):
         self.tiles = tiles
 
     def forward(self, q, k, v, recipe, *, causal, softmax_scale, tiles=None):
-        return super().forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles)
+        # the state with V back in key order, as compare() hands it to the reference
+        out, lse, st = super().forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles)
+        return out, lse, cute_backend.triton_state(st)
 
 
 @pytest.fixture(autouse=True, params=TILES, ids=lambda t: "t{}x{}s{}".format(*t))
@@ -49,11 +50,14 @@ def _cute_backend(request, monkeypatch):
     monkeypatch.setattr(tt, "reference_forward_quantized", partial(reference_forward_quantized, reverse_tiles=True))
 
 
-def test_v_perm16_is_the_accumulator_to_a_fragment_map():
-    # thread q of a quad holds accumulator columns 2q, 2q+1, 8+2q, 9+2q; the 8-bit A fragment k = 4q..4q+3
-    assert sorted(V_PERM16) == list(range(16))
-    for q in range(4):
-        assert V_PERM16[4 * q:4 * q + 4] == (2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q)
+@pytest.mark.parametrize("sk", [16, 100, 4096])
+def test_v_quantizer_perm16_layout(sk):
+    v = torch.randn(2, 3, sk, 128, device="cuda").bfloat16()
+    plain = quantize_fp8_v_transposed(v)
+    perm = quantize_fp8_v_transposed(v, perm16=True)
+    assert torch.equal(perm.data.view(torch.uint8), permute_v_for_pv(plain.data).view(torch.uint8))
+    assert torch.equal(perm.scale, plain.scale)
+    assert torch.equal(cute_backend.unpermute_v(perm, sk).data.view(torch.uint8), plain.data.view(torch.uint8))
 
 
 @pytest.mark.parametrize("causal", [False, True])
