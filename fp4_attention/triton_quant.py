@@ -88,12 +88,15 @@ def _fp8_v_t_kernel(X, SC, Y, H, S, SO, sxb, sxh, sxs, sxd, D: tl.constexpr, FMA
     y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
     yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
-    if PERM16:  # key j of each 16 goes to slot 4 * ((j % 8) // 2) + j % 2 + 2 * (j // 8) (cute_fwd_sm90.V_PERM16)
-        j = s % 16
-        so = s - j + 4 * ((j % 8) // 2) + (j % 2) + 2 * (j // 8)
+    yt = tl.trans(yq)  # [D, BLOCK_S]
+    if PERM16:
+        # within each 16 keys, key j = 8h + 2q + c goes to slot 4q + 2h + c (cute_fwd_sm90, pv_layout):
+        # a register permutation, then one contiguous store; the slots of keys past S hold zeros
+        # (masked loads), which is the padding up to SO
+        yt = tl.reshape(tl.permute(tl.reshape(yt, [D, BLOCK_S // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK_S])
+        tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=(s < SO)[None, :])
     else:
-        so = s
-    tl.store(Y + bh * D * SO + d[:, None] * SO + so[None, :], tl.trans(yq), mask=ok[None, :])
+        tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=ok[None, :])
 
 
 def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Tensor:
@@ -121,8 +124,6 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
     scale = amax_scale(v, (2,), fmax)[0].contiguous()  # [B, H, 1, D]
     so = -(-sk // 16) * 16 if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
-    if so != sk:
-        y[..., sk // 16 * 16:] = 0  # the last, partial block of 16: its padding slots stay zero
     block_s = 64
     _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, so, *v.stride(), D=d, FMAX=fmax,
                                                         BLOCK_S=block_s, PERM16=perm16, num_warps=4)

@@ -24,6 +24,8 @@ pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (pip install '.[
 pytest.importorskip("flash_attn.cute", reason="needs flash-attn-4 (pip install '.[cute]')")
 
 from fp4_attention import cute_backend
+from fp4_attention.pv_layout import permute_v_for_pv
+from fp4_attention.triton_quant import quantize_fp8_v_transposed
 
 from . import test_triton_backend as tt
 
