@@ -1,0 +1,96 @@
+"""Compile the CuTe fp8 forward for sm_90a on any machine (no GPU) and count its SASS instructions.
+
+    CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
+        python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-qk] [--no-promote-pv]
+
+The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
+module, which must come before the first import of ``cutlass``); Triton's bundled
+``cuobjdump`` disassembles it. Reports registers, stack, spill loads/stores (STL/LDL), QGMMA (FP8
+wgmma), MUFU.EX2 and F2FP (the E4M3 packing of P) counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The DSL reads these when it is first imported: set them before anything imports cutlass.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ["CUTE_DSL_KEEP"] = "cubin"
+DUMP_DIR = os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_sass_"))
+
+
+def _cuobjdump() -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **kernel_options) -> dict:
+    """Compile ``FP8ForwardSm90`` for sm_90a with fake CPU operands; return the instruction counts."""
+    import torch
+
+    for old in Path(DUMP_DIR).rglob("*.cubin"):
+        old.unlink()
+    from cutlass import cute
+    from flash_attn.cute.cute_dsl_utils import to_cute_tensor
+
+    from fp4_attention.cute_fwd_sm90 import FP8ForwardSm90
+
+    b, hkv, s, d = 1, 2, 512, head_dim
+    hq = hkv * group
+    q = torch.zeros(b, hq, s, d, dtype=torch.float8_e4m3fn).permute(0, 2, 1, 3)
+    k = torch.zeros(b, hkv, s, d, dtype=torch.float8_e4m3fn).permute(0, 2, 1, 3)
+    vt = torch.zeros(b, hkv, d, s, dtype=torch.float8_e4m3fn).permute(0, 3, 1, 2)
+    o = torch.empty(b, hq, s, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
+    small = [torch.empty(b, hq, s), torch.ones(b, hq, s), torch.ones(b, hkv, s), torch.ones(b, hkv, d)]
+    args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)] + [to_cute_tensor(vt, leading_dim=1),
+                                                                 to_cute_tensor(o, leading_dim=3)]
+    args += [to_cute_tensor(t, assumed_align=4, leading_dim=2) for t in small]
+    kernel = FP8ForwardSm90(d, group, causal, tile_m=tiles[0], tile_n=tiles[1], num_stages=tiles[2],
+                            **kernel_options)
+    try:  # the cubin is written before the host-side launcher needs a GPU tensor
+        cute.compile(kernel, *args, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+                     options="--enable-tvm-ffi")
+    except Exception as err:  # only "no GPU tensors" (the host launcher) is expected here
+        if "GPU" not in str(err) and "EnvStream" not in str(err):
+            raise
+    cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
+    if len(cubins) != 1:
+        raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
+    sass = subprocess.run([_cuobjdump(), "-sass", str(cubins[0])], capture_output=True, text=True,
+                          check=True).stdout
+    res = subprocess.run([_cuobjdump(), "-res-usage", str(cubins[0])], capture_output=True, text=True,
+                         check=True).stdout
+    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    count = lambda prefix: sum(op.startswith(prefix) for op in ops)
+    usage = dict(re.findall(r"(REG|STACK):(\d+)", res))
+    return {"tiles": list(tiles), "causal": causal, "group": group, "head_dim": head_dim, **kernel_options,
+            "reg": int(usage.get("REG", -1)), "stack": int(usage.get("STACK", -1)),
+            "STL": count("STL"), "LDL": count("LDL"), "QGMMA": count("QGMMA"), "HGMMA": count("HGMMA"),
+            "MUFU.EX2": count("MUFU.EX2"), "F2FP": count("F2FP")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiles", default="128,128,2")
+    p.add_argument("--non-causal", action="store_true")
+    p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True (needs --no-promote-qk)")
+    p.add_argument("--no-promote-qk", action="store_true")
+    p.add_argument("--no-promote-pv", action="store_true")
+    a = p.parse_args(argv)
+    rep = compile_report(tuple(int(x) for x in a.tiles.split(",")), causal=not a.non_causal,
+                         intra_wg_overlap=a.overlap, promote_qk=not a.no_promote_qk, promote_pv=not a.no_promote_pv)
+    print(json.dumps(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
