@@ -273,7 +273,10 @@ def main(argv=None) -> int:
                 rec["same_run_cudnn_bf16_tflops"] = ref
                 print(json.dumps(rec), flush=True)
     if args.cute:
+        from importlib.metadata import version
+
         from fp4_attention import cute_backend
+        meta["versions"] = {p: version(p) for p in ("nvidia-cutlass-dsl", "flash-attn-4", "quack-kernels")}
         meta["cute_first_call_compile_s"] = {f"d{k[0]} g{k[1]} {'causal' if k[2] else 'non-causal'} tiles{k[3]}": round(v, 2)
                                              for k, v in cute_backend.COMPILE_SECONDS.items()}
     md = to_markdown(records, meta)

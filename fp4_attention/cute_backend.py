@@ -29,7 +29,7 @@ import torch
 from .backends import UnsupportedError, register_backend
 from .pv_layout import permute_v_for_pv, unpermute_v_keys
 from .quant import FP8Tensor
-from .recipes import Recipe
+from .recipes import Recipe, get_recipe
 from .triton_backend import TritonBackend, TritonState
 from .triton_kernels import LOG2E
 from .triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed
@@ -38,7 +38,7 @@ try:
     from cutlass import cute
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
 
-    from .cute_fwd_sm90 import V_PERM16, FP8ForwardSm90
+    from .cute_fwd_sm90 import FP8ForwardSm90
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
     raise ImportError(f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
                       "pip install 'fp4-attention-pretrain[cute]', or use backend='triton'") from err
@@ -47,8 +47,10 @@ __all__ = ["COMPILE_SECONDS", "DEFAULT_TILES", "CuteBackend", "CuteState", "forw
            "triton_state", "unpermute_v"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
-# (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, 128 keys per KV tile
+# (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, 128 keys per KV tile.
+# Tested against the reference on the H200: (128, 128, 2) and (128, 96, 2); timed also (128, 64, 2).
 DEFAULT_TILES = (128, 128, 2)
+SUPPORTED_TILES = ((128, 128, 2), (128, 96, 2), (128, 64, 2))
 _CACHE: dict = {}
 COMPILE_SECONDS: dict = {}
 
@@ -87,6 +89,29 @@ def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dic
     return _CACHE[key]
 
 
+def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles) -> None:
+    if tiles not in SUPPORTED_TILES:
+        raise ValueError(f"cute backend: tiles {tiles} not supported; use one of {SUPPORTED_TILES}")
+    for name, t, dtype in (("q8", q8, torch.float8_e4m3fn), ("k8", k8, torch.float8_e4m3fn),
+                           ("vt_perm", vt, torch.float8_e4m3fn), ("row_r", row_r, torch.float32),
+                           ("col", col, torch.float32), ("v_scale", v_scale, torch.float32)):
+        # E4M3 operands are TMA-loaded (contiguous); the FP32 scales need unit stride on their last dim
+        laid_out = t.is_contiguous() if dtype == torch.float8_e4m3fn else t.stride(-1) == 1
+        if t.dtype != dtype or not t.is_cuda or not laid_out:
+            raise ValueError(f"forward_fp8: {name} must be a CUDA {dtype} tensor "
+                             f"({'contiguous' if dtype == torch.float8_e4m3fn else 'unit last stride'}), got "
+                             f"{t.dtype} on {t.device} with strides {tuple(t.stride())}")
+    b, hq, sq, d = q8.shape
+    _, hkv, sk, _ = k8.shape
+    expect = {"k8": (b, hkv, sk, d), "vt_perm": (b, hkv, d, -(-sk // 16) * 16), "row_r": (b, hq, sq),
+              "col": (b, hkv, sk), "v_scale": (b, hkv, d)}
+    for name, t in (("k8", k8), ("vt_perm", vt), ("row_r", row_r), ("col", col), ("v_scale", v_scale)):
+        if tuple(t.shape) != expect[name]:
+            raise ValueError(f"forward_fp8: {name} has shape {tuple(t.shape)}, expected {expect[name]}")
+    if hq % hkv:
+        raise ValueError(f"forward_fp8: query heads {hq} not a multiple of KV heads {hkv}")
+
+
 def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, **kernel_options):
     """Run the CuTe ``fp8`` forward on prepared operands.
 
@@ -100,7 +125,10 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
             :class:`FP8ForwardSm90`, to measure what the defaults (the contract's promotions) cost.
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
+    Raises:
+        ValueError: operands of the wrong dtype, layout or shape, or tiles outside ``SUPPORTED_TILES``.
     """
+    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tuple(tiles))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
     out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q8.device)
@@ -125,14 +153,19 @@ class CuteBackend:
         if cap[0] != 9:
             raise UnsupportedError(f"cute backend: kernels are for sm_90 (Hopper), this GPU is sm_{cap[0]}{cap[1]}; "
                                    "use backend='triton'")
-        if recipe.name != "fp8":
-            raise UnsupportedError(f"cute backend: recipe {recipe.name!r} not implemented (only 'fp8'); "
-                                   "use backend='triton'")
+        if recipe != get_recipe("fp8"):
+            other = "backend='fa4' or 'triton'" if recipe.name == "bf16" else "backend='triton'"
+            raise UnsupportedError(f"cute backend: recipe {recipe.name!r} not implemented (only the registered "
+                                   f"'fp8'); use {other}")
         if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
             raise UnsupportedError(f"cute backend: head dim {q.shape[-1]} unsupported (supported: "
-                                   f"{SUPPORTED_HEAD_DIMS}); use backend='triton' or 'reference'")
+                                   f"{SUPPORTED_HEAD_DIMS}); use backend='reference'")
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=DEFAULT_TILES):
+        """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
+        LSE ``[B, Hq, Sq]`` and the :class:`CuteState`. Quantizes Q/K per token and V per channel
+        (Triton quantizers, V into the kernel's layout), then runs the kernel (``forward_fp8``).
+        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``."""
         q_s = quantize_fp8_rows(q.contiguous())
         k_s = quantize_fp8_rows(k.contiguous())
         v_s = quantize_fp8_v_transposed(v, perm16=True)  # the kernel's PV operand layout

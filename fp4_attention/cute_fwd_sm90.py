@@ -19,17 +19,23 @@ ping-pong the two consumer warpgroups, and the TMA epilogue. Ours are the parts 
   kernel feeds its registers in that order and V's keys are permuted to match by the V quantizer
   (``pv_layout.V_PERM16``: within every 16 keys, slot k holds key ``V_PERM16[k]``); PV sums over
   keys, so the product is unchanged.
-* V is E4M3 stored transposed ``[B, Hkv, D, Sk]`` (keys contiguous): the K-major layout the FP8 B
-  operand needs, TMA-loaded into a column-major (MN-major) shared tile.
-* FP32 promotion (contract §2): each KV tile's PV product goes into a zeroed FP32 accumulator and
-  is added to the running output in FP32 registers; the QK product of a tile is its own
-  accumulator. The head-dim chain of the QK (4 x k32 for D = 128) stays inside the MMA.
+* V is E4M3 stored transposed ``[B, Hkv, D, Sk16]`` (keys contiguous, permuted as above, padded to
+  a multiple of 16): the K-major layout the FP8 B operand needs, TMA-loaded into a column-major
+  (MN-major) shared tile.
+* FP32 promotion: each KV tile's PV product goes into a zeroed FP32 accumulator and is added to the
+  running output in FP32 registers (contract §2: at least once per KV tile). The QK product is
+  promoted every 32 elements of the head dim (each k32 wgmma into a zeroed accumulator), as the
+  Triton kernels do (``max_num_imprecise_acc=32``); chained inside the MMA, the LSE missed the
+  Triton tests' bound (H200, 2026-11-29). Both are options (``promote_qk``, ``promote_pv``) only
+  to measure their cost.
+* KV tiles are visited last to first (FA4's producer order); ``reference.py``'s ``reverse_tiles``
+  does the same, which the rounding of P depends on.
 * Epilogue: ``O = acc / l * v_scale`` (per-channel V scale) in BF16, ``LSE = (m + log2 l - LIFT) ln 2``
   (natural log, as ``reference.py``); rows without keys give O = 0 and LSE = -inf.
 
 The launch wrapper, its compile cache and the host-side operand preparation are in
 ``cute_backend.py``. Requires ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install
-'fp4-attention[cute]'``).
+'fp4-attention-pretrain[cute]'``).
 """
 
 import math

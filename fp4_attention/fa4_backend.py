@@ -47,8 +47,9 @@ class FA4Backend:
 
     def check(self, recipe: Recipe, q, k, v) -> None:
         if recipe.name != "bf16":
+            other = "backend='cute' (sm_90) or 'triton'" if recipe.name == "fp8" else "backend='triton'"
             raise UnsupportedError(f"fa4 backend: only recipe 'bf16' (FA4's Hopper kernels are BF16); "
-                                   f"use backend='cute' or 'triton' for {recipe.name!r}")
+                                   f"use {other} for {recipe.name!r}")
         if not q.is_cuda:
             raise UnsupportedError("fa4 backend needs CUDA tensors; use backend='reference' on CPU")
         if q.dtype != torch.bfloat16:

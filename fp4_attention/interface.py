@@ -102,9 +102,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str 
         causal: causal mask, bottom-right aligned when Sq != Sk (query i sees key j iff
             ``j <= i + Sk - Sq``; a query that sees no key outputs 0 with LSE = -inf).
         softmax_scale: defaults to ``D ** -0.5``.
-        backend: a registered backend (``reference`` always; ``triton`` once imported on a GPU).
+        backend: a registered backend: ``reference`` (any device); on a GPU ``triton`` (the training
+            recipes), ``cute`` (``fp8`` on sm_90, CuTe DSL forward; the ``cute`` extra) and ``fa4``
+            (``bf16``, flash-attn-4's kernels; the ``cute`` extra).
         return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``.
-        options: backend options (reference: ``block_n``, ``rescale_threshold``).
+        options: backend options (reference: ``block_n``, ``rescale_threshold``; cute: ``tiles``).
     Returns:
         BF16 output in q's layout (and the LSE if asked).
     Raises:

@@ -134,7 +134,7 @@ def reference_forward_quantized(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Reci
     FA3/FA4-style kernels do (the ``cute`` backend). The order decides the running max each FP8 P
     tile is rounded against, so a kernel is compared rounding-for-rounding only in its own order."""
     if reverse_tiles and recipe.direct_p is not None:
-        raise ValueError("reverse_tiles: only for the FP8/BF16 recipes")
+        raise ValueError("reverse_tiles: not for the Direct-P recipes (their MXFP4 P has no running max)")
     if block_n <= 0:
         raise ValueError(f"block_n must be positive, got {block_n}")
     check_saturation_invariant(recipe.p_lift_log2, rescale_threshold)

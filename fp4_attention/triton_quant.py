@@ -110,7 +110,7 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
         byte for byte (scale = amax/448 by IEEE division, 1 for an all-zero channel, NaN and code
         0x7F for a channel holding a NaN or Inf; contract §1-2).
         ``perm16=True`` (the ``cute`` backend's PV operand): ``data [B, H, D, S16]``, S rounded up
-        to 16 with zero keys, the keys of each 16 permuted so that slot k holds key
+        to 16 with padding keys (code 0; 0x7F in a non-finite channel, which is NaN anyway), the keys of each 16 permuted so that slot k holds key
         ``cute_fwd_sm90.V_PERM16[k]`` (``cute_backend.unpermute_v`` inverts it).
     Raises:
         ValueError: not a 4-D CUDA tensor, or D not a power of two <= 256.

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("cutlass") is None or importlib.util.find_spec("flash_attn") is None:
+
+def _have(mod: str) -> bool:
+    try:  # find_spec of a submodule imports its parent package (flash_attn may be FA2's, without .cute)
+        return importlib.util.find_spec(mod) is not None
+    except ImportError:
+        return False
+
+
+if not (_have("cutlass") and _have("flash_attn.cute")):
     pytest.skip("needs nvidia-cutlass-dsl and flash-attn-4 (the cute extra)", allow_module_level=True)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from cute_sass_report import compile_report  # sets the DSL dump options before cutlass loads
