@@ -55,7 +55,9 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "default.yaml"
 
-ATTENTION_BACKENDS = ("auto", "reference", "triton")
+ATTENTION_BACKENDS = ("auto", "reference", "triton", "cute", "fa4")
+# backends that run one recipe only (issue 11): cute = CuTe fp8 forward (sm_90), fa4 = flash-attn-4 BF16
+BACKEND_RECIPES = {"cute": ("fp8",), "fa4": ("bf16",)}
 PROJECTION_PRECISIONS = ("bf16", "te_fp8")
 NONFINITE_POLICIES = ("skip", "stop")
 WANDB_MODES = ("disabled", "offline", "online")
@@ -97,7 +99,8 @@ class ModelSection:
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionSection:
-    """``recipe``: an fp4_attention training recipe; ``backend``: auto (triton on CUDA, reference on CPU)."""
+    """``recipe``: an fp4_attention training recipe; ``backend``: auto (triton on CUDA, reference on
+    CPU), reference, triton, cute (recipe fp8 only, sm_90, the cute extra) or fa4 (bf16 only)."""
 
     recipe: str = "fp8"
     backend: str = "auto"
@@ -110,6 +113,10 @@ class AttentionSection:
                              f"{', '.join(TRAINING_RECIPES)}")
         if self.backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention.backend={self.backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+        only = BACKEND_RECIPES.get(self.backend)
+        if only and self.recipe not in only:
+            raise ValueError(f"attention.backend={self.backend!r} runs recipe {' / '.join(only)} only, not "
+                             f"{self.recipe!r}; use attention.backend=triton (or auto)")
 
 
 @dataclass(frozen=True, kw_only=True)

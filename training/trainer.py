@@ -42,7 +42,8 @@ NOT_SAVED = "; nothing saved (checkpoint.save=false)"
 
 
 def resolve_backend(requested: str, use_cuda: bool) -> tuple[str, str]:
-    """(backend, why) for ``attention.backend``; imports the Triton backend when it is chosen."""
+    """(backend, why) for ``attention.backend``; imports the chosen GPU backend (``triton``, ``cute``,
+    ``fa4``), raising ValueError without a CUDA device or when its package is missing."""
     if requested == "auto":
         name = "triton" if use_cuda else "reference"
         why = (f"auto: CUDA device {torch.cuda.get_device_name()}" if use_cuda else "auto: no CUDA device")
@@ -52,6 +53,12 @@ def resolve_backend(requested: str, use_cuda: bool) -> tuple[str, str]:
         if not use_cuda:
             raise ValueError("attention.backend='triton' needs a CUDA GPU; use attention.backend=auto or reference")
         import fp4_attention.triton_backend  # noqa: F401  (registers "triton")
+    elif name in ("cute", "fa4"):
+        if not use_cuda:
+            raise ValueError(f"attention.backend={name!r} needs a CUDA GPU; use attention.backend=auto or reference")
+        from fp4_attention import get_backend
+
+        get_backend(name)  # imports and registers it, or raises naming what is missing
     return name, why
 
 

@@ -39,7 +39,9 @@ def test_train_tokens_accepts_scientific_notation():
     ({"training": {"lr_max": 1.0}}, r"training: unknown key\(s\) lr_max; valid keys: micro_batch_size"),
     ({"model": {"preset": "tiny", "hiden_size": 8}}, r"model: unknown key\(s\) hiden_size; valid keys: preset, "),
     ({"attention": {"recipe": "nvfp4qk_mxfp4pv_fast"}}, "cannot train"),
-    ({"attention": {"backend": "cuda"}}, "choose one of auto, reference, triton"),
+    ({"attention": {"backend": "cuda"}}, "choose one of auto, reference, triton, cute, fa4"),
+    ({"attention": {"backend": "cute", "recipe": "nvfp4qk_fp8pv"}}, "runs recipe fp8 only.*use attention.backend=triton"),
+    ({"attention": {"backend": "fa4", "recipe": "fp8"}}, "runs recipe bf16 only"),
     ({"training": {"global_batch_size": 5}}, "not a multiple of micro_batch_size"),
     ({"training": {"train_tokens": 100}}, "exactly one of training.train_tokens and training.train_iters"),
     ({"training": {"train_iters": "many"}}, "training.train_iters must be an integer"),
@@ -55,6 +57,19 @@ def test_train_tokens_accepts_scientific_notation():
 def test_invalid_configs_say_what_to_fix(raw, match):
     with pytest.raises(ValueError, match=match):
         from_dict(raw)
+
+
+def test_single_recipe_backends_accept_their_recipe():
+    assert load_config(None, ["attention.backend=cute", "attention.recipe=fp8"]).attention.backend == "cute"
+    assert load_config(None, ["attention.backend=fa4", "attention.recipe=bf16"]).attention.backend == "fa4"
+
+
+def test_gpu_backends_need_cuda():
+    from training.trainer import resolve_backend
+
+    for name in ("triton", "cute", "fa4"):
+        with pytest.raises(ValueError, match=f"attention.backend='{name}' needs a CUDA GPU"):
+            resolve_backend(name, use_cuda=False)
 
 
 def test_bad_override_syntax():
