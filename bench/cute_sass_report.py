@@ -70,12 +70,38 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     res = subprocess.run([_cuobjdump(), "-res-usage", str(cubins[0])], capture_output=True, text=True,
                          check=True).stdout
     ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    loops = inner_loops(sass)
     count = lambda prefix: sum(op.startswith(prefix) for op in ops)
     usage = dict(re.findall(r"(REG|STACK):(\d+)", res))
     return {"tiles": list(tiles), "causal": causal, "group": group, "head_dim": head_dim, **kernel_options,
             "reg": int(usage.get("REG", -1)), "stack": int(usage.get("STACK", -1)),
             "STL": count("STL"), "LDL": count("LDL"), "QGMMA": count("QGMMA"), "HGMMA": count("HGMMA"),
-            "MUFU.EX2": count("MUFU.EX2"), "F2FP": count("F2FP")}
+            "MUFU.EX2": count("MUFU.EX2"), "F2FP": count("F2FP"), "inner_loops": loops}
+
+
+LOOP_OPS = ("QGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "F2FP", "LDG", "SHFL")
+
+
+def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
+    """Instruction histograms of the innermost loops (a backward branch whose body holds no other
+    loop) of at least ``min_len`` instructions: the KV-tile loops of the consumer warpgroups. Counts
+    are per warp and per loop trip (one KV tile)."""
+    ins = [(int(a, 16), op, rest) for a, op, rest in
+           re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)]
+    spans = []
+    for a, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < a:
+            spans.append((int(target.group(1), 16), a))
+    inner = [(s0, e0) for s0, e0 in spans
+             if not any(s0 <= s1 and e1 <= e0 and (s1, e1) != (s0, e0) for s1, e1 in spans)]
+    out = []
+    for s0, e0 in inner:
+        body = [op for a, op, _ in ins if s0 <= a <= e0]
+        if len(body) >= min_len:
+            out.append({"start": hex(s0), "instructions": len(body),
+                        **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS}})
+    return out
 
 
 def main(argv=None) -> int:
