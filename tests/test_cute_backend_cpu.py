@@ -1,0 +1,57 @@
+"""Host side of the ``cute`` and ``fa4`` backends on a CPU (issue 11): they import, register, and
+refuse what they cannot run with errors that name the alternative. Skipped without the cute extra."""
+
+import importlib.util
+
+import pytest
+import torch
+
+
+def _have(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except ImportError:
+        return False
+
+
+if not (_have("cutlass") and _have("flash_attn.cute")):
+    pytest.skip("needs nvidia-cutlass-dsl and flash-attn-4 (the cute extra)", allow_module_level=True)
+
+import fp4_attention as fa
+from fp4_attention import cute_backend
+
+
+def _qkv(d=128):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, h, 64, d, generator=g).bfloat16() for h in (4, 1, 1)]
+
+
+def test_backends_register_lazily():
+    assert fa.get_backend("cute").name == "cute"
+    assert fa.get_backend("fa4").name == "fa4"
+
+
+def test_cpu_tensors_name_the_reference_backend():
+    q, k, v = _qkv()
+    for backend, recipe in (("cute", "fp8"), ("fa4", "bf16")):
+        with pytest.raises(fa.UnsupportedError, match="backend='reference'"):
+            fa.attention(q, k, v, recipe=recipe, backend=backend, layout="bhsd")
+
+
+def test_fa4_names_the_backend_for_other_recipes():
+    q, k, v = _qkv()
+    with pytest.raises(fa.UnsupportedError, match="backend='cute'"):
+        fa.get_backend("fa4").check(fa.get_recipe("fp8"), q, k, v)
+    with pytest.raises(fa.UnsupportedError, match="backend='triton'"):
+        fa.get_backend("fa4").check(fa.get_recipe("nvfp4qk_fp8pv"), q, k, v)
+
+
+def test_forward_fp8_rejects_unsupported_tiles_and_bad_operands():
+    q8 = torch.zeros(1, 4, 64, 128, dtype=torch.float8_e4m3fn)
+    k8 = torch.zeros(1, 1, 64, 128, dtype=torch.float8_e4m3fn)
+    vt = torch.zeros(1, 1, 128, 64, dtype=torch.float8_e4m3fn)
+    row, col, vs = torch.ones(1, 4, 64), torch.ones(1, 1, 64), torch.ones(1, 1, 128)
+    with pytest.raises(ValueError, match="tiles .* not supported; use one of"):
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=(64, 64, 2))
+    with pytest.raises(ValueError, match="q8 must be a CUDA"):  # CPU tensors
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True)
