@@ -1,7 +1,18 @@
 """Shared helpers for the attention tests (CPU and GPU)."""
 
+import os
+import tempfile
+
 import pytest
 import torch
+
+# The CUTLASS DSL reads these when it is first imported, by whichever test imports it first. On a
+# machine without a GPU it then compiles the CuTe kernels for Hopper and keeps their cubin, which
+# tests/test_cute_sass.py disassembles (bench/cute_sass_report.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
+    os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_dsl_"))
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
