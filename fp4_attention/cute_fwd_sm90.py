@@ -60,9 +60,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
-from .pv_layout import V_PERM16
-
-__all__ = ["LIFT", "V_PERM16", "FP8ForwardSm90"]
+__all__ = ["LIFT", "FP8ForwardSm90"]
 
 LIFT = 8
 LN2 = math.log(2.0)
@@ -317,15 +315,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 self.warp_scheduler_barrier_sync()
                 kv_state = step(kv_state, n_block=n_block_max - 1, mask_fn=partial(mask_fn, mask_seqlen=True),
                                 is_first=True)
-                n_block_max -= 1
-                if const_expr(self.is_causal):
-                    n_block_min_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
-                    for n_tile in cutlass.range(n_block_max - n_block_min_mask, unroll=1):
-                        kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile,
-                                        mask_fn=partial(mask_fn, mask_seqlen=False))
-                    n_block_max = cutlass.min(n_block_max, n_block_min_mask)
-                for n_tile in cutlass.range(n_block_max - n_block_min, unroll=1):
-                    kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=None)
+                kv_state = self._remaining_tiles(kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block,
+                                                 block_info, mask_fn)
                 self.warp_scheduler_barrier_arrive()
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
@@ -350,7 +341,21 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self._p_to_e4m3(acc_S, tOrP)
         step = partial(self._overlapped_tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
                        pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
-        n_block_max -= 1
+        kv_state = self._remaining_tiles(kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info,
+                                         mask_fn)
+        pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
+        mma_pv(B_idx=kv_state.index, wg_wait=0)
+        pipeline_v.consumer_release(kv_state)
+        kv_state.advance()
+        if const_expr(self.promote_pv):
+            acc_O.store(acc_O.load() + acc_PV.load())
+        return kv_state
+
+    @cute.jit
+    def _remaining_tiles(self, kv_state, step, n_block_min: Int32, n_block_max: Int32, seqlen, m_block: Int32,
+                         block_info: BlockInfo, mask_fn):
+        """``step`` over KV tiles ``[n_block_min, n_block_max)``, last to first: the causal band
+        (causal mask) then the fully visible tiles (no mask). Both mainloops' tiles after the first."""
         if const_expr(self.is_causal):
             n_block_min_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
             for n_tile in cutlass.range(n_block_max - n_block_min_mask, unroll=1):
@@ -358,12 +363,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             n_block_max = cutlass.min(n_block_max, n_block_min_mask)
         for n_tile in cutlass.range(n_block_max - n_block_min, unroll=1):
             kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=None)
-        pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
-        mma_pv(B_idx=kv_state.index, wg_wait=0)
-        pipeline_v.consumer_release(kv_state)
-        kv_state.advance()
-        if const_expr(self.promote_pv):
-            acc_O.store(acc_O.load() + acc_PV.load())
         return kv_state
 
     @cute.jit
@@ -506,7 +505,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
 
     @cute.jit
     def _p_to_e4m3(self, acc_S: cute.Tensor, tOrP: cute.Tensor):
-        """FP32 P accumulator -> E4M3 A operand, registers in place (see V_PERM16): per 32 keys
+        """FP32 P accumulator -> E4M3 A operand, registers in place (see ``pv_layout.V_PERM16``): per 32 keys
         the A fragment's 4 words are accumulator values (0,1,4,5) (2,3,6,7) (8,9,12,13) (10,11,14,15)."""
         src = cute.make_tensor(acc_S.iterator, cute.make_layout(cute.size(acc_S)))
         dst = cute.recast_tensor(tOrP, Int32)
