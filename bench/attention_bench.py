@@ -98,9 +98,7 @@ def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
 
     be = cute_backend.CuteBackend()
     _, _, st = be.forward(q, k, v, fa.get_recipe("fp8"), causal=causal, softmax_scale=D ** -0.5, tiles=tiles)
-    ops = (st.q.data, st.k.data, st.v.data,  # V already in the kernel's permuted layout
-           st.q.scale.squeeze(-1) * (D ** -0.5 * triton_backend.LOG2E), st.k.scale.squeeze(-1),
-           st.v.scale.squeeze(2).contiguous())
+    ops = cute_backend.kernel_operands(st.q, st.k, st.v, D ** -0.5)
 
     def f():
         cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, **kernel_options)

@@ -12,7 +12,7 @@ Scope, said plainly:
   (:class:`~fp4_attention.triton_backend.TritonState`: quantized Q/K, transposed E4M3 V, output,
   LSE). There is no CuTe backward yet; this is the documented composition, not a fallback.
 * Quantization of Q/K/V: the Triton quantizers (bytes equal ``quant.py``'s). The V quantizer writes
-  V transposed with its keys permuted within each 16 (:data:`~fp4_attention.cute_fwd_sm90.V_PERM16`)
+  V transposed with its keys permuted within each 16 (:data:`~fp4_attention.pv_layout.V_PERM16`)
   and padded to a multiple of 16 keys, the kernel's operand; that is what :class:`CuteState`
   saves, and the backward puts the keys back in order (one byte gather) for the Triton kernels.
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends import UnsupportedError, register_backend
-from .pv_layout import permute_v_for_pv, unpermute_v_keys
+from .pv_layout import padded_keys, unpermute_v_keys
 from .quant import FP8Tensor
 from .recipes import Recipe, get_recipe
 from .triton_backend import TritonBackend, TritonState
@@ -43,7 +43,7 @@ except ImportError as err:  # re-raised by backends.get_backend with the alterna
     raise ImportError(f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
                       "pip install 'fp4-attention-pretrain[cute]', or use backend='triton'") from err
 
-__all__ = ["COMPILE_SECONDS", "DEFAULT_TILES", "CuteBackend", "CuteState", "forward_fp8", "permute_v_for_pv",
+__all__ = ["COMPILE_SECONDS", "DEFAULT_TILES", "CuteBackend", "CuteState", "forward_fp8", "kernel_operands",
            "triton_state", "unpermute_v"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -103,13 +103,19 @@ def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles) -> None:
                              f"{t.dtype} on {t.device} with strides {tuple(t.stride())}")
     b, hq, sq, d = q8.shape
     _, hkv, sk, _ = k8.shape
-    expect = {"k8": (b, hkv, sk, d), "vt_perm": (b, hkv, d, -(-sk // 16) * 16), "row_r": (b, hq, sq),
-              "col": (b, hkv, sk), "v_scale": (b, hkv, d)}
-    for name, t in (("k8", k8), ("vt_perm", vt), ("row_r", row_r), ("col", col), ("v_scale", v_scale)):
-        if tuple(t.shape) != expect[name]:
-            raise ValueError(f"forward_fp8: {name} has shape {tuple(t.shape)}, expected {expect[name]}")
+    for name, t, shape in (("k8", k8, (b, hkv, sk, d)), ("vt_perm", vt, (b, hkv, d, padded_keys(sk))),
+                           ("row_r", row_r, (b, hq, sq)), ("col", col, (b, hkv, sk)), ("v_scale", v_scale, (b, hkv, d))):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"forward_fp8: {name} has shape {tuple(t.shape)}, expected {shape}")
     if hq % hkv:
         raise ValueError(f"forward_fp8: query heads {hq} not a multiple of KV heads {hkv}")
+
+
+def kernel_operands(q_s: FP8Tensor, k_s: FP8Tensor, v_s: FP8Tensor, softmax_scale: float) -> tuple:
+    """The operands of :func:`forward_fp8` from quantized Q/K/V as :class:`CuteState` saves them:
+    ``(q8, k8, vt_perm, row_r, col, v_scale)``, ``row_r`` = Q token scale * softmax_scale * log2 e."""
+    return (q_s.data, k_s.data, v_s.data, q_s.scale.squeeze(-1) * (softmax_scale * LOG2E), k_s.scale.squeeze(-1),
+            v_s.scale.squeeze(2).contiguous())
 
 
 def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, **kernel_options):
@@ -169,9 +175,7 @@ class CuteBackend:
         q_s = quantize_fp8_rows(q.contiguous())
         k_s = quantize_fp8_rows(k.contiguous())
         v_s = quantize_fp8_v_transposed(v, perm16=True)  # the kernel's PV operand layout
-        row_r = q_s.scale.squeeze(-1) * (softmax_scale * LOG2E)
-        out, lse = forward_fp8(q_s.data, k_s.data, v_s.data, row_r, k_s.scale.squeeze(-1),
-                               v_s.scale.squeeze(2).contiguous(), causal=causal, tiles=tiles)
+        out, lse = forward_fp8(*kernel_operands(q_s, k_s, v_s, softmax_scale), causal=causal, tiles=tiles)
         return out, lse, CuteState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(self, state: TritonState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):

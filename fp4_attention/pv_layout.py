@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["V_PERM16", "V_UNPERM16", "permute_v_for_pv", "unpermute_v_keys"]
+__all__ = ["V_PERM16", "V_UNPERM16", "padded_keys", "permute_v_for_pv", "unpermute_v_keys"]
 
 V_PERM16 = tuple(2 * (k // 4) + (k % 4) % 2 + 8 * ((k % 4) // 2) for k in range(16))
 V_UNPERM16 = tuple(sorted(range(16), key=lambda k: V_PERM16[k]))  # key j sits in slot V_UNPERM16[j]
+
+
+def padded_keys(seq_k: int) -> int:
+    """Keys of the permuted operand: ``seq_k`` rounded up to a multiple of 16 (the padding keys are zero)."""
+    return -(-seq_k // 16) * 16
 
 
 def permute_v_for_pv(vt: torch.Tensor) -> torch.Tensor:
     """``[..., Sk]`` (keys last, any dtype) -> ``[..., Sk16]``: Sk rounded up to 16 with zero keys,
     ``out[..., 16 i + k] = vt[..., 16 i + V_PERM16[k]]``."""
     sk = vt.shape[-1]
-    sk16 = -(-sk // 16) * 16
+    sk16 = padded_keys(sk)
     raw = vt.view(torch.uint8) if vt.element_size() == 1 else vt
     if sk16 != sk:
         raw = torch.nn.functional.pad(raw, (0, sk16 - sk))

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pv_layout import padded_keys
 from .quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale
 
 __all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
@@ -90,13 +91,11 @@ def _fp8_v_t_kernel(X, SC, Y, H, S, SO, sxb, sxh, sxs, sxd, D: tl.constexpr, FMA
     yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
     yt = tl.trans(yq)  # [D, BLOCK_S]
     if PERM16:
-        # within each 16 keys, key j = 8h + 2q + c goes to slot 4q + 2h + c (cute_fwd_sm90, pv_layout):
-        # a register permutation, then one contiguous store; the slots of keys past S hold zeros
-        # (masked loads), which is the padding up to SO
+        # within each 16 keys, key j = 8h + 2q + c goes to slot 4q + 2h + c (pv_layout.V_PERM16): a
+        # register permutation, then the same contiguous store; the slots of keys past S hold zeros
+        # (masked loads), which is the padding up to SO (SO == S without PERM16)
         yt = tl.reshape(tl.permute(tl.reshape(yt, [D, BLOCK_S // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK_S])
-        tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=(s < SO)[None, :])
-    else:
-        tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=ok[None, :])
+    tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=(s < SO)[None, :])
 
 
 def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Tensor:
@@ -110,8 +109,9 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
         byte for byte (scale = amax/448 by IEEE division, 1 for an all-zero channel, NaN and code
         0x7F for a channel holding a NaN or Inf; contract §1-2).
         ``perm16=True`` (the ``cute`` backend's PV operand): ``data [B, H, D, S16]``, S rounded up
-        to 16 with padding keys (code 0; 0x7F in a non-finite channel, which is NaN anyway), the keys of each 16 permuted so that slot k holds key
-        ``cute_fwd_sm90.V_PERM16[k]`` (``cute_backend.unpermute_v`` inverts it).
+        to 16 (``pv_layout.padded_keys``) with padding keys (code 0; 0x7F in a non-finite channel,
+        which is NaN anyway), the keys of each 16 permuted so that slot k holds key
+        ``pv_layout.V_PERM16[k]`` (``pv_layout.unpermute_v_keys`` inverts it).
     Raises:
         ValueError: not a 4-D CUDA tensor, or D not a power of two <= 256.
     """
@@ -122,7 +122,7 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
         raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
     _, fmax = FP8_FORMATS["e4m3"]
     scale = amax_scale(v, (2,), fmax)[0].contiguous()  # [B, H, 1, D]
-    so = -(-sk // 16) * 16 if perm16 else sk
+    so = padded_keys(sk) if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
     block_s = 64
     _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, so, *v.stride(), D=d, FMAX=fmax,
