@@ -1,5 +1,6 @@
 """Shared helpers for the attention tests (CPU and GPU)."""
 
+import importlib.util
 import os
 import tempfile
 
@@ -13,6 +14,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
     os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_dsl_"))
+
+
+def have_module(name: str) -> bool:
+    """Whether ``name`` is importable, without importing it (``find_spec`` of a submodule imports its
+    parent package, which may be another distribution of the same name: False then)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -1,20 +1,12 @@
 """Host side of the ``cute`` and ``fa4`` backends on a CPU (issue 11): they import, register, and
 refuse what they cannot run with errors that name the alternative. Skipped without the cute extra."""
 
-import importlib.util
-
 import pytest
 import torch
 
+from .conftest import have_module
 
-def _have(mod: str) -> bool:
-    try:
-        return importlib.util.find_spec(mod) is not None
-    except ImportError:
-        return False
-
-
-if not (_have("cutlass") and _have("flash_attn.cute")):
+if not (have_module("cutlass") and have_module("flash_attn.cute")):
     pytest.skip("needs nvidia-cutlass-dsl and flash-attn-4 (the cute extra)", allow_module_level=True)
 
 import fp4_attention as fa

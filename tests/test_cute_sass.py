@@ -1,23 +1,16 @@
 """The CuTe fp8 forward compiles for sm_90a without a GPU, with FP8 wgmma and no spills (issue 11).
 
-Runs where nvidia-cutlass-dsl and flash-attn-4 are importable (the ``cute`` extra), skipped
-elsewhere (CI does not install the 60-MB DSL)."""
+Runs where nvidia-cutlass-dsl and flash-attn-4 are importable (the ``cute`` extra, which
+scripts/bootstrap.sh installs, so CI runs it); skipped where they are missing."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from .conftest import have_module
 
-def _have(mod: str) -> bool:
-    try:  # find_spec of a submodule imports its parent package (flash_attn may be FA2's, without .cute)
-        return importlib.util.find_spec(mod) is not None
-    except ImportError:
-        return False
-
-
-if not (_have("cutlass") and _have("flash_attn.cute")):
+if not (have_module("cutlass") and have_module("flash_attn.cute")):
     pytest.skip("needs nvidia-cutlass-dsl and flash-attn-4 (the cute extra)", allow_module_level=True)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from cute_sass_report import compile_report  # sets the DSL dump options before cutlass loads
