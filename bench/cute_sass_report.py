@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,11 +25,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ["CUTE_DSL_KEEP"] = "cubin"
 DUMP_DIR = os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_sass_"))
 
-
-def _cuobjdump() -> str:
-    import triton
-
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+from sass_report import disassemble  # bench/, beside this file: Triton's cuobjdump
 
 
 def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **kernel_options) -> dict:
@@ -65,10 +60,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
-    sass = subprocess.run([_cuobjdump(), "-sass", str(cubins[0])], capture_output=True, text=True,
-                          check=True).stdout
-    res = subprocess.run([_cuobjdump(), "-res-usage", str(cubins[0])], capture_output=True, text=True,
-                         check=True).stdout
+    sass, res = disassemble(cubins[0])
     ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     loops = inner_loops(sass)
     count = lambda prefix: sum(op.startswith(prefix) for op in ops)

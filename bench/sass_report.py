@@ -90,17 +90,20 @@ def compile_backward(kernel_name: str, *, qk_fp8: bool, pv_fp8: bool, causal: bo
     return _compile(fn, ptrs, consts, warps, stages)
 
 
+def disassemble(cubin_path) -> tuple[str, str]:
+    """``(SASS, resource usage)`` of a cubin file, by the cuobjdump that ships with Triton."""
+    tool = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    return tuple(subprocess.run([tool, flag, str(cubin_path)], capture_output=True, text=True, check=True).stdout
+                 for flag in ("-sass", "-res-usage"))
+
+
 def sass_stats(kernel) -> dict:
     """Registers, dynamic shared bytes and instruction counts of a compiled kernel's SASS."""
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
-        sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", path], capture_output=True, text=True,
-                              check=True).stdout
-        res = subprocess.run([str(bin_dir / "cuobjdump"), "-res-usage", path], capture_output=True, text=True,
-                             check=True).stdout
+        sass, res = disassemble(path)
     out = {"registers": int(re.findall(r"REG:(\d+)", res)[0]), "dynamic_shared_bytes": kernel.metadata.shared}
     out.update({k.strip(): len(re.findall(re.escape(k), sass)) for k in INSTRUCTIONS})
     return out
