@@ -262,9 +262,7 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             ref = base["cudnn_bf16"].get("tflops")
             for rec in base.values():
-                if ref and "tflops" in rec:
-                    rec["vs_cudnn_bf16"] = rec["tflops"] / ref
-                for other in ("fa4_bf16", "cudnn_fp8"):
+                for other in ("cudnn_bf16", "fa4_bf16", "cudnn_fp8"):
                     o = base.get(other, {}).get("tflops")
                     if o and "tflops" in rec:
                         rec[f"vs_{other}"] = rec["tflops"] / o
