@@ -49,11 +49,7 @@ def resolve_backend(requested: str, use_cuda: bool) -> tuple[str, str]:
         why = (f"auto: CUDA device {torch.cuda.get_device_name()}" if use_cuda else "auto: no CUDA device")
     else:
         name, why = requested, "configured"
-    if name == "triton":
-        if not use_cuda:
-            raise ValueError("attention.backend='triton' needs a CUDA GPU; use attention.backend=auto or reference")
-        import fp4_attention.triton_backend  # noqa: F401  (registers "triton")
-    elif name in ("cute", "fa4"):
+    if name != "reference":  # the GPU backends: triton, cute, fa4
         if not use_cuda:
             raise ValueError(f"attention.backend={name!r} needs a CUDA GPU; use attention.backend=auto or reference")
         from fp4_attention import get_backend
