@@ -12,9 +12,11 @@ wgmma), MUFU.EX2 and F2FP (the E4M3 packing of P) counts.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # The DSL reads these when it is first imported: set them before anything imports cutlass.
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ["CUTE_DSL_KEEP"] = "cubin"
-DUMP_DIR = os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_sass_"))
+if "CUTE_DSL_DUMP_DIR" not in os.environ:  # a temporary one, removed at exit
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="cute_sass_")
+    atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
+DUMP_DIR = os.environ["CUTE_DSL_DUMP_DIR"]
 
 from sass_report import disassemble  # bench/, beside this file: Triton's cuobjdump
 

@@ -1,7 +1,9 @@
 """Shared helpers for the attention tests (CPU and GPU)."""
 
+import atexit
 import importlib.util
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -13,7 +15,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
-    os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_dsl_"))
+    if "CUTE_DSL_DUMP_DIR" not in os.environ:
+        os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="cute_dsl_")
+        atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 
 
 def have_module(name: str) -> bool:
