@@ -1,0 +1,113 @@
+"""Direct-P for E4M3 P: ``2^x`` on the FMA units instead of the exp2 unit (contract §2 "Extensions").
+
+On Hopper the exp2 unit (MUFU.EX2) retires about 16 results per clock per SM, a quarter of the
+FP32 rate, so at head dim 128 the exponentials of the FP8 recipes' softmax take about three
+quarters of the FP8 MMA time (contract §2, "Extensions"). Direct-P computes some of them with
+FP32 arithmetic, the way a kernel would:
+
+    x  = max(x, -126)              one FMNMX (keeps 2^floor(x) a normal FP32 number; E4M3 rounds
+                                   anything below 2^-10 to 0)
+    n  = floor(x)                  one FRND.FLOOR (or an add.rm with 1.5 * 2^23)
+    f  = x - n                     one FADD, f in [0, 1)
+    p  = c_d f^d + ... + c_1 f + 1 ``degree`` FFMAs (Horner)
+    2^x ~ p * 2^n                  exponent bits from the integer part: one SHL and one IADD on
+                                   p's bits (exact)
+
+then rounds to E4M3 as the exp2 unit's result is rounded (``cvt.rn.satfinite.e4m3x2``). That is
+``degree + 5`` FMA-pipe instructions per element against one MUFU.EX2.
+
+The polynomial is ``p(f) = 1 + f + f (f - 1) q(f)``, so ``p(0) = 1`` and ``p(1) = 2`` hold exactly:
+powers of two, among them the lifted row maximum ``2^8``, come out exact, and ``2^x`` stays
+continuous across integers. ``q`` is fit in float64 by least squares of the *relative* error on
+Chebyshev nodes (the E4M3 rounding cares about relative error); the coefficients are then rounded
+to float32, the precision a kernel holds them in.
+
+This module is the numerics (the torch definition a kernel is tested against) and what
+``bench/direct_p_e4m3_numerics.py`` measures; no kernel uses it yet (issue 11).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .formats import round_e4m3
+
+__all__ = ["EXP2_MIN_X", "exp2_fma", "exp2_poly_coeffs", "p_e4m3_fma"]
+
+EXP2_MIN_X = -126.0  # 2^-126: the smallest normal FP32; E4M3 rounds everything below 2^-10 to 0
+
+
+@functools.cache
+def exp2_poly_coeffs(degree: int) -> tuple[float, ...]:
+    """Coefficients ``(c_0, ..., c_degree)`` (float32 values, ``c_0 = 1``) of ``p(f) ~ 2^f`` on [0, 1).
+
+    Args:
+        degree: 1 to 6. Degree 1 is ``1 + f`` (Mitchell's approximation, no fit).
+    Returns:
+        The monomial coefficients, lowest first, each exactly representable in float32.
+    Raises:
+        ValueError: degree outside 1..6.
+    """
+    if not 1 <= degree <= 6:
+        raise ValueError(f"exp2_poly_coeffs: degree must be 1..6, got {degree}")
+    poly = torch.zeros(degree + 1, dtype=torch.float64)
+    poly[0], poly[1] = 1.0, 1.0
+    if degree >= 2:
+        n = 1024
+        k = torch.arange(n, dtype=torch.float64)
+        f = 0.5 - 0.5 * torch.cos(torch.pi * (k + 0.5) / n)  # Chebyshev nodes on (0, 1)
+        target = torch.exp2(f)
+        # residual 2^f - (1 + f) = f (f - 1) q(f); relative weights 1 / 2^f
+        basis = torch.stack([f * (f - 1) * f ** j for j in range(degree - 1)], dim=1)
+        w = 1.0 / target
+        q = torch.linalg.lstsq(basis * w[:, None], ((target - 1 - f) * w)[:, None]).solution[:, 0]
+        # f (f - 1) q(f) = sum_j q_j (f^(j+2) - f^(j+1))
+        for j, qj in enumerate(q.tolist()):
+            poly[j + 2] += qj
+            poly[j + 1] -= qj
+    return tuple(float(c) for c in poly.float())
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
+    """FP32 fused multiply-add: the product of two float32 values is exact in float64 and the sum is
+    rounded once to float64, then to float32 (a double rounding: differs from a true FFMA with
+    probability about 2^-29)."""
+    return (a.double() * b + c).float()
+
+
+def exp2_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
+    """``2^x`` in float32 as the FMA-only kernel path computes it (see the module docstring).
+
+    Args:
+        x: float32 exponents, any shape; -inf (a masked score) gives 2^-126, which rounds to 0 in
+            E4M3. Values above 127 overflow FP32 (the softmax keeps x <= 8).
+        degree: degree of the polynomial for ``2^frac(x)`` (1 to 6).
+    Returns:
+        float32 tensor of x's shape.
+    Raises:
+        ValueError: x not float32, or degree outside 1..6.
+    """
+    if x.dtype != torch.float32:
+        raise ValueError(f"exp2_fma: x must be float32 (the kernel's FP32 exponent), got {x.dtype}")
+    coeffs = exp2_poly_coeffs(degree)
+    x = x.clamp(min=EXP2_MIN_X)
+    n = torch.floor(x)
+    f = x - n  # float32 subtraction, as the kernel's FADD
+    p = torch.full_like(f, coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        p = _fma32(p, f, c)
+    return torch.ldexp(p, n)  # exact: p in [1, 2], 2^n a normal number
+
+
+def p_e4m3_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
+    """E4M3 values of the FP8 recipes' lifted P from the FMA path: ``round_e4m3(exp2_fma(x))``.
+
+    Args:
+        x: float32 exponents ``z - m + 8`` (<= 8, so P <= 256 < 448), any shape.
+        degree: polynomial degree (1 to 6).
+    Returns:
+        float32 tensor of E4M3 values, x's shape (compare with ``round_e4m3(torch.exp2(x))``).
+    """
+    return round_e4m3(exp2_fma(x, degree))
