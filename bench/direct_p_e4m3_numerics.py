@@ -71,11 +71,11 @@ def to_markdown(records: list[dict], meta: dict) -> str:
              f"- command: `{meta['command']}`",
              f"- date: {meta['date']}; commit {meta['commit']}; {meta['machine']}; torch {meta['torch']}",
              "- reference: exact 2^x (float64) rounded to E4M3; P = 2^x with x = (s - max s) log2 e + 8",
-             "- FMA-pipe instructions per element: degree + 5 (clamp, floor, subtract, Horner, exponent "
-             "shift and add) against one MUFU.EX2 (quarter rate)", "",
-             "| degree | coefficients c0..cd (float32) | FMA-pipe instr / element | grid: max rel err (FP32) "
-             "| grid: E4M3 mismatch | grid: monotone | rows s=1: E4M3 mismatch | rows s=1: rel-L2 P V "
-             "| rows s=4: E4M3 mismatch | rows s=4: rel-L2 P V | max rel err of l |",
+             ("- FMA-pipe instructions per element: degree + 5 (clamp, floor, subtract, Horner, exponent "
+              "shift and add) against one MUFU.EX2 (quarter rate)"), "",
+             ("| degree | coefficients c0..cd (float32) | FMA-pipe instr / element | grid: max rel err (FP32) "
+              "| grid: E4M3 mismatch | grid: monotone | rows s=1: E4M3 mismatch | rows s=1: rel-L2 P V "
+              "| rows s=4: E4M3 mismatch | rows s=4: rel-L2 P V | max rel err of l |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         g, r1, r4 = r["grid"], r["rows"][0], r["rows"][1]
