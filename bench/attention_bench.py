@@ -239,10 +239,17 @@ def main(argv=None) -> int:
                 if pass_ == "fwd":
                     cands += [(f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}",
                                (lambda t=t: cute_kernel_only(q, k, v, causal, t))) for t in tiles]
-                    # what the contract's promotions cost: FA3's intra-warpgroup overlap needs the QK
-                    # chained inside the MMA; the last also skips the PV promotion
+                    # measurement options of the kernel (cute_fwd_sm90.FP8ForwardSm90): "early" = the
+                    # K scales loaded before the QK product and the first two k32 QK products in
+                    # flight together (same numerics as the default); then the warp-scheduler turn
+                    # for the PV issue only; QK promotion per 64 or none; FA3's intra-warpgroup
+                    # overlap (QK chained), the last also without the PV promotion
                     t0 = tiles[0]
-                    for tag, opts in (("overlap_qk_chained", dict(intra_wg_overlap=True, promote_qk=False)),
+                    early = dict(early_k_scales=True, qk_pair_issue=True)
+                    for tag, opts in (("early", early), ("early_pv_only_turn", dict(early, pv_only_turn=True)),
+                                      ("early_qk_promote64", dict(early, qk_promote_k=64)),
+                                      ("early_qk_chained", dict(early_k_scales=True, promote_qk=False)),
+                                      ("overlap_qk_chained", dict(intra_wg_overlap=True, promote_qk=False)),
                                       ("overlap_unpromoted", dict(intra_wg_overlap=True, promote_qk=False,
                                                                   promote_pv=False))):
                         cands.append((f"cute_fp8_kernel_only_t{t0[0]}x{t0[1]}s{t0[2]}_{tag}",

@@ -2,6 +2,7 @@
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
         python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-qk] [--no-promote-pv]
+            [--qk-promote-k 64] [--pv-only-turn] [--early-k-scales] [--qk-pair-issue]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
 module, which must come before the first import of ``cutlass``); Triton's bundled
@@ -76,13 +77,23 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
             "MUFU.EX2": count("MUFU.EX2"), "F2FP": count("F2FP"), "inner_loops": loops}
 
 
-LOOP_OPS = ("QGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "F2FP", "LDG", "SHFL")
+SCHEDULE_OPS = ("QGMMA", "HGMMA", "BAR.SYNC", "BAR.ARV", "WARPGROUP.DEPBAR")  # the GEMM / turn order
+LOOP_OPS = ("QGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "F2FP", "LDG", "SHFL", "STL", "LDL")
+
+
+def _schedule_label(op: str) -> str:
+    """QGMMA / HGMMA (a wgmma issue), DEPBAR (a wgmma wait), BAR.SYNC / BAR.ARV (warp-scheduler turn)."""
+    if op.startswith("BAR."):
+        return ".".join(op.split(".")[:2])
+    return "DEPBAR" if op.startswith("WARPGROUP.DEPBAR") else op.split(".")[0]
 
 
 def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
     """Instruction histograms of the innermost loops (a backward branch whose body holds no other
     loop) of at least ``min_len`` instructions: the KV-tile loops of the consumer warpgroups. Counts
-    are per warp and per loop trip (one KV tile)."""
+    are per warp and per loop trip (one KV tile); ``LDG_before_first_GMMA`` counts the global loads
+    (the K token scales) issued before the tile's first wgmma; ``schedule`` the order of wgmma issues,
+    wgmma waits and warp-scheduler barrier syncs/arrives in the loop body."""
     ins = [(int(a, 16), op, rest) for a, op, rest in
            re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)]
     spans = []
@@ -96,8 +107,11 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
     for s0, e0 in inner:
         body = [op for a, op, _ in ins if s0 <= a <= e0]
         if len(body) >= min_len:
+            first_mma = next((i for i, o in enumerate(body) if o.startswith(("QGMMA", "HGMMA"))), len(body))
             out.append({"start": hex(s0), "instructions": len(body),
-                        **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS}})
+                        **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS},
+                        "LDG_before_first_GMMA": sum(o.startswith("LDG") for o in body[:first_mma]),
+                        "schedule": " ".join(_schedule_label(o) for o in body if o.startswith(SCHEDULE_OPS))})
     return out
 
 
@@ -108,9 +122,15 @@ def main(argv=None) -> int:
     p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True (needs --no-promote-qk)")
     p.add_argument("--no-promote-qk", action="store_true")
     p.add_argument("--no-promote-pv", action="store_true")
+    p.add_argument("--qk-promote-k", type=int, default=32, choices=(32, 64))
+    p.add_argument("--pv-only-turn", action="store_true")
+    p.add_argument("--early-k-scales", action="store_true")
+    p.add_argument("--qk-pair-issue", action="store_true")
     a = p.parse_args(argv)
     rep = compile_report(tuple(int(x) for x in a.tiles.split(",")), causal=not a.non_causal,
-                         intra_wg_overlap=a.overlap, promote_qk=not a.no_promote_qk, promote_pv=not a.no_promote_pv)
+                         intra_wg_overlap=a.overlap, promote_qk=not a.no_promote_qk, promote_pv=not a.no_promote_pv,
+                         qk_promote_k=a.qk_promote_k, pv_only_turn=a.pv_only_turn, early_k_scales=a.early_k_scales,
+                         qk_pair_issue=a.qk_pair_issue)
     print(json.dumps(rep))
     return 0
 

@@ -90,8 +90,25 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         intra_wg_overlap: False (default): per warpgroup QK -> softmax -> PV, overlapped across the
             two consumer warpgroups (ping-pong). True: also FA3's intra-warpgroup overlap of QK(j)
             with PV(j-1); only with ``promote_qk=False``.
-        promote_qk: True (default, as the Triton kernels): FP32 promotion every 32 elements of the
-            head dim of the QK product. False: the k-blocks chain inside the MMA (measurement).
+        promote_qk: True (default, as the Triton kernels): FP32 promotion every ``qk_promote_k``
+            elements of the head dim of the QK product. False: the k-blocks chain inside the MMA
+            (measurement).
+        qk_promote_k: 32 (default, the Triton kernels' ``max_num_imprecise_acc``) or 64 (two k32
+            products chained inside the MMA per promoted partial sum: a third of the FADDs;
+            measurement, its accuracy against the tests' bounds not yet run).
+        early_k_scales: False (default): a tile's K token scales are loaded after its QK product's
+            wait, with clamped indices. True: loaded before the product is issued, so their latency
+            hides behind it, and unclamped after the first tile (its loads then take one base address
+            and constant offsets). Same values, same arithmetic; measurement until run on a GPU (the
+            SASS showed the 32 loads between the last QK wait and their first use).
+        qk_pair_issue: False (default): each k32 QK product waits for the previous one. True: the
+            first two are in flight together (they write different registers), one wait fewer per
+            tile; same summation order. Measurement until run on a GPU.
+        pv_only_turn: False (default, FA4's ping-pong): a warpgroup takes its turn (the warp-scheduler
+            barrier) before its PV product and hands it on once the next tile's first QK product is
+            issued, so it holds the turn through the PV product's wait. True: the turn covers the PV
+            issue only and is handed on before the wait; the QK products issue outside it
+            (measurement: whether the turn held through the wait serializes the two warpgroups).
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
@@ -99,7 +116,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
 
     def __init__(self, head_dim: int, qhead_per_kvhead: int, is_causal: bool, tile_m: int = 128,
                  tile_n: int = 128, num_stages: int = 2, intra_wg_overlap: bool = False, promote_pv: bool = True,
-                 promote_qk: bool = True):
+                 promote_qk: bool = True, qk_promote_k: int = 32, early_k_scales: bool = False,
+                 qk_pair_issue: bool = False, pv_only_turn: bool = False):
         super().__init__(cutlass.BFloat16, head_dim, head_dim, qhead_per_kvhead, is_causal=is_causal,
                          is_local=False, pack_gqa=False, tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
                          num_threads=128 * (tile_m // 64 + 1), Q_in_regs=False,
@@ -107,6 +125,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.in_dtype = cutlass.Float8E4M3FN
         self.promote_pv = promote_pv
         self.promote_qk = promote_qk
+        if qk_promote_k not in (32, 64):
+            raise ValueError(f"FP8ForwardSm90: qk_promote_k must be 32 or 64, got {qk_promote_k}")
+        self.qk_promote_k = qk_promote_k
+        if pv_only_turn and intra_wg_overlap:
+            raise ValueError("FP8ForwardSm90: pv_only_turn is an option of the ping-pong without intra_wg_overlap")
+        self.pv_only_turn = pv_only_turn
+        self.early_k_scales = early_k_scales
+        self.qk_pair_issue = qk_pair_issue
         if promote_qk and intra_wg_overlap:
             raise ValueError("FP8ForwardSm90: promote_qk needs intra_wg_overlap=False (the k32 QK products "
                              "wait one by one, which would also wait for the PV product in flight)")
@@ -299,25 +325,28 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 row_r[r] = Float32(1.0)
                 if q_idx < seqlen.seqlen_q:
                     row_r[r] = mRow[q_idx, head_idx, batch_idx]
-            softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r,
-                              mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
+            softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r, tScS_mn=tScS_mn)
+            load_col = partial(self._load_col, mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             acc_O.fill(0.0)
             if const_expr(self.intra_wg_overlap):
                 kv_state = self._mainloop_overlapped(kv_state, n_block_min, n_block_max, seqlen, m_block, block_info,
                                                      mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O, acc_PV, tOrP,
-                                                     softmax, mask_fn)
+                                                     softmax, load_col, mask_fn)
             else:
                 step = partial(self._tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
-                               pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
+                               pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax,
+                               load_col=load_col)
                 # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
-                self.warp_scheduler_barrier_sync()
+                if const_expr(not self.pv_only_turn):
+                    self.warp_scheduler_barrier_sync()
                 kv_state = step(kv_state, n_block=n_block_max - 1, mask_fn=partial(mask_fn, mask_seqlen=True),
                                 is_first=True)
                 kv_state = self._remaining_tiles(kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block,
                                                  block_info, mask_fn)
-                self.warp_scheduler_barrier_arrive()
+                if const_expr(not self.pv_only_turn):
+                    self.warp_scheduler_barrier_arrive()
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
@@ -329,18 +358,20 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     @cute.jit
     def _mainloop_overlapped(self, kv_state, n_block_min: Int32, n_block_max: Int32, seqlen, m_block: Int32,
                              block_info: BlockInfo, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O: cute.Tensor,
-                             acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn):
+                             acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, load_col, mask_fn):
         """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together (the QK
         head-dim chain is not promoted in this mode)."""
         n_block = n_block_max - 1
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
+        col = load_col(n_block, clamp=True)
         pipeline_k.consumer_release(kv_state)
         mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
-        softmax(acc_S, n_block=n_block, is_first=True)
+        softmax(acc_S, col, n_block=n_block, is_first=True)
         self._p_to_e4m3(acc_S, tOrP)
         step = partial(self._overlapped_tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
-                       pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
+                       pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax,
+                       load_col=load_col)
         kv_state = self._remaining_tiles(kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info,
                                          mask_fn)
         pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
@@ -367,16 +398,25 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
 
     @cute.jit
     def _tile(self, kv_state, n_block: Int32, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O: cute.Tensor,
-              acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn=None, is_first: cutlass.Constexpr = False):
+              acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, load_col, mask_fn=None,
+              is_first: cutlass.Constexpr = False):
         """One KV tile, QK -> softmax -> PV, while the other consumer warpgroup runs its own (FA3's
-        ping-pong through the warp-scheduler barriers). Enters holding the barrier and leaves holding
-        it again: the GEMM issue of one warpgroup does not interleave with the other's."""
+        ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
+        leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
+        other's. With ``pv_only_turn`` the barrier is taken for the PV issue alone."""
+        if const_expr(self.early_k_scales):
+            col = load_col(n_block, clamp=is_first)  # in flight during the QK product
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-        acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
+        if const_expr(self.pv_only_turn):
+            acc_S = mma_qk(B_idx=kv_state.index)
+        else:
+            acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
         pipeline_k.consumer_release(kv_state)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(acc_S, n_block=n_block, is_first=is_first)
+        if const_expr(not self.early_k_scales):
+            col = load_col(n_block, clamp=True)
+        alpha = softmax(acc_S, col, n_block=n_block, is_first=is_first)
         self._p_to_e4m3(acc_S, tOrP)
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
         if const_expr(not self.promote_pv):
@@ -384,7 +424,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
         pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
         self.warp_scheduler_barrier_sync()
-        mma_pv(B_idx=kv_state.index, wg_wait=0)
+        if const_expr(self.pv_only_turn):
+            mma_pv(B_idx=kv_state.index, wg_wait=-1)
+            self.warp_scheduler_barrier_arrive()
+            warpgroup.wait_group(0)
+        else:
+            mma_pv(B_idx=kv_state.index, wg_wait=0)
         pipeline_v.consumer_release(kv_state)
         if const_expr(self.promote_pv):  # FP32 promotion once per KV tile: O = O * alpha + P V
             acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
@@ -406,31 +451,41 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     @cute.jit
     def _qk_promoted(self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32,
                      arrive=None) -> cute.Tensor:
-        """S = Q K^T with FP32 promotion every 32 elements of the head dim (each k32 wgmma into a
-        zeroed accumulator, summed in FP32 registers), as the Triton kernels' max_num_imprecise_acc=32
+        """S = Q K^T with FP32 promotion every ``qk_promote_k`` (32) elements of the head dim (each
+        k32 wgmma, or chain of two for 64, into a zeroed accumulator, summed in FP32 registers), as
+        the Triton kernels' max_num_imprecise_acc=32
         (contract §2: Hopper's FP8 MMA accumulates with reduced precision). ``arrive`` (the
-        warp-scheduler barrier) is called once the first product is issued."""
+        warp-scheduler barrier) is called once the first product is issued. With ``qk_pair_issue``
+        the first two products are in flight together (they write different registers); each later
+        one waits for the sum of the previous one, whose registers it reuses."""
         shape = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc = cute.make_rmem_tensor(shape, Float32)
         tmp = cute.make_rmem_tensor(shape, Float32)
         rB = tSrK[None, None, None, B_idx]
-        for kb in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-            dst = acc if const_expr(kb == 0) else tmp
+        per = self.qk_promote_k // 32  # k32 wgmmas chained per promoted partial sum
+        n_groups = cute.size(tSrQ.shape[2]) // per
+        for g in cutlass.range_constexpr(n_groups):
+            dst = acc if const_expr(g == 0) else tmp
             warpgroup.fence()
-            atom = cute.make_mma_atom(tiled_mma_qk.op)
-            atom.set(warpgroup.Field.ACCUMULATE, False)
-            cute.gemm(atom, dst, tSrQ[None, None, kb], rB[None, None, kb], dst)
+            for j in cutlass.range_constexpr(per):
+                atom = cute.make_mma_atom(tiled_mma_qk.op)
+                atom.set(warpgroup.Field.ACCUMULATE, j > 0)
+                cute.gemm(atom, dst, tSrQ[None, None, g * per + j], rB[None, None, g * per + j], dst)
             warpgroup.commit_group()
-            if const_expr(kb == 0 and arrive is not None):
+            if const_expr(g == 0 and arrive is not None):
                 arrive()
-            warpgroup.wait_group(0)
-            if const_expr(kb > 0):
+            if const_expr(g > 0 or not self.qk_pair_issue):
+                warpgroup.wait_group(0)
+            if const_expr(g > 0):
                 acc.store(acc.load() + tmp.load())
+        if const_expr(n_groups == 1 and self.qk_pair_issue):
+            warpgroup.wait_group(0)
         return acc
 
     @cute.jit
     def _overlapped_tile(self, kv_state, n_block: Int32, mma_qk, mma_pv, pipeline_k, pipeline_v,
-                         acc_O: cute.Tensor, acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn=None):
+                         acc_O: cute.Tensor, acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, load_col,
+                         mask_fn=None):
         """QK of tile ``n_block`` and PV of the previous tile in flight together; the softmax of this
         tile runs while PV finishes (FA3's intra-warpgroup overlap)."""
         kv_prev = kv_state.clone()
@@ -445,7 +500,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_k.consumer_release(kv_state)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(acc_S, n_block=n_block, is_first=False)
+        # the K scales only now: loaded before the two products, their 32 registers spill (the PV
+        # accumulator, P and the score tile are all live here)
+        alpha = softmax(acc_S, load_col(n_block), n_block=n_block, is_first=False)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_prev)
         self._p_to_e4m3(acc_S, tOrP)
@@ -460,28 +517,41 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return kv_state
 
     @cute.jit
-    def _softmax_tile(self, acc_S: cute.Tensor, n_block: Int32, is_first: cutlass.Constexpr, row_max: cute.Tensor,
-                      row_sum: cute.Tensor, row_r: cute.Tensor, mCol: cute.Tensor,
-                      tScS_mn: cute.Tensor, seqlen_k: Int32) -> cute.Tensor:
-        """Online softmax of one score tile in place (acc_S becomes the lifted P); returns the
-        per-row rescale factor alpha of the running output (contract §2, reference.py)."""
+    def _load_col(self, n_block: Int32, mCol: cute.Tensor, tScS_mn: cute.Tensor, seqlen_k: Int32,
+                  clamp: cutlass.Constexpr = False) -> cute.Tensor:
+        """This thread's K token scales for KV tile ``n_block``, one per accumulator column (see
+        ``early_k_scales`` for where they are loaded). ``clamp``: keys past the last one, or below
+        key 0 (the n_block = -1 tile of rows without keys), read the last or the first scale (their
+        scores are masked); no branch, so the loads issue back to back. Only the first tile visited
+        needs it: every other tile lies inside [0, seqlen_k), and its loads take one base address
+        plus constant offsets."""
+        col = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[1]), Float32)
+        k_last = seqlen_k - 1
+        for c in cutlass.range(cute.size(col), unroll_full=True):
+            k_idx = n_block * self.tile_n + tScS_mn[0, c][1]
+            col[c] = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)] if const_expr(clamp) else mCol[k_idx]
+        return col
+
+    @cute.jit
+    def _softmax_tile(self, acc_S: cute.Tensor, col: cute.Tensor, n_block: Int32, is_first: cutlass.Constexpr,
+                      row_max: cute.Tensor, row_sum: cute.Tensor, row_r: cute.Tensor,
+                      tScS_mn: cute.Tensor) -> cute.Tensor:
+        """Online softmax of one score tile in place (acc_S becomes the lifted P), ``col`` the K
+        token scales from :meth:`_load_col`; returns the per-row rescale factor alpha of the running
+        output (contract §2, reference.py)."""
         n0 = n_block * self.tile_n
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        # t * col, one K scale at a time (each is read once and used for this thread's two rows).
-        # Keys past the end read the last scale (their scores are already -inf): no branch, so the
-        # loads issue back to back instead of one latency each.
-        # A query block that sees no key at all (causal, Sq > Sk) still gets one tile, n_block = -1,
-        # whose keys are out of range below 0 and read as zeros by TMA: they are masked here (the
-        # causal mask alone would leave some visible), so such rows end with l = 0: O = 0, LSE = -inf.
-        k_last = seqlen_k - 1
+        # t * col. A query block that sees no key at all (causal, Sq > Sk) still gets one tile,
+        # n_block = -1, whose keys are out of range below 0 and read as zeros by TMA: they are
+        # masked here (the causal mask alone would leave some visible), so such rows end with l = 0:
+        # O = 0, LSE = -inf.
         for c in cutlass.range(cute.size(tScS_mn, mode=[1]), unroll_full=True):
             k_idx = n0 + tScS_mn[0, c][1]
-            col = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)]
             for r in cutlass.range(cute.size(row_max), unroll_full=True):
                 if const_expr(is_first):
-                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col
+                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col[c]
                 else:
-                    acc_S_mn[r, c] = acc_S_mn[r, c] * col
+                    acc_S_mn[r, c] = acc_S_mn[r, c] * col[c]
         alpha = cute.make_fragment_like(row_max, Float32)
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
             t = acc_S_mn[r, None].load()

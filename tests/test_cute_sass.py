@@ -22,5 +22,56 @@ def test_default_kernel_qgmma_no_spills(tiles):
     n_k = 128 // 32  # head dim 128 in k32 steps (QK) and tile_n // 32 (PV)
     assert rep["QGMMA"] >= n_k + tiles[1] // 32, rep
     assert rep["HGMMA"] == 0, rep
-    assert rep["STL"] == 0 and rep["LDL"] == 0, rep
+    assert rep["inner_loops"] and rep["STL"] == 0 and rep["LDL"] == 0, rep
     assert rep["F2FP"] > 0 and rep["MUFU.EX2"] > 0, rep
+    # by default a tile's K token scales are loaded after its QK product (the kernel run on the H200)
+    assert all(loop["LDG_before_first_GMMA"] == 0 and loop["LDG"] == tiles[1] // 4 for loop in rep["inner_loops"]), rep
+
+
+@pytest.mark.parametrize("tiles", [(128, 128, 2), (128, 96, 2)])
+def test_early_k_scales_load_before_the_qk_product_and_drop_the_clamps(tiles):
+    """``early_k_scales``: the loads precede the tile's first wgmma, whose latency hides theirs, and
+    only the first tile clamps its indices: fewer instructions per tile, the same FP arithmetic."""
+    base = compile_report(tiles)
+    early = compile_report(tiles, early_k_scales=True)
+    assert early["STL"] == 0 and early["LDL"] == 0, early
+    for b, e in zip(base["inner_loops"], early["inner_loops"], strict=True):
+        assert e["LDG_before_first_GMMA"] == e["LDG"] == tiles[1] // 4, e
+        assert e["instructions"] < b["instructions"], (b, e)
+        assert all(e[op] == b[op] for op in ("FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "F2FP", "QGMMA")), (b, e)
+
+
+def test_qk_promotion_per_64_drops_two_of_three_promotion_adds():
+    """``qk_promote_k=64`` (a measurement option) chains two k32 products per partial sum: of the
+    three FP32 additions of 64 accumulator registers per tile, one is left."""
+    base = compile_report((128, 128, 2))["inner_loops"]
+    per64 = compile_report((128, 128, 2), qk_promote_k=64)["inner_loops"]
+    assert len(base) == len(per64) > 0
+    for b, p in zip(base, per64):
+        assert b["FADD"] - p["FADD"] == 2 * 64, (b, p)
+        assert b["QGMMA"] == p["QGMMA"], (b, p)
+
+
+def test_measurement_options_are_checked():
+    from fp4_attention.cute_fwd_sm90 import FP8ForwardSm90
+
+    with pytest.raises(ValueError, match="qk_promote_k must be 32 or 64"):
+        FP8ForwardSm90(128, 4, True, qk_promote_k=48)
+    with pytest.raises(ValueError, match="pv_only_turn is an option of the ping-pong"):
+        FP8ForwardSm90(128, 4, True, intra_wg_overlap=True, promote_qk=False, pv_only_turn=True)
+
+
+@pytest.mark.parametrize("qk_pair_issue", [False, True])
+@pytest.mark.parametrize("pv_only_turn", [False, True])
+def test_kv_tile_schedule(qk_pair_issue, pv_only_turn):
+    """Per KV tile: the k32 QK products, each waited for before its sum (``qk_pair_issue``: the
+    first two issue together), then the PV product in the warpgroup's turn. By default (FA4's
+    ping-pong) the turn is handed on (BAR.ARV) after the next tile's first QK issue; with
+    ``pv_only_turn`` right after the PV issue, before its wait."""
+    first = "QGMMA QGMMA DEPBAR" if qk_pair_issue else "QGMMA DEPBAR QGMMA DEPBAR"
+    if not pv_only_turn:
+        first = first.replace("QGMMA", "QGMMA BAR.ARV", 1)
+    pv = "BAR.SYNC QGMMA QGMMA QGMMA QGMMA " + ("BAR.ARV DEPBAR" if pv_only_turn else "DEPBAR")
+    (loop,) = compile_report((128, 128, 2), causal=False, pv_only_turn=pv_only_turn,
+                             qk_pair_issue=qk_pair_issue)["inner_loops"]
+    assert loop["schedule"] == f"{first} QGMMA DEPBAR QGMMA DEPBAR {pv}", loop

@@ -120,6 +120,22 @@ def test_backward_through_the_api_matches_triton_on_the_same_state():
         assert rel_l2(g_cute, g_triton) <= 1e-2  # the two forwards' outputs differ by P rounding order
 
 
+@pytest.mark.parametrize("causal, sq, sk", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 200)])
+def test_schedule_options_give_the_default_bytes(causal, sq, sk):
+    """``early_k_scales``, ``qk_pair_issue`` and ``pv_only_turn`` move loads, waits and the
+    warp-scheduler turn, not arithmetic: output and LSE equal the default kernel's bit for bit
+    (ragged last tile; with Sq > Sk, rows without keys)."""
+    q, k, v = make_qkv(2, 8, 2, sq, sk, 128, device="cuda")
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, fa.get_recipe("fp8"), causal=causal,
+                                                  softmax_scale=128 ** -0.5)
+    ops = cute_backend.kernel_operands(st.q, st.k, st.v, 128 ** -0.5)
+    out, lse = cute_backend.forward_fp8(*ops, causal=causal)
+    for opts in ({"early_k_scales": True}, {"qk_pair_issue": True}, {"pv_only_turn": True},
+                 {"early_k_scales": True, "qk_pair_issue": True, "pv_only_turn": True}):
+        out_o, lse_o = cute_backend.forward_fp8(*ops, causal=causal, **opts)
+        assert torch.equal(out_o, out) and torch.equal(lse_o, lse), opts
+
+
 def test_unsupported_raises():
     q, k, v = make_qkv(1, 4, 1, 128, 128, 128, device="cuda")
     with pytest.raises(fa.UnsupportedError, match="backend='triton'"):
