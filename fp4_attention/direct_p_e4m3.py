@@ -1,26 +1,30 @@
 """Direct-P for E4M3 P: ``2^x`` on the FMA units instead of the exp2 unit (contract §2 "Extensions").
 
-On Hopper the exp2 unit (MUFU.EX2) retires about 16 results per clock per SM, a quarter of the
-FP32 rate, so at head dim 128 the exponentials of the FP8 recipes' softmax take about three
-quarters of the FP8 MMA time (contract §2, "Extensions"). Direct-P computes some of them with
-FP32 arithmetic, the way a kernel would:
+The exp2 unit (MUFU.EX2) retires about 3.9 T results/s on the H200 (contract §2, "Extensions"),
+16 per clock per SM, an eighth of the 128 FP32 FMAs per clock per SM. At head dim 128 a score
+costs 4 * 128 FLOPs of MMA, so at the measured FP8 ceiling (1477 TFLOP/s, 2.9 T scores/s) the
+exponentials take about 0.74 of the MMA time. Direct-P computes some of them with FP32 and
+integer arithmetic, the way a kernel would:
 
-    x  = max(x, -126)              one FMNMX (keeps 2^floor(x) a normal FP32 number; E4M3 rounds
+    x  = max(x, -126)              FMNMX (keeps 2^floor(x) a normal FP32 number; E4M3 rounds
                                    anything below 2^-10 to 0)
-    n  = floor(x)                  one FRND.FLOOR (or an add.rm with 1.5 * 2^23)
-    f  = x - n                     one FADD, f in [0, 1)
+    t  = x + 1.5 * 2^23 (add.rm)   FADD rounding down: t's low mantissa bits hold floor(x)
+    n  = t - 1.5 * 2^23            FADD: floor(x) as a float
+    f  = x - n                     FADD, f in [0, 1] (1 only when x rounds up to 0 from below)
     p  = c_d f^d + ... + c_1 f + 1 ``degree`` FFMAs (Horner)
-    2^x ~ p * 2^n                  exponent bits from the integer part: one SHL and one IADD on
-                                   p's bits (exact)
+    2^x ~ p * 2^n                  SHL of t's bits by 23 (floor(x) << 23), IADD into p's bits
+                                   (exact: the exponent field gains n)
 
 then rounds to E4M3 as the exp2 unit's result is rounded (``cvt.rn.satfinite.e4m3x2``). That is
-``degree + 5`` FMA-pipe instructions per element against one MUFU.EX2.
+``degree + 6`` issue slots per element on the FP32 and integer pipes, no conversion unit, against
+one MUFU.EX2. (The torch emulation below takes ``torch.floor``; the values are the same.)
 
-The polynomial is ``p(f) = 1 + f + f (f - 1) q(f)``, so ``p(0) = 1`` and ``p(1) = 2`` hold exactly:
-powers of two, among them the lifted row maximum ``2^8``, come out exact, and ``2^x`` stays
-continuous across integers. ``q`` is fit in float64 by least squares of the *relative* error on
-Chebyshev nodes (the E4M3 rounding cares about relative error); the coefficients are then rounded
-to float32, the precision a kernel holds them in.
+The polynomial is ``p(f) = 1 + f + f (f - 1) q(f)``: ``p(0) = 1`` exactly, so powers of two, the
+lifted row maximum ``2^8`` among them, come out exact, and ``p(1) = 2`` up to the float32 rounding
+of the coefficients (about 3e-8), so ``2^x`` is continuous across integers to that precision.
+``q`` is fit in float64 by least squares of the *relative* error on Chebyshev nodes (the E4M3
+rounding cares about relative error); the coefficients are then rounded to float32, the precision
+a kernel holds them in.
 
 This module is the numerics (the torch definition a kernel is tested against) and what
 ``bench/direct_p_e4m3_numerics.py`` measures; no kernel uses it yet (issue 11).
@@ -44,14 +48,14 @@ def exp2_poly_coeffs(degree: int) -> tuple[float, ...]:
     """Coefficients ``(c_0, ..., c_degree)`` (float32 values, ``c_0 = 1``) of ``p(f) ~ 2^f`` on [0, 1).
 
     Args:
-        degree: 1 to 6. Degree 1 is ``1 + f`` (Mitchell's approximation, no fit).
+        degree: an int, 1 to 6. Degree 1 is ``1 + f`` (Mitchell's approximation, no fit).
     Returns:
         The monomial coefficients, lowest first, each exactly representable in float32.
     Raises:
-        ValueError: degree outside 1..6.
+        ValueError: degree not an int in 1..6.
     """
-    if not 1 <= degree <= 6:
-        raise ValueError(f"exp2_poly_coeffs: degree must be 1..6, got {degree}")
+    if not isinstance(degree, int) or not 1 <= degree <= 6:
+        raise ValueError(f"exp2_poly_coeffs: degree must be an int in 1..6, got {degree!r}")
     poly = torch.zeros(degree + 1, dtype=torch.float64)
     poly[0], poly[1] = 1.0, 1.0
     if degree >= 2:
@@ -82,7 +86,8 @@ def exp2_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
 
     Args:
         x: float32 exponents, any shape; -inf (a masked score) gives 2^-126, which rounds to 0 in
-            E4M3. Values above 127 overflow FP32 (the softmax keeps x <= 8).
+            E4M3. Values above 127 overflow FP32 (the softmax keeps x <= 8 + the lazy-rescale
+            threshold <= log2 448). NaN gives NaN, as does +inf.
         degree: degree of the polynomial for ``2^frac(x)`` (1 to 6).
     Returns:
         float32 tensor of x's shape.
@@ -98,14 +103,15 @@ def exp2_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
     p = torch.full_like(f, coeffs[-1])
     for c in reversed(coeffs[:-1]):
         p = _fma32(p, f, c)
-    return torch.ldexp(p, n)  # exact: p in [1, 2], 2^n a normal number
+    return torch.ldexp(p, n)  # exact: p in [1, 2], 2^n a normal number (the kernel's SHL + IADD)
 
 
 def p_e4m3_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
     """E4M3 values of the FP8 recipes' lifted P from the FMA path: ``round_e4m3(exp2_fma(x))``.
 
     Args:
-        x: float32 exponents ``z - m + 8`` (<= 8, so P <= 256 < 448), any shape.
+        x: float32 exponents ``z - m + 8``, any shape; at most 8 plus the lazy-rescale threshold,
+            which the recipes keep <= log2 448 (``recipes.check_saturation_invariant``), so P <= 448.
         degree: polynomial degree (1 to 6).
     Returns:
         float32 tensor of E4M3 values, x's shape (compare with ``round_e4m3(torch.exp2(x))``).

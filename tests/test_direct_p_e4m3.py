@@ -8,7 +8,8 @@ import torch
 from fp4_attention.direct_p_e4m3 import exp2_fma, exp2_poly_coeffs, p_e4m3_fma
 from fp4_attention.formats import round_e4m3
 
-GRID = (torch.arange(-12 * 4096, 8 * 4096 + 1, dtype=torch.float64) / 4096).float()  # step 2^-12
+# x in [-12, log2 448] in steps of 2^-12: up to the largest lift + lazy-rescale threshold the recipes allow
+GRID = (torch.arange(-12 * 4096, math.floor(math.log2(448) * 4096) + 1, dtype=torch.float64) / 4096).float()
 
 
 def _exact_p(x):
@@ -25,8 +26,8 @@ def test_polynomial_is_one_at_zero_and_two_at_one(degree):
 
 def test_degree_one_is_mitchell_and_bad_degrees_raise():
     assert exp2_poly_coeffs(1) == (1.0, 1.0)
-    for bad in (0, 7):
-        with pytest.raises(ValueError, match="degree must be 1..6"):
+    for bad in (0, 7, 2.5):
+        with pytest.raises(ValueError, match="degree must be an int in 1..6"):
             exp2_poly_coeffs(bad)
     with pytest.raises(ValueError, match="float32"):
         exp2_fma(torch.zeros(3, dtype=torch.float64))
@@ -39,13 +40,15 @@ def test_powers_of_two_are_exact_and_codes_monotone(degree):
     p = p_e4m3_fma(GRID, degree)
     assert bool((p[1:] >= p[:-1]).all())
     assert p_e4m3_fma(torch.tensor([-torch.inf, -200.0, -11.0]), degree).tolist() == [0.0, 0.0, 0.0]
+    assert exp2_fma(torch.tensor([torch.nan]), degree).isnan().all()
 
 
 @pytest.mark.parametrize("degree, max_rel, max_mismatch", [(2, 3e-3, 0.02), (3, 1.2e-4, 1e-3), (4, 4e-6, 0.0),
                                                            (5, 2e-7, 0.0)])
 def test_error_and_e4m3_agreement_on_the_grid(degree, max_rel, max_mismatch):
     """Relative error of the FP32 2^x, and the share of E4M3 values that differ from the exact
-    path's, on x in [-12, 8] in steps of 2^-12 (bench/direct_p_e4m3_numerics.py reports the same)."""
+    path's, on x in [-12, log2 448] in steps of 2^-12 (bench/direct_p_e4m3_numerics.py reports the
+    same)."""
     approx = exp2_fma(GRID, degree).double()
     exact = torch.exp2(GRID.double())
     assert float(((approx - exact) / exact).abs().max()) < max_rel
