@@ -2,24 +2,34 @@
 # Issue 11 on the GPU machine, in two back-to-back device calls (the CUTLASS DSL bundle travels in
 # two parts, ../shared/offline-gpu/README.md):
 #   call A, carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh:
-#       BENCH_COMMIT=<sha> bash bench/cute_session.sh A     (installs; runs the Triton GPU tests)
-#   call B, machine still warm, carry .gpu-bundle/cute-b.tar.xz .gpu-bundle/install.sh .whl:
-#       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]
-#         STEPS (default "tests bench"): CuTe + FA4 GPU tests (TESTS_TIMEOUT, default 240 s);
+#       BENCH_COMMIT=<sha> bash bench/cute_session.sh A
+#         installs the bundle into /tmp/site; then the Triton GPU tests unless SKIP_TRITON_TESTS=1
+#   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and
+#   .whl/nvidia_cudnn_frontend-*.whl (not install.sh: see below):
+#       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
+#         STEPS (default "tests bench"), each with its own time limit:
+#         "tests": CuTe + FA4 GPU tests (TESTS_TIMEOUT, default 240 s);
 #         "profile": Nsight Compute of bench/cute_profile.py, one warm launch per PROFILE_VARIANTS
-#         (default "fp8 fa4_bf16") at PROFILE_SHAPE (B,Hq,Hkv,S; default 2,32,32,8192);
+#           (default "fp8 fa4_bf16") at PROFILE_SHAPE (B,Hq,Hkv,S; default 2,32,32,8192), the first
+#           TILES, causal if PROFILE_CAUSAL=1 (PROFILE_TIMEOUT per variant, default 150 s);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8), same-run baselines
+#           (BENCH_TIMEOUT, default 280 s).
+#         One device call may run 600 s: split the steps over several B calls (each within 30 s of
+#         the last) when their limits add up to more.
 # Logs and results go to $OUT (default cute-logs).
 set -uo pipefail
 mode=${1:?usage: bash bench/cute_session.sh A|B [tile_m,tile_n,stages ...]}; shift
+[[ $mode == A || $mode == B ]] || { echo "cute_session: mode must be A or B, got '$mode'" >&2; exit 2; }
 out="${OUT:-cute-logs}"; mkdir -p "$out"
 if [[ $mode == A ]]; then
   # shellcheck disable=SC1091
   source .gpu-bundle/install.sh .gpu-bundle /tmp/site
 else
+  [[ -d /tmp/site/nvidia_cutlass_dsl ]] || {
+    echo "cute_session: /tmp/site has no CUTLASS DSL: run call A on this machine first (within 30 s)" >&2; exit 2; }
   # not install.sh again: it would reinstall the wheels with --upgrade, which replaces the
   # nvidia_cutlass_dsl folder and so deletes the cute-a part unpacked into it by call A
-  xz -d -T0 -c .gpu-bundle/cute-b.tar.xz | tar x -C /tmp/site
+  xz -d -T0 -c .gpu-bundle/cute-b.tar.xz | tar x -C /tmp/site || { echo "cute_session: cute-b did not unpack" >&2; exit 2; }
   export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
@@ -39,13 +49,16 @@ if [[ $steps == *" tests "* ]]; then
   tail -25 "$out/cute_tests.log"
 fi
 if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per variant (bench/cute_profile.py)
-  ncu=$(command -v ncu || find /opt/nvidia -name ncu -type f | sort | tail -1)
+  ncu=$(command -v ncu || find /opt/nvidia -name ncu -type f 2>/dev/null | sort | tail -1)
+  [[ -n $ncu ]] || { echo "cute_session: ncu (Nsight Compute) not found on PATH or under /opt/nvidia" >&2; exit 2; }
+  causal=(); [[ ${PROFILE_CAUSAL:-0} == 1 ]] && causal=(--causal)
   for variant in ${PROFILE_VARIANTS:-fp8 fa4_bf16}; do
     name=FP8ForwardSm90; [[ $variant == fa4_bf16 ]] && name=FlashAttentionForwardSm90
     rep="$out/prof_$variant"
-    timeout 150 "$ncu" --clock-control none -k "regex:$name" --launch-skip 2 --launch-count 1 --set full \
-      --import-source no -f -o "$rep" python3 bench/cute_profile.py --variant "$variant" \
-      --shape "${PROFILE_SHAPE:-2,32,32,8192}" > "$rep.log" 2>&1; echo "profile $variant rc=$?" | tee -a "$out/status.txt"
+    timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none -k "regex:$name" --launch-skip 2 --launch-count 1 \
+      --set full --import-source no -f -o "$rep" python3 bench/cute_profile.py --variant "$variant" \
+      --shape "${PROFILE_SHAPE:-2,32,32,8192}" --tiles "${tiles[0]}" "${causal[@]}" > "$rep.log" 2>&1
+    echo "profile $variant rc=$?" | tee -a "$out/status.txt"
     "$ncu" -i "$rep.ncu-rep" --page details > "$rep.details.txt" 2>&1
     "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1
     "$ncu" -i "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
@@ -54,7 +67,7 @@ if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per va
 fi
 if [[ $steps == *" bench "* ]]; then
   read -ra recipes <<< "${BENCH_RECIPES:-fp8}"
-  timeout 280 python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute --cute-tiles "${tiles[@]}" \
+  timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute --cute-tiles "${tiles[@]}" \
     --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
   grep -v '^{' "$out/bench.log" | tail -40
 fi

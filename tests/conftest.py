@@ -1,4 +1,9 @@
-"""Shared helpers for the attention tests (CPU and GPU)."""
+"""Shared helpers for the attention tests (CPU and GPU).
+
+Side effect on a machine without CUDA: sets the CUTLASS DSL's ``CUTE_DSL_ARCH`` / ``CUTE_DSL_KEEP``
+/ ``CUTE_DSL_DUMP_DIR`` for the whole session (where not already set; the dump folder is removed at
+exit), so the CuTe kernels compile for sm_90a and keep their cubin (tests/test_cute_sass.py).
+"""
 
 import atexit
 import importlib.util
@@ -21,8 +26,9 @@ if not torch.cuda.is_available():
 
 
 def have_module(name: str) -> bool:
-    """Whether ``name`` is importable, without importing it (``find_spec`` of a submodule imports its
-    parent package, which may be another distribution of the same name: False then)."""
+    """Whether ``name`` can be found by the import system, without importing ``name`` itself. For a
+    dotted name, ``find_spec`` imports the parent packages; if one of them fails to import (say,
+    another distribution of the same name) the answer is False."""
     try:
         return importlib.util.find_spec(name) is not None
     except ImportError:
@@ -40,6 +46,8 @@ def cosine(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def make_qkv(b, hq, hkv, sq, sk, d, *, seed=0, scale=1.0, device="cpu"):
+    """BF16 Q ``[b, hq, sq, d]``, K and V ``[b, hkv, sk, d]`` drawn N(0, 1) from ``seed``; ``scale``
+    multiplies Q and K only (wider logits, scale^2 times the score spread), not V."""
     g = torch.Generator().manual_seed(seed)
     q = (torch.randn(b, hq, sq, d, generator=g) * scale).bfloat16()
     k = (torch.randn(b, hkv, sk, d, generator=g) * scale).bfloat16()

@@ -47,3 +47,22 @@ def test_forward_fp8_rejects_unsupported_tiles_and_bad_operands():
         cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=(64, 64, 2))
     with pytest.raises(ValueError, match="q8 must be a CUDA"):  # CPU tensors
         cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True)
+
+
+def test_cute_profile_says_what_is_wrong():
+    """bench/cute_profile.py (run under Nsight Compute on the GPU machine) names a malformed shape or
+    tile argument, and the missing GPU, instead of a traceback."""
+    import subprocess
+    import sys
+    from functools import partial
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "cute_profile.py"
+    run = partial(subprocess.run, check=False, capture_output=True, text=True, timeout=120)
+    for args, msg in ((["--shape", "2,32"], "--shape B,Hq,Hkv,S must be 4 positive integers"),
+                      (["--tiles", "128,x,2"], "--tiles tile_m,tile_n,stages must be 3 positive integers")):
+        res = run([sys.executable, str(script), *args])
+        assert res.returncode != 0 and msg in res.stderr, res.stderr
+    if not torch.cuda.is_available():
+        res = run([sys.executable, str(script)])
+        assert res.returncode != 0 and "needs a CUDA GPU" in res.stderr, res.stderr
