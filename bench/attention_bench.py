@@ -242,11 +242,13 @@ def main(argv=None) -> int:
                     # measurement options of the kernel (cute_fwd_sm90.FP8ForwardSm90): "early" = the
                     # K scales loaded before the QK product and the first two k32 QK products in
                     # flight together (same numerics as the default); then the warp-scheduler turn
-                    # for the PV issue only; QK promotion per 64 or none; FA3's intra-warpgroup
+                    # for the PV issue only; Direct-P (2^x of one column in 4 on the FMA pipe);
+                    # QK promotion per 64 or none; FA3's intra-warpgroup
                     # overlap (QK chained), the last also without the PV promotion
                     t0 = tiles[0]
                     early = dict(early_k_scales=True, qk_pair_issue=True)
                     for tag, opts in (("early", early), ("early_pv_only_turn", dict(early, pv_only_turn=True)),
+                                      ("early_direct_p4", dict(early, exp2_fma_every=4)),
                                       ("early_qk_promote64", dict(early, qk_promote_k=64)),
                                       ("early_qk_chained", dict(early_k_scales=True, promote_qk=False)),
                                       ("overlap_qk_chained", dict(intra_wg_overlap=True, promote_qk=False)),

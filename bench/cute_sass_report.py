@@ -2,7 +2,7 @@
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
         python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-qk] [--no-promote-pv]
-            [--qk-promote-k 64] [--pv-only-turn] [--early-k-scales] [--qk-pair-issue]
+            [--qk-promote-k 64] [--pv-only-turn] [--early-k-scales] [--qk-pair-issue] [--exp2-fma-every 4]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
 module, which must come before the first import of ``cutlass``); Triton's bundled
@@ -126,11 +126,12 @@ def main(argv=None) -> int:
     p.add_argument("--pv-only-turn", action="store_true")
     p.add_argument("--early-k-scales", action="store_true")
     p.add_argument("--qk-pair-issue", action="store_true")
+    p.add_argument("--exp2-fma-every", type=int, default=0, help="Direct-P: one column in k from the FMA path")
     a = p.parse_args(argv)
     rep = compile_report(tuple(int(x) for x in a.tiles.split(",")), causal=not a.non_causal,
                          intra_wg_overlap=a.overlap, promote_qk=not a.no_promote_qk, promote_pv=not a.no_promote_pv,
                          qk_promote_k=a.qk_promote_k, pv_only_turn=a.pv_only_turn, early_k_scales=a.early_k_scales,
-                         qk_pair_issue=a.qk_pair_issue)
+                         qk_pair_issue=a.qk_pair_issue, exp2_fma_every=a.exp2_fma_every)
     print(json.dumps(rep))
     return 0
 

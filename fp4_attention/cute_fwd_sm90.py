@@ -40,6 +40,7 @@ The launch wrapper, its compile cache and the host-side operand preparation are 
 
 import math
 import operator
+import struct
 from functools import partial
 
 import cutlass
@@ -60,10 +61,47 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
-__all__ = ["LIFT", "FP8ForwardSm90"]
+from .direct_p_e4m3 import EXP2_MIN_X, exp2_poly_coeffs
+
+__all__ = ["EXP2_FMA_DEGREE", "LIFT", "FP8ForwardSm90"]
 
 LIFT = 8
 LN2 = math.log(2.0)
+EXP2_FMA_DEGREE = 4  # direct_p_e4m3: degree 4 rounds to the exact path's E4M3 P on its whole grid
+
+
+def _f32_ptx(v: float) -> str:
+    """A float as a PTX .f32 immediate (0f + the IEEE bits)."""
+    return "0f" + struct.pack(">f", v).hex().upper()
+
+
+def _exp2_fma_ptx(degree: int) -> str:
+    """PTX of ``direct_p_e4m3.exp2_fma``: clamp, floor by a round-down add of 1.5 * 2^23, Horner, and
+    the integer part added to the exponent bits (SHL + IADD); ``degree + 6`` instructions, no MUFU."""
+    c = exp2_poly_coeffs(degree)
+    lines = [".reg .f32 x, t, n, f, p;", ".reg .b32 ti, pi;",
+             f"max.f32 x, $1, {_f32_ptx(EXP2_MIN_X)};",
+             "add.rm.f32 t, x, 0f4B400000;", "sub.f32 n, t, 0f4B400000;", "sub.f32 f, x, n;",
+             f"fma.rn.f32 p, {_f32_ptx(c[-1])}, f, {_f32_ptx(c[-2])};"]
+    lines += [f"fma.rn.f32 p, p, f, {_f32_ptx(ci)};" for ci in reversed(c[:-2])]
+    lines += ["mov.b32 ti, t;", "shl.b32 ti, ti, 23;", "mov.b32 pi, p;", "add.s32 pi, pi, ti;", "mov.b32 $0, pi;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+@dsl_user_op
+def _exp2_fma(x: Float32, *, loc=None, ip=None) -> Float32:
+    """2^x on the FMA and integer pipes (Direct-P for E4M3 P, ``direct_p_e4m3``; NaN gives 2^-126)."""
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _exp2_fma_ptx(EXP2_FMA_DEGREE),
+                                   "=f,f", has_side_effects=False, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _ex2(x: Float32, *, loc=None, ip=None) -> Float32:
+    """2^x on the exp2 unit (MUFU.EX2), one element."""
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "ex2.approx.ftz.f32 $0, $1;",
+                                   "=f,f", has_side_effects=False, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @dsl_user_op
@@ -104,6 +142,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         qk_pair_issue: False (default): each k32 QK product waits for the previous one. True: the
             first two are in flight together (they write different registers), one wait fewer per
             tile; same summation order. Measurement until run on a GPU.
+        exp2_fma_every: 0 (default): every P from the exp2 unit (MUFU.EX2). k >= 1: Direct-P for
+            E4M3 P (contract §2 "Extensions"): one accumulator column in k of each thread (all for
+            k = 1) takes ``2^x`` from FMA-pipe arithmetic (``direct_p_e4m3``, degree
+            ``EXP2_FMA_DEGREE``), unloading the exp2 unit. Measurement until run on a GPU.
         pv_only_turn: False (default, FA4's ping-pong): a warpgroup takes its turn (the warp-scheduler
             barrier) before its PV product and hands it on once the next tile's first QK product is
             issued, so it holds the turn through the PV product's wait. True: the turn covers the PV
@@ -117,7 +159,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     def __init__(self, head_dim: int, qhead_per_kvhead: int, is_causal: bool, tile_m: int = 128,
                  tile_n: int = 128, num_stages: int = 2, intra_wg_overlap: bool = False, promote_pv: bool = True,
                  promote_qk: bool = True, qk_promote_k: int = 32, early_k_scales: bool = False,
-                 qk_pair_issue: bool = False, pv_only_turn: bool = False):
+                 qk_pair_issue: bool = False, pv_only_turn: bool = False, exp2_fma_every: int = 0):
         super().__init__(cutlass.BFloat16, head_dim, head_dim, qhead_per_kvhead, is_causal=is_causal,
                          is_local=False, pack_gqa=False, tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
                          num_threads=128 * (tile_m // 64 + 1), Q_in_regs=False,
@@ -132,6 +174,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             raise ValueError("FP8ForwardSm90: pv_only_turn is an option of the ping-pong without intra_wg_overlap")
         self.pv_only_turn = pv_only_turn
         self.early_k_scales = early_k_scales
+        if not isinstance(exp2_fma_every, int) or exp2_fma_every < 0:
+            raise ValueError(f"FP8ForwardSm90: exp2_fma_every must be an int >= 0, got {exp2_fma_every!r}")
+        self.exp2_fma_every = exp2_fma_every
         self.qk_pair_issue = qk_pair_issue
         if promote_qk and intra_wg_overlap:
             raise ValueError("FP8ForwardSm90: promote_qk needs intra_wg_overlap=False (the k32 QK products "
@@ -561,7 +606,16 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, row_max[r])
             m_safe = Float32(0.0) if m_new == -Float32.inf else m_new
-            p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
+            if const_expr(self.exp2_fma_every == 0):
+                p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
+            else:  # Direct-P: every exp2_fma_every-th column from the FMA path, the rest from MUFU
+                acc_S_mn[r, None].store(t * row_r[r] + (Float32(LIFT) - m_safe))
+                for c in cutlass.range_constexpr(cute.size(tScS_mn, mode=[1])):
+                    if const_expr(c % self.exp2_fma_every == self.exp2_fma_every - 1):
+                        acc_S_mn[r, c] = _exp2_fma(acc_S_mn[r, c])
+                    else:
+                        acc_S_mn[r, c] = _ex2(acc_S_mn[r, c])
+                p = acc_S_mn[r, None].load()
             if const_expr(is_first):
                 alpha[r] = Float32(1.0)
                 row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)

@@ -57,6 +57,8 @@ def test_measurement_options_are_checked():
 
     with pytest.raises(ValueError, match="qk_promote_k must be 32 or 64"):
         FP8ForwardSm90(128, 4, True, qk_promote_k=48)
+    with pytest.raises(ValueError, match="exp2_fma_every must be an int >= 0"):
+        FP8ForwardSm90(128, 4, True, exp2_fma_every=-1)
     with pytest.raises(ValueError, match="pv_only_turn is an option of the ping-pong"):
         FP8ForwardSm90(128, 4, True, intra_wg_overlap=True, promote_qk=False, pv_only_turn=True)
 
@@ -75,3 +77,76 @@ def test_kv_tile_schedule(qk_pair_issue, pv_only_turn):
     (loop,) = compile_report((128, 128, 2), causal=False, pv_only_turn=pv_only_turn,
                              qk_pair_issue=qk_pair_issue)["inner_loops"]
     assert loop["schedule"] == f"{first} QGMMA DEPBAR QGMMA DEPBAR {pv}", loop
+
+
+def _run_ptx(ptx: str, x: float) -> float:
+    """Interpret the few PTX instructions of the kernel's FMA-path exp2 on float32 values (round-down
+    add via float64, FMA via float64: exact product, one double rounding as direct_p_e4m3._fma32)."""
+    import struct
+
+    import numpy as np
+
+    def f32(v: float) -> float:
+        return struct.unpack("<f", struct.pack("<f", v))[0]
+
+    def bits(v: float) -> int:
+        return struct.unpack("<I", struct.pack("<f", v))[0]
+
+    def val(tok: str) -> float:  # a register or a 0fXXXXXXXX immediate
+        return struct.unpack(">f", bytes.fromhex(tok[2:]))[0] if tok.startswith("0f") else reg[tok]
+
+    reg = {"$1": f32(x)}
+
+    for line in ptx.strip("{}\n").splitlines():
+        if line.startswith(".reg"):
+            continue
+        op, args = line.rstrip(";").split(" ", 1)
+        d, *src = [a.strip() for a in args.split(",")]
+        if op == "max.f32":
+            reg[d] = max(val(src[0]), val(src[1]))
+        elif op == "add.rm.f32":
+            exact = val(src[0]) + val(src[1])  # exact in float64
+            r = f32(exact)  # nearest float32; one float32 step down if that rounded up
+            reg[d] = r if r <= exact else float(np.nextafter(np.float32(r), np.float32(-np.inf)))
+        elif op == "sub.f32":
+            reg[d] = f32(val(src[0]) - val(src[1]))
+        elif op == "fma.rn.f32":
+            reg[d] = f32(val(src[0]) * val(src[1]) + val(src[2]))
+        elif op == "mov.b32":
+            reg[d] = bits(reg[src[0]]) if isinstance(reg[src[0]], float) else struct.unpack(
+                "<f", struct.pack("<I", reg[src[0]]))[0]
+        elif op == "shl.b32":
+            reg[d] = (reg[src[0]] << int(src[1])) & 0xFFFFFFFF
+        elif op == "add.s32":
+            reg[d] = (reg[src[0]] + reg[src[1]]) & 0xFFFFFFFF
+        else:
+            raise AssertionError(f"unexpected PTX {line!r}")
+    return reg["$0"]
+
+
+def test_exp2_fma_ptx_computes_the_direct_p_numerics():
+    """The kernel's inline PTX for Direct-P (``exp2_fma_every``) computes ``direct_p_e4m3.exp2_fma``:
+    interpreted here instruction by instruction on x in [-130, log2 448], bit for bit."""
+    import math
+
+    import torch
+
+    from fp4_attention.cute_fwd_sm90 import EXP2_FMA_DEGREE, _exp2_fma_ptx
+    from fp4_attention.direct_p_e4m3 import exp2_fma
+
+    ptx = _exp2_fma_ptx(EXP2_FMA_DEGREE)
+    xs = torch.cat([torch.linspace(-130.0, math.log2(448.0), 4001), torch.tensor([0.0, -1e-9, 8.0, -126.0])])
+    want = exp2_fma(xs.float(), EXP2_FMA_DEGREE)
+    got = torch.tensor([_run_ptx(ptx, float(x)) for x in xs.float()])
+    assert torch.equal(got, want)
+
+
+def test_direct_p_columns_leave_the_exp2_unit():
+    """``exp2_fma_every=4``: a quarter of the 64 exponentials per thread and tile leave MUFU.EX2 for
+    FFMAs (the degree-4 Horner), in the same loop; no spills."""
+    (base,) = compile_report((128, 128, 2), causal=False)["inner_loops"]
+    rep = compile_report((128, 128, 2), causal=False, exp2_fma_every=4)
+    (loop,) = rep["inner_loops"]
+    assert rep["STL"] == 0 and rep["LDL"] == 0, rep
+    assert base["MUFU"] - loop["MUFU"] == 16, (base, loop)
+    assert loop["FFMA"] - base["FFMA"] == 16 * 4, (base, loop)

@@ -136,6 +136,21 @@ def test_schedule_options_give_the_default_bytes(causal, sq, sk):
         assert torch.equal(out_o, out) and torch.equal(lse_o, lse), opts
 
 
+@pytest.mark.parametrize("every", [4, 1])
+def test_direct_p_columns_match_the_default(every):
+    """``exp2_fma_every``: P from the FMA-path 2^x (degree 4 rounds to the exact path's E4M3 P on
+    the whole CPU grid, results/direct_p_e4m3/) instead of MUFU.EX2 for one column in ``every``;
+    output and LSE stay within rounding of the default kernel's."""
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, device="cuda")
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, fa.get_recipe("fp8"), causal=True,
+                                                  softmax_scale=128 ** -0.5)
+    ops = cute_backend.kernel_operands(st.q, st.k, st.v, 128 ** -0.5)
+    out, lse = cute_backend.forward_fp8(*ops, causal=True)
+    out_d, lse_d = cute_backend.forward_fp8(*ops, causal=True, exp2_fma_every=every)
+    assert rel_l2(out_d, out) <= 5e-3
+    assert float((lse_d - lse).abs().max()) <= 1e-3
+
+
 def test_unsupported_raises():
     q, k, v = make_qkv(1, 4, 1, 128, 128, 128, device="cuda")
     with pytest.raises(fa.UnsupportedError, match="backend='triton'"):
