@@ -27,7 +27,9 @@ rounding cares about relative error); the coefficients are then rounded to float
 a kernel holds them in.
 
 This module is the numerics (the torch definition a kernel is tested against) and what
-``bench/direct_p_e4m3_numerics.py`` measures; no kernel uses it yet (issue 11).
+``bench/direct_p_e4m3_numerics.py`` measures. The CuTe fp8 forward's ``exp2_fma_every`` option
+(``cute_fwd_sm90``, a measurement option, not yet run on a GPU) computes it in inline PTX with
+these coefficients; ``tests/test_cute_sass.py`` interprets that PTX against :func:`exp2_fma`.
 """
 
 from __future__ import annotations
