@@ -67,14 +67,36 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
     sass, res = disassemble(cubins[0])
-    ops = re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    ins = _instructions(sass)
     loops = inner_loops(sass)
-    count = lambda prefix: sum(op.startswith(prefix) for op in ops)
+    spans = [(int(loop["start"], 16), int(loop["end"], 16)) for loop in loops]
+    outside = [(op, rest) for a, op, rest in ins if not any(s0 <= a <= e0 for s0, e0 in spans)]
+
+    def count(prefix: str) -> int:
+        return sum(op.startswith(prefix) for _, op, _ in ins)
+
     usage = dict(re.findall(r"(REG|STACK):(\d+)", res))
     return {"tiles": list(tiles), "causal": causal, "group": group, "head_dim": head_dim, **kernel_options,
             "reg": int(usage.get("REG", -1)), "stack": int(usage.get("STACK", -1)),
             "STL": count("STL"), "LDL": count("LDL"), "QGMMA": count("QGMMA"), "HGMMA": count("HGMMA"),
-            "MUFU.EX2": count("MUFU.EX2"), "F2FP": count("F2FP"), "inner_loops": loops}
+            "MUFU.EX2": count("MUFU.EX2"), "F2FP": count("F2FP"), "inner_loops": loops,
+            # outside the KV-tile loops (the peeled first tile, the prologue and epilogue): the
+            # warp-scheduler turns (named barriers with a register id; the fixed-id ones are the CTA's
+            # and the epilogue's) and the integer min/max instructions (index clamps)
+            "turn_sync_outside_loops": sum(op.startswith("BAR.SYNC") and _reg_first(rest) for op, rest in outside),
+            "turn_arrive_outside_loops": sum(op.startswith("BAR.ARV") and _reg_first(rest) for op, rest in outside),
+            "int_minmax_outside_loops": sum(op.startswith(("VIMNMX", "VIADDMNMX", "IMNMX")) for op, _ in outside)}
+
+
+def _instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every instruction, predicates dropped."""
+    return [(int(a, 16), op, rest) for a, op, rest in
+            re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)]
+
+
+def _reg_first(operands: str) -> bool:
+    """Whether the first operand is a register (R...), as the barrier id of the warp-scheduler turn is."""
+    return bool(re.match(r"\s*R\d+", operands))
 
 
 SCHEDULE_OPS = ("QGMMA", "HGMMA", "BAR.SYNC", "BAR.ARV", "WARPGROUP.DEPBAR")  # the GEMM / turn order
@@ -91,11 +113,11 @@ def _schedule_label(op: str) -> str:
 def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
     """Instruction histograms of the innermost loops (a backward branch whose body holds no other
     loop) of at least ``min_len`` instructions: the KV-tile loops of the consumer warpgroups. Counts
-    are per warp and per loop trip (one KV tile); ``LDG_before_first_GMMA`` counts the global loads
+    are per warp and per loop trip (one KV tile); ``QK_zero_init`` the QK wgmmas that start a new
+    accumulator (one per FP32-promoted partial sum); ``LDG_before_first_GMMA`` the global loads
     (the K token scales) issued before the tile's first wgmma; ``schedule`` the order of wgmma issues,
     wgmma waits and warp-scheduler barrier syncs/arrives in the loop body."""
-    ins = [(int(a, 16), op, rest) for a, op, rest in
-           re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)]
+    ins = _instructions(sass)
     spans = []
     for a, op, rest in ins:
         target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
@@ -108,7 +130,10 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
         body = [op for a, op, _ in ins if s0 <= a <= e0]
         if len(body) >= min_len:
             first_mma = next((i for i, o in enumerate(body) if o.startswith(("QGMMA", "HGMMA"))), len(body))
-            out.append({"start": hex(s0), "instructions": len(body),
+            # QK products into a zeroed accumulator (A from shared memory: "Rd, gdesc[..], RZ, !UPT")
+            qk_zero = sum(op.startswith(("QGMMA", "HGMMA")) and re.match(r"\S* R\d+, gdesc\[[^]]*\], RZ, !UPT", rest)
+                          is not None for a, op, rest in ins if s0 <= a <= e0)
+            out.append({"start": hex(s0), "end": hex(e0), "instructions": len(body), "QK_zero_init": qk_zero,
                         **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS},
                         "LDG_before_first_GMMA": sum(o.startswith("LDG") for o in body[:first_mma]),
                         "schedule": " ".join(_schedule_label(o) for o in body if o.startswith(SCHEDULE_OPS))})

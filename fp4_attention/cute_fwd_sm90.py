@@ -132,7 +132,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             elements of the head dim of the QK product. False: the k-blocks chain inside the MMA
             (measurement).
         qk_promote_k: 32 (default, the Triton kernels' ``max_num_imprecise_acc``) or 64 (two k32
-            products chained inside the MMA per promoted partial sum: a third of the FADDs;
+            products chained inside the MMA per promoted partial sum: a third of the promotion FADDs;
             measurement, its accuracy against the tests' bounds not yet run).
         early_k_scales: False (default): a tile's K token scales are loaded after its QK product's
             wait, with clamped indices. True: loaded before the product is issued, so their latency
@@ -167,8 +167,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.in_dtype = cutlass.Float8E4M3FN
         self.promote_pv = promote_pv
         self.promote_qk = promote_qk
-        if qk_promote_k not in (32, 64):
-            raise ValueError(f"FP8ForwardSm90: qk_promote_k must be 32 or 64, got {qk_promote_k}")
+        if qk_promote_k not in (32, 64) or head_dim % qk_promote_k:
+            raise ValueError(f"FP8ForwardSm90: qk_promote_k must be 32 or 64 and divide the head dim {head_dim}, "
+                             f"got {qk_promote_k}")
+        if (qk_pair_issue or qk_promote_k != 32) and not promote_qk:
+            raise ValueError("FP8ForwardSm90: qk_pair_issue and qk_promote_k=64 need promote_qk (they shape the "
+                             "promoted QK product)")
+        if early_k_scales and intra_wg_overlap:
+            raise ValueError("FP8ForwardSm90: early_k_scales is an option of the ping-pong without intra_wg_overlap")
         self.qk_promote_k = qk_promote_k
         if pv_only_turn and intra_wg_overlap:
             raise ValueError("FP8ForwardSm90: pv_only_turn is an option of the ping-pong without intra_wg_overlap")
@@ -370,7 +376,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 row_r[r] = Float32(1.0)
                 if q_idx < seqlen.seqlen_q:
                     row_r[r] = mRow[q_idx, head_idx, batch_idx]
-            softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r, tScS_mn=tScS_mn)
+            softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r, tScS_mn=tScS_mn,
+                              mCol=mCol_cur, seqlen_k=seqlen.seqlen_k)
             load_col = partial(self._load_col, mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
@@ -378,7 +385,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             if const_expr(self.intra_wg_overlap):
                 kv_state = self._mainloop_overlapped(kv_state, n_block_min, n_block_max, seqlen, m_block, block_info,
                                                      mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O, acc_PV, tOrP,
-                                                     softmax, load_col, mask_fn)
+                                                     softmax, mask_fn)
             else:
                 step = partial(self._tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
                                pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax,
@@ -403,20 +410,18 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     @cute.jit
     def _mainloop_overlapped(self, kv_state, n_block_min: Int32, n_block_max: Int32, seqlen, m_block: Int32,
                              block_info: BlockInfo, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O: cute.Tensor,
-                             acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, load_col, mask_fn):
+                             acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn):
         """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together (the QK
         head-dim chain is not promoted in this mode)."""
         n_block = n_block_max - 1
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
-        col = load_col(n_block, clamp=True)
         pipeline_k.consumer_release(kv_state)
         mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
-        softmax(acc_S, col, n_block=n_block, is_first=True)
+        softmax(acc_S, None, n_block=n_block, is_first=True)
         self._p_to_e4m3(acc_S, tOrP)
         step = partial(self._overlapped_tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
-                       pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax,
-                       load_col=load_col)
+                       pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
         kv_state = self._remaining_tiles(kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info,
                                          mask_fn)
         pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
@@ -459,9 +464,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_k.consumer_release(kv_state)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        if const_expr(not self.early_k_scales):
-            col = load_col(n_block, clamp=True)
-        alpha = softmax(acc_S, col, n_block=n_block, is_first=is_first)
+        if const_expr(self.early_k_scales):
+            alpha = softmax(acc_S, col, n_block=n_block, is_first=is_first)
+        else:
+            alpha = softmax(acc_S, None, n_block=n_block, is_first=is_first)
         self._p_to_e4m3(acc_S, tOrP)
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
         if const_expr(not self.promote_pv):
@@ -529,8 +535,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
 
     @cute.jit
     def _overlapped_tile(self, kv_state, n_block: Int32, mma_qk, mma_pv, pipeline_k, pipeline_v,
-                         acc_O: cute.Tensor, acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, load_col,
-                         mask_fn=None):
+                         acc_O: cute.Tensor, acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn=None):
         """QK of tile ``n_block`` and PV of the previous tile in flight together; the softmax of this
         tile runs while PV finishes (FA3's intra-warpgroup overlap)."""
         kv_prev = kv_state.clone()
@@ -545,9 +550,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_k.consumer_release(kv_state)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        # the K scales only now: loaded before the two products, their 32 registers spill (the PV
-        # accumulator, P and the score tile are all live here)
-        alpha = softmax(acc_S, load_col(n_block), n_block=n_block, is_first=False)
+        alpha = softmax(acc_S, None, n_block=n_block, is_first=False)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_prev)
         self._p_to_e4m3(acc_S, tOrP)
@@ -566,7 +569,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                   clamp: cutlass.Constexpr = False) -> cute.Tensor:
         """This thread's K token scales for KV tile ``n_block``, one per accumulator column (see
         ``early_k_scales`` for where they are loaded). ``clamp``: keys past the last one, or below
-        key 0 (the n_block = -1 tile of rows without keys), read the last or the first scale (their
+        key 0 (the n_block < 0 tile of rows without keys), read the last or the first scale (their
         scores are masked); no branch, so the loads issue back to back. Only the first tile visited
         needs it: every other tile lies inside [0, seqlen_k), and its loads take one base address
         plus constant offsets."""
@@ -578,25 +581,33 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return col
 
     @cute.jit
-    def _softmax_tile(self, acc_S: cute.Tensor, col: cute.Tensor, n_block: Int32, is_first: cutlass.Constexpr,
-                      row_max: cute.Tensor, row_sum: cute.Tensor, row_r: cute.Tensor,
-                      tScS_mn: cute.Tensor) -> cute.Tensor:
-        """Online softmax of one score tile in place (acc_S becomes the lifted P), ``col`` the K
-        token scales from :meth:`_load_col`; returns the per-row rescale factor alpha of the running
-        output (contract §2, reference.py)."""
+    def _softmax_tile(self, acc_S: cute.Tensor, col, n_block: Int32, is_first: cutlass.Constexpr,
+                      row_max: cute.Tensor, row_sum: cute.Tensor, row_r: cute.Tensor, tScS_mn: cute.Tensor,
+                      mCol: cute.Tensor, seqlen_k: Int32) -> cute.Tensor:
+        """Online softmax of one score tile in place (acc_S becomes the lifted P); returns the
+        per-row rescale factor alpha of the running output (contract §2, reference.py). ``col``:
+        the tile's K token scales from :meth:`_load_col` (``early_k_scales``), or None: loaded here,
+        one per column, clamped (the code that ran on the H200)."""
         n0 = n_block * self.tile_n
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        # t * col. A query block that sees no key at all (causal, Sq > Sk) still gets one tile,
-        # n_block = -1, whose keys are out of range below 0 and read as zeros by TMA: they are
-        # masked here (the causal mask alone would leave some visible), so such rows end with l = 0:
-        # O = 0, LSE = -inf.
+        # t * col, one K scale at a time (each is read once and used for this thread's two rows).
+        # Keys past the end read the last scale (their scores are already -inf): no branch, so the
+        # loads issue back to back instead of one latency each.
+        # A query block that sees no key at all (causal, Sq > Sk) still gets one tile, n_block < 0,
+        # whose keys are out of range below 0 and read as zeros by TMA: they are masked here (the
+        # causal mask alone would leave some visible), so such rows end with l = 0: O = 0, LSE = -inf.
+        k_last = seqlen_k - 1
         for c in cutlass.range(cute.size(tScS_mn, mode=[1]), unroll_full=True):
             k_idx = n0 + tScS_mn[0, c][1]
+            if const_expr(col is None):
+                col_c = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)]
+            else:
+                col_c = col[c]
             for r in cutlass.range(cute.size(row_max), unroll_full=True):
                 if const_expr(is_first):
-                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col[c]
+                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col_c
                 else:
-                    acc_S_mn[r, c] = acc_S_mn[r, c] * col[c]
+                    acc_S_mn[r, c] = acc_S_mn[r, c] * col_c
         alpha = cute.make_fragment_like(row_max, Float32)
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
             t = acc_S_mn[r, None].load()

@@ -7,7 +7,7 @@ exponentials take about 0.74 of the MMA time. Direct-P computes some of them wit
 integer arithmetic, the way a kernel would:
 
     x  = max(x, -126)              FMNMX (keeps 2^floor(x) a normal FP32 number; E4M3 rounds
-                                   anything below 2^-10 to 0)
+                                   anything below 2^-10 to 0; NaN gives -126, as PTX max.f32)
     t  = x + 1.5 * 2^23 (add.rm)   FADD rounding down: t's low mantissa bits hold floor(x)
     n  = t - 1.5 * 2^23            FADD: floor(x) as a float
     f  = x - n                     FADD, f in [0, 1] (1 only when x rounds up to 0 from below)
@@ -16,8 +16,10 @@ integer arithmetic, the way a kernel would:
                                    (exact: the exponent field gains n)
 
 then rounds to E4M3 as the exp2 unit's result is rounded (``cvt.rn.satfinite.e4m3x2``). That is
-``degree + 6`` issue slots per element on the FP32 and integer pipes, no conversion unit, against
-one MUFU.EX2. (The torch emulation below takes ``torch.floor``; the values are the same.)
+``degree + 6`` PTX instructions; ptxas fuses the shift and the add into one LEA, so ``degree + 5``
+issue slots per element on the FP32 and integer pipes, no conversion unit, against one MUFU.EX2
+(SASS of the CuTe kernel's ``exp2_fma_every``). (The torch emulation below takes ``torch.floor``;
+the values are the same.)
 
 The polynomial is ``p(f) = 1 + f + f (f - 1) q(f)``: ``p(0) = 1`` exactly, so powers of two, the
 lifted row maximum ``2^8`` among them, come out exact, and ``p(1) = 2`` up to the float32 rounding
@@ -89,7 +91,8 @@ def exp2_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
     Args:
         x: float32 exponents, any shape; -inf (a masked score) gives 2^-126, which rounds to 0 in
             E4M3. Values above 127 overflow FP32 (the softmax keeps x <= 8 + the lazy-rescale
-            threshold <= log2 448). NaN gives NaN, as does +inf.
+            threshold <= log2 448). NaN and -inf give 2^-126 (as the kernel's ``max.f32`` clamp);
+            +inf gives NaN.
         degree: degree of the polynomial for ``2^frac(x)`` (1 to 6).
     Returns:
         float32 tensor of x's shape.
@@ -99,7 +102,7 @@ def exp2_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
     if x.dtype != torch.float32:
         raise ValueError(f"exp2_fma: x must be float32 (the kernel's FP32 exponent), got {x.dtype}")
     coeffs = exp2_poly_coeffs(degree)
-    x = x.clamp(min=EXP2_MIN_X)
+    x = torch.fmax(x, torch.tensor(EXP2_MIN_X))  # NaN -> -126, as PTX max.f32
     n = torch.floor(x)
     f = x - n  # float32 subtraction, as the kernel's FADD
     p = torch.full_like(f, coeffs[-1])

@@ -35,6 +35,10 @@ def test_early_k_scales_load_before_the_qk_product_and_drop_the_clamps(tiles):
     base = compile_report(tiles)
     early = compile_report(tiles, early_k_scales=True)
     assert early["STL"] == 0 and early["LDL"] == 0, early
+    assert base["inner_loops"] and early["inner_loops"], (base, early)
+    # the first tile visited (peeled, outside the loops) still clamps its 32 (tile_n / 4) indices:
+    # without the clamp 9-10 integer min/max instructions are left there (checked by removing it)
+    assert early["int_minmax_outside_loops"] >= tiles[1] // 4, early
     for b, e in zip(base["inner_loops"], early["inner_loops"], strict=True):
         assert e["LDG_before_first_GMMA"] == e["LDG"] == tiles[1] // 4, e
         assert e["instructions"] < b["instructions"], (b, e)
@@ -42,14 +46,16 @@ def test_early_k_scales_load_before_the_qk_product_and_drop_the_clamps(tiles):
 
 
 def test_qk_promotion_per_64_drops_two_of_three_promotion_adds():
-    """``qk_promote_k=64`` (a measurement option) chains two k32 products per partial sum: of the
-    three FP32 additions of 64 accumulator registers per tile, one is left."""
+    """``qk_promote_k=64`` (a measurement option) chains two k32 products per partial sum (the second
+    accumulates onto the first: 2 zero-initialized QK wgmmas per tile, not 4); of the three FP32
+    additions of 64 accumulator registers per tile, one is left."""
     base = compile_report((128, 128, 2))["inner_loops"]
     per64 = compile_report((128, 128, 2), qk_promote_k=64)["inner_loops"]
     assert len(base) == len(per64) > 0
     for b, p in zip(base, per64):
         assert b["FADD"] - p["FADD"] == 2 * 64, (b, p)
         assert b["QGMMA"] == p["QGMMA"], (b, p)
+        assert (b["QK_zero_init"], p["QK_zero_init"]) == (4, 2), (b, p)
 
 
 def test_measurement_options_are_checked():
@@ -57,6 +63,10 @@ def test_measurement_options_are_checked():
 
     with pytest.raises(ValueError, match="qk_promote_k must be 32 or 64"):
         FP8ForwardSm90(128, 4, True, qk_promote_k=48)
+    with pytest.raises(ValueError, match="qk_pair_issue and qk_promote_k=64 need promote_qk"):
+        FP8ForwardSm90(128, 4, True, promote_qk=False, qk_pair_issue=True)
+    with pytest.raises(ValueError, match="early_k_scales is an option of the ping-pong"):
+        FP8ForwardSm90(128, 4, True, intra_wg_overlap=True, promote_qk=False, early_k_scales=True)
     with pytest.raises(ValueError, match="exp2_fma_every must be an int >= 0"):
         FP8ForwardSm90(128, 4, True, exp2_fma_every=-1)
     with pytest.raises(ValueError, match="pv_only_turn is an option of the ping-pong"):
@@ -74,9 +84,14 @@ def test_kv_tile_schedule(qk_pair_issue, pv_only_turn):
     if not pv_only_turn:
         first = first.replace("QGMMA", "QGMMA BAR.ARV", 1)
     pv = "BAR.SYNC QGMMA QGMMA QGMMA QGMMA " + ("BAR.ARV DEPBAR" if pv_only_turn else "DEPBAR")
-    (loop,) = compile_report((128, 128, 2), causal=False, pv_only_turn=pv_only_turn,
-                             qk_pair_issue=qk_pair_issue)["inner_loops"]
+    rep = compile_report((128, 128, 2), causal=False, pv_only_turn=pv_only_turn, qk_pair_issue=qk_pair_issue)
+    (loop,) = rep["inner_loops"]
     assert loop["schedule"] == f"{first} QGMMA DEPBAR QGMMA DEPBAR {pv}", loop
+    # and the turns outside the loop balance: by default the sync before the loop, and the peeled
+    # first tile's sync (PV) and arrive (QK), the arrive after the loop; with pv_only_turn the peeled
+    # tile's one sync and arrive around its PV issue
+    n = 1 if pv_only_turn else 2
+    assert (rep["turn_sync_outside_loops"], rep["turn_arrive_outside_loops"]) == (n, n), rep
 
 
 def _run_ptx(ptx: str, x: float) -> float:
@@ -102,8 +117,9 @@ def _run_ptx(ptx: str, x: float) -> float:
             continue
         op, args = line.rstrip(";").split(" ", 1)
         d, *src = [a.strip() for a in args.split(",")]
-        if op == "max.f32":
-            reg[d] = max(val(src[0]), val(src[1]))
+        if op == "max.f32":  # PTX max returns the other operand when one is NaN
+            a, b = val(src[0]), val(src[1])
+            reg[d] = b if a != a else a if b != b else max(a, b)
         elif op == "add.rm.f32":
             exact = val(src[0]) + val(src[1])  # exact in float64
             r = f32(exact)  # nearest float32; one float32 step down if that rounded up
@@ -135,10 +151,12 @@ def test_exp2_fma_ptx_computes_the_direct_p_numerics():
     from fp4_attention.direct_p_e4m3 import exp2_fma
 
     ptx = _exp2_fma_ptx(EXP2_FMA_DEGREE)
-    xs = torch.cat([torch.linspace(-130.0, math.log2(448.0), 4001), torch.tensor([0.0, -1e-9, 8.0, -126.0])])
+    xs = torch.cat([torch.linspace(-130.0, math.log2(448.0), 4001),
+                    torch.tensor([0.0, -1e-9, 8.0, -126.0, -torch.inf, torch.nan])])
     want = exp2_fma(xs.float(), EXP2_FMA_DEGREE)
     got = torch.tensor([_run_ptx(ptx, float(x)) for x in xs.float()])
     assert torch.equal(got, want)
+    assert want[-1] == want[-2] == 2.0 ** -126  # NaN and -inf: 2^-126, which E4M3 rounds to 0
 
 
 def test_direct_p_columns_leave_the_exp2_unit():

@@ -120,11 +120,13 @@ def test_backward_through_the_api_matches_triton_on_the_same_state():
         assert rel_l2(g_cute, g_triton) <= 1e-2  # the two forwards' outputs differ by P rounding order
 
 
-@pytest.mark.parametrize("causal, sq, sk", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 200)])
+@pytest.mark.parametrize("causal, sq, sk", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 200),
+                                            (True, 400, 200), (True, 600, 200)])
 def test_schedule_options_give_the_default_bytes(causal, sq, sk):
     """``early_k_scales``, ``qk_pair_issue`` and ``pv_only_turn`` move loads, waits and the
     warp-scheduler turn, not arithmetic: output and LSE equal the default kernel's bit for bit
-    (ragged last tile; with Sq > Sk, rows without keys)."""
+    (ragged last tile; with Sq > Sk, rows without keys: at 400/200 and 600/200 the first query
+    block's first tile is block -1 or -3, the clamped loads below key 0)."""
     q, k, v = make_qkv(2, 8, 2, sq, sk, 128, device="cuda")
     _, _, st = cute_backend.CuteBackend().forward(q, k, v, fa.get_recipe("fp8"), causal=causal,
                                                   softmax_scale=128 ** -0.5)
