@@ -97,6 +97,7 @@ def test_kv_tile_schedule(qk_pair_issue, pv_only_turn):
 def _run_ptx(ptx: str, x: float) -> float:
     """Interpret the few PTX instructions of the kernel's FMA-path exp2 on float32 values (round-down
     add via float64, FMA via float64: exact product, one double rounding as direct_p_e4m3._fma32)."""
+    import math
     import struct
 
     import numpy as np
@@ -119,7 +120,7 @@ def _run_ptx(ptx: str, x: float) -> float:
         d, *src = [a.strip() for a in args.split(",")]
         if op == "max.f32":  # PTX max returns the other operand when one is NaN
             a, b = val(src[0]), val(src[1])
-            reg[d] = b if a != a else a if b != b else max(a, b)
+            reg[d] = b if math.isnan(a) else a if math.isnan(b) else max(a, b)
         elif op == "add.rm.f32":
             exact = val(src[0]) + val(src[1])  # exact in float64
             r = f32(exact)  # nearest float32; one float32 step down if that rounded up
