@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp4_attention.direct_p_e4m3 import exp2_fma, exp2_poly_coeffs
+from fp4_attention.direct_p_e4m3 import exp2_fma, exp2_poly_coeffs, exponent_grid, p_e4m3_exact
 from fp4_attention.formats import round_e4m3
 from training.metrics import git_commit
 
@@ -39,20 +39,11 @@ LIFT = 8.0
 DEGREES = (1, 2, 3, 4, 5, 6)
 
 
-def _exact_p(x: torch.Tensor) -> torch.Tensor:
-    """E4M3 values of the exact 2^x (float64 2^x, one rounding to E4M3 via float32: 2^x in float32
-    is within half an ulp, far from an E4M3 tie)."""
-    return round_e4m3(torch.exp2(x.double()).float())
-
-
-GRID_MAX = math.log2(448.0)  # the largest exponent the recipes' lift + lazy-rescale threshold allow
-
-
 def grid_stats(degree: int) -> dict:
-    x = (torch.arange(-12 * 4096, math.floor(GRID_MAX * 4096) + 1, dtype=torch.float64) / 4096).float()
+    x = exponent_grid()
     exact = torch.exp2(x.double())
     approx = exp2_fma(x, degree)
-    p_ref, p = _exact_p(x), round_e4m3(approx)
+    p_ref, p = p_e4m3_exact(x), round_e4m3(approx)
     return {"values": x.numel(), "max_rel_err_fp32": float(((approx.double() - exact) / exact).abs().max()),
             "e4m3_mismatch": float((p != p_ref).double().mean()),
             "monotone": bool((p[1:] >= p[:-1]).all())}
@@ -63,8 +54,9 @@ def row_stats(degree: int, sigma: float, rows: int = 64, keys: int = 4096, d: in
     s = torch.randn(rows, keys, generator=g, dtype=torch.float64) * sigma
     x = ((s - s.amax(-1, keepdim=True)) * math.log2(math.e) + LIFT).float()
     v = torch.randn(keys, d, generator=g, dtype=torch.float64)
-    p_ref, p = _exact_p(x), round_e4m3(exp2_fma(x, degree))
-    l_ref, l_fma = torch.exp2(x.double()).sum(-1), exp2_fma(x, degree).double().sum(-1)
+    approx = exp2_fma(x, degree)
+    p_ref, p = p_e4m3_exact(x), round_e4m3(approx)
+    l_ref, l_fma = torch.exp2(x.double()).sum(-1), approx.double().sum(-1)
     o_ref, o = (p_ref.double() @ v) / l_ref[:, None], (p.double() @ v) / l_fma[:, None]
     return {"sigma": sigma, "e4m3_mismatch": float((p != p_ref).double().mean()),
             "max_rel_err_denominator": float(((l_fma - l_ref) / l_ref).abs().max()),

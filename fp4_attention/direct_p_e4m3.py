@@ -37,12 +37,13 @@ these coefficients; ``tests/test_cute_sass.py`` interprets that PTX against :fun
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from .formats import round_e4m3
 
-__all__ = ["EXP2_MIN_X", "exp2_fma", "exp2_poly_coeffs", "p_e4m3_fma"]
+__all__ = ["EXP2_MIN_X", "exp2_fma", "exp2_poly_coeffs", "exponent_grid", "p_e4m3_exact", "p_e4m3_fma"]
 
 EXP2_MIN_X = -126.0  # 2^-126: the smallest normal FP32; E4M3 rounds everything below 2^-10 to 0
 
@@ -89,10 +90,9 @@ def exp2_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
     """``2^x`` in float32 as the FMA-only kernel path computes it (see the module docstring).
 
     Args:
-        x: float32 exponents, any shape; -inf (a masked score) gives 2^-126, which rounds to 0 in
-            E4M3. Values above 127 overflow FP32 (the softmax keeps x <= 8 + the lazy-rescale
-            threshold <= log2 448). NaN and -inf give 2^-126 (as the kernel's ``max.f32`` clamp);
-            +inf gives NaN.
+        x: float32 exponents, any shape. Values above 127 overflow FP32 (the softmax keeps x <= 8 +
+            the lazy-rescale threshold <= log2 448). -inf (a masked score) and NaN give 2^-126 (as
+            the kernel's ``max.f32`` clamp), which rounds to 0 in E4M3; +inf gives NaN.
         degree: degree of the polynomial for ``2^frac(x)`` (1 to 6).
     Returns:
         float32 tensor of x's shape.
@@ -122,3 +122,22 @@ def p_e4m3_fma(x: torch.Tensor, degree: int = 4) -> torch.Tensor:
         float32 tensor of E4M3 values, x's shape (compare with ``round_e4m3(torch.exp2(x))``).
     """
     return round_e4m3(exp2_fma(x, degree))
+
+
+def p_e4m3_exact(x: torch.Tensor) -> torch.Tensor:
+    """E4M3 values of the exact path's lifted P, ``round_e4m3(2^x)``: 2^x in float64, then float32
+    (within half an ulp, far from an E4M3 tie), then E4M3. The yardstick of :func:`p_e4m3_fma`.
+
+    Args:
+        x: exponents, any float dtype and shape.
+    Returns:
+        float32 tensor of E4M3 values, x's shape.
+    """
+    return round_e4m3(torch.exp2(x.double()).float())
+
+
+def exponent_grid(step_log2: int = 12) -> torch.Tensor:
+    """Every x in [-12, log2 448] in steps of ``2^-step_log2`` (float32): below 2^-10 E4M3 is 0, and
+    above 8 lies the lazy-rescale headroom the recipes allow up to E4M3's 448."""
+    scale = 2 ** step_log2
+    return (torch.arange(-12 * scale, math.floor(math.log2(448.0) * scale) + 1, dtype=torch.float64) / scale).float()

@@ -5,15 +5,10 @@ import math
 import pytest
 import torch
 
-from fp4_attention.direct_p_e4m3 import exp2_fma, exp2_poly_coeffs, p_e4m3_fma
+from fp4_attention.direct_p_e4m3 import exp2_fma, exp2_poly_coeffs, exponent_grid, p_e4m3_exact, p_e4m3_fma
 from fp4_attention.formats import round_e4m3
 
-# x in [-12, log2 448] in steps of 2^-12: up to the largest lift + lazy-rescale threshold the recipes allow
-GRID = (torch.arange(-12 * 4096, math.floor(math.log2(448) * 4096) + 1, dtype=torch.float64) / 4096).float()
-
-
-def _exact_p(x):
-    return round_e4m3(torch.exp2(x.double()).float())
+GRID = exponent_grid()  # x in [-12, log2 448] in steps of 2^-12
 
 
 @pytest.mark.parametrize("degree", range(1, 7))
@@ -53,7 +48,7 @@ def test_error_and_e4m3_agreement_on_the_grid(degree, max_rel, max_mismatch):
     approx = exp2_fma(GRID, degree).double()
     exact = torch.exp2(GRID.double())
     assert float(((approx - exact) / exact).abs().max()) < max_rel
-    mismatch = float((round_e4m3(approx.float()) != _exact_p(GRID)).double().mean())
+    mismatch = float((round_e4m3(approx.float()) != p_e4m3_exact(GRID)).double().mean())
     assert mismatch <= max_mismatch
     if degree == 2:
         assert mismatch > 0  # the bound is not vacuous: degree 2 does flip codes
