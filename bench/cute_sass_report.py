@@ -127,12 +127,13 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
              if not any(s0 <= s1 and e1 <= e0 and (s1, e1) != (s0, e0) for s1, e1 in spans)]
     out = []
     for s0, e0 in inner:
-        body = [op for a, op, _ in ins if s0 <= a <= e0]
+        body_ins = [(op, rest) for a, op, rest in ins if s0 <= a <= e0]
+        body = [op for op, _ in body_ins]
         if len(body) >= min_len:
             first_mma = next((i for i, o in enumerate(body) if o.startswith(("QGMMA", "HGMMA"))), len(body))
             # QK products into a zeroed accumulator (A from shared memory: "Rd, gdesc[..], RZ, !UPT")
             qk_zero = sum(op.startswith(("QGMMA", "HGMMA")) and re.match(r"\S* R\d+, gdesc\[[^]]*\], RZ, !UPT", rest)
-                          is not None for a, op, rest in ins if s0 <= a <= e0)
+                          is not None for op, rest in body_ins)
             out.append({"start": hex(s0), "end": hex(e0), "instructions": len(body), "QK_zero_init": qk_zero,
                         **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS},
                         "LDG_before_first_GMMA": sum(o.startswith("LDG") for o in body[:first_mma]),
