@@ -98,7 +98,8 @@ def _exp2_fma(x: Float32, *, loc=None, ip=None) -> Float32:
 
 @dsl_user_op
 def _ex2(x: Float32, *, loc=None, ip=None) -> Float32:
-    """2^x on the exp2 unit (MUFU.EX2), one element."""
+    """2^x on the exp2 unit (MUFU.EX2), one element. ``cute.arch.exp2`` emits the same instruction
+    but marks it as having side effects, which pins it in program order."""
     return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "ex2.approx.ftz.f32 $0, $1;",
                                    "=f,f", has_side_effects=False, is_align_stack=False,
                                    asm_dialect=llvm.AsmDialect.AD_ATT))
@@ -165,25 +166,20 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                          num_threads=128 * (tile_m // 64 + 1), Q_in_regs=False,
                          intra_wg_overlap=intra_wg_overlap, mma_pv_is_rs=True)
         self.in_dtype = cutlass.Float8E4M3FN
-        self.promote_pv = promote_pv
-        self.promote_qk = promote_qk
         if qk_promote_k not in (32, 64) or head_dim % qk_promote_k:
             raise ValueError(f"FP8ForwardSm90: qk_promote_k must be 32 or 64 and divide the head dim {head_dim}, "
                              f"got {qk_promote_k}")
         if (qk_pair_issue or qk_promote_k != 32) and not promote_qk:
             raise ValueError("FP8ForwardSm90: qk_pair_issue and qk_promote_k=64 need promote_qk (they shape the "
                              "promoted QK product)")
-        if early_k_scales and intra_wg_overlap:
-            raise ValueError("FP8ForwardSm90: early_k_scales is an option of the ping-pong without intra_wg_overlap")
-        self.qk_promote_k = qk_promote_k
-        if pv_only_turn and intra_wg_overlap:
-            raise ValueError("FP8ForwardSm90: pv_only_turn is an option of the ping-pong without intra_wg_overlap")
-        self.pv_only_turn = pv_only_turn
-        self.early_k_scales = early_k_scales
+        for name, on in (("early_k_scales", early_k_scales), ("pv_only_turn", pv_only_turn)):
+            if on and intra_wg_overlap:
+                raise ValueError(f"FP8ForwardSm90: {name} is an option of the ping-pong without intra_wg_overlap")
         if not isinstance(exp2_fma_every, int) or exp2_fma_every < 0:
             raise ValueError(f"FP8ForwardSm90: exp2_fma_every must be an int >= 0, got {exp2_fma_every!r}")
+        self.promote_pv, self.promote_qk, self.qk_promote_k = promote_pv, promote_qk, qk_promote_k
+        self.early_k_scales, self.qk_pair_issue, self.pv_only_turn = early_k_scales, qk_pair_issue, pv_only_turn
         self.exp2_fma_every = exp2_fma_every
-        self.qk_pair_issue = qk_pair_issue
         if promote_qk and intra_wg_overlap:
             raise ValueError("FP8ForwardSm90: promote_qk needs intra_wg_overlap=False (the k32 QK products "
                              "wait one by one, which would also wait for the PV product in flight)")
@@ -454,6 +450,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
         leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
         other's. With ``pv_only_turn`` the barrier is taken for the PV issue alone."""
+        col = None  # the K scales: loaded by the softmax after the QK product, or here, before it
         if const_expr(self.early_k_scales):
             col = load_col(n_block, clamp=is_first)  # in flight during the QK product
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
@@ -464,10 +461,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_k.consumer_release(kv_state)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        if const_expr(self.early_k_scales):
-            alpha = softmax(acc_S, col, n_block=n_block, is_first=is_first)
-        else:
-            alpha = softmax(acc_S, None, n_block=n_block, is_first=is_first)
+        alpha = softmax(acc_S, col, n_block=n_block, is_first=is_first)
         self._p_to_e4m3(acc_S, tOrP)
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
         if const_expr(not self.promote_pv):
