@@ -96,9 +96,7 @@ def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
     """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside."""
     from fp4_attention import cute_backend
 
-    be = cute_backend.CuteBackend()
-    _, _, st = be.forward(q, k, v, fa.get_recipe("fp8"), causal=causal, softmax_scale=D ** -0.5, tiles=tiles)
-    ops = cute_backend.kernel_operands(st.q, st.k, st.v, D ** -0.5)
+    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D ** -0.5)
 
     def f():
         cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, **kernel_options)

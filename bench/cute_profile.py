@@ -64,10 +64,8 @@ def main(argv=None) -> int:
             FA4Backend().forward(q, k, v, fa.get_recipe("bf16"), causal=args.causal, softmax_scale=D ** -0.5)
     else:
         from fp4_attention import cute_backend
-        from fp4_attention.triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed
 
-        ops = cute_backend.kernel_operands(quantize_fp8_rows(q), quantize_fp8_rows(k),
-                                           quantize_fp8_v_transposed(v, perm16=True), D ** -0.5)
+        ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D ** -0.5)
 
         def run():
             cute_backend.forward_fp8(*ops, causal=args.causal, tiles=tiles, **VARIANTS[args.variant])

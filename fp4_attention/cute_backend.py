@@ -118,6 +118,15 @@ def kernel_operands(q_s: FP8Tensor, k_s: FP8Tensor, v_s: FP8Tensor, softmax_scal
             v_s.scale.squeeze(2).contiguous())
 
 
+def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[FP8Tensor, FP8Tensor, FP8Tensor]:
+    """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA) -> the quantized Q/K/V the kernel
+    reads and :class:`CuteState` saves: Q and K E4M3 per token, V E4M3 per channel, transposed and
+    in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands` makes them the
+    kernel's arguments."""
+    return (quantize_fp8_rows(q.contiguous()), quantize_fp8_rows(k.contiguous()),
+            quantize_fp8_v_transposed(v, perm16=True))
+
+
 def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, **kernel_options):
     """Run the CuTe ``fp8`` forward on prepared operands.
 
@@ -127,8 +136,8 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
             (``quantize_fp8_v_transposed(v, perm16=True).data``).
         row_r: FP32 ``[B, Hq, Sq]``, Q token scale times softmax_scale * log2 e.
         col: FP32 ``[B, Hkv, Sk]``, K token scale; v_scale: FP32 ``[B, Hkv, D]``.
-        kernel_options: ``intra_wg_overlap`` / ``promote_qk`` / ``promote_pv`` of
-            :class:`FP8ForwardSm90`, to measure what the defaults (the contract's promotions) cost.
+        kernel_options: the measurement options of :class:`FP8ForwardSm90` (promotions, overlap,
+            schedule, Direct-P; all off or at the contract's setting by default).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:
@@ -172,9 +181,7 @@ class CuteBackend:
         LSE ``[B, Hq, Sq]`` and the :class:`CuteState`. Quantizes Q/K per token and V per channel
         (Triton quantizers, V into the kernel's layout), then runs the kernel (``forward_fp8``).
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``."""
-        q_s = quantize_fp8_rows(q.contiguous())
-        k_s = quantize_fp8_rows(k.contiguous())
-        v_s = quantize_fp8_v_transposed(v, perm16=True)  # the kernel's PV operand layout
+        q_s, k_s, v_s = quantize_inputs(q, k, v)
         out, lse = forward_fp8(*kernel_operands(q_s, k_s, v_s, softmax_scale), causal=causal, tiles=tiles)
         return out, lse, CuteState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 

@@ -128,9 +128,7 @@ def test_schedule_options_give_the_default_bytes(causal, sq, sk):
     (ragged last tile; with Sq > Sk, rows without keys: at 400/200 and 600/200 the first query
     block's first tile is block -1 or -3, the clamped loads below key 0)."""
     q, k, v = make_qkv(2, 8, 2, sq, sk, 128, device="cuda")
-    _, _, st = cute_backend.CuteBackend().forward(q, k, v, fa.get_recipe("fp8"), causal=causal,
-                                                  softmax_scale=128 ** -0.5)
-    ops = cute_backend.kernel_operands(st.q, st.k, st.v, 128 ** -0.5)
+    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128 ** -0.5)
     out, lse = cute_backend.forward_fp8(*ops, causal=causal)
     for opts in ({"early_k_scales": True}, {"qk_pair_issue": True}, {"pv_only_turn": True},
                  {"early_k_scales": True, "qk_pair_issue": True, "pv_only_turn": True}):
@@ -144,9 +142,7 @@ def test_direct_p_columns_match_the_default(every):
     the whole CPU grid, results/direct_p_e4m3/) instead of MUFU.EX2 for one column in ``every``;
     output and LSE stay within rounding of the default kernel's."""
     q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, device="cuda")
-    _, _, st = cute_backend.CuteBackend().forward(q, k, v, fa.get_recipe("fp8"), causal=True,
-                                                  softmax_scale=128 ** -0.5)
-    ops = cute_backend.kernel_operands(st.q, st.k, st.v, 128 ** -0.5)
+    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128 ** -0.5)
     out, lse = cute_backend.forward_fp8(*ops, causal=True)
     out_d, lse_d = cute_backend.forward_fp8(*ops, causal=True, exp2_fma_every=every)
     assert rel_l2(out_d, out) <= 5e-3
