@@ -30,7 +30,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa
-from fp4_attention import triton_backend
+from fp4_attention.backends.triton import backend as triton_backend
 
 SHAPES = [  # (B, Hq, Hkv, S, causal, passes)
     (1, 32, 8, 4096, True, ("fwd", "fwd_bwd")),
@@ -94,7 +94,7 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
     """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside."""
-    from fp4_attention import cute_backend
+    from fp4_attention.backends.cute import backend as cute_backend
 
     ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D ** -0.5)
 
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     if args.cute:
         from importlib.metadata import version
 
-        from fp4_attention import cute_backend
+        from fp4_attention.backends.cute import backend as cute_backend
         meta["versions"] = {p: version(p) for p in ("nvidia-cutlass-dsl", "flash-attn-4", "quack-kernels")}
         meta["cute_first_call_compile_s"] = {f"d{k[0]} g{k[1]} {'causal' if k[2] else 'non-causal'} tiles{k[3]}": round(v, 2)
                                              for k, v in cute_backend.COMPILE_SECONDS.items()}

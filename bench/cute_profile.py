@@ -58,12 +58,12 @@ def main(argv=None) -> int:
     import fp4_attention as fa
 
     if args.variant == "fa4_bf16":
-        from fp4_attention.fa4_backend import FA4Backend
+        from fp4_attention.backends.fa4.backend import FA4Backend
 
         def run():
             FA4Backend().forward(q, k, v, fa.get_recipe("bf16"), causal=args.causal, softmax_scale=D ** -0.5)
     else:
-        from fp4_attention import cute_backend
+        from fp4_attention.backends.cute import backend as cute_backend
 
         ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D ** -0.5)
 

@@ -43,7 +43,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     from cutlass import cute
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
 
-    from fp4_attention.cute_fwd_sm90 import FP8ForwardSm90
+    from fp4_attention.backends.cute.fwd_sm90 import FP8ForwardSm90
 
     b, hkv, s, d = 1, 2, 512, head_dim
     hq = hkv * group

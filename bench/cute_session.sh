@@ -35,7 +35,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 if [[ $mode == A ]]; then
   [[ ${SKIP_TRITON_TESTS:-0} == 1 ]] && exit 0
-  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_triton_backend.py tests/gpu/test_triton_quant.py \
+  timeout 240 python3 -m pytest -q -m gpu tests/backends/test_triton_backend.py tests/backends/test_triton_quant.py \
     -p no:cacheprovider > "$out/triton_tests.log" 2>&1; echo "triton tests rc=$?" | tee -a "$out/status.txt"
   tail -3 "$out/triton_tests.log"
   exit 0
@@ -44,7 +44,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=("128,128,2")
 steps=" ${STEPS:-tests bench} "
 if [[ $steps == *" tests "* ]]; then
-  timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu tests/gpu/test_cute_backend.py -p no:cacheprovider \
+  timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu tests/backends/test_cute_backend.py -p no:cacheprovider \
     > "$out/cute_tests.log" 2>&1; echo "cute tests rc=$?" | tee -a "$out/status.txt"
   tail -25 "$out/cute_tests.log"
 fi

@@ -1,4 +1,4 @@
-"""Numerics of Direct-P for E4M3 P (``fp4_attention.direct_p_e4m3``) by polynomial degree (issue 11).
+"""Numerics of Direct-P for E4M3 P (``fp4_attention.numerics.direct_p_e4m3``) by polynomial degree (issue 11).
 
     python bench/direct_p_e4m3_numerics.py --out results/direct_p_e4m3/numerics   # .json + .md, CPU, ~3 s
 
@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp4_attention.direct_p_e4m3 import exp2_fma, exp2_poly_coeffs, exponent_grid, p_e4m3_exact
-from fp4_attention.formats import round_e4m3
+from fp4_attention.numerics.direct_p_e4m3 import exp2_fma, exp2_poly_coeffs, exponent_grid, p_e4m3_exact
+from fp4_attention.numerics.formats import round_e4m3
 from training.metrics import git_commit
 
 LIFT = 8.0

@@ -10,7 +10,8 @@
 #   multigpu       issue 10: bench/multi_gpu.sh over all GPUs
 #   multigpu2      the same on GPUs 0 and 1 (ref dp preempt reshard tp), beside other lanes
 #   multigpu_tp    GPUs 0 and 1: ref, TP=2 and the other-seed yardstick only
-#   tests_gpu      pytest -m gpu tests/gpu          tests_model   pytest -m gpu tests/model
+#   tests_gpu      pytest -m gpu on fp4_attention's tests (tests/backends, tests/numerics, tests/test_*.py)
+#   tests_model    pytest -m gpu tests/llama
 #   tests_training pytest -m gpu tests/training     tune          bench/tune_fwd.py
 #   bench          bench/attention_bench.py          main          the default job (pretrain_llama.py)
 #   traj_A / traj_B  issue 8: bench/trajectory_runs.sh, seed 1234 / 1235, all three arms
@@ -42,8 +43,8 @@ job() {  # job NAME GPU: run one job with its time limit; print and record its e
         multigpu) lim=$(limit 300); timeout "$lim" bash bench/multi_gpu.sh "$work/multigpu" --ckpt-root /tmp/mg_ckpt --budget $((lim - 20)) ;;
         multigpu2) lim=$(limit 340); CUDA_VISIBLE_DEVICES=0,1 timeout "$lim" bash bench/multi_gpu.sh 2 "$work/multigpu2" --runs "ref dp preempt reshard tp" --ckpt-root /tmp/mg_ckpt2 --budget $((lim - 20)) ;;
         multigpu_tp) lim=$(limit 300); CUDA_VISIBLE_DEVICES=0,1 timeout "$lim" bash bench/multi_gpu.sh 2 "$work/multigpu_tp" --runs "ref tp seed" --ckpt-root /tmp/mg_ckpt3 --budget $((lim - 20)) ;;
-        tests_gpu) lim=$(limit 300); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s ;;
-        tests_model) lim=$(limit 200); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/model -p no:cacheprovider ;;
+        tests_gpu) lim=$(limit 300); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/backends tests/numerics tests/test_interface.py -p no:cacheprovider -s ;;
+        tests_model) lim=$(limit 200); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/llama -p no:cacheprovider ;;
         tests_training) lim=$(limit 300); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 -m pytest -q -m gpu tests/training -p no:cacheprovider ;;
         tune) lim=$(limit 260); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 bench/tune_fwd.py --out "$work/tune_fwd_h200" ;;
         bench) lim=$(limit 240); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 bench/attention_bench.py --out "$work/attention_bench_h200" ;;

@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp4_attention import triton_kernels as K  # noqa: E402
+from fp4_attention.backends.triton import kernels as K  # noqa: E402
 
 INSTRUCTIONS = ("QGMMA", "HGMMA", "LDGSTS", "UTMALDG", "MUFU.EX2", "F2FP", "FFMA ", "FMUL ", "STL", "LDL")
 UNIT_STRIDES = ("sqd", "skd", "svn", "srm", "scn", "svsd", "sod", "slm")
@@ -111,7 +111,7 @@ def sass_stats(kernel) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from fp4_attention.triton_backend import default_block_n, default_fwd_tiles
+    from fp4_attention.backends.triton.backend import default_block_n, default_fwd_tiles
 
     tile_m, warps, stages = default_fwd_tiles(128)
     p.add_argument("--block-m", type=int, default=tile_m)
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     cases = [("fp8", True, True), ("nvfp4qk_fp8pv", False, True), ("bf16", False, False)]
     if a.backward:
-        from fp4_attention.triton_backend import BWD_DKDV_TILES, BWD_DQ_TILES
+        from fp4_attention.backends.triton.backend import BWD_DKDV_TILES, BWD_DQ_TILES
 
         print(f"triton {triton.__version__}, sm_90, causal, dK/dV tiles {BWD_DKDV_TILES}, dQ tiles {BWD_DQ_TILES}")
         print("| kernel | recipe | " + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS]) + " |")

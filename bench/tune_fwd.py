@@ -30,8 +30,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa  # noqa: E402
-from fp4_attention import triton_backend as tb  # noqa: E402
-from fp4_attention.reference import reference_forward_quantized  # noqa: E402
+from fp4_attention.backends.triton import backend as tb  # noqa: E402
+from fp4_attention.numerics.reference import reference_forward_quantized  # noqa: E402
 from tests.conftest import make_qkv, rel_l2  # noqa: E402
 
 D = 128
@@ -149,8 +149,12 @@ def main(argv=None) -> int:
     bwd = backward_sweep(a.recipes) if a.backward else []
 
     # where the forward's quantization time goes (B4 H32/8 S4096)
-    from fp4_attention.quant import nvfp4_global_scale
-    from fp4_attention.triton_quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
+    from fp4_attention.backends.triton.quant import (
+        quantize_fp8_rows,
+        quantize_fp8_v_transposed,
+        quantize_nvfp4_rows,
+    )
+    from fp4_attention.numerics.quant import nvfp4_global_scale
     q, k, v = make_qkv(4, 32, 8, 4096, 4096, D, seed=3, device="cuda")
     steps = {
         "fp8 Q per-token (triton)": lambda: quantize_fp8_rows(q),

@@ -6,27 +6,47 @@ Usable on its own::
     out = fa.attention(q, k, v, recipe="nvfp4qk_fp8pv", causal=True)        # [B, S, H, D] BF16
     layer = fa.FP4Attention("fp8", causal=True, layout="sbhd")
 
+Layout: ``numerics/`` defines every recipe's numbers (formats, quantizers, recipes, operands, the
+torch reference, float64 attention, Direct-P); ``backends/`` computes them (the registry, the
+``reference``, ``triton``, ``cute`` and ``fa4`` backends, each declaring what it runs);
+``config.py`` holds :class:`AttentionConfig` (recipe, backend, options: what the YAML section
+``attention:`` carries to the kernel); ``interface.py`` the public function and module;
+``megatron.py`` the megatron-core adapter (imports megatron-core; not imported here).
+
 Recipes (``fa.RECIPES``) and backends (``fa.available_backends()``) are registries. The numerics of
-every recipe are defined by the torch reference (``fp4_attention.reference``), which every GPU
-backend is tested against; the formats by ``fp4_attention.formats`` and ``fp4_attention.quant``.
+every recipe are defined by the torch reference (``fp4_attention.numerics.reference``), which every
+GPU backend is tested against.
 See ``shared/spec/precision-contract.md`` for the contract these modules implement.
 """
 
-from .backends import UnsupportedError, available_backends, get_backend, register_backend
+from .backends import (
+    BackendSpec,
+    UnsupportedError,
+    available_backends,
+    backend_spec,
+    get_backend,
+    register_backend,
+    resolve_backend,
+)
+from .config import AttentionConfig
 from .interface import LAYOUTS, FP4Attention, attention
-from .recipes import RECIPES, TRAINING_RECIPES, DirectP, Recipe, get_recipe
+from .numerics.recipes import RECIPES, TRAINING_RECIPES, DirectP, Recipe, get_recipe
 
 __all__ = [
     "LAYOUTS",
     "RECIPES",
     "TRAINING_RECIPES",
+    "AttentionConfig",
+    "BackendSpec",
     "DirectP",
     "FP4Attention",
     "Recipe",
     "UnsupportedError",
     "attention",
     "available_backends",
+    "backend_spec",
     "get_backend",
     "get_recipe",
     "register_backend",
+    "resolve_backend",
 ]

@@ -5,14 +5,20 @@ Input validation lives here, once, for every backend: errors name the problem an
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 
 import torch
 
-from .backends import flatten_state, get_backend, restore_state
-from .recipes import Recipe, get_recipe
+from .backends import (
+    AUTO,
+    backend_spec,
+    check_supported,
+    flatten_state,
+    get_backend,
+    resolve_backend,
+    restore_state,
+)
+from .numerics.recipes import Recipe, get_recipe
 
 __all__ = ["LAYOUTS", "FP4Attention", "attention"]
 
@@ -59,11 +65,17 @@ def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return qb, kb, vb
 
 
-@functools.cache
-def _backend_options(forward) -> frozenset[str]:
-    """Keyword options a backend's ``forward`` accepts beyond the fixed ones (cached: per-call path)."""
-    fixed = {"self", "q", "k", "v", "recipe", "causal", "softmax_scale"}
-    return frozenset(inspect.signature(forward).parameters) - fixed
+_AUTO_CACHE: dict[tuple[str, str], str] = {}
+
+
+def _resolve(backend: str, recipe: Recipe, device: torch.device) -> str:
+    """``backend``, or for ``auto`` the registry's choice for (recipe, device), resolved once."""
+    if backend != AUTO:
+        return backend
+    key = (recipe.name, str(device))
+    if key not in _AUTO_CACHE:
+        _AUTO_CACHE[key] = resolve_backend(AUTO, recipe, device, training=recipe.trainable)[0]
+    return _AUTO_CACHE[key]
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -102,36 +114,40 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str 
         causal: causal mask, bottom-right aligned when Sq != Sk (query i sees key j iff
             ``j <= i + Sk - Sq``; a query that sees no key outputs 0 with LSE = -inf).
         softmax_scale: defaults to ``D ** -0.5``.
-        backend: a registered backend: ``reference`` (any device); on a GPU ``triton`` (the training
-            recipes), ``cute`` (``fp8`` on sm_90, CuTe DSL forward; the ``cute`` extra) and ``fa4``
-            (``bf16``, flash-attn-4's kernels; the ``cute`` extra).
+        backend: a registered backend (``fa.available_backends()``; each one's ``SPEC`` says what it
+            runs), or ``auto``: the highest-priority backend that runs the recipe on q's device
+            (``fp4_attention.backends.resolve_backend``).
         return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``.
-        options: backend options (reference: ``block_n``, ``rescale_threshold``; cute: ``tiles``).
+        options: the backend's options (its ``spec.options``; reference: ``block_n``,
+            ``rescale_threshold``; triton: forward tiles; cute: ``tiles``).
     Returns:
         BF16 output in q's layout (and the LSE if asked).
     Raises:
         TypeError / ValueError: malformed inputs (message names the problem);
-        UnsupportedError: the backend cannot run this recipe/shape/device;
+        UnsupportedError: the backend cannot run this recipe/shape/device (the message names the
+            backends that can);
         RuntimeError: a forward-only recipe called with gradients enabled.
     """
     qb, kb, vb = _validate(q, k, v, layout)
     rec = get_recipe(recipe)
-    be = get_backend(backend)
+    backend = _resolve(backend, rec, qb.device)
+    spec = backend_spec(backend)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(qb.shape[-1])
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    unknown = set(options) - _backend_options(type(be).forward)
+    unknown = set(options) - set(spec.options)
     if unknown:
         raise TypeError(f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts "
-                        f"{sorted(_backend_options(type(be).forward))}")
-    be.check(rec, qb, kb, vb)
+                        f"{sorted(spec.options)}")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and not rec.trainable:
         raise RuntimeError(
             f"recipe {rec.name} is forward-only (MXFP4 P/V diverged in every training run of the paper); "
             "call it under torch.no_grad() / torch.inference_mode(), or train with bf16, fp8 or nvfp4qk_fp8pv"
         )
+    check_supported(backend, rec, qb, training=needs_grad)
+    be = get_backend(backend)
     if needs_grad:
         out, lse = _AttentionFunction.apply(qb, kb, vb, rec, bool(causal), float(softmax_scale), backend, options)
     else:
@@ -152,7 +168,8 @@ class FP4Attention(torch.nn.Module):
                  layout: str = "bshd", backend: str = "reference", **options):
         super().__init__()
         self.recipe = get_recipe(recipe)
-        get_backend(backend)
+        if backend != AUTO:
+            get_backend(backend)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.causal, self.softmax_scale, self.layout, self.backend, self.options = (

@@ -7,7 +7,7 @@
 Modules: ``config`` (typed config, presets, parameter count), ``specs`` (layer specs: TE or local
 projections around our core attention), ``builder`` (TransformerConfig + GPTModel), ``cpu_compat``
 (megatron-core's CUDA assumptions on a machine without a GPU). The core-attention module itself is
-``fp4_attention.megatron_adapter``.
+``fp4_attention.megatron``; ``AttentionConfig`` is ``fp4_attention``'s, re-exported.
 """
 
 from .builder import build_gpt_model, transformer_config

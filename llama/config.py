@@ -1,7 +1,8 @@
 """Typed Llama-3.1 model configuration and presets.
 
-One keyword-only dataclass describes the model (shapes, RoPE, init, dtype), the attention recipe and
-the projection precision; ``builder.py`` maps it onto megatron-core. Every ``__post_init__`` raises a
+One keyword-only dataclass describes the model (shapes, RoPE, init, dtype), the attention
+(:class:`fp4_attention.AttentionConfig`, carried unchanged to the core-attention module) and the
+projection precision; ``builder.py`` maps it onto megatron-core. Every ``__post_init__`` raises a
 ``ValueError`` that says how to fix the value.
 
 Presets (``PRESETS`` / :func:`preset`): ``llama3_1_8b`` (the published 8B shapes), ``small`` (117M,
@@ -13,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
+
+from fp4_attention import AttentionConfig
 
 __all__ = [
     "PRESETS",
@@ -26,29 +29,6 @@ __all__ = [
 
 ProjectionPrecision = Literal["bf16", "te_fp8", "torchao_fp8"]
 TransformerImpl = Literal["auto", "transformer_engine", "local"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionConfig:
-    """The core attention: an ``fp4_attention`` recipe run by a registered backend.
-
-    Attributes:
-        recipe: ``bf16`` | ``fp8`` | ``nvfp4qk_fp8pv`` train; the ``nvfp4qk_mxfp4pv_*`` recipes are
-            forward-only (evaluation).
-        backend: ``reference`` (torch, any device, slow) or ``triton`` (GPU; registered by importing
-            ``fp4_attention.triton_backend``).
-    """
-
-    recipe: str = "bf16"
-    backend: str = "reference"
-
-    def __post_init__(self):
-        from fp4_attention.recipes import RECIPES
-
-        if self.recipe not in RECIPES:
-            raise ValueError(f"attention.recipe={self.recipe!r} is unknown; choose one of {', '.join(RECIPES)}")
-        if not self.backend:
-            raise ValueError("attention.backend must name a backend, e.g. 'reference' or 'triton'")
 
 
 @dataclass(frozen=True, kw_only=True)

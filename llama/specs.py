@@ -24,7 +24,7 @@ import importlib.util
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from fp4_attention.megatron_adapter import CoreAttentionSettings, FP4CoreAttention
+from fp4_attention.megatron import FP4CoreAttention
 
 from .config import LlamaConfig
 
@@ -71,9 +71,8 @@ def uses_transformer_engine(config: LlamaConfig) -> bool:
 
 
 def core_attention_spec(config: LlamaConfig) -> ModuleSpec:
-    """Our core attention with the recipe and backend of ``config.attention``."""
-    settings = CoreAttentionSettings(recipe=config.attention.recipe, backend=config.attention.backend)
-    return ModuleSpec(module=FP4CoreAttention, params={"settings": settings})
+    """Our core attention running ``config.attention`` (an :class:`fp4_attention.AttentionConfig`)."""
+    return ModuleSpec(module=FP4CoreAttention, params={"attention": config.attention})
 
 
 def layer_spec(config: LlamaConfig, *, core_attention: ModuleSpec | type | None = None) -> ModuleSpec:

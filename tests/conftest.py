@@ -2,7 +2,7 @@
 
 Side effect on a machine without CUDA: sets the CUTLASS DSL's ``CUTE_DSL_ARCH`` / ``CUTE_DSL_KEEP``
 / ``CUTE_DSL_DUMP_DIR`` for the whole session (where not already set; the dump folder is removed at
-exit), so the CuTe kernels compile for sm_90a and keep their cubin (tests/test_cute_sass.py).
+exit), so the CuTe kernels compile for sm_90a and keep their cubin (tests/backends/test_cute_sass.py).
 """
 
 import atexit
@@ -16,7 +16,7 @@ import torch
 
 # The CUTLASS DSL reads these when it is first imported, by whichever test imports it first. On a
 # machine without a GPU it then compiles the CuTe kernels for Hopper and keeps their cubin, which
-# tests/test_cute_sass.py disassembles (bench/cute_sass_report.py).
+# tests/backends/test_cute_sass.py disassembles (bench/cute_sass_report.py).
 if not torch.cuda.is_available():
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     os.environ.setdefault("CUTE_DSL_KEEP", "cubin")

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa
-from fp4_attention.exact import naive_attention
+from fp4_attention.numerics.exact import naive_attention
 
 
 def _metrics(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:

@@ -52,7 +52,7 @@ MARKER = "latest_checkpointed_iteration.txt"
 MANIFEST = "manifest.json"
 _ITER_RE = re.compile(r"^iter_(\d{7})$")
 # Resolved-config keys that may change freely between a checkpoint and its resume.
-FREE_KEYS = ("attention.backend", "checkpoint.*", "logging.*", "validation.*", "runtime.*", "data.cache_dir",
+FREE_KEYS = ("attention.backend", "attention.options", "checkpoint.*", "logging.*", "validation.*", "runtime.*", "data.cache_dir",
              "data.num_workers")
 
 

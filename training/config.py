@@ -9,7 +9,7 @@ value; an unknown section or key is an error that lists the valid ones):
 | section | holds |
 |---|---|
 | ``model`` | ``preset`` + overrides of any :class:`llama.LlamaConfig` field (shapes, init_std, ...) |
-| ``attention`` | ``recipe`` (bf16, fp8, nvfp4qk_fp8pv), ``backend`` (auto, reference, triton) |
+| ``attention`` | :class:`fp4_attention.AttentionConfig`: ``recipe`` (a training recipe), ``backend``, ``options`` |
 | ``projection`` | ``precision`` (bf16, te_fp8) and the TE FP8 fields of :class:`llama.ProjectionConfig` |
 | ``parallel`` | ``tensor``, ``pipeline``, ``context``, ``sequence_parallel``; data parallel = the rest |
 | ``data`` | ``corpus`` (``default`` or a list of ``{prefix, weight}``), tokenizer, seq_length, split, seed |
@@ -24,8 +24,8 @@ Command-line overrides are dotted ``section.key=value``; the value is parsed wit
 for numeric fields, so ``training.lr=3e-4`` works.
 
 The *resolved* config (:func:`resolved_dict`) is the validated config as a plain dict with every
-model field spelled out, ``training.train_iters`` computed from ``train_tokens``, and
-``attention.backend`` resolved to the backend that runs; it is saved with the run and in every
+model field spelled out, ``training.train_iters`` computed from ``train_tokens``, and (once
+the trainer has resolved it) ``attention.backend`` naming the backend that runs; it is saved with the run and in every
 checkpoint, and compared on resume (``training.checkpoint``).
 """
 
@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from fp4_attention import TRAINING_RECIPES, AttentionConfig
+
 __all__ = [
     "CONFIG_SECTIONS",
     "TrainConfig",
@@ -55,9 +57,6 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "default.yaml"
 
-ATTENTION_BACKENDS = ("auto", "reference", "triton", "cute", "fa4")
-# backends that run one recipe only (issue 11): cute = CuTe fp8 forward (sm_90), fa4 = flash-attn-4 BF16
-BACKEND_RECIPES = {"cute": ("fp8",), "fa4": ("bf16",)}
 PROJECTION_PRECISIONS = ("bf16", "te_fp8")
 NONFINITE_POLICIES = ("skip", "stop")
 WANDB_MODES = ("disabled", "offline", "online")
@@ -95,28 +94,6 @@ class ModelSection:
             return preset(self.preset, **self.overrides)
         except ValueError as err:
             raise ValueError(f"model: {err}") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionSection:
-    """``recipe``: an fp4_attention training recipe; ``backend``: auto (triton on CUDA, reference on
-    CPU), reference, triton, cute (recipe fp8 only, sm_90, the cute extra) or fa4 (bf16 only)."""
-
-    recipe: str = "fp8"
-    backend: str = "auto"
-
-    def __post_init__(self):
-        from fp4_attention import TRAINING_RECIPES
-
-        if self.recipe not in TRAINING_RECIPES:
-            raise ValueError(f"attention.recipe={self.recipe!r} cannot train; choose one of "
-                             f"{', '.join(TRAINING_RECIPES)}")
-        if self.backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention.backend={self.backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
-        only = BACKEND_RECIPES.get(self.backend)
-        if only and self.recipe not in only:
-            raise ValueError(f"attention.backend={self.backend!r} runs recipe {' / '.join(only)} only, not "
-                             f"{self.recipe!r}; use attention.backend=triton (or auto)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -379,7 +356,7 @@ class RuntimeSection:
 
 
 CONFIG_SECTIONS = {
-    "model": ModelSection, "attention": AttentionSection, "projection": ProjectionSection,
+    "model": ModelSection, "attention": AttentionConfig, "projection": ProjectionSection,
     "parallel": ParallelSection, "data": DataSection, "training": TrainingSection,
     "checkpoint": CheckpointSection, "logging": LoggingSection, "validation": ValidationSection,
     "runtime": RuntimeSection,
@@ -391,7 +368,7 @@ class TrainConfig:
     """The whole job configuration (one field per section)."""
 
     model: ModelSection = field(default_factory=ModelSection)
-    attention: AttentionSection = field(default_factory=AttentionSection)
+    attention: AttentionConfig = field(default_factory=lambda: AttentionConfig(recipe="fp8"))
     projection: ProjectionSection = field(default_factory=ProjectionSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     data: DataSection = field(default_factory=DataSection)
@@ -402,7 +379,10 @@ class TrainConfig:
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
 
     def __post_init__(self):
-        llama = self.llama(backend="reference")
+        if self.attention.recipe not in TRAINING_RECIPES:
+            raise ValueError(f"attention.recipe={self.attention.recipe!r} cannot train; choose one of "
+                             f"{', '.join(TRAINING_RECIPES)}")
+        llama = self.llama()
         if self.data.seq_length > llama.max_seq_length:
             raise ValueError(f"data.seq_length={self.data.seq_length} exceeds model.max_seq_length="
                              f"{llama.max_seq_length}; lower data.seq_length or set model.max_seq_length")
@@ -422,14 +402,11 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.training.global_batch_size * self.data.seq_length
 
-    def llama(self, *, backend: str):
-        """The :class:`llama.LlamaConfig` to build, with the attention ``backend`` resolved."""
-        from llama import AttentionConfig
-
+    def llama(self):
+        """The :class:`llama.LlamaConfig` to build (its ``attention`` is this config's, unchanged)."""
         base = self.model.llama_base()
         try:
-            return base.replace(attention=AttentionConfig(recipe=self.attention.recipe, backend=backend),
-                                projection=self.projection.llama())
+            return base.replace(attention=self.attention, projection=self.projection.llama())
         except ValueError as err:
             raise ValueError(f"model/projection: {err}") from None
 
@@ -500,7 +477,14 @@ def _build_section(name: str, cls, raw) -> Any:
     if bad:
         raise ValueError(f"{name}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
-    return cls(**{k: _coerce(f"{name}.{k}", hints[k], v) for k, v in raw.items()})
+    default = _default_section(name)
+    return dataclasses.replace(default, **{k: _coerce(f"{name}.{k}", hints[k], v) for k, v in raw.items()})
+
+
+def _default_section(name: str):
+    """The section as :class:`TrainConfig` has it by default (a key missing from a section keeps it)."""
+    f = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+    return f.default_factory()
 
 
 def from_dict(raw: dict | None) -> TrainConfig:
@@ -567,12 +551,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 # --------------------------------------------------------------------------------- resolved form
 
-def resolved_dict(cfg: TrainConfig, *, backend: str | None = None) -> dict:
-    """The resolved config as plain JSON-able data (see the module docstring).
-
-    Args:
-        backend: the attention backend that runs (``auto`` resolved); None keeps the configured value.
-    """
+def resolved_dict(cfg: TrainConfig) -> dict:
+    """The resolved config as plain JSON-able data (see the module docstring)."""
     out = {}
     for name in CONFIG_SECTIONS:
         section = getattr(cfg, name)
@@ -583,14 +563,12 @@ def resolved_dict(cfg: TrainConfig, *, backend: str | None = None) -> dict:
         else:
             out[name] = json.loads(json.dumps(dataclasses.asdict(section)))
     out["training"]["train_iters"] = cfg.train_iters
-    if backend is not None:
-        out["attention"]["backend"] = backend
     return out
 
 
 # Keys that do not define *what* is trained (precision, seed of the init, bookkeeping): removed from
 # the config fingerprint so that runs differing only in precision (or seed) compare as the same job.
-FINGERPRINT_EXCLUDED = ("attention.recipe", "attention.backend", "projection.*", "training.seed", "checkpoint.*",
+FINGERPRINT_EXCLUDED = ("attention.recipe", "attention.backend", "attention.options", "projection.*", "training.seed", "checkpoint.*",
                         "logging.*", "runtime.output_dir", "runtime.exit_duration_mins")
 
 

@@ -89,7 +89,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
     from llama import parameter_count
 
     par, tr = cfg.parallel, cfg.training
-    m = cfg.llama(backend="reference")
+    m = cfg.llama()
     tp, pp, cp = par.tensor, par.pipeline, par.context
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")

@@ -9,7 +9,7 @@ sampled call, for the first sequence of the micro-batch and its first ``MAX_TOKE
   as in the attention), in FP32 from the BF16 inputs - what the softmax sees before quantization;
 * ``zero_scale_block_frac``: for recipes with NVFP4 Q/K, the fraction of 16-element Q and K blocks
   whose E4M3 block-scale code is 0 (the block dequantizes to all zeros), quantized as the recipe
-  does (``fp4_attention.operands.quantize_qk``, per-head global scale); None for other recipes.
+  does (``fp4_attention.numerics.operands.quantize_qk``, per-head global scale); None for other recipes.
 
 Values are this rank's: its tensor-parallel heads and its pipeline stage's layers (the trainer logs
 rank 0's). Cost on a sampled step: one ``[heads, T, T]`` product and one quantization per layer.
@@ -26,7 +26,7 @@ MAX_TOKENS = 512
 
 class AttentionTelemetry:
     def __init__(self, model: torch.nn.Module):
-        from fp4_attention.megatron_adapter import FP4CoreAttention
+        from fp4_attention.megatron import FP4CoreAttention
 
         self.armed = False
         self.results: dict[int, tuple[float, float | None]] = {}
@@ -59,7 +59,7 @@ class AttentionTelemetry:
 
 def measure(query: torch.Tensor, key: torch.Tensor, module) -> tuple[float, float | None]:
     """(max_logit, zero_scale_block_frac) of ``query [s, b, hq, d]`` / ``key [s, b, hkv, d]``."""
-    from fp4_attention.operands import quantize_qk
+    from fp4_attention.numerics.operands import quantize_qk
 
     t = min(query.shape[0], MAX_TOKENS)
     q = query[:t, 0].transpose(0, 1).to(torch.bfloat16)  # [hq, t, d]

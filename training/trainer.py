@@ -36,26 +36,9 @@ from .plan import format_plan, make_plan
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 
-__all__ = ["Trainer", "resolve_backend"]
+__all__ = ["Trainer"]
 
 NOT_SAVED = "; nothing saved (checkpoint.save=false)"
-
-
-def resolve_backend(requested: str, use_cuda: bool) -> tuple[str, str]:
-    """(backend, why) for ``attention.backend``; imports the chosen GPU backend (``triton``, ``cute``,
-    ``fa4``), raising ValueError without a CUDA device or when its package is missing."""
-    if requested == "auto":
-        name = "triton" if use_cuda else "reference"
-        why = (f"auto: CUDA device {torch.cuda.get_device_name()}" if use_cuda else "auto: no CUDA device")
-    else:
-        name, why = requested, "configured"
-    if name != "reference":  # the GPU backends: triton, cute, fa4
-        if not use_cuda:
-            raise ValueError(f"attention.backend={name!r} needs a CUDA GPU; use attention.backend=auto or reference")
-        from fp4_attention import get_backend
-
-        get_backend(name)  # imports and registers it, or raises naming what is missing
-    return name, why
 
 
 class Trainer:
@@ -93,15 +76,16 @@ class Trainer:
         """Everything that can fail because of the config; ValueErrors here mean exit code 2."""
         cfg, env, log = self.cfg, self.env, self.log
         self.plan = make_plan(cfg, env.world_size)
-        self.backend, why = resolve_backend(cfg.attention.backend, use_cuda)
-        self.resolved = resolved_dict(cfg, backend=self.backend)
+        attention, why = cfg.attention.resolve(torch.device("cuda" if use_cuda else "cpu"))
+        self.cfg = cfg = cfg.replace(attention=attention)
+        self.resolved = resolved_dict(cfg)
         self.output_dir = Path(cfg.runtime.output_dir)
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
         self.metrics = MetricsLogger(self.output_dir, cfg=cfg, enabled=env.is_main, log=log)
         log(f"pretrain_llama: {'CUDA' if use_cuda else 'CPU'} run, {env.world_size} process(es), "
             f"output {self.output_dir}")
         log(format_plan(self.plan))
-        log(f"attention: recipe {cfg.attention.recipe}, backend {self.backend} ({why})")
+        log(f"attention: recipe {attention.recipe}, backend {attention.backend} ({why})")
         if use_cuda:
             log(f"MFU = tokens/s/GPU x {self.plan.flops_per_token:.4e} FLOPs/token (6*N_matmul + 6*L*s*Hq*d: "
                 f"forward+backward, causal attention) / {cfg.logging.peak_flops_per_gpu / 1e12:.1f} TFLOP/s peak")
@@ -120,7 +104,7 @@ class Trainer:
                 "steps nor at the end, nor on SIGTERM/SIGUSR1 or the time budget")
 
         init_model_parallel(cfg.parallel, seed=cfg.training.seed, use_cuda=use_cuda)
-        llama_cfg = cfg.llama(backend=self.backend)
+        llama_cfg = cfg.llama()
         if use_cuda:
             from .engine_megatron import MegatronEngine
 

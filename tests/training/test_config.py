@@ -39,9 +39,11 @@ def test_train_tokens_accepts_scientific_notation():
     ({"training": {"lr_max": 1.0}}, r"training: unknown key\(s\) lr_max; valid keys: micro_batch_size"),
     ({"model": {"preset": "tiny", "hiden_size": 8}}, r"model: unknown key\(s\) hiden_size; valid keys: preset, "),
     ({"attention": {"recipe": "nvfp4qk_mxfp4pv_fast"}}, "cannot train"),
-    ({"attention": {"backend": "cuda"}}, "choose one of auto, reference, triton, cute, fa4"),
-    ({"attention": {"backend": "cute", "recipe": "nvfp4qk_fp8pv"}}, "runs recipe fp8 only.*use attention.backend=triton"),
-    ({"attention": {"backend": "fa4", "recipe": "fp8"}}, "runs recipe bf16 only"),
+    ({"attention": {"backend": "cuda"}}, "unknown attention backend 'cuda'; known: auto, cute, fa4, reference, triton"),
+    ({"attention": {"backend": "cute", "recipe": "nvfp4qk_fp8pv"}},
+     "runs recipe.s. fp8, not 'nvfp4qk_fp8pv'; use attention.backend=auto or one of triton, reference"),
+    ({"attention": {"backend": "fa4", "recipe": "fp8"}}, "runs recipe.s. bf16, not 'fp8'"),
+    ({"attention": {"backend": "triton", "options": {"tiles": [128, 128, 2]}}}, "not options of backend 'triton'"),
     ({"training": {"global_batch_size": 5}}, "not a multiple of micro_batch_size"),
     ({"training": {"train_tokens": 100}}, "exactly one of training.train_tokens and training.train_iters"),
     ({"training": {"train_iters": "many"}}, "training.train_iters must be an integer"),
@@ -65,11 +67,10 @@ def test_single_recipe_backends_accept_their_recipe():
 
 
 def test_gpu_backends_need_cuda():
-    from training.trainer import resolve_backend
-
-    for name in ("triton", "cute", "fa4"):
-        with pytest.raises(ValueError, match=f"attention.backend='{name}' needs a CUDA GPU"):
-            resolve_backend(name, use_cuda=False)
+    for name, recipe in (("triton", "fp8"), ("cute", "fp8"), ("fa4", "bf16")):
+        cfg = load_config(None, [f"attention.backend={name}", f"attention.recipe={recipe}"])
+        with pytest.raises(ValueError, match=f"{name} backend needs a CUDA device, not cpu; use backend='reference'"):
+            cfg.attention.resolve("cpu")
 
 
 def test_bad_override_syntax():
@@ -80,14 +81,14 @@ def test_bad_override_syntax():
 
 
 def test_resolved_config_and_fingerprint():
-    a = resolved_dict(load_config(None), backend="reference")
+    a = resolved_dict(load_config(None, ["attention.backend=reference"]))
     assert a["model"]["num_layers"] == 2 and a["model"]["vocab_size"] == 128256 and a["model"]["preset"] == "tiny"
     assert a["attention"]["backend"] == "reference" and a["training"]["train_iters"] == 80
     same = resolved_dict(load_config(None, ["attention.recipe=nvfp4qk_fp8pv", "training.seed=7",
-                                            "runtime.output_dir=elsewhere", "logging.log_interval=5"]),
-                         backend="triton")
+                                            "runtime.output_dir=elsewhere", "logging.log_interval=5",
+                                            "attention.backend=triton"]))
     assert config_fingerprint(a) == config_fingerprint(same)
-    other = resolved_dict(load_config(None, ["training.lr=1e-3"]), backend="reference")
+    other = resolved_dict(load_config(None, ["training.lr=1e-3", "attention.backend=reference"]))
     assert config_fingerprint(a) != config_fingerprint(other)
 
 
@@ -102,8 +103,8 @@ def test_8b_configs_differ_only_in_precision():
     assert a["attention"].pop("recipe") == "bf16" and b["attention"].pop("recipe") == "nvfp4qk_fp8pv"
     assert a.pop("projection") == {"precision": "bf16"} and b.pop("projection")["precision"] == "te_fp8"
     assert a == b
-    ra = resolved_dict(load_config("configs/llama3_1_8b_100b_bf16.yaml"), backend="triton")
-    rb = resolved_dict(load_config("configs/llama3_1_8b_100b_fp8.yaml"), backend="triton")
+    ra = resolved_dict(load_config("configs/llama3_1_8b_100b_bf16.yaml"))
+    rb = resolved_dict(load_config("configs/llama3_1_8b_100b_fp8.yaml"))
     ra["runtime"]["output_dir"] = rb["runtime"]["output_dir"]
     assert config_fingerprint(ra) == config_fingerprint(rb)
     t = load_config("configs/llama3_1_8b_100b_fp8.yaml").training

@@ -34,9 +34,9 @@ def triton_backend():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     try:
-        import fp4_attention.triton_backend  # noqa: F401
+        import fp4_attention.backends.triton.backend  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"fp4_attention.triton_backend is not importable: {type(exc).__name__}: {exc}")
+        pytest.skip(f"fp4_attention.backends.triton.backend is not importable: {type(exc).__name__}: {exc}")
 
 
 def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):

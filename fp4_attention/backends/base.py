@@ -1,0 +1,139 @@
+"""What every attention backend is: its declaration (:class:`BackendSpec`), its protocol
+(:class:`Backend`) and the one state it saves for backward (:class:`SavedState`).
+
+A backend *declares* what it runs as data (recipes, head dims, devices, CUDA capabilities, whether
+it has a backward, its options, its rank for ``backend="auto"``) in a module that imports nothing
+heavy, so that the registry (``fp4_attention.backends``) can resolve ``auto``, validate a config and
+word every "unsupported" error with the alternatives without importing Triton or the CUTLASS DSL.
+The implementation (``spec.impl``) is imported on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ..numerics.operands import SavedState
+
+__all__ = ["Backend", "BackendSpec", "SavedState", "UnsupportedError", "flatten_state", "restore_state"]
+
+# The reference backend's head-dim rule, used for specs with ``head_dims=None``.
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 16
+
+
+class UnsupportedError(ValueError):
+    """A backend cannot run the requested recipe, shape, dtype or device (the message names the
+    backends that can)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSpec:
+    """What a backend runs, as data.
+
+    Attributes:
+        name: the registry name (``attention(..., backend=name)``, YAML ``attention.backend``).
+        impl: ``"module:Class"`` of the implementation, imported on first use.
+        recipes: names of the recipes it runs (forward; backward too for trainable recipes when
+            ``backward`` is True).
+        backward: whether it computes gradients of its trainable recipes.
+        devices: torch device types, ``"cpu"`` and/or ``"cuda"``.
+        cuda_capability: inclusive ``((major, minor), (major, minor))`` range of CUDA compute
+            capabilities; None = any.
+        head_dims: supported head dims; None = any multiple of 16 up to 256.
+        options: keyword options its ``forward`` / ``backward`` accept (benchmarks and tests).
+        priority: rank for ``backend="auto"``: among the backends that run the recipe on the
+            device, the highest priority wins (ordered by measured forward+backward speed).
+        install_hint: what to install when ``impl`` cannot be imported.
+        summary: one line for listings and errors.
+    """
+
+    name: str
+    impl: str
+    recipes: tuple[str, ...]
+    backward: bool = True
+    devices: tuple[str, ...] = ("cuda",)
+    cuda_capability: tuple[tuple[int, int], tuple[int, int]] | None = None
+    head_dims: tuple[int, ...] | None = None
+    options: tuple[str, ...] = ()
+    priority: int = 0
+    install_hint: str = ""
+    summary: str = ""
+
+    def runs_head_dim(self, d: int) -> bool:
+        if self.head_dims is None:
+            return d % HEAD_DIM_MULTIPLE == 0 and 0 < d <= MAX_HEAD_DIM
+        return d in self.head_dims
+
+    def head_dims_text(self) -> str:
+        if self.head_dims is None:
+            return f"multiples of {HEAD_DIM_MULTIPLE} up to {MAX_HEAD_DIM}"
+        return ", ".join(map(str, self.head_dims))
+
+    def runs_capability(self, capability: tuple[int, int]) -> bool:
+        if self.cuda_capability is None:
+            return True
+        low, high = self.cuda_capability
+        return low <= tuple(capability) <= high
+
+    def capability_text(self) -> str:
+        if self.cuda_capability is None:
+            return "any CUDA GPU"
+        (a, b), (c, d) = self.cuda_capability
+        return f"sm_{a}{b}" if (a, b) == (c, d) else f"sm_{a}{b} to sm_{c}{d}"
+
+
+class Backend(Protocol):
+    """An attention implementation. Tensors are ``[B, H, S, D]``; inputs have passed
+    ``fp4_attention.interface`` validation and the registry's :func:`check_supported`."""
+
+    spec: BackendSpec
+
+    def forward(self, q, k, v, recipe, *, causal: bool, softmax_scale: float, **options):
+        """-> (out BF16 ``[B, Hq, Sq, D]``, lse FP32 ``[B, Hq, Sq]``, :class:`SavedState`)."""
+
+    def backward(self, state: SavedState, dout, recipe, *, causal: bool, softmax_scale: float, **options):
+        """-> (dq, dk, dv) BF16, shaped as q, k, v."""
+
+
+def flatten_state(state: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Split a (nested) dataclass state into a tensor-free skeleton and the list of its tensors, so
+    that the tensors go through autograd's ``save_for_backward``."""
+    tensors: list[torch.Tensor] = []
+    return _flatten_state(state, tensors), tensors
+
+
+def restore_state(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """Inverse of :func:`flatten_state`."""
+    return _restore_state(skeleton, list(tensors))
+
+
+def _flatten_state(obj: Any, out: list[torch.Tensor]) -> Any:
+    """Replace every tensor inside (nested) dataclasses by its index in ``out``."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+        return len(out) - 1
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.replace(obj, **{f.name: _flatten_state(getattr(obj, f.name), out)
+                                           for f in dataclasses.fields(obj)
+                                           if isinstance(getattr(obj, f.name), torch.Tensor)
+                                           or dataclasses.is_dataclass(getattr(obj, f.name))})
+    return obj
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _restore_state(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if _is_index(obj):
+        return tensors[obj]
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.replace(obj, **{f.name: _restore_state(getattr(obj, f.name), tensors)
+                                           for f in dataclasses.fields(obj)
+                                           if _is_index(getattr(obj, f.name))
+                                           or dataclasses.is_dataclass(getattr(obj, f.name))})
+    return obj

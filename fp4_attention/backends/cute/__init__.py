@@ -1,0 +1,17 @@
+"""The ``cute`` backend's declaration (the CuTe DSL kernel is imported on first use:
+``backend.py``, ``fwd_sm90.py``)."""
+
+from ..base import BackendSpec
+
+SPEC = BackendSpec(
+    name="cute",
+    impl="fp4_attention.backends.cute.backend:CuteBackend",
+    recipes=("fp8",),
+    devices=("cuda",),
+    cuda_capability=((9, 0), (9, 0)),  # wgmma / TMA kernels for Hopper
+    head_dims=(64, 128),
+    options=("tiles",),
+    priority=10,  # forward faster than triton's, forward+backward slower (triton/__init__.py)
+    install_hint="pip install 'fp4-attention-pretrain[cute]' (nvidia-cutlass-dsl, flash-attn-4)",
+    summary="CuTe DSL fp8 forward for sm_90, Triton backward",
+)

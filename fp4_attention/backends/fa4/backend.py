@@ -1,0 +1,47 @@
+"""The ``fa4`` backend: flash-attn-4's CuTe DSL BF16 kernels (Hopper and Blackwell) for recipe ``bf16``.
+
+The strongest BF16 control on Hopper (issue 11): the same interface and BF16 numerics as
+``recipe='bf16'`` on the other backends, computed by FA4's own forward and backward
+(``flash_attn.cute.interface._flash_attn_fwd`` / ``_flash_attn_bwd``, the calls its autograd
+function makes). Needs ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
+Tensors here are ``[B, H, S, D]``; FA4 takes ``[B, S, H, D]`` views (no copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...numerics.operands import SavedState
+from ...numerics.recipes import Recipe
+from . import SPEC
+
+try:
+    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+except ImportError as err:  # re-raised by backends.get_backend with the alternative named
+    raise ImportError(f"the fa4 backend needs flash-attn-4 ({err}); pip install 'fp4-attention-pretrain[cute]', "
+                      "or use backend='triton'") from err
+
+__all__ = ["FA4Backend"]
+
+
+def _bshd(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+class FA4Backend:
+    """flash-attn-4 BF16 forward and backward (recipe ``bf16`` only)."""
+
+    spec = SPEC
+
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float):
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        out, lse, *_ = _flash_attn_fwd(_bshd(q), _bshd(k), _bshd(v), softmax_scale=softmax_scale, causal=causal,
+                                       return_lse=True)
+        out = _bshd(out)
+        return out, lse, SavedState(q=q, k=k, v=v, out=out, lse=lse)
+
+    def backward(self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float):
+        dq, dk, dv = _flash_attn_bwd(_bshd(state.q), _bshd(state.k), _bshd(state.v), _bshd(state.out),
+                                     _bshd(dout.contiguous()), state.lse, softmax_scale, causal)
+        return _bshd(dq), _bshd(dk), _bshd(dv)
+

@@ -1,0 +1,19 @@
+"""The ``triton`` backend's declaration (the kernels are imported on first use: ``backend.py``,
+``kernels.py``, ``quant.py``)."""
+
+from ..base import BackendSpec
+
+SPEC = BackendSpec(
+    name="triton",
+    impl="fp4_attention.backends.triton.backend:TritonBackend",
+    recipes=("bf16", "fp8", "nvfp4qk_fp8pv", "nvfp4qk_mxfp4pv_fast", "nvfp4qk_mxfp4pv_accurate"),
+    devices=("cuda",),
+    cuda_capability=((8, 9), (99, 99)),  # FP8 tensor cores (Ada, Hopper, Blackwell)
+    head_dims=(64, 128),
+    options=("block_m", "block_n", "num_warps", "num_stages"),
+    # fp8 forward+backward, B4 H32/8 S4096 causal on the H200: 12.32 ms, cute (CuTe forward, these
+    # backward kernels) 12.71 ms (results/cute/attention_bench_cute_h200.md)
+    priority=20,
+    install_hint="needs a CUDA build of torch with Triton",
+    summary="Triton kernels: every recipe's forward, the training recipes' backward",
+)

@@ -1,0 +1,221 @@
+"""The ``triton`` backend: training recipes on CUDA GPUs with FP8 tensor cores (sm_89 / sm_90+).
+
+Importing this module registers the backend. Quantization of Q/K/V/dO uses the quantizers of
+``quant.py`` running on the GPU (the reference's own code, so the bytes are the reference's);
+the attention products run in ``triton_kernels.py``. Forward saves the quantized payloads and
+scales, the output and the LSE, never BF16 Q/K/V (for the FP8 recipes).
+
+Supported: recipes ``bf16``, ``fp8``, ``nvfp4qk_fp8pv`` (forward and backward); head dims 64 and
+128; any sequence lengths, causal (bottom-right) or not, GQA. The Direct-P forward recipes
+(``nvfp4qk_mxfp4pv_fast`` / ``_accurate``, forward only) run in the same forward kernel
+(``DIRECT_P``); tests/backends/test_triton_backend.py::test_direct_p_forward_matches_reference passed on
+the H200 on 2026-11-29.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ...numerics.operands import Saved, SavedState, quantize_qk, quantize_v, v_operand
+from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale, quantize_fp8
+from ...numerics.recipes import Recipe
+from ..base import UnsupportedError
+from . import SPEC
+from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
+from .quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
+
+__all__ = ["TritonBackend", "forward_operands", "launch_forward"]
+
+IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
+# Backward tiles (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and the dQ kernel (bench/tune_fwd.py)
+# dK/dV (program per query head): (64, 128, 8, 2) was the fastest of 4 on the H200 (B4 H32/8 S4096 causal
+# fp8 backward 11.35 ms vs 11.74 (64, 64, 4, 2) and 13.82 (64, 64, 8, 2), the one tile without register
+# spills; results/tune_bwd_h200.md, 2026-11-29)
+BWD_DKDV_TILES = (64, 128, 8, 2)
+BWD_DQ_TILES = (64, 64, 4, 2)
+
+
+def default_fwd_tiles(head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_M, warps, stages) of the forward kernel. Head dim 128: 64 query rows on one warpgroup,
+    3 stages (H200, 2026-11-29, bench/tune_fwd.py, fp8 kernel-only: 457 TFLOP/s at B4 H32/8 S4096
+    causal and 524 at B2 H32/32 S8192, vs 435 / 485 with 128 rows on two warpgroups)."""
+    return (64, 4, 3) if head_dim > 64 else (128, 8, 3)
+
+
+def default_block_n(head_dim: int) -> int:
+    """Keys per KV tile of the forward kernel (the reference must use the same to compare
+    rounding-for-rounding: FP8 P is rounded relative to the running max of its tile)."""
+    return 128 if head_dim <= 64 else 64
+
+
+def _quantize_qk_fast(q, k, recipe: Recipe):
+    """Quantize Q/K with the Triton quantizers (bytes equal ``operands.quantize_qk``).
+
+    Returns ``(q_saved, k_saved, decoded)`` where ``decoded`` is the BF16 ``s_b * q`` pair for NVFP4.
+    """
+    if recipe.qk == "fp8":
+        return quantize_fp8_rows(q.contiguous()), quantize_fp8_rows(k.contiguous()), None
+    if recipe.qk == "nvfp4":
+        q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
+        k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
+        return q_s, k_s, (q_dec, k_dec)
+    q_s, k_s = quantize_qk(q, k, recipe)
+    return q_s, k_s, None
+
+
+def _qk_kernel_operands(q_s: Saved, k_s: Saved, recipe: Recipe, shape_q, shape_k, decoded=None):
+    """(q_op, k_op, row [B, Hq, Sq], col [B, Hkv, Sk]) as the kernels read them."""
+    b, hq, sq, _ = shape_q
+    hkv, sk = shape_k[1], shape_k[2]
+    if recipe.qk == "bf16":
+        one = torch.ones((), dtype=torch.float32, device=q_s.device)
+        return q_s, k_s, one.expand(b, hq, sq), one.expand(b, hkv, sk)
+    if recipe.qk == "fp8":
+        return q_s.data, k_s.data, q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+    if recipe.qk == "nvfp4":
+        # s_b * q is exact in BF16 (<= 6 significant bits, in range): the exact emulation of the
+        # NVFP4 QK product is a BF16 MMA of the decoded payloads, scaled by the global scales.
+        if decoded is not None:
+            q_op, k_op = decoded
+        else:
+            q_op = q_s.scaled_payload().to(torch.bfloat16)
+            k_op = k_s.scaled_payload().to(torch.bfloat16)
+        return q_op, k_op, q_s.global_scale.squeeze(-1).expand(b, hq, sq), k_s.global_scale.squeeze(-1).expand(
+            b, hkv, sk)
+    raise UnsupportedError(f"triton backend: Q/K format {recipe.qk!r} not implemented")
+
+
+def _v_kernel_operands(v_s: Saved, recipe: Recipe, b: int, hkv: int, d: int, device):
+    """(v_op [B, Hkv, Sk, D] view, v_scale [B, Hkv, D])."""
+    if recipe.pv == "fp8":
+        return v_s.data.transpose(-1, -2), v_s.scale.squeeze(2)
+    one = torch.ones((), dtype=torch.float32, device=device)
+    return v_s, one.expand(b, hkv, d)
+
+
+def forward_operands(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Recipe, shape_q, shape_k, decoded=None):
+    """The forward kernel's operands ``(q_op, k_op, v_op, row, col, v_scale)`` (see :func:`launch_forward`)
+    from quantized Q/K/V as :class:`SavedState` holds them (V8 stored ``[B, Hkv, D, Sk]``).
+    ``decoded``: the BF16 ``s_b * q`` pair of NVFP4 Q/K when already at hand (else decoded here)."""
+    b, _, _, d = shape_q
+    hkv = shape_k[1]
+    q_op, k_op, row, col = _qk_kernel_operands(q_s, k_s, recipe, shape_q, shape_k, decoded)
+    if recipe.direct_p is not None:
+        v_op = v_operand(v_s, recipe).v_op.to(torch.bfloat16)  # alpha_V * q_V, exact; [B, Hkv, Sk32, D]
+        v_scale = torch.ones((), dtype=torch.float32, device=q_op.device).expand(b, hkv, d)
+    else:
+        v_op, v_scale = _v_kernel_operands(v_s, recipe, b, hkv, d, q_op.device)
+    return q_op, k_op, v_op, row, col, v_scale
+
+
+def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causal: bool, softmax_scale: float,
+                   seq_k: int, block_m: int | None = None, block_n: int | None = None,
+                   num_warps: int | None = None, num_stages: int | None = None,
+                   split: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel on prepared operands (see ``triton_kernels``): q_op ``[B, Hq, Sq, D]``,
+    k_op ``[B, Hkv, Sk, D]``, v_op a ``[B, Hkv, >=Sk, D]`` view, row ``[B, Hq, Sq]``, col
+    ``[B, Hkv, Sk]``, v_scale ``[B, Hkv, D]``. Returns BF16 out ``[B, Hq, Sq, D]`` and FP32 LSE.
+    ``split=False`` masks every KV tile (the kernel before the unmasked fast path; for benchmarks)."""
+    b, hq, sq, d = q_op.shape
+    hkv = k_op.shape[1]
+    tile_m, warps, stages = default_fwd_tiles(d)
+    block_m, num_warps, num_stages = block_m or tile_m, num_warps or warps, num_stages or stages
+    out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q_op.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q_op.device)
+    dp = recipe.direct_p
+    direct_p = {} if dp is None else dict(DIRECT_P=True, DP_A=dp.a, DP_B=dp.b, DP_EXACT_EVERY=dp.exact_every)
+    _fwd_kernel[(triton.cdiv(sq, block_m), b * hq)](
+        q_op, k_op, v_op, row, col, v_scale, out, lse,
+        *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
+        *v_scale.stride(), *out.stride(), *lse.stride(),
+        hq, hq // hkv, sq, seq_k, softmax_scale * LOG2E,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n or default_block_n(d), CAUSAL=causal,
+        QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=recipe.p_lift_log2,
+        IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None, SPLIT=split, **direct_p,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out, lse
+
+
+class TritonBackend:
+    """Triton kernels for the training recipes; options ``block_m``, ``block_n``, ``num_warps``,
+    ``num_stages`` (forward tiles; None = :func:`default_fwd_tiles`, :func:`default_block_n`) are for
+    benchmarking and tests."""
+
+    spec = SPEC
+
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, block_m: int | None = None,
+                block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+        sk = k.shape[2]
+        q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
+        if recipe.pv == "fp8":  # V8 stored transposed: the K-major B operand of the FP8 PV product
+            v_s = quantize_fp8_v_transposed(v)
+        else:
+            v_s = quantize_v(v, recipe)
+        ops = forward_operands(q_s, k_s, v_s, recipe, q.shape, k.shape, decoded)
+        out, lse = launch_forward(*ops, recipe, causal=causal, softmax_scale=softmax_scale, seq_k=sk,
+                                  block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+        return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
+
+    def backward(self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float,
+                 block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                 num_stages: int | None = None):
+        """dQ, dK, dV (BF16) from the saved state. ``block_m``... are the forward's tile options (the
+        attention options reach both passes); the backward tiles are ``BWD_DKDV_TILES`` / ``BWD_DQ_TILES``."""
+        b, hq, sq, d = state.out.shape
+        shape_k = (b, *_kv_shape(state.k, recipe))
+        hkv, sk = shape_k[1], shape_k[2]
+        g = hq // hkv
+        q_op, k_op, row, col = _qk_kernel_operands(state.q, state.k, recipe, state.out.shape, shape_k)
+        lift = recipe.p_lift_log2
+        if recipe.pv == "fp8":
+            v_scale = state.v.scale.squeeze(2)  # [B, Hkv, D]
+            v_op = state.v.data.transpose(-1, -2).contiguous()  # [B, Hkv, Sk, D] K-major for dP
+            v_scale_q = v_scale.repeat_interleave(g, dim=1).unsqueeze(2)  # [B, Hq, 1, D]
+            do_q = quantize_fp8(dout.float() * v_scale_q, "e5m2", dims=(-2, -1))
+            do_op, s_do = do_q.data, do_q.scale.reshape(b, hq)
+            delta = ((do_q.data.float() * do_q.scale) * state.out.float() / v_scale_q).sum(-1)
+        else:
+            v_op = state.v
+            v_scale = torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hkv, d)
+            do_op, s_do = dout, torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hq)
+            delta = (dout.float() * state.out.float()).sum(-1)
+        stat = torch.where(torch.isinf(state.lse), torch.full_like(state.lse, -torch.inf), lift - state.lse * LOG2E)
+        stat, delta = stat.contiguous(), delta.contiguous()
+        dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
+        # dK/dV per query head: FP32 partials summed over the GQA group below (BF16 directly for MHA)
+        dkv_dtype = torch.float32 if g > 1 else torch.bfloat16
+        dk = torch.empty((b, hq, sk, d), dtype=dkv_dtype, device=dout.device)
+        dv = torch.empty_like(dk)
+        common = dict(HEAD_DIM=d, CAUSAL=causal, QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=lift,
+                      IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None)
+        bm, bn, nw, ns = BWD_DKDV_TILES
+        _bwd_dkdv_kernel[(triton.cdiv(sk, bn), b * hq)](
+            q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, v_scale, dk, dv,
+            *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
+            *stat.stride(), *s_do.stride(), *v_scale.stride(), *dk.stride(),
+            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
+            num_stages=ns, **common,
+        )
+        if g > 1:
+            dk = dk.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
+            dv = dv.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
+        bm, bn, nw, ns = BWD_DQ_TILES
+        _bwd_dq_kernel[(triton.cdiv(sq, bm), b * hq)](
+            q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, dq,
+            *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
+            *stat.stride(), *s_do.stride(), *dq.stride(),
+            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
+            num_stages=ns, **common,
+        )
+        return dq, dk, dv
+
+
+def _kv_shape(k_s: Saved, recipe: Recipe) -> tuple[int, int, int]:
+    if isinstance(k_s, NVFP4Tensor):
+        return k_s.shape[1:]
+    if isinstance(k_s, FP8Tensor):
+        return tuple(k_s.data.shape[1:])
+    return tuple(k_s.shape[1:])
+

@@ -1,0 +1,209 @@
+"""Triton quantizer kernels: their bytes equal the reference quantizers' (``quant.py``) bytes.
+
+Same float32 operations in the same order as the reference, with IEEE round-to-nearest division
+(``div_rn``; Triton's ``/`` is an approximate division) and the hardware's round-to-nearest-even,
+saturating FP8 conversion. ``tests/backends/test_triton_quant.py`` checks the bytes against the
+reference on the same GPU input, including zero rows, zero blocks and NaN/Inf.
+
+* :func:`quantize_fp8_rows`: one FP32 scale per row of the last dim (per token for ``[B, H, S, D]``).
+* :func:`quantize_fp8_v_transposed`: V per channel (amax over the sequence) to E4M3, written
+  transposed ``[B, H, D, S]`` in the same pass (the K-major B operand of the FP8 PV product).
+* :func:`quantize_nvfp4_rows`: NVFP4 with the global scale given per row (the per-head scale
+  broadcast over its rows); also returns ``s_b * q`` decoded to BF16, which is exact and is what
+  the Hopper emulation of the NVFP4 QK product multiplies.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale
+from ..pv_layout import padded_keys
+
+__all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
+
+
+@triton.jit
+def _fp8_rows_kernel(X, Y, S, n_rows, D: tl.constexpr, FMAX: tl.constexpr, E5M2: tl.constexpr,
+                     ROWS: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    d = tl.arange(0, D)
+    ok = r < n_rows
+    x = tl.load(X + r[:, None] * D + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    ax = tl.abs(x)
+    bad = tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 1) > 0
+    amax = tl.max(tl.where(ax == ax, ax, 0.0), 1)
+    scale = tl.math.div_rn(amax, tl.full([ROWS], FMAX, tl.float32))
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    scale = tl.where(bad, float("nan"), scale)
+    y = tl.math.div_rn(x, scale[:, None])
+    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+    if E5M2:
+        yq = y.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    else:
+        yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    yq = tl.where(bad[:, None], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite row
+    tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
+    tl.store(S + r, scale, mask=ok)
+
+
+def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3") -> FP8Tensor:
+    """FP8 with one FP32 scale per row of the last dim; bytes equal ``quant.quantize_fp8(x, fmt, (-1,))``.
+
+    Args:
+        x: contiguous CUDA tensor ``[..., D]`` (BF16 or FP32), D a power of two <= 256.
+    Returns:
+        :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``.
+    """
+    if not x.is_cuda or not x.is_contiguous():
+        raise ValueError("quantize_fp8_rows: needs a contiguous CUDA tensor")
+    d = x.shape[-1]
+    if d & (d - 1) or d > 256:
+        raise ValueError(f"quantize_fp8_rows: last dim must be a power of two <= 256, got {d}")
+    dtype, fmax = FP8_FORMATS[fmt]
+    y = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    n = x.numel() // d
+    rows = max(1, 2048 // d)
+    _fp8_rows_kernel[(triton.cdiv(n, rows),)](x, y, s, n, D=d, FMAX=fmax, E5M2=fmt == "e5m2", ROWS=rows,
+                                               num_warps=4)
+    return FP8Tensor(data=y.view(dtype), scale=s)
+
+
+@triton.jit
+def _fp8_v_t_kernel(X, SC, Y, H, S, SO, sxb, sxh, sxs, sxd, D: tl.constexpr, FMAX: tl.constexpr,
+                    BLOCK_S: tl.constexpr, PERM16: tl.constexpr = False):
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    ok = s < S
+    x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :] * sxd, mask=ok[:, None], other=0.0)
+    scale = tl.load(SC + bh * D + d)
+    bad = scale != scale  # NaN scale: the channel holds a NaN or an Inf
+    y = tl.math.div_rn(x.to(tl.float32), tl.broadcast_to(scale[None, :], [BLOCK_S, D]))
+    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+    yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
+    yt = tl.trans(yq)  # [D, BLOCK_S]
+    if PERM16:
+        # within each 16 keys, key j = 8h + 2q + c goes to slot 4q + 2h + c (pv_layout.V_PERM16): a
+        # register permutation, then the same contiguous store; the slots of keys past S hold zeros
+        # (masked loads), which is the padding up to SO (SO == S without PERM16)
+        yt = tl.reshape(tl.permute(tl.reshape(yt, [D, BLOCK_S // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK_S])
+    tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=(s < SO)[None, :])
+
+
+def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Tensor:
+    """E4M3 V with one FP32 scale per (batch, head, channel), stored transposed.
+
+    Args:
+        v: CUDA tensor ``[B, H, S, D]`` (BF16 or FP32, any strides), D a power of two <= 256.
+    Returns:
+        :class:`FP8Tensor` with ``data [B, H, D, S]`` (contiguous, E4M3) and ``scale [B, H, 1, D]``:
+        ``data.transpose(-1, -2)`` and ``scale`` equal ``quant.quantize_fp8(v, "e4m3", dims=(-2,))``
+        byte for byte (scale = amax/448 by IEEE division, 1 for an all-zero channel, NaN and code
+        0x7F for a channel holding a NaN or Inf; contract §1-2).
+        ``perm16=True`` (the ``cute`` backend's PV operand): ``data [B, H, D, S16]``, S rounded up
+        to 16 (``pv_layout.padded_keys``) with padding keys (code 0; 0x7F in a non-finite channel,
+        which is NaN anyway), the keys of each 16 permuted so that slot k holds key
+        ``pv_layout.V_PERM16[k]`` (``pv_layout.unpermute_v_keys`` inverts it).
+    Raises:
+        ValueError: not a 4-D CUDA tensor, or D not a power of two <= 256.
+    """
+    if not v.is_cuda or v.dim() != 4:
+        raise ValueError("quantize_fp8_v_transposed: needs a CUDA tensor [B, H, S, D]")
+    b, h, sk, d = v.shape
+    if d & (d - 1) or d > 256:
+        raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
+    _, fmax = FP8_FORMATS["e4m3"]
+    scale = amax_scale(v, (2,), fmax)[0].contiguous()  # [B, H, 1, D]
+    so = padded_keys(sk) if perm16 else sk
+    y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
+    block_s = 64
+    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, so, *v.stride(), D=d, FMAX=fmax,
+                                                        BLOCK_S=block_s, PERM16=perm16, num_warps=4)
+    return FP8Tensor(data=y.view(torch.float8_e4m3fn), scale=scale)
+
+
+@triton.jit
+def _e2m1_code(a):
+    """|value| -> E2M1 magnitude code 0..7, round-to-nearest-even, saturating (a >= 0)."""
+    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
+    c += (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+    return c
+
+
+@triton.jit
+def _e2m1_value(c):
+    """E2M1 magnitude code 0..7 -> value (exact)."""
+    e = c >> 1
+    m = (c & 1).to(tl.float32)
+    sub = m * 0.5
+    nrm = (1.0 + 0.5 * m) * tl.math.exp2((e - 1).to(tl.float32))
+    return tl.where(e == 0, sub, nrm)
+
+
+@triton.jit
+def _nvfp4_rows_kernel(X, G, P, SC, DEC, n_rows, D: tl.constexpr, ROWS: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = r < n_rows
+    NB: tl.constexpr = D // 16
+    offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
+    x = tl.load(X + r[:, None, None] * D + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(tl.float32)
+    g = tl.load(G + r, mask=ok, other=1.0)
+    ax = tl.abs(x)
+    bad = (tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 2) > 0) | (g != g)[:, None]  # [ROWS, NB]
+    x = tl.where(bad[:, :, None], 0.0, x)
+    amax_b = tl.max(tl.abs(x), 2)
+    six = tl.full([ROWS, NB], 6.0, tl.float32)
+    gb = tl.broadcast_to(g[:, None], [ROWS, NB])
+    s_real = tl.math.div_rn(tl.math.div_rn(amax_b, six), gb)
+    s_code = tl.minimum(s_real, 448.0).to(tl.float8e4nv)
+    s_b = s_code.to(tl.float32)
+    s_bits = s_code.to(tl.uint8, bitcast=True)
+    s_bits = tl.where(bad, 0x7F, s_bits)
+    denom = s_b * gb
+    okd = (denom > 0.0) & (denom == denom) & (denom != float("inf"))
+    safe = tl.where(okd, denom, 1.0)
+    qv = tl.math.div_rn(x, tl.broadcast_to(safe[:, :, None], [ROWS, NB, 16]))
+    qv = tl.where(okd[:, :, None], qv, 0.0)
+    code = _e2m1_code(tl.minimum(tl.abs(qv), 6.0))
+    dec = _e2m1_value(code) * s_b[:, :, None]
+    neg = qv < 0.0
+    neg = neg | ((qv == 0.0) & ((x.to(tl.int32, bitcast=True) >> 31) != 0) & okd[:, :, None])
+    code = code | tl.where(neg, 8, 0)
+    dec = tl.where(neg, -dec, dec)
+    dec = tl.where(bad[:, :, None], float("nan"), dec)
+    code2 = tl.reshape(code, [ROWS, D // 2, 2])
+    lo, hi = tl.split(code2)
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    tl.store(P + r[:, None] * (D // 2) + tl.arange(0, D // 2)[None, :], packed, mask=ok[:, None])
+    tl.store(SC + r[:, None] * NB + tl.arange(0, NB)[None, :], s_bits.to(tl.uint8), mask=ok[:, None])
+    tl.store(DEC + r[:, None, None] * D + offs[None, :, :], dec.to(tl.bfloat16), mask=ok[:, None, None])
+
+
+def quantize_nvfp4_rows(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor]:
+    """NVFP4 of a contiguous CUDA ``x [..., D]`` with ``global_scale`` broadcastable to ``x[..., :1]``.
+
+    Returns:
+        ``(NVFP4Tensor, decoded)``: bytes equal ``quant.quantize_nvfp4(x, global_scale)``; ``decoded``
+        is ``s_b * q`` in BF16 (exact), NaN for a poisoned block.
+    """
+    if not x.is_cuda or not x.is_contiguous():
+        raise ValueError("quantize_nvfp4_rows: needs a contiguous CUDA tensor")
+    d = x.shape[-1]
+    if d % 16 or d & (d - 1) or d > 256:
+        raise ValueError(f"quantize_nvfp4_rows: last dim must be a power of two in [16, 256], got {d}")
+    g = global_scale.float().expand(*x.shape[:-1], 1).contiguous()
+    payload = torch.empty((*x.shape[:-1], d // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8, device=x.device)
+    dec = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    n = x.numel() // d
+    rows = max(1, 1024 // d)
+    _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](x, g, payload, scales, dec, n, D=d, ROWS=rows, num_warps=4)
+    return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=global_scale.float()), dec

@@ -1,0 +1,170 @@
+"""``cute`` backend (CuTe DSL fp8 forward, sm_90) and ``fa4`` backend vs the torch reference.
+
+The same assertions as test_triton_backend.py (its ``compare``), with the reference run at the
+CuTe kernel's KV tile (``block_n = tile_n``) and in its tile order (last to first,
+``reverse_tiles``), since FP8 P is rounded against the running max of its tile. Gradients come from
+the Triton backward on the CuTe forward's state and output.
+"""
+
+
+import pytest
+import torch
+
+import fp4_attention as fa
+from fp4_attention.numerics.exact import naive_attention
+
+from ..conftest import cosine, make_qkv, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+
+from fp4_attention.backends.cute import backend as cute_backend
+from fp4_attention.backends.pv_layout import permute_v_for_pv
+from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed
+
+from . import test_triton_backend as tt
+
+TILES = [cute_backend.DEFAULT_TILES, (128, 96, 2) if cute_backend.DEFAULT_TILES[1] != 96 else (128, 128, 2)]
+
+
+class _TiledCute(cute_backend.CuteBackend):
+    """The cute backend at fixed tiles (the ``tiles`` option of every forward and backward call)."""
+
+    def __init__(self, tiles):
+        self.tiles = tiles
+
+    def forward(self, q, k, v, recipe, *, causal, softmax_scale, tiles=None):
+        return super().forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles)
+
+
+@pytest.fixture(params=TILES, ids=lambda t: "t{}x{}s{}".format(*t))
+def cute(request) -> tt.Target:
+    """Every kernel test at the default tiles and one other: the reference runs at the kernel's KV
+    tile and, like the kernel (FA4's producer order), visits the tiles last to first; the saved V is
+    put back in key order (``triton_state``) for it. Nothing of the Triton backend is patched: the
+    backward (Triton's kernels) runs at its own tiles."""
+    tiles = request.param
+    return tt.Target(_TiledCute(tiles), lambda d: tiles[1], reverse_tiles=True,
+                     reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)))
+
+
+@pytest.mark.parametrize("sk", [16, 100, 4096])
+def test_v_quantizer_perm16_layout(sk):
+    v = torch.randn(2, 3, sk, 128, device="cuda").bfloat16()
+    plain = quantize_fp8_v_transposed(v)
+    perm = quantize_fp8_v_transposed(v, perm16=True)
+    assert torch.equal(perm.data.view(torch.uint8), permute_v_for_pv(plain.data).view(torch.uint8))
+    assert torch.equal(perm.scale, plain.scale)
+    assert torch.equal(cute_backend.unpermute_v(perm, sk).data.view(torch.uint8), plain.data.view(torch.uint8))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 6])
+def test_matches_reference_shapes(causal, d, group, cute):
+    tt.compare("fp8", 2, 2 * group, 2, 300, 300, d, causal, target=cute)
+
+
+@pytest.mark.parametrize("n", [127, 128, 129, 255, 256, 257])
+def test_tile_boundaries(n, cute):
+    tt.compare("fp8", 1, 4, 1, n, n, 128, True, target=cute)
+    tt.compare("fp8", 1, 4, 1, n // 2 + 1, n, 128, True, target=cute)
+    tt.compare("fp8", 1, 4, 1, n, n // 2 + 1, 128, True, target=cute)
+
+
+def test_real_training_shape(cute):
+    tt.compare("fp8", 1, 32, 8, 4096, 4096, 128, True, target=cute)
+
+
+@pytest.mark.parametrize("scale", [2.0, 3.0])
+def test_wide_logits(scale, cute):
+    tt.compare("fp8", 1, 8, 2, 1024, 1024, 128, True, scale=scale, target=cute)
+
+
+def test_long_kv_no_drift(cute):
+    tt.compare("fp8", 1, 2, 1, 256, 131072, 128, False, grads=False, target=cute)
+
+
+def test_per_head_scales_matter(cute):
+    tt.check_per_head_scales_matter("fp8", target=cute)
+
+
+def test_zero_dout_exact_zero(cute):
+    tt.check_zero_dout_exact_zero("fp8", target=cute)
+
+
+def test_api_end_to_end_and_fidelity():
+    q, k, v = make_qkv(2, 8, 2, 1024, 1024, 128, device="cuda")
+    out = fa.attention(q, k, v, recipe="fp8", causal=True, layout="bhsd", backend="cute")
+    ref, _ = naive_attention(q.double(), k.double(), v.double(), causal=True, softmax_scale=128 ** -0.5)
+    assert cosine(out, ref) >= 0.99  # the Triton test's bound (FP8 Q/K/P/V against float64)
+
+
+def test_backward_through_the_api_matches_triton_on_the_same_state():
+    """fa.attention(backend='cute') gradients: the CuteState goes through triton_state (V back in key
+    order) into the Triton backward, which must give the Triton backend's gradients bit for bit on
+    the same forward output, since both backwards read identical bytes."""
+    q, k, v = make_qkv(1, 8, 2, 700, 700, 128, device="cuda")
+    grads = {}
+    for backend in ("cute", "triton"):
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = fa.attention(qg, kg, vg, recipe="fp8", causal=True, layout="bhsd", backend=backend)
+        out.backward(torch.ones_like(out))
+        grads[backend] = (qg.grad, kg.grad, vg.grad)
+    for g_cute, g_triton in zip(grads["cute"], grads["triton"]):
+        assert torch.isfinite(g_cute).all()
+        assert rel_l2(g_cute, g_triton) <= 1e-2  # the two forwards' outputs differ by P rounding order
+
+
+@pytest.mark.parametrize("causal, sq, sk", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 200),
+                                            (True, 400, 200), (True, 600, 200)])
+def test_schedule_options_give_the_default_bytes(causal, sq, sk):
+    """``early_k_scales``, ``qk_pair_issue`` and ``pv_only_turn`` move loads, waits and the
+    warp-scheduler turn, not arithmetic: output and LSE equal the default kernel's bit for bit
+    (ragged last tile; with Sq > Sk, rows without keys: at 400/200 and 600/200 the first query
+    block's first tile is block -1 or -3, the clamped loads below key 0)."""
+    q, k, v = make_qkv(2, 8, 2, sq, sk, 128, device="cuda")
+    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128 ** -0.5)
+    out, lse = cute_backend.forward_fp8(*ops, causal=causal)
+    for opts in ({"early_k_scales": True}, {"qk_pair_issue": True}, {"pv_only_turn": True},
+                 {"early_k_scales": True, "qk_pair_issue": True, "pv_only_turn": True}):
+        out_o, lse_o = cute_backend.forward_fp8(*ops, causal=causal, **opts)
+        assert torch.equal(out_o, out) and torch.equal(lse_o, lse), opts
+
+
+@pytest.mark.parametrize("every", [4, 1])
+def test_direct_p_columns_match_the_default(every):
+    """``exp2_fma_every``: P from the FMA-path 2^x (degree 4 rounds to the exact path's E4M3 P on
+    the whole CPU grid, results/direct_p_e4m3/) instead of MUFU.EX2 for one column in ``every``;
+    output and LSE stay within rounding of the default kernel's."""
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, device="cuda")
+    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128 ** -0.5)
+    out, lse = cute_backend.forward_fp8(*ops, causal=True)
+    out_d, lse_d = cute_backend.forward_fp8(*ops, causal=True, exp2_fma_every=every)
+    assert rel_l2(out_d, out) <= 5e-3
+    assert float((lse_d - lse).abs().max()) <= 1e-3
+
+
+def test_unsupported_raises():
+    q, k, v = make_qkv(1, 4, 1, 128, 128, 128, device="cuda")
+    with pytest.raises(fa.UnsupportedError, match="backend='triton'"):
+        fa.attention(q, k, v, recipe="nvfp4qk_fp8pv", backend="cute", layout="bhsd")
+    with pytest.raises(fa.UnsupportedError, match="backend='cute'"):
+        fa.attention(q, k, v, recipe="fp8", backend="fa4", layout="bhsd")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_bf16_matches_exact(causal):
+    q, k, v = make_qkv(2, 8, 2, 1024, 1024, 128, device="cuda")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = fa.attention(q, k, v, recipe="bf16", causal=causal, layout="bhsd", backend="fa4")
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = naive_attention(qd, kd, vd, causal=causal, softmax_scale=128 ** -0.5)
+    ref.backward(dout.double())
+    assert rel_l2(out, ref) <= 1e-2
+    for g, r in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        assert rel_l2(g, r) <= 2e-2

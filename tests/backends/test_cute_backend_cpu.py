@@ -1,0 +1,64 @@
+"""Host side of the ``cute`` and ``fa4`` backends on a CPU: they import, and refuse what they cannot
+run with errors that name the alternative. Needs the cute extra (bootstrap installs it): a missing
+DSL fails these tests."""
+
+import pytest
+import torch
+
+import fp4_attention as fa
+from fp4_attention.backends.cute import backend as cute_backend
+
+
+def _qkv(d=128):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, h, 64, d, generator=g).bfloat16() for h in (4, 1, 1)]
+
+
+def test_backends_import_lazily():
+    assert fa.get_backend("cute").spec.name == "cute"
+    assert fa.get_backend("fa4").spec.name == "fa4"
+
+
+def test_cpu_tensors_name_the_reference_backend():
+    q, k, v = _qkv()
+    for backend, recipe in (("cute", "fp8"), ("fa4", "bf16")):
+        with pytest.raises(fa.UnsupportedError, match="backend='reference'"):
+            fa.attention(q, k, v, recipe=recipe, backend=backend, layout="bhsd")
+
+
+def test_fa4_names_the_backend_for_other_recipes():
+    q, k, v = _qkv()
+    with pytest.raises(fa.UnsupportedError, match="runs recipes bf16, not 'fp8'; use backend='reference'"):
+        fa.attention(q, k, v, recipe="fp8", backend="fa4", layout="bhsd")
+    with pytest.raises(fa.UnsupportedError, match="runs recipes bf16, not 'nvfp4qk_fp8pv'"):
+        fa.attention(q, k, v, recipe="nvfp4qk_fp8pv", backend="fa4", layout="bhsd")
+
+
+def test_forward_fp8_rejects_unsupported_tiles_and_bad_operands():
+    q8 = torch.zeros(1, 4, 64, 128, dtype=torch.float8_e4m3fn)
+    k8 = torch.zeros(1, 1, 64, 128, dtype=torch.float8_e4m3fn)
+    vt = torch.zeros(1, 1, 128, 64, dtype=torch.float8_e4m3fn)
+    row, col, vs = torch.ones(1, 4, 64), torch.ones(1, 1, 64), torch.ones(1, 1, 128)
+    with pytest.raises(ValueError, match="tiles .* not supported; use one of"):
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=(64, 64, 2))
+    with pytest.raises(ValueError, match="q8 must be a CUDA"):  # CPU tensors
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True)
+
+
+def test_cute_profile_says_what_is_wrong():
+    """bench/cute_profile.py (run under Nsight Compute on the GPU machine) names a malformed shape or
+    tile argument, and the missing GPU, instead of a traceback."""
+    import subprocess
+    import sys
+    from functools import partial
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "cute_profile.py"
+    run = partial(subprocess.run, check=False, capture_output=True, text=True, timeout=120)
+    for args, msg in ((["--shape", "2,32"], "--shape B,Hq,Hkv,S must be 4 positive integers"),
+                      (["--tiles", "128,x,2"], "--tiles tile_m,tile_n,stages must be 3 positive integers")):
+        res = run([sys.executable, str(script), *args])
+        assert res.returncode != 0 and msg in res.stderr, res.stderr
+    if not torch.cuda.is_available():
+        res = run([sys.executable, str(script)])
+        assert res.returncode != 0 and "needs a CUDA GPU" in res.stderr, res.stderr

@@ -1,0 +1,101 @@
+"""The backend registry: declarations, ``auto``, and every "unsupported" error naming the backends
+that do run the request (``fp4_attention.backends``)."""
+
+import inspect
+
+import pytest
+import torch
+
+import fp4_attention as fa
+from fp4_attention import backends
+from fp4_attention.backends import BackendSpec, UnsupportedError
+
+FIXED = {"self", "q", "k", "v", "recipe", "causal", "softmax_scale", "state", "dout"}
+
+
+def test_every_builtin_is_declared_and_imports():
+    assert fa.available_backends() == sorted(backends.BUILTIN)
+    for name in backends.BUILTIN:
+        spec = fa.backend_spec(name)
+        assert spec.name == name
+        assert set(spec.recipes) <= set(fa.RECIPES)
+        impl = fa.get_backend(name)  # the cute extra is installed in CI: an import failure fails here
+        assert impl.spec is spec
+
+
+@pytest.mark.parametrize("name", sorted(backends.BUILTIN))
+def test_declared_options_are_the_forward_keywords(name):
+    impl = fa.get_backend(name)
+    forward = set(inspect.signature(type(impl).forward).parameters) - FIXED
+    assert forward == set(impl.spec.options)
+
+
+def test_auto_on_cpu_is_the_reference_for_every_recipe():
+    for recipe in fa.RECIPES:
+        name, why = fa.resolve_backend("auto", recipe, "cpu", training=fa.get_recipe(recipe).trainable)
+        assert name == "reference" and "CPU" in why
+
+
+def test_auto_prefers_the_highest_priority_backend_that_runs_the_recipe():
+    # without a GPU the ranking is read from the declarations alone (device None)
+    assert backends.alternatives("bf16") == ["fa4", "triton", "reference"]
+    assert backends.alternatives("fp8") == ["triton", "cute", "reference"]
+    assert backends.alternatives("nvfp4qk_fp8pv") == ["triton", "reference"]
+
+
+def test_named_backend_errors_name_the_alternatives():
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedError, match=r"^triton backend needs a CUDA device, not cpu; use backend='reference'$"):
+        backends.check_supported("triton", "fp8", q)
+    with pytest.raises(UnsupportedError, match="cute backend runs recipes fp8, not 'bf16'; use backend='reference'"):
+        backends.check_supported("cute", "bf16", q)
+    with pytest.raises(UnsupportedError, match="runs head dims multiples of 16 up to 256, not 300; no registered"):
+        backends.check_supported("reference", "fp8", torch.zeros(1, 1, 4, 300))
+    with pytest.raises(ValueError, match="unknown attention backend 'nope'; known: auto, cute, fa4, reference"):
+        fa.backend_spec("nope")
+
+
+def test_a_backend_without_backward_is_refused_for_training_and_passed_over_by_auto():
+    class ForwardOnly:
+        spec = BackendSpec(name="fwd_only_test", impl="unused:Unused", recipes=("fp8",), backward=False,
+                           devices=("cpu",), priority=99)
+
+        def forward(self, q, k, v, recipe, *, causal, softmax_scale):
+            return fa.get_backend("reference").forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale)
+
+        def backward(self, state, dout, recipe, *, causal, softmax_scale):
+            raise AssertionError("never called")
+
+    fa.register_backend(ForwardOnly())
+    try:
+        assert fa.resolve_backend("auto", "fp8", "cpu", training=False)[0] == "fwd_only_test"
+        assert fa.resolve_backend("auto", "fp8", "cpu", training=True)[0] == "reference"
+        q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
+        out = fa.attention(q, q, q, recipe="fp8", backend="fwd_only_test", layout="bhsd")
+        assert torch.equal(out, fa.attention(q, q, q, recipe="fp8", backend="reference", layout="bhsd"))
+        with pytest.raises(UnsupportedError, match="has no backward .* use backend='reference'"):
+            fa.attention(q.requires_grad_(), q, q, recipe="fp8", backend="fwd_only_test", layout="bhsd")
+        with pytest.raises(ValueError, match="already registered"):
+            fa.register_backend(ForwardOnly())
+    finally:
+        backends._SPECS.pop("fwd_only_test")
+        backends._INSTANCES.pop("fwd_only_test")
+
+
+def test_register_needs_a_spec():
+    with pytest.raises(TypeError, match="`spec` attribute of type BackendSpec"):
+        fa.register_backend(object())
+
+
+def test_attention_config_validates_from_the_declarations():
+    cfg = fa.AttentionConfig(recipe="fp8", backend="cute", options={"tiles": (128, 128, 2)})
+    assert cfg.call_kwargs() == {"recipe": "fp8", "backend": "cute", "tiles": (128, 128, 2)}
+    with pytest.raises(ValueError, match="runs recipe.s. fp8, not 'bf16'; use attention.backend=auto or one of "
+                                         "fa4, triton, reference"):
+        fa.AttentionConfig(recipe="bf16", backend="cute")
+    with pytest.raises(ValueError, match=r"attention.options \['tiles'\] are not options of backend 'triton'"):
+        fa.AttentionConfig(recipe="fp8", backend="triton", options={"tiles": (128, 128, 2)})
+    with pytest.raises(ValueError, match="need a named attention.backend"):
+        fa.AttentionConfig(recipe="fp8", options={"block_n": 64})
+    resolved, why = fa.AttentionConfig(recipe="fp8").resolve("cpu")
+    assert resolved == fa.AttentionConfig(recipe="fp8", backend="reference") and why.startswith("auto:")

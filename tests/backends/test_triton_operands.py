@@ -1,0 +1,50 @@
+"""Host side of the Triton forward (runs on the CPU): ``triton_backend.forward_operands`` turns the
+quantized Q/K/V the backend saves into the kernel's operands, for every recipe family."""
+
+import pytest
+import torch
+
+import fp4_attention as fa
+from fp4_attention.backends.triton import backend as tb
+from fp4_attention.numerics.operands import quantize_qk, quantize_v
+from fp4_attention.numerics.quant import FP8Tensor
+from tests.conftest import make_qkv
+
+
+def _saved(recipe, q, k, v):
+    """Quantized Q/K/V as the backend's state holds them (V8 transposed to [B, Hkv, D, Sk])."""
+    q_s, k_s = quantize_qk(q, k, recipe)
+    v_s = quantize_v(v, recipe)
+    if recipe.pv == "fp8":
+        v_s = FP8Tensor(data=v_s.data.transpose(-1, -2).contiguous(), scale=v_s.scale)
+    return q_s, k_s, v_s
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8", "nvfp4qk_fp8pv", "nvfp4qk_mxfp4pv_fast"])
+def test_forward_operands(name):
+    rec = fa.get_recipe(name)
+    q, k, v = make_qkv(2, 4, 2, 40, 40, 64, seed=3)
+    q_s, k_s, v_s = _saved(rec, q, k, v)
+    q_op, k_op, v_op, row, col, v_scale = tb.forward_operands(q_s, k_s, v_s, rec, q.shape, k.shape)
+    assert row.shape == (2, 4, 40) and col.shape == (2, 2, 40) and v_scale.shape == (2, 2, 64)
+    assert v_op.shape[:2] == (2, 2) and v_op.shape[-1] == 64
+    if name == "bf16":
+        assert q_op is q_s and torch.equal(v_op, v) and (row == 1).all() and (v_scale == 1).all()
+    elif name == "fp8":
+        assert torch.equal(q_op.view(torch.uint8), q_s.data.view(torch.uint8))
+        assert torch.equal(row, q_s.scale.squeeze(-1)) and torch.equal(col, k_s.scale.squeeze(-1))
+        assert torch.equal(v_op.float(), quantize_v(v, rec).data.float())  # [B, Hkv, Sk, D] view
+        assert torch.equal(v_scale, v_s.scale.squeeze(2))
+    else:  # NVFP4 Q/K: the exact BF16 decode s_b * q, global scales as row/col
+        assert torch.equal(q_op, q_s.scaled_payload().bfloat16())
+        assert torch.equal(row, q_s.global_scale.squeeze(-1).expand(2, 4, 40))
+        # decoded pair given (as forward has it) or not: the same operands
+        again = tb.forward_operands(q_s, k_s, v_s, rec, q.shape, k.shape,
+                                    (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16()))
+        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(again, (q_op, k_op, v_op, row, col, v_scale)))
+        if rec.direct_p is not None:  # alpha_V * q_V in BF16, unit channel scales
+            assert v_op.dtype == torch.bfloat16 and (v_scale == 1).all()
