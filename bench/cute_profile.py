@@ -1,4 +1,4 @@
-"""Warm launches of a CuTe attention forward, for Nsight Compute (issue 11: where the time goes).
+"""Warm launches of a CuTe attention forward, for Nsight Compute (where the time goes).
 
     ncu --clock-control none -k regex:FP8ForwardSm90 --launch-skip 2 --launch-count 1 --set full \\
         -o prof python bench/cute_profile.py --variant fp8

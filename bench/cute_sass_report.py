@@ -31,7 +31,7 @@ if "CUTE_DSL_DUMP_DIR" not in os.environ:  # a temporary one, removed at exit
     atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 DUMP_DIR = os.environ["CUTE_DSL_DUMP_DIR"]
 
-from sass_report import disassemble  # bench/, beside this file: Triton's cuobjdump
+from sass_report import disassemble  # noqa: E402  (bench/, beside this file: Triton's cuobjdump)
 
 
 def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **kernel_options) -> dict:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 on the GPU machine, in two back-to-back device calls (the CUTLASS DSL bundle travels in
+# The cute backend on the GPU machine, in two back-to-back device calls (the CUTLASS DSL bundle travels in
 # two parts, ../shared/offline-gpu/README.md):
 #   call A, carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh:
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh A

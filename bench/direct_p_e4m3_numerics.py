@@ -1,4 +1,4 @@
-"""Numerics of Direct-P for E4M3 P (``fp4_attention.numerics.direct_p_e4m3``) by polynomial degree (issue 11).
+"""Numerics of Direct-P for E4M3 P (``fp4_attention.numerics.direct_p_e4m3``) by polynomial degree.
 
     python bench/direct_p_e4m3_numerics.py --out results/direct_p_e4m3/numerics   # .json + .md, CPU, ~3 s
 

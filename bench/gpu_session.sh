@@ -7,15 +7,15 @@
 #   bash bench/gpu_session.sh BUDGET_S "ALL_GPU_JOBS" "LANE0_JOBS" ["LANE1_JOBS" ...]
 #
 # Jobs (each with its own time limit, cut to what is left of BUDGET_S):
-#   multigpu       issue 10: bench/multi_gpu.sh over all GPUs
+#   multigpu       bench/multi_gpu.sh over all GPUs
 #   multigpu2      the same on GPUs 0 and 1 (ref dp preempt reshard tp), beside other lanes
 #   multigpu_tp    GPUs 0 and 1: ref, TP=2 and the other-seed yardstick only
 #   tests_gpu      pytest -m gpu on fp4_attention's tests (tests/backends, tests/numerics, tests/test_*.py)
 #   tests_model    pytest -m gpu tests/llama
 #   tests_training pytest -m gpu tests/training     tune          bench/tune_fwd.py
 #   bench          bench/attention_bench.py          main          the default job (pretrain_llama.py)
-#   traj_A / traj_B  issue 8: bench/trajectory_runs.sh, seed 1234 / 1235, all three arms
-#   throughput     issue 9: bench/train_throughput.py
+#   traj_A / traj_B  bench/trajectory_runs.sh, seed 1234 / 1235, all three arms
+#   throughput     bench/train_throughput.py
 #   fidelity       tools/fidelity.py with the Triton backend (Direct-P enabled)
 set -uo pipefail
 budget="${1:?budget seconds}"; both="${2:-}"

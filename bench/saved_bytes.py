@@ -1,4 +1,4 @@
-"""Activation bytes the attention saves for backward, per training recipe (issue 3, item 4).
+"""Activation bytes the attention saves for backward, per training recipe.
 
     python bench/saved_bytes.py [--seqlen 4096] [--backend reference]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8: matched BF16-vs-low-precision training runs (configs/trajectory_small_s2048.yaml), then
+# Matched BF16-vs-low-precision training runs (configs/trajectory_small_s2048.yaml), then
 # tools/compare_runs.py over all of them.
 #
 #   bash bench/trajectory_runs.sh OUT_ROOT [ARMS] [SEEDS] [GPUS] [-- OVERRIDES...]

@@ -1,4 +1,4 @@
-"""Issue 3 acceptance (counted on the reference, which saves the same payloads as the Triton
+"""Bytes saved for backward (counted on the reference, which saves the same payloads as the Triton
 backend): bytes saved for backward beyond the output, nvfp4qk_fp8pv <= 40% and fp8 <= 55% of bf16."""
 
 import sys

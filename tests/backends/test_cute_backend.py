@@ -20,11 +20,11 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
 
-from fp4_attention.backends.cute import backend as cute_backend
-from fp4_attention.backends.pv_layout import permute_v_for_pv
-from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed
+from fp4_attention.backends.cute import backend as cute_backend  # noqa: E402
+from fp4_attention.backends.pv_layout import permute_v_for_pv  # noqa: E402
+from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed  # noqa: E402
 
-from . import test_triton_backend as tt
+from . import test_triton_backend as tt  # noqa: E402
 
 TILES = [cute_backend.DEFAULT_TILES, (128, 96, 2) if cute_backend.DEFAULT_TILES[1] != 96 else (128, 128, 2)]
 

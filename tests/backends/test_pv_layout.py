@@ -1,4 +1,4 @@
-"""pv_layout: the key permutation of the cute backend's E4M3 V operand (issue 11), on the CPU."""
+"""pv_layout: the key permutation of the cute backend's E4M3 V operand, on the CPU."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Triton backend vs the torch reference on identical quantized inputs (issue 3; contract §4 at
+"""Triton backend vs the torch reference on identical quantized inputs (contract §4 at
 real sizes). The kernel's own quantized Q/K/V (whose bytes equal the reference quantizers', see
 test_triton_quant.py) feed the reference's attention math, forward and backward.
 

@@ -1,4 +1,4 @@
-"""Triton quantizers: bytes equal the reference quantizers' on the same input (issue 3, item 1).
+"""Triton quantizers: bytes equal the reference quantizers' on the same input.
 
 The reference runs on the CPU copy of the input: torch's CPU kernels divide with IEEE
 round-to-nearest, while on the H200 torch's CUDA path gave E4M3 block scales one code off on exact

@@ -41,8 +41,12 @@ def _qkv(sq=48, sk=48, b=2, dtype=torch.bfloat16, seed=0):
     return q, k, v
 
 
+def _to_bshd(t):
+    return t.transpose(0, 1).contiguous().bfloat16()
+
+
 def _expected(q, k, v, recipe, causal):
-    to_bshd = lambda t: t.transpose(0, 1).contiguous().bfloat16()
+    to_bshd = _to_bshd
     out = fa.attention(to_bshd(q), to_bshd(k), to_bshd(v), recipe=recipe, causal=causal, layout="bshd")
     return out.transpose(0, 1).reshape(q.shape[0], q.shape[1], -1)
 

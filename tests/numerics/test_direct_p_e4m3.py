@@ -1,4 +1,4 @@
-"""Direct-P for E4M3 P: the FMA-only 2^x and its E4M3 rounding (contract §2 "Extensions", issue 11)."""
+"""Direct-P for E4M3 P: the FMA-only 2^x and its E4M3 rounding (contract §2 "Extensions")."""
 
 import math
 

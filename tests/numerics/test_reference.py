@@ -1,4 +1,4 @@
-"""The torch reference attention against float64 (issue 2; contract §4 cases 1-9 on CPU)."""
+"""The torch reference attention against float64 (contract §4 cases 1-9 on CPU)."""
 
 import pytest
 import torch
@@ -211,7 +211,7 @@ def test_saturation_invariant_is_enforced():
 
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
 def test_forward_fidelity_floor(recipe):
-    """Issue 2 acceptance: forward cosine vs float64 >= 0.99 on N(0,1), S >= 1024, D = 128."""
+    """The reference's bar: forward cosine vs float64 >= 0.99 on N(0,1), S >= 1024, D = 128."""
     q, k, v = make_qkv(1, 2, 2, 1024, 1024, 128, seed=15)
     out, _, _ = run(q, k, v, recipe, True)
     assert cosine(out, naive64(q, k, v, True)[0]) >= 0.99

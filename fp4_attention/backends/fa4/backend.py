@@ -1,6 +1,6 @@
 """The ``fa4`` backend: flash-attn-4's CuTe DSL BF16 kernels (Hopper and Blackwell) for recipe ``bf16``.
 
-The strongest BF16 control on Hopper (issue 11): the same interface and BF16 numerics as
+The strongest BF16 control on Hopper: the same interface and BF16 numerics as
 ``recipe='bf16'`` on the other backends, computed by FA4's own forward and backward
 (``flash_attn.cute.interface._flash_attn_fwd`` / ``_flash_attn_bwd``, the calls its autograd
 function makes). Needs ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).

@@ -1,15 +1,16 @@
-"""The ``triton`` backend: training recipes on CUDA GPUs with FP8 tensor cores (sm_89 / sm_90+).
+"""The ``triton`` backend: every recipe's forward and the training recipes' backward on CUDA GPUs
+with FP8 tensor cores (sm_89+); its declaration is ``SPEC`` in this package's ``__init__``.
 
-Importing this module registers the backend. Quantization of Q/K/V/dO uses the quantizers of
-``quant.py`` running on the GPU (the reference's own code, so the bytes are the reference's);
-the attention products run in ``triton_kernels.py``. Forward saves the quantized payloads and
-scales, the output and the LSE, never BF16 Q/K/V (for the FP8 recipes).
+Quantization of Q/K/V runs in the Triton quantizers of ``quant.py`` (their bytes equal
+``numerics.quant``'s; ``tests/backends/test_triton_quant.py``); dO is quantized to E5M2 with
+``numerics.quant.quantize_fp8`` on the GPU. The attention products run in ``kernels.py``. Forward
+saves the quantized payloads and scales, the output and the LSE, never BF16 Q/K/V (for the FP8
+recipes); its :class:`SavedState` holds V8 transposed, ``[B, Hkv, D, Sk]`` (the K-major B operand
+of the FP8 PV product).
 
-Supported: recipes ``bf16``, ``fp8``, ``nvfp4qk_fp8pv`` (forward and backward); head dims 64 and
-128; any sequence lengths, causal (bottom-right) or not, GQA. The Direct-P forward recipes
-(``nvfp4qk_mxfp4pv_fast`` / ``_accurate``, forward only) run in the same forward kernel
-(``DIRECT_P``); tests/backends/test_triton_backend.py::test_direct_p_forward_matches_reference passed on
-the H200 on 2026-11-29.
+Supported: head dims 64 and 128; any sequence lengths, causal (bottom-right) or not, GQA. The
+Direct-P recipes (``nvfp4qk_mxfp4pv_fast`` / ``_accurate``, forward only) run in the same forward
+kernel (``DIRECT_P``). Tile choices cite the committed measurements in ``results/``.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elem
 # Backward tiles (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and the dQ kernel (bench/tune_fwd.py)
 # dK/dV (program per query head): (64, 128, 8, 2) was the fastest of 4 on the H200 (B4 H32/8 S4096 causal
 # fp8 backward 11.35 ms vs 11.74 (64, 64, 4, 2) and 13.82 (64, 64, 8, 2), the one tile without register
-# spills; results/tune_bwd_h200.md, 2026-11-29)
+# spills; results/tune_bwd_h200.md)
 BWD_DKDV_TILES = (64, 128, 8, 2)
 BWD_DQ_TILES = (64, 64, 4, 2)
 
 
 def default_fwd_tiles(head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_M, warps, stages) of the forward kernel. Head dim 128: 64 query rows on one warpgroup,
-    3 stages (H200, 2026-11-29, bench/tune_fwd.py, fp8 kernel-only: 457 TFLOP/s at B4 H32/8 S4096
-    causal and 524 at B2 H32/32 S8192, vs 435 / 485 with 128 rows on two warpgroups)."""
+    3 stages (H200, results/tune_fwd_h200.md, fp8 kernel-only: 456 TFLOP/s at B4 H32/8 S4096
+    causal and 515 at B2 H32/32 S8192, vs 432 / 482 with 128 rows on two warpgroups)."""
     return (64, 4, 3) if head_dim > 64 else (128, 8, 3)
 
 
