@@ -34,6 +34,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from rundir import meta_value, read_records
+
 __all__ = [
     "Tolerances",
     "build_report",
@@ -140,22 +142,6 @@ def read_runs(out: Path) -> dict[str, dict]:
     return rows
 
 
-def _records(run_dir: Path) -> list[dict]:
-    """Every record of ``metrics.jsonl`` in file order (a torn last line is skipped)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    recs = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return recs
-
-
 def launch_segments(records: list[dict]) -> list[list[dict]]:
     """Split a run's records into launches: each ``start`` or ``resume`` event opens a new segment."""
     segments: list[list[dict]] = []
@@ -174,17 +160,8 @@ def _losses(records: list[dict]) -> dict[int, float]:
     return {r["step"]: float(r["loss"]) for r in records if r.get("kind") == "train"}
 
 
-def _from_meta(run_dir: Path, get, default=None):
-    """``get(meta)`` of the run's ``run_meta.json``, or ``default`` when the file is missing or
-    unreadable or lacks what ``get`` reads."""
-    try:
-        return get(json.loads((run_dir / "run_meta.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
-        return default
-
-
 def _train_iters(run_dir: Path) -> int | None:
-    return _from_meta(run_dir, lambda m: int(m["config"]["training"]["train_iters"]))
+    return meta_value(run_dir, lambda m: int(m["config"]["training"]["train_iters"]))
 
 
 def _accumulation_per_rank(run_dir: Path) -> int | None:
@@ -194,7 +171,7 @@ def _accumulation_per_rank(run_dir: Path) -> int | None:
         dp = meta["world_size"] // (par["tensor"] * par["pipeline"] * par["context"])
         return tr["global_batch_size"] // (tr["micro_batch_size"] * dp)
 
-    return _from_meta(run_dir, get)
+    return meta_value(run_dir, get)
 
 
 _ERR_RE = re.compile(r"\b[A-Za-z_.]*(Error|Exception)\b:?")
@@ -277,7 +254,7 @@ class _Runs:
         self.rows = read_runs(out)
         self.records = {}
         for name in ("ref", "dp", "tp", "seed", "preempt", "reshard"):
-            self.records[name] = _records(out / name)
+            self.records[name] = read_records(out / name)
         self.losses = {name: _losses(recs) for name, recs in self.records.items()}
 
     def row(self, label: str) -> dict | None:
@@ -433,7 +410,7 @@ def _step1_check(runs: _Runs, nproc: int, tol: float, why: str) -> dict:
 
 
 def _seed_of(run_dir: Path) -> int | None:
-    return _from_meta(run_dir, lambda m: int(m["seed"]))
+    return meta_value(run_dir, lambda m: int(m["seed"]))
 
 
 def _yardstick(runs: _Runs, steps: list[int]) -> dict | None:
@@ -448,7 +425,7 @@ def _yardstick(runs: _Runs, steps: list[int]) -> dict | None:
 
 def _cpu_initialized(run_dir: Path) -> bool:
     """True when the run initialised its weights on the CPU (training.use_cpu_initialization)."""
-    return _from_meta(run_dir, lambda m: m["config"]["training"].get("use_cpu_initialization") is True, False)
+    return meta_value(run_dir, lambda m: m["config"]["training"].get("use_cpu_initialization") is True, False)
 
 
 def _tp_check(runs: _Runs, steps: list[int], total: int, yard: dict | None, dp_tol: float = Tolerances.DP) -> dict:
