@@ -10,6 +10,7 @@ from pathlib import Path
 
 import multi_gpu_report as rep  # tests/tools/conftest.py puts tools/ on sys.path
 import pytest
+from multigpu.checks import compare_losses
 
 TOTAL = 40
 
@@ -219,7 +220,7 @@ def test_tp_bound_is_twice_the_seed_yardstick_plus_the_dp_bound(tmp_path):
 
 
 def test_compare_losses_non_finite_and_missing():
-    cmp = rep.compare_losses({1: 1.0, 2: float("nan")}, {1: 1.0, 2: 2.0, 3: 3.0}, [1, 2, 3])
+    cmp = compare_losses({1: 1.0, 2: float("nan")}, {1: 1.0, 2: 2.0, 3: 3.0}, [1, 2, 3])
     assert cmp["max_abs"] == math.inf and cmp["at_step"] == 2
     assert cmp["missing"] == [3] and not cmp["bitwise"]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -14,6 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import train_throughput as tt
+from throughput import runner
+from throughput.analysis import extrapolate, fit_line, summarize_metrics
+from throughput.attention import time_attention
+from throughput.plan import BASE_CONFIG, RunSpec, run_overrides
+from throughput.process import Terminated, failure_reason, on_sigterm, run_process
+from throughput.report import build_report, metadata, to_markdown
 
 # megatron-core warns at import about optional packages (TE, Apex, absl)
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning:megatron"),
@@ -43,8 +51,8 @@ def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
     from training.config import load_config
     from training.plan import make_plan
 
-    ov = tt.run_overrides("nvfp4qk_fp8pv", 4, 12, seq=4096, train_iters=9, output_dir=tmp_path / "r")
-    cfg = load_config(REPO / tt.BASE_CONFIG, ov)
+    ov = run_overrides("nvfp4qk_fp8pv", 4, 12, seq=4096, train_iters=9, output_dir=tmp_path / "r")
+    cfg = load_config(REPO / BASE_CONFIG, ov)
     m = cfg.llama(backend="triton")
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
             m.vocab_size) == (12, 4096, 32, 8, 128, 14336, 128256)
@@ -57,8 +65,8 @@ def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
     plan = make_plan(cfg, 1)
     assert plan.accumulation == 1 and plan.data == 1
     assert plan.memory_bytes["total"] / 1e9 < 141  # the plan's estimate (without the CE workspace) fits an H200
-    te = load_config(REPO / tt.BASE_CONFIG, tt.run_overrides("bf16+te_fp8", 1, 4, seq=4096, train_iters=9,
-                                                              output_dir=tmp_path / "t"))
+    te = load_config(REPO / BASE_CONFIG, run_overrides("bf16+te_fp8", 1, 4, seq=4096, train_iters=9,
+                                                        output_dir=tmp_path / "t"))
     assert te.projection.precision == "te_fp8" and te.attention.recipe == "bf16"
 
 
@@ -74,7 +82,8 @@ def test_summarize_metrics_median_of_the_timed_steps(tmp_path):
     text = path.read_text().splitlines()
     text.insert(2, json.dumps(stale))  # written before the real step-5 record
     path.write_text("\n".join(text) + "\n")
-    s = tt.summarize_metrics(path, warmup=3, timed=6, tokens_per_step=TOKENS, flops_per_token=2e10, peak_flops=PEAK)
+    s = summarize_metrics(path, warmup=3, timed=6, tokens_per_step=TOKENS, flops_per_token=2e10,
+                          peak_flops=PEAK)
     assert s["step_times_s"] == [1.0, 1.2, 0.9, 1.1, 1.3, 1.05]
     assert s["median_step_s"] == pytest.approx(1.075)
     assert s["tokens_per_s_per_gpu"] == pytest.approx(TOKENS / 1.075)
@@ -82,8 +91,8 @@ def test_summarize_metrics_median_of_the_timed_steps(tmp_path):
     assert s["peak_mem_gib"] == 61.5 and s["last_step"] == 9 and s["last_loss"] == pytest.approx(10.2)
     assert s["mfu_trainer_median"] == 0.4 and s["skipped_steps"] == 0
     with pytest.raises(ValueError, match="5 of the 6 timed steps"):
-        tt.summarize_metrics(write_metrics(tmp_path / "short.jsonl", times[:8]), warmup=3, timed=6,
-                             tokens_per_step=TOKENS, flops_per_token=2e10, peak_flops=PEAK)
+        summarize_metrics(write_metrics(tmp_path / "short.jsonl", times[:8]), warmup=3, timed=6,
+                          tokens_per_step=TOKENS, flops_per_token=2e10, peak_flops=PEAK)
 
 
 def _args(tmp_path, **kw):
@@ -92,8 +101,8 @@ def _args(tmp_path, **kw):
 
 
 def _spec(tmp_path, argv):
-    spec = tt.RunSpec(arm="fp8", micro_batch=4, layers=12, purpose="main", output_dir=tmp_path / "runs" / "x",
-                      overrides=[], argv=argv)
+    spec = RunSpec(arm="fp8", micro_batch=4, layers=12, purpose="main", output_dir=tmp_path / "runs" / "x",
+                   overrides=[], argv=argv)
     spec.plan = {"recipe": "fp8", "projection": "bf16", "seq_length": 4096, "tokens_per_step": TOKENS,
                  "train_iters": 3, "parameters": 1, "flops_per_token": 2e10, "peak_flops_per_gpu": PEAK,
                  "memory_estimate_gib": 1.0}
@@ -105,15 +114,15 @@ def test_failed_runs_are_recorded_with_a_reason_and_the_log_tail(tmp_path):
     oom = [sys.executable, "-c", ("import sys; print('step 1 ok'); "
                                   "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB'); "
                                   "sys.exit(1)")]
-    rec = tt.execute_run(_spec(tmp_path, oom), args, timeout_s=60)
+    rec = runner.execute_run(_spec(tmp_path, oom), args, timeout_s=60)
     assert rec["status"] == "failed" and rec["failure"] == "out of memory (exit code 1)"
-    assert "Tried to allocate" in rec["log_tail"] and rec["command"] == tt.shlex.join(oom)
+    assert "Tried to allocate" in rec["log_tail"] and rec["command"] == shlex.join(oom)
     hang = [sys.executable, "-c", "import time; time.sleep(60)"]
-    rec = tt.execute_run(_spec(tmp_path, hang), args, timeout_s=1.0)
+    rec = runner.execute_run(_spec(tmp_path, hang), args, timeout_s=1.0)
     assert rec["status"] == "failed" and rec["timed_out"] and rec["failure"] == "timeout after 1 s"
     assert rec["wall_s"] < 30
-    assert tt.failure_reason(-9, False, "Killed", 60) == "killed by SIGKILL (host memory?)"
-    assert tt.failure_reason(3, False, "[exit] preempted", 60) == "exit code 3"
+    assert failure_reason(-9, False, "Killed", 60) == "killed by SIGKILL (host memory?)"
+    assert failure_reason(3, False, "[exit] preempted", 60) == "exit code 3"
     # exit 0 but a non-finite last loss (the child writes the metrics file like the trainer)
     out = tmp_path / "runs" / "x" / "metrics.jsonl"
     lines = [json.dumps({"kind": "train", "step": s, "loss": float("nan") if s == 3 else 11.0, "grad_norm": None,
@@ -121,7 +130,7 @@ def test_failed_runs_are_recorded_with_a_reason_and_the_log_tail(tmp_path):
                          "peak_mem_gib": 1.0, "skipped": s == 3, "nonfinite_count": int(s == 3)}) for s in (1, 2, 3)]
     nan = [sys.executable, "-c", (f"import pathlib; p = pathlib.Path({str(out)!r}); p.parent.mkdir(parents=True); "
                                   f"p.write_text({chr(10).join(lines)!r})")]
-    rec = tt.execute_run(_spec(tmp_path, nan), args, timeout_s=60)
+    rec = runner.execute_run(_spec(tmp_path, nan), args, timeout_s=60)
     assert rec["status"] == "failed" and rec["failure"] == "last loss not finite (nan)"
     assert rec["median_step_s"] == 0.5 and rec["skipped_steps"] == 1
 
@@ -130,15 +139,15 @@ def test_fit_line_and_extrapolation_to_32_layers():
     from llama import preset
     from training.plan import flops_per_token
 
-    a, b = tt.fit_line([(4, 0.5), (12, 1.3)])
+    a, b = fit_line([(4, 0.5), (12, 1.3)])
     assert (a, b) == (pytest.approx(0.1), pytest.approx(0.1))
     with pytest.raises(ValueError, match="two distinct layer counts"):
-        tt.fit_line([(4, 0.5), (4, 0.6)])
+        fit_line([(4, 0.5), (4, 0.6)])
     fpt = {n: flops_per_token(preset("llama3_1_8b", num_layers=n), 4096) for n in (4, 12, 32)}
     recs = [_rec("bf16", 4, 4, 0.5, purpose="extrapolation", fpt=fpt[4]), _rec("bf16", 4, 12, 1.3, fpt=fpt[12]),
             _rec("fp8", 4, 4, 0.48, purpose="extrapolation", fpt=fpt[4]), _rec("fp8", 4, 12, 1.22, fpt=fpt[12]),
             _rec("bf16", 2, 12, 0.7, fpt=fpt[12])]  # another micro-batch: not a point of the line
-    ex = {e["arm"]: e for e in tt.extrapolate(recs, dp_efficiency=0.9)}
+    ex = {e["arm"]: e for e in extrapolate(recs, dp_efficiency=0.9)}
     bf, f8 = ex["bf16"], ex["fp8"]
     assert bf["points"] == [(4, 0.5), (12, 1.3)] and bf["step_s"] == pytest.approx(3.3)
     assert f8["step_s"] == pytest.approx(0.11 + 0.0925 * 32)
@@ -147,8 +156,8 @@ def test_fit_line_and_extrapolation_to_32_layers():
     assert bf["flops_per_token"] == pytest.approx(fpt[32])  # FLOPs per token are linear in the layer count
     assert bf["mfu"] == pytest.approx(TOKENS / 3.3 * fpt[32] / PEAK)
     assert f8["vs_bf16"] == pytest.approx(3.3 / f8["step_s"]) and bf["vs_bf16"] == 1.0
-    flat = tt.extrapolate([_rec("bf16", 4, 4, 1.0, purpose="extrapolation"), _rec("bf16", 4, 12, 0.9)],
-                          dp_efficiency=0.95)
+    flat = extrapolate([_rec("bf16", 4, 4, 1.0, purpose="extrapolation"), _rec("bf16", 4, 12, 0.9)],
+                       dp_efficiency=0.95)
     assert "does not grow with the layer count" in flat[0]["error"]
 
 
@@ -174,7 +183,7 @@ def _report(records, attention):
             "peak_note": "H200", "flops_per_token_main": 2e10, "transformer_engine": "TE not installed",
             "model": {"preset": "llama3_1_8b", "num_layers": 12, "hidden_size": 4096, "num_attention_heads": 32,
                       "num_kv_heads": 8, "head_dim": 128, "ffn_hidden_size": 14336, "vocab_size": 128256}}
-    return tt.build_report(meta, records, attention, None, 0.95)
+    return build_report(meta, records, attention, None, 0.95)
 
 
 def test_targets_shares_and_markdown():
@@ -200,14 +209,14 @@ def test_targets_shares_and_markdown():
     assert nv["result"] == "MISS" and "a run failed" in nv["measured"]
     assert t["peak memory (max allocated) of fp8 <= bf16 at every micro-batch"]["result"] == "PASS"
     assert t["peak memory (max allocated) of nvfp4qk_fp8pv <= bf16 at every micro-batch"]["result"] == "MISS"
-    md = tt.to_markdown(rep)
+    md = to_markdown(rep)
     assert "| fp8 | fp8 | bf16 | 4 | 950.0 | 17,246 |" in md
     assert "| 98.0 | 101.0 | 18.3% | 1.053x | 10.500 | 25 | ok |" in md
     assert "| nvfp4qk_fp8pv | nvfp4qk_fp8pv | bf16 | 4 | - | - | - |" in md and "FAILED: out of memory" in md
     assert "torch.OutOfMemoryError" in md  # the log tail, in the file
     assert "save ~57.6 ms of the 1000.0 ms step" in md  # 12 x (9.0 - 4.2) ms with cuDNN BF16
     assert "error: RuntimeError: boom" in md and "python3 x fp8 4" in md
-    term = tt.to_markdown(rep, terminal=True)
+    term = to_markdown(rep, terminal=True)
     assert "torch.OutOfMemoryError" not in term and "python3 x fp8 4" not in term
     assert term.rstrip().splitlines()[-1].startswith("| nvfp4qk_fp8pv | nvfp4qk_fp8pv | bf16 | 4 |")  # table last
     json.dumps(rep)  # JSON-able
@@ -248,8 +257,8 @@ def test_metrics_from_a_real_cpu_run_are_parsed(tmp_path):
                 grad_norm=1.0, lr=1e-3, step_time_s=dt, tokens_per_s_per_gpu=1024 / dt, mfu=None,
                 peak_mem_gib=None, skipped=False, nonfinite_count=0)
     m.close()
-    s = tt.summarize_metrics(tmp_path / "metrics.jsonl", warmup=1, timed=2, tokens_per_step=1024,
-                             flops_per_token=1e8, peak_flops=PEAK)
+    s = summarize_metrics(tmp_path / "metrics.jsonl", warmup=1, timed=2, tokens_per_step=1024,
+                          flops_per_token=1e8, peak_flops=PEAK)
     assert s["median_step_s"] == 1.5 and s["peak_mem_gib"] is None and s["mfu_trainer_median"] is None
     assert s["last_loss"] == pytest.approx(math.log(128256) - 3)
 
@@ -271,8 +280,8 @@ def test_attention_timing_plumbing_on_cpu():
             filled.append(all(g.grad is not None and g.grad.shape == g.shape for g in grads))
         return 1e3 * (time.perf_counter() - t0)
 
-    recs = tt.time_attention(["bf16", "nvfp4qk_fp8pv"], [1, 2], seq=32, backend="reference", device="cpu",
-                             heads=(4, 2, 32), timer=timer)
+    recs = time_attention(["bf16", "nvfp4qk_fp8pv"], [1, 2], seq=32, backend="reference", device="cpu",
+                          heads=(4, 2, 32), timer=timer)
     assert [(r["impl"], r["micro_batch"]) for r in recs] == [
         (i, mb) for mb in (1, 2) for i in ("bf16", "nvfp4qk_fp8pv", "cudnn_bf16_sdpa")]
     for r in recs:
@@ -289,27 +298,27 @@ def test_nvidia_smi_readings(tmp_path, monkeypatch):
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\ncase \"$*\" in *memory.used*) echo 70000 ;; *name*) echo 'NVIDIA H200' ;; esac\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:{tt.os.environ['PATH']}")
-    res = tt.run_process([sys.executable, "-c", "import time; time.sleep(0.5)"], log_path=tmp_path / "x.log",
-                         timeout_s=30)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    res = run_process([sys.executable, "-c", "import time; time.sleep(0.5)"], log_path=tmp_path / "x.log",
+                      timeout_s=30)
     assert res["exit_code"] == 0 and res["peak_device_mem_gib"] == pytest.approx(70000 / 1024)
-    meta = tt.metadata(tt.parse_args(["--run-dir", str(tmp_path)]), "TE note")
+    meta = metadata(tt.parse_args(["--run-dir", str(tmp_path)]), "TE note")
     assert meta["gpu"] == "NVIDIA H200" and meta["transformer_engine"] == "TE note"
 
 
 def test_sigterm_stops_the_child_and_keeps_what_was_measured(tmp_path, monkeypatch, capsys):
-    import os
     import signal
     import threading
 
     # run_process: the benchmark's own SIGTERM (e.g. from `timeout`) takes the running child down with it
     log = tmp_path / "child.log"
-    previous = signal.signal(signal.SIGTERM, tt._on_sigterm)
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        with pytest.raises(tt.Terminated):
-            tt.run_process([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
-                           log_path=log, timeout_s=60, poll_memory=False)
+        with pytest.raises(Terminated):
+            run_process([sys.executable, "-c",
+                         "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
+                        log_path=log, timeout_s=60, poll_memory=False)
     finally:
         signal.signal(signal.SIGTERM, previous)
     with pytest.raises(ProcessLookupError):
@@ -321,11 +330,11 @@ def test_sigterm_stops_the_child_and_keeps_what_was_measured(tmp_path, monkeypat
     def fake_run(spec, args, timeout_s):
         calls.append(spec.name)
         if len(calls) == 2:
-            raise tt.Terminated("SIGTERM")
+            raise Terminated("SIGTERM")
         return _rec(spec.arm, spec.micro_batch, spec.layers, 1.0, purpose=spec.purpose)
 
-    monkeypatch.setattr(tt, "execute_run", fake_run)
-    monkeypatch.setattr(tt, "prepare_default_corpus", lambda cache_dir: None)
+    monkeypatch.setattr(runner, "execute_run", fake_run)
+    monkeypatch.setattr(runner, "prepare_default_corpus", lambda cache_dir: None)
     out = tmp_path / "out"
     assert tt.main(["--run-dir", str(tmp_path / "runs"), "--out", str(out), "--no-attention-timing"]) == 1
     assert signal.getsignal(signal.SIGTERM) is previous

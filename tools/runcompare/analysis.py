@@ -99,7 +99,7 @@ def _estimate(arm_m, base_m, method, opt: Options, rng) -> GapEstimate:
     return est
 
 
-def _windowed(arm_names, base_names, series, tokens, widx, n_win, method, opt, label, kind):
+def _windowed(arm_names, base_names, series, widx, n_win, method, opt, label, kind):
     """Per-window estimates (list of dicts) for one arm vs the baseline."""
     out = []
     for w in range(n_win):
@@ -162,16 +162,9 @@ def _run_summary(r: RunData, aligned: Aligned) -> dict:
     }
 
 
-def compare(run_dirs: list[str], opt: Options) -> dict:
-    """Load, check, align and compare the runs in ``run_dirs``.
-
-    Raises :class:`CompareError` (with every reason found) when runs are refused. Returns a dict:
-    ``warnings``, ``baseline``, ``fingerprints``, ``grid``, ``windows`` (token edges),
-    ``runs`` (per-run facts: seed, commit, precision, non-finite counts, throughput),
-    ``arms`` (members, median tokens/s/GPU, ratio vs baseline), ``comparisons`` (per non-baseline
-    arm: per-window train and validation gaps with intervals, first significant window, final
-    and overall gaps), ``series`` (aligned per-run curves, for plots).
-    """
+def _load(run_dirs: list[str], opt: Options) -> list[RunData]:
+    """Read every run directory (each given once), with unique names; every unreadable run is
+    reported at once."""
     if len(run_dirs) < 2:
         raise CompareError("need at least two runs")
     resolved = [str(Path(d).resolve()) for d in run_dirs]
@@ -187,6 +180,13 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     if errors:
         raise CompareError(errors)
     unique_names(runs)
+    return runs
+
+
+def _group_and_align(runs: list[RunData],
+                     opt: Options) -> tuple[dict[str, list[RunData]], str, Aligned, list[str]]:
+    """Check the fingerprints, group the runs into arms, pick the baseline, align the runs on consumed
+    tokens; returns ``(arms, baseline label, aligned, warnings)``."""
     warnings = check_fingerprints(runs, force=opt.force)
     arms, w2 = group_arms(runs, force=opt.force)
     warnings += w2
@@ -198,37 +198,62 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     world = {r.world_size for r in runs}
     if len(world) > 1:
         warnings.append(f"world sizes differ ({sorted(world)}); throughput is per GPU")
+    return arms, base, aligned, warnings
 
+
+@dataclass
+class _Windows:
+    """The token windows of an aligned grid: ``edges`` (tokens), ``n`` windows, the window index of each
+    train point (``train``) and validation point (``valid``)."""
+
+    edges: np.ndarray
+    n: int
+    train: np.ndarray
+    valid: np.ndarray
+
+
+def _windows(aligned: Aligned, opt: Options) -> _Windows:
     tokens = aligned.tokens
     edges = window_edges(
         tokens,
         n_windows=None if opt.window_tokens else opt.windows,
         window_tokens=opt.window_tokens,
     )
-    n_win = len(edges) - 1
-    widx = assign_windows(tokens, edges)
     vidx = assign_windows(aligned.val_tokens, edges) if aligned.val_tokens.size else np.zeros(0, int)
+    return _Windows(edges=edges, n=len(edges) - 1, train=assign_windows(tokens, edges), valid=vidx)
+
+
+def _grid_summary(aligned: Aligned, opt: Options) -> dict:
+    tokens = aligned.tokens
     steps_per = np.diff(tokens)
-    grid = {
+    uniform = steps_per.size and np.all(steps_per == steps_per[0])
+    return {
         "n_train_points": int(tokens.size),
         "first_tokens": int(tokens[0]),
         "last_tokens": int(tokens[-1]),
-        "tokens_per_step": int(steps_per[0]) if steps_per.size and np.all(steps_per == steps_per[0]) else None,
+        "tokens_per_step": int(steps_per[0]) if uniform else None,
         "n_val_points": int(aligned.val_tokens.size),
         "max_tokens": opt.max_tokens,
     }
-    windows = [
+
+
+def _window_summary(win: _Windows) -> list[dict]:
+    return [
         {
             "window": w,
-            "lo_tokens": float(edges[w]),
-            "hi_tokens": float(edges[w + 1]),
-            "n_train_points": int((widx == w).sum()),
-            "n_val_points": int((vidx == w).sum()),
+            "lo_tokens": float(win.edges[w]),
+            "hi_tokens": float(win.edges[w + 1]),
+            "n_train_points": int((win.train == w).sum()),
+            "n_val_points": int((win.valid == w).sum()),
         }
-        for w in range(n_win)
+        for w in range(win.n)
     ]
 
-    run_rows = [_run_summary(r, aligned) for r in runs]
+
+def _arm_summaries(arms: dict[str, list[RunData]], base: str, aligned: Aligned,
+                   run_rows: list[dict]) -> dict:
+    """Per arm: members, seeds, median tokens/s/GPU over its runs, non-finite counts, throughput ratio
+    vs the baseline arm."""
     by_name = {row["name"]: row for row in run_rows}
     arm_rows = {}
     for label, members in arms.items():
@@ -249,72 +274,88 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     for row in arm_rows.values():
         a = row["median_tokens_per_s_per_gpu"]
         row["throughput_ratio_vs_baseline"] = _f(a / b_tps) if (a is not None and b_tps) else None
+    return arm_rows
 
-    base_names = [r.name for r in arms[base]]
-    comparisons = []
-    for label, members in arms.items():
-        if label == base:
-            continue
-        names = [r.name for r in members]
-        method = choose_method(len(names), len(base_names), opt.bootstrap)
-        cmp_warn = []
-        if method in ("seeds", "hier") and min(len(names), len(base_names)) < FEW_SEEDS:
-            cmp_warn.append(
-                f"only {len(names)} and {len(base_names)} seeds: seed-resampled intervals are coarse "
-                f"and may undercover"
-            )
-        if method == "blocks" and (len(names) == 1 or len(base_names) == 1):
-            cmp_warn.append(
-                "one seed in an arm: intervals reflect step-to-step noise within the runs only, "
-                "not seed-to-seed variation"
-            )
-        tw = _windowed(names, base_names, aligned.loss, tokens, widx, n_win, method, opt, label, "train")
-        all_t = np.ones(tokens.shape, bool)
-        overall = _estimate(
-            _matrix(names, aligned.loss, all_t), _matrix(base_names, aligned.loss, all_t), method, opt,
-            _rng(opt.bootstrap_seed, label, "train-overall"),
+
+def _method_warnings(method: str, n_arm: int, n_base: int) -> list[str]:
+    """What the intervals of a comparison with ``n_arm`` and ``n_base`` seeds cannot show."""
+    warnings = []
+    if method in ("seeds", "hier") and min(n_arm, n_base) < FEW_SEEDS:
+        warnings.append(
+            f"only {n_arm} and {n_base} seeds: seed-resampled intervals are coarse "
+            f"and may undercover"
+        )
+    if method == "blocks" and (n_arm == 1 or n_base == 1):
+        warnings.append(
+            "one seed in an arm: intervals reflect step-to-step noise within the runs only, "
+            "not seed-to-seed variation"
+        )
+    return warnings
+
+
+def _gap_summary(prefix: str, windows: list[dict], final: dict | None, overall: dict | None) -> dict:
+    """``{prefix}_windows``, the first and all significant windows, ``{prefix}_final`` and
+    ``{prefix}_overall``."""
+    return {
+        f"{prefix}_windows": windows,
+        f"{prefix}_first_significant_window": _first_significant(windows),
+        f"{prefix}_significant_windows": [r["window"] for r in windows if r["significant"]],
+        f"{prefix}_final": final,
+        f"{prefix}_overall": overall,
+    }
+
+
+def _compare_arm(label: str, names: list[str], base: str, base_names: list[str], aligned: Aligned,
+                 win: _Windows, opt: Options) -> dict:
+    """One arm vs the baseline: the train-loss gap per window, in the last window and over all points;
+    the validation-loss gap likewise (final = the last validation point), when there is validation."""
+    method = choose_method(len(names), len(base_names), opt.bootstrap)
+
+    def estimate(series: dict[str, np.ndarray], sel: np.ndarray, key: str) -> dict:
+        return _estimate(
+            _matrix(names, series, sel), _matrix(base_names, series, sel), method, opt,
+            _rng(opt.bootstrap_seed, label, key),
         ).to_dict()
-        cmp = {
-            "arm": label,
-            "baseline": base,
-            "method": method,
-            "n_seeds": [len(names), len(base_names)],
-            "warnings": cmp_warn,
-            "train_windows": tw,
-            "train_first_significant_window": _first_significant(tw),
-            "train_significant_windows": [r["window"] for r in tw if r["significant"]],
-            "train_final": tw[-1],
-            "train_overall": overall,
-            "valid_windows": [],
-            "valid_first_significant_window": None,
-            "valid_significant_windows": [],
-            "valid_final": None,
-            "valid_overall": None,
-        }
-        if aligned.val_tokens.size:
-            vw = _windowed(
-                names, base_names, aligned.val_loss, aligned.val_tokens, vidx, n_win, method, opt, label, "valid"
-            )
-            last = np.zeros(aligned.val_tokens.shape, bool)
-            last[-1] = True
-            allv = np.ones(aligned.val_tokens.shape, bool)
-            final = _estimate(
-                _matrix(names, aligned.val_loss, last), _matrix(base_names, aligned.val_loss, last),
-                method, opt, _rng(opt.bootstrap_seed, label, "valid-final"),
-            ).to_dict()
-            final["tokens"] = int(aligned.val_tokens[-1])
-            cmp.update(
-                valid_windows=vw,
-                valid_first_significant_window=_first_significant(vw),
-                valid_significant_windows=[r["window"] for r in vw if r["significant"]],
-                valid_final=final,
-                valid_overall=_estimate(
-                    _matrix(names, aligned.val_loss, allv), _matrix(base_names, aligned.val_loss, allv),
-                    method, opt, _rng(opt.bootstrap_seed, label, "valid-overall"),
-                ).to_dict(),
-            )
-        comparisons.append(cmp)
 
+    train = _windowed(names, base_names, aligned.loss, win.train, win.n, method, opt, label, "train")
+    overall = estimate(aligned.loss, np.ones(aligned.tokens.shape, bool), "train-overall")
+    cmp = {
+        "arm": label,
+        "baseline": base,
+        "method": method,
+        "n_seeds": [len(names), len(base_names)],
+        "warnings": _method_warnings(method, len(names), len(base_names)),
+        **_gap_summary("train", train, train[-1], overall),
+        **_gap_summary("valid", [], None, None),
+    }
+    if aligned.val_tokens.size:
+        valid = _windowed(names, base_names, aligned.val_loss, win.valid, win.n, method, opt, label, "valid")
+        last = np.zeros(aligned.val_tokens.shape, bool)
+        last[-1] = True
+        final = estimate(aligned.val_loss, last, "valid-final")
+        final["tokens"] = int(aligned.val_tokens[-1])
+        overall = estimate(aligned.val_loss, np.ones(aligned.val_tokens.shape, bool), "valid-overall")
+        cmp.update(_gap_summary("valid", valid, final, overall))
+    return cmp
+
+
+def compare(run_dirs: list[str], opt: Options) -> dict:
+    """Load, check, align and compare the runs in ``run_dirs``.
+
+    Raises :class:`CompareError` (with every reason found) when runs are refused. Returns a dict:
+    ``warnings``, ``baseline``, ``fingerprints``, ``grid``, ``windows`` (token edges),
+    ``runs`` (per-run facts: seed, commit, precision, non-finite counts, throughput),
+    ``arms`` (members, median tokens/s/GPU, ratio vs baseline), ``comparisons`` (per non-baseline
+    arm: per-window train and validation gaps with intervals, first significant window, final
+    and overall gaps), ``series`` (aligned per-run curves, for plots).
+    """
+    runs = _load(run_dirs, opt)
+    arms, base, aligned, warnings = _group_and_align(runs, opt)
+    win = _windows(aligned, opt)
+    run_rows = [_run_summary(r, aligned) for r in runs]
+    base_names = [r.name for r in arms[base]]
+    comparisons = [_compare_arm(label, [r.name for r in members], base, base_names, aligned, win, opt)
+                   for label, members in arms.items() if label != base]
     return {
         "warnings": warnings,
         "baseline": base,
@@ -322,13 +363,13 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
             "config": sorted({r.config_fingerprint for r in runs}),
             "data_order": sorted({r.data_order_fingerprint for r in runs}),
         },
-        "grid": grid,
-        "windows": windows,
+        "grid": _grid_summary(aligned, opt),
+        "windows": _window_summary(win),
         "runs": run_rows,
-        "arms": arm_rows,
+        "arms": _arm_summaries(arms, base, aligned, run_rows),
         "comparisons": comparisons,
         "series": {
-            "tokens": tokens,
+            "tokens": aligned.tokens,
             "loss": aligned.loss,
             "val_tokens": aligned.val_tokens,
             "val_loss": aligned.val_loss,

@@ -1,9 +1,9 @@
-"""Reading run directories, grouping runs into precision arms, aligning them on consumed tokens.
+"""Loading run directories, grouping runs into precision arms, aligning them on consumed tokens.
 
-A run directory holds ``metrics.jsonl`` (records of kind train / valid / telemetry / event, appended
-across resumes: for each (kind, step) the last record wins) and ``run_meta.json``. The files are
-untrusted data: every field that is used is type-checked and nothing in them is executed or used
-as a path. Units: tokens (consumed_tokens), nats (loss, val_loss), tokens/s/GPU (throughput).
+A run directory (``tools/rundir.py`` parses its files) holds ``metrics.jsonl`` (records of kind
+train / valid / telemetry / event, appended across resumes: for each (kind, step) the last record
+wins) and ``run_meta.json``. The files are untrusted data: every field that is used is type-checked
+here. Units: tokens (consumed_tokens), nats (loss, val_loss), tokens/s/GPU (throughput).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from rundir import META_FILE, METRICS_FILE, metrics_lines, parse_meta
 
 
 class CompareError(Exception):
@@ -110,11 +111,11 @@ def _canonical_projection(p) -> str:
 
 def read_meta(run_dir: Path) -> dict:
     """Validated fields of ``run_dir/run_meta.json``; raises CompareError naming what is wrong."""
-    path = run_dir / "run_meta.json"
+    path = run_dir / META_FILE
     if not path.is_file():
         raise CompareError(f"{run_dir}: no run_meta.json")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = parse_meta(run_dir)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CompareError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict):
@@ -151,7 +152,7 @@ def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
     (bad JSON, not an object, a used field missing or of the wrong type) raises CompareError with
     its line number, or is counted and skipped with ``skip_malformed``. Unknown kinds are counted.
     """
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if not path.is_file():
         raise CompareError(f"{run_dir}: no metrics.jsonl")
     train: dict[int, dict] = {}
@@ -159,45 +160,39 @@ def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
     events: Counter = Counter()
     counts: Counter = Counter()
     replaced = malformed = 0
-    with path.open("r", encoding="utf-8", errors="strict") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+    for lineno, rec, problem in metrics_lines(run_dir):
+        if problem is None:
+            problem = _field_problem(rec)
+        if problem is not None:
+            if skip_malformed:
+                malformed += 1
                 continue
-            problem = None
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                rec, problem = None, f"not valid JSON ({e.msg})"
-            if problem is None and not isinstance(rec, dict):
-                problem = "not a JSON object"
-            if problem is None:
-                kind = rec.get("kind")
-                checks = {"train": _TRAIN_FIELDS, "valid": _VALID_FIELDS, "event": _EVENT_FIELDS}.get(kind, ())
-                for key, pred, desc in checks:
-                    if key not in rec:
-                        problem = f"{kind} record without {key!r}"
-                        break
-                    if not pred(rec[key]):
-                        problem = f"{kind} record: {key!r} must be {desc}, got {type(rec[key]).__name__}"
-                        break
-            if problem is not None:
-                if skip_malformed:
-                    malformed += 1
-                    continue
-                raise CompareError(
-                    f"{path}:{lineno}: {problem} (pass --skip-malformed to skip and count such lines)"
-                )
-            kind = rec.get("kind")
-            counts[kind if isinstance(kind, str) else repr(kind)] += 1
-            if kind == "train":
-                replaced += rec["step"] in train
-                train[rec["step"]] = rec
-            elif kind == "valid":
-                replaced += rec["step"] in valid
-                valid[rec["step"]] = rec
-            elif kind == "event":
-                events[rec["event"]] += 1
+            raise CompareError(
+                f"{path}:{lineno}: {problem} (pass --skip-malformed to skip and count such lines)"
+            )
+        kind = rec.get("kind")
+        counts[kind if isinstance(kind, str) else repr(kind)] += 1
+        if kind == "train":
+            replaced += rec["step"] in train
+            train[rec["step"]] = rec
+        elif kind == "valid":
+            replaced += rec["step"] in valid
+            valid[rec["step"]] = rec
+        elif kind == "event":
+            events[rec["event"]] += 1
     return train, valid, events, counts, replaced, malformed
+
+
+def _field_problem(rec: dict) -> str | None:
+    """Why a record's used fields are missing or of the wrong type (the first one found), or None."""
+    kind = rec.get("kind")
+    fields = {"train": _TRAIN_FIELDS, "valid": _VALID_FIELDS, "event": _EVENT_FIELDS}.get(kind, ())
+    for key, pred, desc in fields:
+        if key not in rec:
+            return f"{kind} record without {key!r}"
+        if not pred(rec[key]):
+            return f"{kind} record: {key!r} must be {desc}, got {type(rec[key]).__name__}"
+    return None
 
 
 def _as_arrays(records: dict[int, dict], fields: tuple) -> dict[str, np.ndarray]:
@@ -304,7 +299,9 @@ def pick_baseline(arms: dict[str, list[RunData]], baseline: str | None) -> str:
     if baseline is None:
         want = arm_label("bf16", "bf16")
         if want not in arms:
-            raise CompareError(f"no default baseline arm {want}; arms are {', '.join(labels)}; pass --baseline")
+            raise CompareError(
+                f"no default baseline arm {want}; arms are {', '.join(labels)}; pass --baseline"
+            )
         return want
     if baseline in arms:
         return baseline
@@ -376,7 +373,8 @@ def align(runs: list[RunData], *, max_tokens: int | None = None) -> Aligned:
                 i = int(np.nonzero(np.diff(t) <= 0)[0][0])
                 reasons.append(
                     f"{r.name}: {kind} consumed_tokens do not increase with step "
-                    f"(step {int(arrs['step'][i])}: {int(t[i])}, step {int(arrs['step'][i + 1])}: {int(t[i + 1])})"
+                    f"(step {int(arrs['step'][i])}: {int(t[i])}, "
+                    f"step {int(arrs['step'][i + 1])}: {int(t[i + 1])})"
                 )
     if reasons:
         raise CompareError(reasons)
