@@ -43,8 +43,6 @@ def time_attention(recipes: list[str], micro_batches: list[int], *, seq: int, wa
 
     import fp4_attention as fa
 
-    if backend == "triton":
-        import fp4_attention.triton_backend  # registers "triton"
     if timer is None:
         import triton
 

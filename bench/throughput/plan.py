@@ -120,7 +120,7 @@ def validate_runs(specs: list[RunSpec], config: str) -> None:
         try:
             cfg = load_config(REPO / config, spec.overrides)
             plan = make_plan(cfg, 1)
-            model = cfg.llama(backend="reference")
+            model = cfg.llama()
         except (ValueError, FileNotFoundError) as err:
             raise ValueError(f"run {spec.name}: {err}") from None
         if cfg.checkpoint.save or plan.accumulation != 1:

@@ -320,7 +320,7 @@ def test_trainer_projection_section_gives_arm_labels(make_run):
     projections label as ``bf16`` (the default baseline is found); FP8 projections keep their settings."""
     from training.config import load_config, resolved_dict
 
-    proj = resolved_dict(load_config(None, []), backend="reference")["projection"]
+    proj = resolved_dict(load_config(None, []))["projection"]
     assert isinstance(proj, dict) and proj["precision"] == "bf16"
     runs = [str(make_run("bf16", projection=proj)), str(make_run("fp8", recipe="fp8", projection=proj, gap=0.02)),
             str(make_run("fp8_te", recipe="fp8", projection={**proj, "precision": "te_fp8"}, gap=0.03))]

@@ -53,7 +53,7 @@ def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
 
     ov = run_overrides("nvfp4qk_fp8pv", 4, 12, seq=4096, train_iters=9, output_dir=tmp_path / "r")
     cfg = load_config(REPO / BASE_CONFIG, ov)
-    m = cfg.llama(backend="triton")
+    m = cfg.llama()
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
             m.vocab_size) == (12, 4096, 32, 8, 128, 14336, 128256)
     assert cfg.attention.recipe == "nvfp4qk_fp8pv" and cfg.attention.backend == "triton"
