@@ -21,13 +21,18 @@ import warnings
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", help="YAML config (default: the embedded default, configs/default.yaml)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="resolve the config for --world-size and print the plan; needs no GPU and no data")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="world size for --dry-run (default: $WORLD_SIZE or 1)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="resolve the config for --world-size and print the plan; needs no GPU and no data",
+    )
+    p.add_argument(
+        "--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)"
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     return p.parse_args(argv)
 

@@ -24,9 +24,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 D = 128
-VARIANTS = {"fp8": {}, "fp8_early": {"early_k_scales": True, "qk_pair_issue": True},
-            "fp8_overlap_unpromoted": {"intra_wg_overlap": True, "promote_qk": False, "promote_pv": False},
-            "fa4_bf16": None}
+VARIANTS = {
+    "fp8": {},
+    "fp8_early": {"early_k_scales": True, "qk_pair_issue": True},
+    "fp8_overlap_unpromoted": {"intra_wg_overlap": True, "promote_qk": False, "promote_pv": False},
+    "fa4_bf16": None,
+}
 LAUNCHES = 3
 
 
@@ -36,7 +39,9 @@ def _ints(text: str, n: int, what: str) -> tuple[int, ...]:
     except ValueError:
         vals = ()
     if len(vals) != n or min(vals) <= 0:
-        raise SystemExit(f"cute_profile: {what} must be {n} positive integers separated by commas, got {text!r}")
+        raise SystemExit(
+            f"cute_profile: {what} must be {n} positive integers separated by commas, got {text!r}"
+        )
     return vals
 
 
@@ -61,14 +66,15 @@ def main(argv=None) -> int:
         from fp4_attention.backends.fa4.backend import FA4Backend
 
         def run():
-            FA4Backend().forward(q, k, v, fa.get_recipe("bf16"), causal=args.causal, softmax_scale=D ** -0.5)
+            FA4Backend().forward(q, k, v, fa.get_recipe("bf16"), causal=args.causal, softmax_scale=D**-0.5)
     else:
         from fp4_attention.backends.cute import backend as cute_backend
 
-        ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D ** -0.5)
+        ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D**-0.5)
 
         def run():
             cute_backend.forward_fp8(*ops, causal=args.causal, tiles=tiles, **VARIANTS[args.variant])
+
     for _ in range(LAUNCHES):
         run()
     torch.cuda.synchronize()

@@ -52,14 +52,21 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     vt = torch.zeros(b, hkv, d, s, dtype=torch.float8_e4m3fn).permute(0, 3, 1, 2)
     o = torch.empty(b, hq, s, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
     small = [torch.empty(b, hq, s), torch.ones(b, hq, s), torch.ones(b, hkv, s), torch.ones(b, hkv, d)]
-    args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)] + [to_cute_tensor(vt, leading_dim=1),
-                                                                 to_cute_tensor(o, leading_dim=3)]
+    args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)] + [
+        to_cute_tensor(vt, leading_dim=1),
+        to_cute_tensor(o, leading_dim=3),
+    ]
     args += [to_cute_tensor(t, assumed_align=4, leading_dim=2) for t in small]
-    kernel = FP8ForwardSm90(d, group, causal, tile_m=tiles[0], tile_n=tiles[1], num_stages=tiles[2],
-                            **kernel_options)
+    kernel = FP8ForwardSm90(
+        d, group, causal, tile_m=tiles[0], tile_n=tiles[1], num_stages=tiles[2], **kernel_options
+    )
     try:  # the cubin is written before the host-side launcher needs a GPU tensor
-        cute.compile(kernel, *args, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-                     options="--enable-tvm-ffi")
+        cute.compile(
+            kernel,
+            *args,
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+            options="--enable-tvm-ffi",
+        )
     except Exception as err:  # only "no GPU tensors" (the host launcher) is expected here
         if "GPU" not in str(err) and "EnvStream" not in str(err):
             raise
@@ -76,22 +83,42 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
         return sum(op.startswith(prefix) for _, op, _ in ins)
 
     usage = dict(re.findall(r"(REG|STACK):(\d+)", res))
-    return {"tiles": list(tiles), "causal": causal, "group": group, "head_dim": head_dim, **kernel_options,
-            "reg": int(usage.get("REG", -1)), "stack": int(usage.get("STACK", -1)),
-            "STL": count("STL"), "LDL": count("LDL"), "QGMMA": count("QGMMA"), "HGMMA": count("HGMMA"),
-            "MUFU.EX2": count("MUFU.EX2"), "F2FP": count("F2FP"), "inner_loops": loops,
-            # outside the KV-tile loops (the peeled first tile, the prologue and epilogue): the
-            # warp-scheduler turns (named barriers with a register id; the fixed-id ones are the CTA's
-            # and the epilogue's) and the integer min/max instructions (index clamps)
-            "turn_sync_outside_loops": sum(op.startswith("BAR.SYNC") and _reg_first(rest) for op, rest in outside),
-            "turn_arrive_outside_loops": sum(op.startswith("BAR.ARV") and _reg_first(rest) for op, rest in outside),
-            "int_minmax_outside_loops": sum(op.startswith(("VIMNMX", "VIADDMNMX", "IMNMX")) for op, _ in outside)}
+    return {
+        "tiles": list(tiles),
+        "causal": causal,
+        "group": group,
+        "head_dim": head_dim,
+        **kernel_options,
+        "reg": int(usage.get("REG", -1)),
+        "stack": int(usage.get("STACK", -1)),
+        "STL": count("STL"),
+        "LDL": count("LDL"),
+        "QGMMA": count("QGMMA"),
+        "HGMMA": count("HGMMA"),
+        "MUFU.EX2": count("MUFU.EX2"),
+        "F2FP": count("F2FP"),
+        "inner_loops": loops,
+        # outside the KV-tile loops (the peeled first tile, the prologue and epilogue): the
+        # warp-scheduler turns (named barriers with a register id; the fixed-id ones are the CTA's
+        # and the epilogue's) and the integer min/max instructions (index clamps)
+        "turn_sync_outside_loops": sum(
+            op.startswith("BAR.SYNC") and _reg_first(rest) for op, rest in outside
+        ),
+        "turn_arrive_outside_loops": sum(
+            op.startswith("BAR.ARV") and _reg_first(rest) for op, rest in outside
+        ),
+        "int_minmax_outside_loops": sum(op.startswith(("VIMNMX", "VIADDMNMX", "IMNMX")) for op, _ in outside),
+    }
 
 
 def _instructions(sass: str) -> list[tuple[int, str, str]]:
     """(address, opcode, operands) of every instruction, predicates dropped."""
-    return [(int(a, 16), op, rest) for a, op, rest in
-            re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)]
+    return [
+        (int(a, 16), op, rest)
+        for a, op, rest in re.findall(
+            r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass
+        )
+    ]
 
 
 def _reg_first(operands: str) -> bool:
@@ -123,8 +150,11 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
         target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
         if target and int(target.group(1), 16) < a:
             spans.append((int(target.group(1), 16), a))
-    inner = [(s0, e0) for s0, e0 in spans
-             if not any(s0 <= s1 and e1 <= e0 and (s1, e1) != (s0, e0) for s1, e1 in spans)]
+    inner = [
+        (s0, e0)
+        for s0, e0 in spans
+        if not any(s0 <= s1 and e1 <= e0 and (s1, e1) != (s0, e0) for s1, e1 in spans)
+    ]
     out = []
     for s0, e0 in inner:
         body_ins = [(op, rest) for a, op, rest in ins if s0 <= a <= e0]
@@ -132,12 +162,22 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
         if len(body) >= min_len:
             first_mma = next((i for i, o in enumerate(body) if o.startswith(("QGMMA", "HGMMA"))), len(body))
             # QK products into a zeroed accumulator (A from shared memory: "Rd, gdesc[..], RZ, !UPT")
-            qk_zero = sum(op.startswith(("QGMMA", "HGMMA")) and re.match(r"\S* R\d+, gdesc\[[^]]*\], RZ, !UPT", rest)
-                          is not None for op, rest in body_ins)
-            out.append({"start": hex(s0), "end": hex(e0), "instructions": len(body), "QK_zero_init": qk_zero,
-                        **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS},
-                        "LDG_before_first_GMMA": sum(o.startswith("LDG") for o in body[:first_mma]),
-                        "schedule": " ".join(_schedule_label(o) for o in body if o.startswith(SCHEDULE_OPS))})
+            qk_zero = sum(
+                op.startswith(("QGMMA", "HGMMA"))
+                and re.match(r"\S* R\d+, gdesc\[[^]]*\], RZ, !UPT", rest) is not None
+                for op, rest in body_ins
+            )
+            out.append(
+                {
+                    "start": hex(s0),
+                    "end": hex(e0),
+                    "instructions": len(body),
+                    "QK_zero_init": qk_zero,
+                    **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS},
+                    "LDG_before_first_GMMA": sum(o.startswith("LDG") for o in body[:first_mma]),
+                    "schedule": " ".join(_schedule_label(o) for o in body if o.startswith(SCHEDULE_OPS)),
+                }
+            )
     return out
 
 
@@ -152,12 +192,22 @@ def main(argv=None) -> int:
     p.add_argument("--pv-only-turn", action="store_true")
     p.add_argument("--early-k-scales", action="store_true")
     p.add_argument("--qk-pair-issue", action="store_true")
-    p.add_argument("--exp2-fma-every", type=int, default=0, help="Direct-P: one column in k from the FMA path")
+    p.add_argument(
+        "--exp2-fma-every", type=int, default=0, help="Direct-P: one column in k from the FMA path"
+    )
     a = p.parse_args(argv)
-    rep = compile_report(tuple(int(x) for x in a.tiles.split(",")), causal=not a.non_causal,
-                         intra_wg_overlap=a.overlap, promote_qk=not a.no_promote_qk, promote_pv=not a.no_promote_pv,
-                         qk_promote_k=a.qk_promote_k, pv_only_turn=a.pv_only_turn, early_k_scales=a.early_k_scales,
-                         qk_pair_issue=a.qk_pair_issue, exp2_fma_every=a.exp2_fma_every)
+    rep = compile_report(
+        tuple(int(x) for x in a.tiles.split(",")),
+        causal=not a.non_causal,
+        intra_wg_overlap=a.overlap,
+        promote_qk=not a.no_promote_qk,
+        promote_pv=not a.no_promote_pv,
+        qk_promote_k=a.qk_promote_k,
+        pv_only_turn=a.pv_only_turn,
+        early_k_scales=a.early_k_scales,
+        qk_pair_issue=a.qk_pair_issue,
+        exp2_fma_every=a.exp2_fma_every,
+    )
     print(json.dumps(rep))
     return 0
 

@@ -1,6 +1,6 @@
 """Compile the Triton forward kernel for sm_90 on any machine (no GPU needed) and report its SASS.
 
-    python bench/sass_report.py [--block-m M --block-n N --num-warps W --num-stages S]   (default: the backend's)
+    python bench/sass_report.py [--block-m M --block-n N --num-warps W --num-stages S]  # default tiles
     python bench/sass_report.py --backward          # the dK/dV and dQ kernels at the backend's tiles
 
 For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
@@ -49,20 +49,53 @@ def _compile(fn, ptrs: dict, consts: dict, num_warps: int, num_stages: int):
             sig[n] = "i32"
             if n != "GROUP":
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
-                                                                              num_stages=num_stages))
+    src = ASTSource(
+        fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs
+    )
+    return triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
+    )
 
 
-def compile_forward(*, qk_fp8: bool, pv_fp8: bool, causal: bool, block_m: int, block_n: int, head_dim: int = 128,
-                    num_warps: int = 8, num_stages: int = 3, split: bool = True, imprecise: int | None = 32):
+def compile_forward(
+    *,
+    qk_fp8: bool,
+    pv_fp8: bool,
+    causal: bool,
+    block_m: int,
+    block_n: int,
+    head_dim: int = 128,
+    num_warps: int = 8,
+    num_stages: int = 3,
+    split: bool = True,
+    imprecise: int | None = 32,
+):
     """``triton.compile`` of ``_fwd_kernel`` for sm_90 with launch-like specialisation."""
-    ptrs = {"Q": "fp8e4nv" if qk_fp8 else "bf16", "K": "fp8e4nv" if qk_fp8 else "bf16",
-            "V": "fp8e4nv" if pv_fp8 else "bf16", "ROW": "fp32", "COL": "fp32", "VSCALE": "fp32", "O": "bf16",
-            "LSE": "fp32"}
-    consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, QK_FP8=qk_fp8, PV_FP8=pv_fp8,
-                  LIFT=8, IMPRECISE=imprecise if qk_fp8 else None, DIRECT_P=False, DP_A=1.5, DP_B=1.2,
-                  DP_EXACT_EVERY=0, SPLIT=split)
+    ptrs = {
+        "Q": "fp8e4nv" if qk_fp8 else "bf16",
+        "K": "fp8e4nv" if qk_fp8 else "bf16",
+        "V": "fp8e4nv" if pv_fp8 else "bf16",
+        "ROW": "fp32",
+        "COL": "fp32",
+        "VSCALE": "fp32",
+        "O": "bf16",
+        "LSE": "fp32",
+    }
+    consts = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        CAUSAL=causal,
+        QK_FP8=qk_fp8,
+        PV_FP8=pv_fp8,
+        LIFT=8,
+        IMPRECISE=imprecise if qk_fp8 else None,
+        DIRECT_P=False,
+        DP_A=1.5,
+        DP_B=1.2,
+        DP_EXACT_EVERY=0,
+        SPLIT=split,
+    )
     if not qk_fp8:  # per-head scales are stride-0 expanded views
         consts.update(srm=0, scn=0)
     for n in UNIT_STRIDES:
@@ -73,19 +106,45 @@ def compile_forward(*, qk_fp8: bool, pv_fp8: bool, causal: bool, block_m: int, b
 BWD_UNIT_STRIDES = ("sqd", "skd", "svd", "srm", "scn", "sdod", "stm", "svsd", "sdkd", "sdqd")
 
 
-def compile_backward(kernel_name: str, *, qk_fp8: bool, pv_fp8: bool, causal: bool, tiles: tuple[int, int, int, int],
-                     head_dim: int = 128):
+def compile_backward(
+    kernel_name: str,
+    *,
+    qk_fp8: bool,
+    pv_fp8: bool,
+    causal: bool,
+    tiles: tuple[int, int, int, int],
+    head_dim: int = 128,
+):
     """``triton.compile`` of a backward kernel (``_bwd_dkdv_kernel`` or ``_bwd_dq_kernel``) for sm_90,
     with ``tiles`` = (BLOCK_M, BLOCK_N, warps, stages) and launch-like specialisation."""
     fn = getattr(K, kernel_name)
     names = fn.arg_names
-    ptrs = {"Q": "fp8e4nv" if qk_fp8 else "bf16", "K": "fp8e4nv" if qk_fp8 else "bf16",
-            "V": "fp8e4nv" if pv_fp8 else "bf16", "ROW": "fp32", "COL": "fp32", "DO": "fp8e5" if pv_fp8 else "bf16",
-            "STAT": "fp32", "DELTA": "fp32", "SDO": "fp32", "VSCALE": "fp32", "DK": "fp32", "DV": "fp32",
-            "DQ": "bf16"}
+    ptrs = {
+        "Q": "fp8e4nv" if qk_fp8 else "bf16",
+        "K": "fp8e4nv" if qk_fp8 else "bf16",
+        "V": "fp8e4nv" if pv_fp8 else "bf16",
+        "ROW": "fp32",
+        "COL": "fp32",
+        "DO": "fp8e5" if pv_fp8 else "bf16",
+        "STAT": "fp32",
+        "DELTA": "fp32",
+        "SDO": "fp32",
+        "VSCALE": "fp32",
+        "DK": "fp32",
+        "DV": "fp32",
+        "DQ": "bf16",
+    }
     bm, bn, warps, stages = tiles
-    consts = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, QK_FP8=qk_fp8, PV_FP8=pv_fp8, LIFT=8,
-                  IMPRECISE=32 if qk_fp8 else None)
+    consts = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        CAUSAL=causal,
+        QK_FP8=qk_fp8,
+        PV_FP8=pv_fp8,
+        LIFT=8,
+        IMPRECISE=32 if qk_fp8 else None,
+    )
     consts.update({n: 1 for n in BWD_UNIT_STRIDES if n in names})
     return _compile(fn, ptrs, consts, warps, stages)
 
@@ -93,8 +152,10 @@ def compile_backward(kernel_name: str, *, qk_fp8: bool, pv_fp8: bool, causal: bo
 def disassemble(cubin_path) -> tuple[str, str]:
     """``(SASS, resource usage)`` of a cubin file, by the cuobjdump that ships with Triton."""
     tool = str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
-    return tuple(subprocess.run([tool, flag, str(cubin_path)], capture_output=True, text=True, check=True).stdout
-                 for flag in ("-sass", "-res-usage"))
+    return tuple(
+        subprocess.run([tool, flag, str(cubin_path)], capture_output=True, text=True, check=True).stdout
+        for flag in ("-sass", "-res-usage")
+    )
 
 
 def sass_stats(kernel) -> dict:
@@ -119,29 +180,51 @@ def main(argv=None) -> int:
     p.add_argument("--num-warps", type=int, default=warps)
     p.add_argument("--num-stages", type=int, default=stages)
     p.add_argument("--no-split", action="store_true", help="mask every KV tile (the older loop)")
-    p.add_argument("--backward", action="store_true", help="the backward kernels at their default tiles instead")
+    p.add_argument(
+        "--backward", action="store_true", help="the backward kernels at their default tiles instead"
+    )
     a = p.parse_args(argv)
     cases = [("fp8", True, True), ("nvfp4qk_fp8pv", False, True), ("bf16", False, False)]
     if a.backward:
         from fp4_attention.backends.triton.backend import BWD_DKDV_TILES, BWD_DQ_TILES
 
-        print(f"triton {triton.__version__}, sm_90, causal, dK/dV tiles {BWD_DKDV_TILES}, dQ tiles {BWD_DQ_TILES}")
-        print("| kernel | recipe | " + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS]) + " |")
+        print(
+            f"triton {triton.__version__}, sm_90, causal, dK/dV tiles {BWD_DKDV_TILES}, dQ tiles "
+            f"{BWD_DQ_TILES}"
+        )
+        print(
+            "| kernel | recipe | "
+            + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS])
+            + " |"
+        )
         print("|---" * (len(INSTRUCTIONS) + 4) + "|")
         for kname, tiles in (("_bwd_dkdv_kernel", BWD_DKDV_TILES), ("_bwd_dq_kernel", BWD_DQ_TILES)):
             for name, qk8, pv8 in cases:
                 st = sass_stats(compile_backward(kname, qk_fp8=qk8, pv_fp8=pv8, causal=True, tiles=tiles))
                 print(f"| {kname} | {name} | " + " | ".join(str(v) for v in st.values()) + " |", flush=True)
         return 0
-    print(f"triton {triton.__version__}, sm_90, BLOCK_M {a.block_m}, BLOCK_N {a.block_n}, warps {a.num_warps}, "
-          f"stages {a.num_stages}, split {not a.no_split}")
-    print("| recipe | causal | " + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS]) + " |")
+    print(
+        f"triton {triton.__version__}, sm_90, BLOCK_M {a.block_m}, BLOCK_N {a.block_n}, warps {a.num_warps}, "
+        f"stages {a.num_stages}, split {not a.no_split}"
+    )
+    print(
+        "| recipe | causal | " + " | ".join(["regs", "dyn smem"] + [k.strip() for k in INSTRUCTIONS]) + " |"
+    )
     print("|---" * (len(INSTRUCTIONS) + 4) + "|")
     for name, qk8, pv8 in cases:
         for causal in (True, False):
-            st = sass_stats(compile_forward(qk_fp8=qk8, pv_fp8=pv8, causal=causal, block_m=a.block_m,
-                                            block_n=a.block_n, num_warps=a.num_warps, num_stages=a.num_stages,
-                                            split=not a.no_split))
+            st = sass_stats(
+                compile_forward(
+                    qk_fp8=qk8,
+                    pv_fp8=pv8,
+                    causal=causal,
+                    block_m=a.block_m,
+                    block_n=a.block_n,
+                    num_warps=a.num_warps,
+                    num_stages=a.num_stages,
+                    split=not a.no_split,
+                )
+            )
             print(f"| {name} | {causal} | " + " | ".join(str(v) for v in st.values()) + " |", flush=True)
     return 0
 

@@ -48,7 +48,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.backend != "reference":
         __import__(f"fp4_attention.{args.backend}_backend")
-    rows = [saved_bytes(r, s=args.seqlen, backend=args.backend, device=args.device) for r in fa.TRAINING_RECIPES]
+    rows = [
+        saved_bytes(r, s=args.seqlen, backend=args.backend, device=args.device) for r in fa.TRAINING_RECIPES
+    ]
     base = rows[0]["beyond_output"]
     print(f"saved for backward, B1 Hq32 Hkv8 S{args.seqlen} D128 ({args.backend}):")
     print("| recipe | saved beyond O (MiB) | vs bf16 |\n|---|---|---|")

@@ -61,36 +61,64 @@ from throughput.runner import measure
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line (see ``--help``); exits with a usage error for impossible values."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("--out", help="output prefix: writes PREFIX.json and PREFIX.md (after every run)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the commands; run nothing")
     p.add_argument("--layers", type=int, default=12, help="model.num_layers of the main runs (default 12)")
     p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--arms", nargs="+", choices=[*ARMS, *TE_ARMS], default=None,
-                   help=f"default: {', '.join(ARMS)}, plus {', '.join(TE_ARMS)} when Transformer Engine "
-                        "imports")
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        choices=[*ARMS, *TE_ARMS],
+        default=None,
+        help=f"default: {', '.join(ARMS)}, plus {', '.join(TE_ARMS)} when Transformer Engine imports",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed steps at the start of each run (default 3)")
     p.add_argument("--timed", type=int, default=6, help="timed steps after the warm-up (default 6)")
     p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--extrapolate-from-layers", type=int, default=4,
-                   help="second layer count for the 32-layer extrapolation, at the largest micro-batch "
-                        "(0 = off)")
-    p.add_argument("--dp-efficiency", type=float, default=0.95,
-                   help="ASSUMED data-parallel efficiency for the 64-GPU estimate (default 0.95)")
+    p.add_argument(
+        "--extrapolate-from-layers",
+        type=int,
+        default=4,
+        help="second layer count for the 32-layer extrapolation, at the largest micro-batch (0 = off)",
+    )
+    p.add_argument(
+        "--dp-efficiency",
+        type=float,
+        default=0.95,
+        help="ASSUMED data-parallel efficiency for the 64-GPU estimate (default 0.95)",
+    )
     p.add_argument("--timeout", type=float, default=150, help="seconds per training run (default 150)")
     p.add_argument("--attention-timeout", type=float, default=180, help="seconds for the attention timing")
-    p.add_argument("--budget-s", type=float, default=0,
-                   help="wall-clock budget of the whole benchmark: runs that would start after it are "
-                        "skipped (reported as failed) and timeouts shrink to fit (0 = none)")
-    p.add_argument("--run-dir", default=str(REPO / "runs" / "train_throughput"),
-                   help="run directories and logs of the training processes")
-    p.add_argument("--config", default=BASE_CONFIG,
-                   help=f"base config, relative to the repo (default {BASE_CONFIG})")
-    p.add_argument("--override", nargs="+", default=[], metavar="section.key=value",
-                   help="extra overrides appended to every run (they win), e.g. data.cache_dir=/scratch/data")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=0,
+        help="wall-clock budget of the whole benchmark: runs that would start after it are "
+        "skipped (reported as failed) and timeouts shrink to fit (0 = none)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default=str(REPO / "runs" / "train_throughput"),
+        help="run directories and logs of the training processes",
+    )
+    p.add_argument(
+        "--config", default=BASE_CONFIG, help=f"base config, relative to the repo (default {BASE_CONFIG})"
+    )
+    p.add_argument(
+        "--override",
+        nargs="+",
+        default=[],
+        metavar="section.key=value",
+        help="extra overrides appended to every run (they win), e.g. data.cache_dir=/scratch/data",
+    )
     p.add_argument("--no-attention-timing", action="store_true", help="skip the attention-alone timing")
     # internal: the attention timing child process
     p.add_argument("--attention-timing-json", help=argparse.SUPPRESS)
@@ -102,7 +130,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--extrapolate-from-layers must be >= 0 and --dp-efficiency in (0, 1]")
     args.micro_batches = sorted(set(args.micro_batches))
     return args
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,9 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train_throughput: {err}", file=sys.stderr)
         return 2
     for i, s in enumerate(specs, 1):
-        print(f"[{i}/{len(specs)}] {s.name} ({s.purpose}; plan estimate "
-              f"{s.plan['memory_estimate_gib']:.1f} GiB, {s.plan['parameters'] / 1e9:.2f}B parameters): "
-              f"{shlex.join(s.argv)}", flush=True)
+        print(
+            f"[{i}/{len(specs)}] {s.name} ({s.purpose}; plan estimate "
+            f"{s.plan['memory_estimate_gib']:.1f} GiB, {s.plan['parameters'] / 1e9:.2f}B parameters): "
+            f"{shlex.join(s.argv)}",
+            flush=True,
+        )
     if args.dry_run:
         return 0
     meta = {**metadata(args, te_note), **plan_metadata(next(s for s in specs if s.purpose == "main"))}

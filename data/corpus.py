@@ -57,8 +57,9 @@ class CorpusBlend:
 
     def blend_per_split(self) -> list[tuple[list[str], list[float]] | None]:
         """megatron-core's ``blend_per_split``: ``[(prefixes, weights) or None]`` for train, valid, test."""
-        return [(list(self.prefixes[s]), list(self.weights)) if s in self.prefixes else None
-                for s in SPLIT_NAMES]
+        return [
+            (list(self.prefixes[s]), list(self.weights)) if s in self.prefixes else None for s in SPLIT_NAMES
+        ]
 
     @property
     def documents(self) -> int:
@@ -87,16 +88,27 @@ def blend_prepared(results: list[PrepareResult], weights: list[float]) -> Corpus
         raise DataError(f"blend weights must be positive, got {weights}")
     keys = set(results[0].prefixes)
     if "all" in keys or any(set(r.prefixes) != keys for r in results):
-        raise DataError("blend_prepared needs corpora prepared with the same split string "
-                        f"(got split keys {[sorted(r.prefixes) for r in results]})")
+        raise DataError(
+            "blend_prepared needs corpora prepared with the same split string "
+            f"(got split keys {[sorted(r.prefixes) for r in results]})"
+        )
     prefixes = {s: tuple(r.prefixes[s] for r in results) for s in SPLIT_NAMES if s in keys}
-    return CorpusBlend(names=tuple(r.name for r in results), weights=tuple(float(w) for w in weights),
-                       prefixes=prefixes, results=tuple(results))
+    return CorpusBlend(
+        names=tuple(r.name for r in results),
+        weights=tuple(float(w) for w in weights),
+        prefixes=prefixes,
+        results=tuple(results),
+    )
 
 
-def ensure_default_corpus(cache_dir: str | os.PathLike | None = None, *, workers: int | None = None,
-                          force: bool = False, progress: bool = False,
-                          log: Callable[[str], None] | None = print) -> CorpusBlend:
+def ensure_default_corpus(
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    workers: int | None = None,
+    force: bool = False,
+    progress: bool = False,
+    log: Callable[[str], None] | None = print,
+) -> CorpusBlend:
     """Prepare the default corpus if needed and return its blend (the training job's entry point).
 
     Safe to call from several processes at once (a file lock serializes them); the first prepares,
@@ -125,8 +137,19 @@ def ensure_default_corpus(cache_dir: str | os.PathLike | None = None, *, workers
     results = []
     with file_lock(out / ".corpus.lock"):
         for src in sources:
-            results.append(prepare_corpus(
-                src, out / src.name, tokenizer=spec, split=DEFAULT_SPLIT, split_seed=DEFAULT_SPLIT_SEED,
-                workers=workers, on_empty="skip", on_invalid="skip", progress=progress, reuse=not force,
-                log=log))
+            results.append(
+                prepare_corpus(
+                    src,
+                    out / src.name,
+                    tokenizer=spec,
+                    split=DEFAULT_SPLIT,
+                    split_seed=DEFAULT_SPLIT_SEED,
+                    workers=workers,
+                    on_empty="skip",
+                    on_invalid="skip",
+                    progress=progress,
+                    reuse=not force,
+                    log=log,
+                )
+            )
     return blend_prepared(results, [DEFAULT_WEIGHTS[r.name] for r in results])

@@ -22,8 +22,16 @@ from data.errors import CorruptDatasetError, DataError, VocabSizeError
 _INDEX_HEADER = b"MMIDIDX\x00\x00"
 _HEADER_BYTES = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence count, document count
 # megatron.core.datasets.indexed_dataset.DType codes
-_DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
-                7: np.float32, 8: np.uint16}
+_DTYPE_CODES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 TOKEN_DTYPE = np.int32
 
 
@@ -56,8 +64,9 @@ class IndexedSummary:
     max_token: int = -1
 
 
-def verify_indexed_dataset(prefix: str | os.PathLike, *, vocab_size: int | None = None,
-                           expected_dtype: type | None = TOKEN_DTYPE) -> IndexedSummary:
+def verify_indexed_dataset(
+    prefix: str | os.PathLike, *, vocab_size: int | None = None, expected_dtype: type | None = TOKEN_DTYPE
+) -> IndexedSummary:
     """Check that ``<prefix>.idx`` is well formed and matches ``<prefix>.bin`` byte for byte.
 
     Checks: both files exist; header, version and dtype code; the .idx size equals what its counts
@@ -81,8 +90,10 @@ def verify_indexed_dataset(prefix: str | os.PathLike, *, vocab_size: int | None 
     ip, bp = idx_path(prefix), bin_path(prefix)
     for p in (ip, bp):
         if not os.path.isfile(p):
-            raise FileNotFoundError(f"indexed dataset file missing: {p} (prepare the corpus first, e.g. "
-                                    "`python -m data.prepare --default`)")
+            raise FileNotFoundError(
+                f"indexed dataset file missing: {p} (prepare the corpus first, e.g. "
+                "`python -m data.prepare --default`)"
+            )
     idx_size = os.path.getsize(ip)
     if idx_size < _HEADER_BYTES:
         raise CorruptDatasetError(f"{ip} is truncated ({idx_size} bytes, header alone is {_HEADER_BYTES})")
@@ -104,7 +115,8 @@ def verify_indexed_dataset(prefix: str | os.PathLike, *, vocab_size: int | None 
     if idx_size != expected_idx:
         raise CorruptDatasetError(
             f"{ip} is {idx_size} bytes but its counts ({n_seq} sequences, {n_doc} document indices) "
-            f"imply {expected_idx}: the index is truncated or corrupt")
+            f"imply {expected_idx}: the index is truncated or corrupt"
+        )
     if n_doc < 1:
         raise CorruptDatasetError(f"{ip}: document index is empty (needs at least the leading 0)")
     raw = np.memmap(ip, mode="r", dtype=np.uint8)
@@ -124,7 +136,8 @@ def verify_indexed_dataset(prefix: str | os.PathLike, *, vocab_size: int | None 
     if bin_size != num_tokens * dtype.itemsize:
         raise CorruptDatasetError(
             f"{bp} is {bin_size} bytes but {ip} describes {num_tokens} tokens x {dtype.itemsize} bytes "
-            f"= {num_tokens * dtype.itemsize}: the .bin is truncated or the .idx belongs to other data")
+            f"= {num_tokens * dtype.itemsize}: the .bin is truncated or the .idx belongs to other data"
+        )
     max_token = -1
     if vocab_size is not None and num_tokens:
         tokens = np.memmap(bp, mode="r", dtype=dtype)
@@ -133,10 +146,12 @@ def verify_indexed_dataset(prefix: str | os.PathLike, *, vocab_size: int | None 
         if lo < 0 or max_token >= vocab_size:
             raise VocabSizeError(
                 f"{bp} holds token ids in [{lo}, {max_token}] but the vocabulary has {vocab_size} ids: "
-                "the data was tokenized with a different (larger) tokenizer than the model's")
+                "the data was tokenized with a different (larger) tokenizer than the model's"
+            )
     del raw
-    return IndexedSummary(num_documents=n_doc - 1, num_sequences=n_seq, num_tokens=num_tokens,
-                          dtype=dtype, max_token=max_token)
+    return IndexedSummary(
+        num_documents=n_doc - 1, num_sequences=n_seq, num_tokens=num_tokens, dtype=dtype, max_token=max_token
+    )
 
 
 class IndexedDatasetWriter:
@@ -163,8 +178,9 @@ class IndexedDatasetWriter:
         """
         from data.errors import import_megatron
 
-        indexed = import_megatron("megatron.core.datasets.indexed_dataset",
-                                  "Writing megatron-core indexed datasets")
+        indexed = import_megatron(
+            "megatron.core.datasets.indexed_dataset", "Writing megatron-core indexed datasets"
+        )
         self.prefix = os.fspath(prefix)
         Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
         tag = f".tmp-{os.getpid()}"

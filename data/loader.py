@@ -38,17 +38,30 @@ def _check_samples(name: str, value: int | None, *, allow_none: bool) -> None:
         raise DataError(f"{name} must be an int >= 0{' or None' if allow_none else ''}, got {value!r}")
 
 
-def build_datasets(*, tokenizer: Tokenizer, seq_length: int, seed: int, train_samples: int,
-                   valid_samples: int | None = 0, test_samples: int | None = 0,
-                   blend: CorpusBlend | None = None, prefixes: Sequence[str] | None = None,
-                   weights: Sequence[float] | None = None, split: str | None = None,
-                   index_cache_dir: str | os.PathLike | None = None, model_vocab_size: int | None = None,
-                   verify: bool = True, reset_position_ids: bool = False, reset_attention_mask: bool = False,
-                   eod_mask_loss: bool = False, create_attention_mask: bool = False,
-                   add_extra_token_to_sequence: bool = True,
-                   is_built_on_rank: Callable[[], bool] | None = None,
-                   num_dataset_builder_threads: int = 1,
-                   mid_level_dataset_surplus: float = 0.005) -> DatasetSplits:
+def build_datasets(
+    *,
+    tokenizer: Tokenizer,
+    seq_length: int,
+    seed: int,
+    train_samples: int,
+    valid_samples: int | None = 0,
+    test_samples: int | None = 0,
+    blend: CorpusBlend | None = None,
+    prefixes: Sequence[str] | None = None,
+    weights: Sequence[float] | None = None,
+    split: str | None = None,
+    index_cache_dir: str | os.PathLike | None = None,
+    model_vocab_size: int | None = None,
+    verify: bool = True,
+    reset_position_ids: bool = False,
+    reset_attention_mask: bool = False,
+    eod_mask_loss: bool = False,
+    create_attention_mask: bool = False,
+    add_extra_token_to_sequence: bool = True,
+    is_built_on_rank: Callable[[], bool] | None = None,
+    num_dataset_builder_threads: int = 1,
+    mid_level_dataset_surplus: float = 0.005,
+) -> DatasetSplits:
     """Build train/valid/test datasets with megatron-core (``GPTDatasetConfig`` + builder).
 
     Give either ``blend`` (corpora already split at preprocessing, e.g. from
@@ -104,10 +117,14 @@ def build_datasets(*, tokenizer: Tokenizer, seq_length: int, seed: int, train_sa
 
     if blend is not None:
         if split is not None or weights is not None:
-            raise DataError("blend= is already split and weighted at preprocessing; do not pass split=/weights=")
+            raise DataError(
+                "blend= is already split and weighted at preprocessing; do not pass split=/weights="
+            )
         if any(size is None for size in sizes):
-            raise DataError("a weighted blend needs explicit sample counts for every split (0 = not built), "
-                            f"got train/valid/test = {sizes}")
+            raise DataError(
+                "a weighted blend needs explicit sample counts for every split (0 = not built), "
+                f"got train/valid/test = {sizes}"
+            )
         per_split = blend.blend_per_split()
         for i, size in enumerate(sizes):
             if size == 0:
@@ -125,7 +142,9 @@ def build_datasets(*, tokenizer: Tokenizer, seq_length: int, seed: int, train_sa
         if weights is not None:
             weights = [float(w) for w in weights]
             if len(weights) != len(prefixes) or any(not w > 0 for w in weights):
-                raise DataError(f"need one positive weight per prefix, got {weights} for {len(prefixes)} prefixes")
+                raise DataError(
+                    f"need one positive weight per prefix, got {weights} for {len(prefixes)} prefixes"
+                )
             if any(s is None for s in sizes):
                 raise DataError("weighted blends need explicit sample counts for every split (not None)")
         from data.preprocess import parse_split
@@ -139,17 +158,27 @@ def build_datasets(*, tokenizer: Tokenizer, seq_length: int, seed: int, train_sa
             verify_indexed_dataset(p, vocab_size=tokenizer.vocab_size)
 
     gpt = import_megatron("megatron.core.datasets.gpt_dataset", "Loading GPT datasets")
-    builder_mod = import_megatron("megatron.core.datasets.blended_megatron_dataset_builder", "Loading GPT datasets")
+    builder_mod = import_megatron(
+        "megatron.core.datasets.blended_megatron_dataset_builder", "Loading GPT datasets"
+    )
     cache = Path(index_cache_dir) if index_cache_dir is not None else default_cache_dir() / "index_cache"
     config = gpt.GPTDatasetConfig(
-        random_seed=seed, sequence_length=seq_length, path_to_cache=str(cache), tokenizer=tokenizer,
-        reset_position_ids=reset_position_ids, reset_attention_mask=reset_attention_mask,
-        eod_mask_loss=eod_mask_loss, create_attention_mask=create_attention_mask,
+        random_seed=seed,
+        sequence_length=seq_length,
+        path_to_cache=str(cache),
+        tokenizer=tokenizer,
+        reset_position_ids=reset_position_ids,
+        reset_attention_mask=reset_attention_mask,
+        eod_mask_loss=eod_mask_loss,
+        create_attention_mask=create_attention_mask,
         add_extra_token_to_sequence=add_extra_token_to_sequence,
         num_dataset_builder_threads=num_dataset_builder_threads,
-        mid_level_dataset_surplus=mid_level_dataset_surplus, **config_data)
+        mid_level_dataset_surplus=mid_level_dataset_surplus,
+        **config_data,
+    )
     builder = builder_mod.BlendedMegatronDatasetBuilder(
-        cls=gpt.GPTDataset, sizes=sizes, is_built_on_rank=is_built_on_rank or (lambda: True), config=config)
+        cls=gpt.GPTDataset, sizes=sizes, is_built_on_rank=is_built_on_rank or (lambda: True), config=config
+    )
     train, valid, test = builder.build()
     return DatasetSplits(train, valid, test)
 
@@ -180,4 +209,5 @@ def check_same_dataset(saved_identity: str, dataset) -> None:
         raise DataError(
             f"the dataset differs from the checkpoint's (identity {now} != {saved_identity}): resuming "
             "from consumed_samples would not continue with the next unseen sample. Rebuild with the same "
-            "blend, seed, seq_length, split, number of samples and tokenizer.")
+            "blend, seed, seq_length, split, number of samples and tokenizer."
+        )

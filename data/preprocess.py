@@ -88,8 +88,10 @@ def assign_splits(num_documents: int, split: str, seed: int) -> np.ndarray:
     for i in range(3):
         beg, end = int(round(bounds[i] * num_documents)), int(round(bounds[i + 1] * num_documents))
         if weights[i] > 0 and end <= beg:
-            raise DataError(f"split {split!r} gives the {SPLIT_NAMES[i]} split no document out of "
-                            f"{num_documents}; use a larger corpus or set that weight to 0")
+            raise DataError(
+                f"split {split!r} gives the {SPLIT_NAMES[i]} split no document out of "
+                f"{num_documents}; use a larger corpus or set that weight to 0"
+            )
         out[perm[beg:end]] = i
     return out
 
@@ -170,15 +172,25 @@ class PrepareResult:
     def summary(self) -> str:
         """One line: documents, tokens, skipped counts and elapsed time."""
         how = "reused (complete and verified)" if self.reused else f"in {self.seconds:.1f} s"
-        return (f"{self.name}: {self.documents} documents, {self.tokens} tokens "
-                f"(skipped {self.skipped_empty} empty, {self.skipped_invalid} invalid) {how}")
+        return (
+            f"{self.name}: {self.documents} documents, {self.tokens} tokens "
+            f"(skipped {self.skipped_empty} empty, {self.skipped_invalid} invalid) {how}"
+        )
 
 
-def _settings(source: DocumentSource, tok: Tokenizer, split: str | None, split_seed: int,
-              on_empty: str, on_invalid: str) -> dict:
-    return {"preprocess_version": PREPROCESS_VERSION, "source": source.describe(),
-            "source_fingerprint": source.fingerprint(), "tokenizer": dict(tok.unique_identifiers),
-            "split": split, "split_seed": split_seed, "on_empty": on_empty, "on_invalid": on_invalid}
+def _settings(
+    source: DocumentSource, tok: Tokenizer, split: str | None, split_seed: int, on_empty: str, on_invalid: str
+) -> dict:
+    return {
+        "preprocess_version": PREPROCESS_VERSION,
+        "source": source.describe(),
+        "source_fingerprint": source.fingerprint(),
+        "tokenizer": dict(tok.unique_identifiers),
+        "split": split,
+        "split_seed": split_seed,
+        "on_empty": on_empty,
+        "on_invalid": on_invalid,
+    }
 
 
 def manifest_path(output_prefix: str | os.PathLike) -> str:
@@ -186,8 +198,9 @@ def manifest_path(output_prefix: str | os.PathLike) -> str:
     return f"{os.fspath(output_prefix)}.manifest.json"
 
 
-def load_complete(output_prefix: str | os.PathLike, settings: dict | None = None, *,
-                  hashes: bool = True) -> PrepareResult | None:
+def load_complete(
+    output_prefix: str | os.PathLike, settings: dict | None = None, *, hashes: bool = True
+) -> PrepareResult | None:
     """Return the recorded result if ``output_prefix`` holds a complete, verified preparation.
 
     Args:
@@ -212,11 +225,21 @@ def load_complete(output_prefix: str | os.PathLike, settings: dict | None = None
     return PrepareResult(**res)
 
 
-def prepare_corpus(source: DocumentSource, output_prefix: str | os.PathLike, *,
-                   tokenizer: Tokenizer | TokenizerSpec, split: str | None = None, split_seed: int = 1234,
-                   workers: int = 1, on_empty: str = "skip", on_invalid: str = "error",
-                   model_vocab_size: int | None = None, progress: bool = True, reuse: bool = True,
-                   log: Callable[[str], None] | None = print) -> PrepareResult:
+def prepare_corpus(
+    source: DocumentSource,
+    output_prefix: str | os.PathLike,
+    *,
+    tokenizer: Tokenizer | TokenizerSpec,
+    split: str | None = None,
+    split_seed: int = 1234,
+    workers: int = 1,
+    on_empty: str = "skip",
+    on_invalid: str = "error",
+    model_vocab_size: int | None = None,
+    progress: bool = True,
+    reuse: bool = True,
+    log: Callable[[str], None] | None = print,
+) -> PrepareResult:
     """Tokenize ``source`` into megatron-core indexed datasets.
 
     Output files: with ``split=None`` one pair ``<output_prefix>.bin/.idx`` (key ``"all"``);
@@ -269,8 +292,19 @@ def prepare_corpus(source: DocumentSource, output_prefix: str | os.PathLike, *,
         for pattern in (".tmp-*", "_train.tmp-*", "_valid.tmp-*", "_test.tmp-*", ".manifest.json.tmp-*"):
             for stale in glob.glob(esc + pattern):
                 os.remove(stale)  # left by a killed run; we hold the lock
-        return _prepare_locked(source, output_prefix, tok, settings, split, split_seed, workers,
-                               on_empty, on_invalid, progress, log)
+        return _prepare_locked(
+            source,
+            output_prefix,
+            tok,
+            settings,
+            split,
+            split_seed,
+            workers,
+            on_empty,
+            on_invalid,
+            progress,
+            log,
+        )
 
 
 def _jobs(source: DocumentSource) -> Iterator[tuple[int, str, object]]:
@@ -278,8 +312,9 @@ def _jobs(source: DocumentSource) -> Iterator[tuple[int, str, object]]:
         yield i, name, payload
 
 
-def _prepare_locked(source, output_prefix, tok, settings, split, split_seed, workers, on_empty,
-                    on_invalid, progress, log) -> PrepareResult:
+def _prepare_locked(
+    source, output_prefix, tok, settings, split, split_seed, workers, on_empty, on_invalid, progress, log
+) -> PrepareResult:
     global _WORKER_TOKENIZER
     t0 = time.perf_counter()
     n = len(source)
@@ -299,8 +334,9 @@ def _prepare_locked(source, output_prefix, tok, settings, split, split_seed, wor
     pool = None
     try:
         if workers > 1:
-            pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker,
-                                                              initargs=(tok.spec,))
+            pool = multiprocessing.get_context("spawn").Pool(
+                workers, initializer=_init_worker, initargs=(tok.spec,)
+            )
             results: Iterable = pool.imap(_encode_job, _jobs(source), chunksize=8)
         else:
             _WORKER_TOKENIZER = tok
@@ -312,9 +348,11 @@ def _prepare_locked(source, output_prefix, tok, settings, split, split_seed, wor
                 policy = on_empty if status == "empty" else on_invalid
                 why = reason or "empty or whitespace-only"
                 if policy == "error":
-                    raise DocumentError(f"document {name!r} of {source.name!r} is {status}: {why} "
-                                        f"(to skip and count such documents use on_{status}='skip' / "
-                                        f"--on-{status} skip)")
+                    raise DocumentError(
+                        f"document {name!r} of {source.name!r} is {status}: {why} "
+                        f"(to skip and count such documents use on_{status}='skip' / "
+                        f"--on-{status} skip)"
+                    )
                 skipped[status] += 1
                 if len(examples) < 10:
                     examples.append(f"{name}: {why}")
@@ -341,19 +379,31 @@ def _prepare_locked(source, output_prefix, tok, settings, split, split_seed, wor
     for w in writers.values():
         w.publish()
     result = PrepareResult(
-        name=source.name, prefixes=dict(prefixes),
+        name=source.name,
+        prefixes=dict(prefixes),
         documents=sum(s.num_documents for s in summaries.values()),
         tokens=sum(s.num_tokens for s in summaries.values()),
         documents_per_split={k: s.num_documents for k, s in summaries.items()},
         tokens_per_split={k: s.num_tokens for k, s in summaries.items()},
-        skipped_empty=skipped["empty"], skipped_invalid=skipped["invalid"], skipped_examples=examples,
-        seconds=time.perf_counter() - t0, manifest=man_path)
+        skipped_empty=skipped["empty"],
+        skipped_invalid=skipped["invalid"],
+        skipped_examples=examples,
+        seconds=time.perf_counter() - t0,
+        manifest=man_path,
+    )
     files = [p for pre in prefixes.values() for p in (bin_path(pre), idx_path(pre))]
     rec = asdict(result)
     rec["prefixes"] = {k: os.path.basename(v) for k, v in prefixes.items()}
     rec.pop("manifest")
-    atomic_write_json(man_path, {"manifest_format": MANIFEST_FORMAT, "settings": settings, "result": rec,
-                                 "files": describe_files(files, os.path.dirname(output_prefix))})
+    atomic_write_json(
+        man_path,
+        {
+            "manifest_format": MANIFEST_FORMAT,
+            "settings": settings,
+            "result": rec,
+            "files": describe_files(files, os.path.dirname(output_prefix)),
+        },
+    )
     result.seconds = time.perf_counter() - t0
     if log:
         log(result.summary())

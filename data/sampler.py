@@ -33,16 +33,28 @@ class ConsumedSamplesSampler:
             ``[0, total_samples)`` (nothing left to consume).
     """
 
-    def __init__(self, *, total_samples: int, consumed_samples: int, micro_batch_size: int,
-                 data_parallel_rank: int, data_parallel_size: int, drop_last: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+        drop_last: bool = True,
+    ) -> None:
         if total_samples <= 0:
             raise DataError(f"total_samples must be > 0, got {total_samples}")
         if not 0 <= consumed_samples < total_samples:
-            raise DataError(f"consumed_samples={consumed_samples} is outside [0, {total_samples}): "
-                            "no samples left to consume (build the dataset with more samples)")
+            raise DataError(
+                f"consumed_samples={consumed_samples} is outside [0, {total_samples}): "
+                "no samples left to consume (build the dataset with more samples)"
+            )
         if micro_batch_size <= 0 or data_parallel_size <= 0:
-            raise DataError(f"micro_batch_size and data_parallel_size must be > 0, got "
-                            f"{micro_batch_size}, {data_parallel_size}")
+            raise DataError(
+                f"micro_batch_size and data_parallel_size must be > 0, got "
+                f"{micro_batch_size}, {data_parallel_size}"
+            )
         if not 0 <= data_parallel_rank < data_parallel_size:
             raise DataError(f"data_parallel_rank {data_parallel_rank} not in [0, {data_parallel_size})")
         self.total_samples = int(total_samples)
@@ -75,9 +87,17 @@ class ConsumedSamplesSampler:
             yield batch[start:end]
 
 
-def build_dataloader(dataset, *, consumed_samples: int, micro_batch_size: int, data_parallel_rank: int = 0,
-                     data_parallel_size: int = 1, num_workers: int = 0, pin_memory: bool = False,
-                     drop_last: bool = True):
+def build_dataloader(
+    dataset,
+    *,
+    consumed_samples: int,
+    micro_batch_size: int,
+    data_parallel_rank: int = 0,
+    data_parallel_size: int = 1,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    drop_last: bool = True,
+):
     """A ``torch.utils.data.DataLoader`` over ``dataset`` with a :class:`ConsumedSamplesSampler`.
 
     Args:
@@ -98,8 +118,18 @@ def build_dataloader(dataset, *, consumed_samples: int, micro_batch_size: int, d
     """
     import torch
 
-    sampler = ConsumedSamplesSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
-                                     micro_batch_size=micro_batch_size, data_parallel_rank=data_parallel_rank,
-                                     data_parallel_size=data_parallel_size, drop_last=drop_last)
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                       pin_memory=pin_memory, persistent_workers=num_workers > 0)
+    sampler = ConsumedSamplesSampler(
+        total_samples=len(dataset),
+        consumed_samples=consumed_samples,
+        micro_batch_size=micro_batch_size,
+        data_parallel_rank=data_parallel_rank,
+        data_parallel_size=data_parallel_size,
+        drop_last=drop_last,
+    )
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )

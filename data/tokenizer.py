@@ -201,9 +201,14 @@ class Tokenizer(ABC):
     def unique_identifiers(self) -> OrderedDict[str, object]:
         """What identifies this tokenizer in megatron-core's dataset index-cache key."""
         return OrderedDict(
-            [("class", type(self).__name__), ("file_sha256", self.file_sha256),
-             ("vocab_size", self.vocab_size), ("bos", self.bos if self.spec.add_bos else None),
-             ("eos", self.eos if self.spec.add_eos else None), ("pad", self.pad)]
+            [
+                ("class", type(self).__name__),
+                ("file_sha256", self.file_sha256),
+                ("vocab_size", self.vocab_size),
+                ("bos", self.bos if self.spec.add_bos else None),
+                ("eos", self.eos if self.spec.add_eos else None),
+                ("pad", self.pad),
+            ]
         )
 
     @property
@@ -285,8 +290,9 @@ class Llama3Tokenizer(Tokenizer):
             name=model_path.name, pat_str=LLAMA3_PAT_STR, mergeable_ranks=ranks, special_tokens=specials
         )
         self.special_tokens = specials
-        self.spec = TokenizerSpec(kind="llama3", path=None if path is None else str(path),
-                                  add_bos=add_bos, add_eos=add_eos)
+        self.spec = TokenizerSpec(
+            kind="llama3", path=None if path is None else str(path), add_bos=add_bos, add_eos=add_eos
+        )
         self.vocab_size = LLAMA3_VOCAB_SIZE
         self.bos = specials["<|begin_of_text|>"]
         self.eos = specials["<|end_of_text|>"]
@@ -299,7 +305,7 @@ class Llama3Tokenizer(Tokenizer):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
         ids: list[int] = []
         for i in range(0, len(text), _MAX_ENCODE_CHARS):
-            for piece in _split_runs(text[i: i + _MAX_ENCODE_CHARS], _MAX_RUN_CHARS):
+            for piece in _split_runs(text[i : i + _MAX_ENCODE_CHARS], _MAX_RUN_CHARS):
                 ids.extend(self._enc.encode_ordinary(piece))
         return ids
 
@@ -334,11 +340,15 @@ class HFTokenizer(Tokenizer):
         except (OSError, ValueError) as err:
             raise DataError(f"cannot load a HuggingFace tokenizer from {path}: {err}") from err
         if add_eos and tok.eos_token_id is None:
-            raise DataError(f"HF tokenizer at {path} has no eos_token; set one in its "
-                            "tokenizer_config.json (it is Megatron's end-of-document token)")
+            raise DataError(
+                f"HF tokenizer at {path} has no eos_token; set one in its "
+                "tokenizer_config.json (it is Megatron's end-of-document token)"
+            )
         if add_bos and tok.bos_token_id is None:
-            raise DataError(f"HF tokenizer at {path} has no bos_token; set one in its "
-                            "tokenizer_config.json or pass add_bos=False (--no-bos)")
+            raise DataError(
+                f"HF tokenizer at {path} has no bos_token; set one in its "
+                "tokenizer_config.json or pass add_bos=False (--no-bos)"
+            )
         if tok.eos_token_id is None:
             raise DataError(f"HF tokenizer at {path} has no eos_token (needed as Megatron's EOD id)")
         self._tok = tok
@@ -347,7 +357,9 @@ class HFTokenizer(Tokenizer):
         self.bos = tok.bos_token_id
         self.eos = tok.eos_token_id
         specials = {self.bos, self.eos}
-        self.pad = tok.pad_token_id if tok.pad_token_id is not None and tok.pad_token_id not in specials else -1
+        self.pad = (
+            tok.pad_token_id if tok.pad_token_id is not None and tok.pad_token_id not in specials else -1
+        )
         h = hashlib.sha256()
         for f in sorted(Path(path).iterdir()):
             if f.is_file() and ("token" in f.name or f.name in ("vocab.json", "merges.txt", "vocab.txt")):
@@ -362,12 +374,14 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         """See :meth:`Tokenizer.decode`."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False,
-                                clean_up_tokenization_spaces=False)
+        return self._tok.decode(
+            [int(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
 
 
-def build_tokenizer(kind: str = "llama3", path: str | os.PathLike | None = None, *,
-                    add_bos: bool = True, add_eos: bool = True) -> Tokenizer:
+def build_tokenizer(
+    kind: str = "llama3", path: str | os.PathLike | None = None, *, add_bos: bool = True, add_eos: bool = True
+) -> Tokenizer:
     """Build a tokenizer.
 
     Args:
@@ -405,8 +419,9 @@ def padded_vocab_size(vocab_size: int, *, divisible_by: int = 128, tensor_parall
         DataError: a non-positive argument.
     """
     if vocab_size <= 0 or divisible_by <= 0 or tensor_parallel_size <= 0:
-        raise DataError(f"padded_vocab_size needs positive ints, got {vocab_size}, {divisible_by}, "
-                        f"{tensor_parallel_size}")
+        raise DataError(
+            f"padded_vocab_size needs positive ints, got {vocab_size}, {divisible_by}, {tensor_parallel_size}"
+        )
     multiple = divisible_by * tensor_parallel_size
     return -(-vocab_size // multiple) * multiple
 

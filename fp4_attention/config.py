@@ -50,18 +50,24 @@ class AttentionConfig:
         object.__setattr__(self, "options", dict(self.options))
         if self.backend == AUTO:
             if self.options:
-                raise ValueError(f"attention.options {sorted(self.options)} need a named attention.backend (they "
-                                 "are backend-specific); set attention.backend or drop the options")
+                raise ValueError(
+                    f"attention.options {sorted(self.options)} need a named attention.backend (they "
+                    "are backend-specific); set attention.backend or drop the options"
+                )
             return
         spec = backend_spec(self.backend)
         if rec.name not in spec.recipes:
             others = alternatives(rec, exclude=spec.name)
-            raise ValueError(f"attention.backend={self.backend!r} runs recipe(s) {', '.join(spec.recipes)}, not "
-                             f"{rec.name!r}; use attention.backend=auto or one of {', '.join(others)}")
+            raise ValueError(
+                f"attention.backend={self.backend!r} runs recipe(s) {', '.join(spec.recipes)}, not "
+                f"{rec.name!r}; use attention.backend=auto or one of {', '.join(others)}"
+            )
         unknown = sorted(set(self.options) - set(spec.options))
         if unknown:
-            raise ValueError(f"attention.options {unknown} are not options of backend {self.backend!r}; it takes "
-                             f"{sorted(spec.options) or 'none'}")
+            raise ValueError(
+                f"attention.options {unknown} are not options of backend {self.backend!r}; it takes "
+                f"{sorted(spec.options) or 'none'}"
+            )
 
     def __hash__(self):
         return hash((self.recipe, self.backend, tuple(sorted(self.options.items()))))

@@ -46,8 +46,10 @@ def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D in layout {layout!r}, got shape {tuple(t.shape)}")
         if t.dtype != torch.bfloat16:
-            raise TypeError(f"{name} must be torch.bfloat16 (the recipes quantize from BF16), got {t.dtype}; "
-                            f"cast with .bfloat16()")
+            raise TypeError(
+                f"{name} must be torch.bfloat16 (the recipes quantize from BF16), got {t.dtype}; "
+                f"cast with .bfloat16()"
+            )
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     qb, kb, vb = (_to_bhsd(t, layout) for t in (q, k, v))
@@ -58,8 +60,10 @@ def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
     if qb.shape[-1] != kb.shape[-1]:
         raise ValueError(f"head dim mismatch: q has {qb.shape[-1]}, k/v have {kb.shape[-1]}")
     if qb.shape[1] % kb.shape[1]:
-        raise ValueError(f"GQA needs the query heads ({qb.shape[1]}) to be a multiple of the key/value heads "
-                         f"({kb.shape[1]})")
+        raise ValueError(
+            f"GQA needs the query heads ({qb.shape[1]}) to be a multiple of the key/value heads "
+            f"({kb.shape[1]})"
+        )
     if qb.shape[2] == 0 or kb.shape[2] == 0:
         raise ValueError(f"empty sequence: q_len={qb.shape[2]}, kv_len={kb.shape[2]}")
     return qb, kb, vb
@@ -80,9 +84,13 @@ def _resolve(backend: str, recipe: Recipe, device: torch.device) -> str:
 
 class _AttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, recipe: Recipe, causal: bool, softmax_scale: float, backend_name: str, options: dict):
+    def forward(
+        ctx, q, k, v, recipe: Recipe, causal: bool, softmax_scale: float, backend_name: str, options: dict
+    ):
         backend = get_backend(backend_name)
-        out, lse, state = backend.forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, **options)
+        out, lse, state = backend.forward(
+            q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, **options
+        )
         skeleton, tensors = flatten_state(state)
         ctx.save_for_backward(*tensors)
         ctx.skeleton = skeleton
@@ -100,9 +108,19 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str | Recipe = "bf16",
-              causal: bool = False, softmax_scale: float | None = None, layout: str = "bshd",
-              backend: str = "reference", return_lse: bool = False, **options):
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    recipe: str | Recipe = "bf16",
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    layout: str = "bshd",
+    backend: str = "reference",
+    return_lse: bool = False,
+    **options,
+):
     """Scaled dot-product attention in one of the low-precision recipes.
 
     Args:
@@ -138,8 +156,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str 
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
     unknown = set(options) - set(spec.options)
     if unknown:
-        raise TypeError(f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts "
-                        f"{sorted(spec.options)}")
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts {sorted(spec.options)}"
+        )
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and not rec.trainable:
         raise RuntimeError(
@@ -149,11 +168,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, recipe: str 
     check_supported(backend, rec, qb, training=needs_grad)
     be = get_backend(backend)
     if needs_grad:
-        out, lse = _AttentionFunction.apply(qb, kb, vb, rec, bool(causal), float(softmax_scale), backend, options)
+        out, lse = _AttentionFunction.apply(
+            qb, kb, vb, rec, bool(causal), float(softmax_scale), backend, options
+        )
     else:
         with torch.no_grad():
-            out, lse, _ = be.forward(qb, kb, vb, rec, causal=bool(causal), softmax_scale=float(softmax_scale),
-                                     **options)
+            out, lse, _ = be.forward(
+                qb, kb, vb, rec, causal=bool(causal), softmax_scale=float(softmax_scale), **options
+            )
     out = _from_bhsd(out, layout)
     return (out, lse) if return_lse else out
 
@@ -164,8 +186,16 @@ class FP4Attention(torch.nn.Module):
     ``forward(q, k, v)`` takes and returns tensors in ``layout`` (see :func:`attention`).
     """
 
-    def __init__(self, recipe: str = "bf16", *, causal: bool = True, softmax_scale: float | None = None,
-                 layout: str = "bshd", backend: str = "reference", **options):
+    def __init__(
+        self,
+        recipe: str = "bf16",
+        *,
+        causal: bool = True,
+        softmax_scale: float | None = None,
+        layout: str = "bshd",
+        backend: str = "reference",
+        **options,
+    ):
         super().__init__()
         self.recipe = get_recipe(recipe)
         if backend != AUTO:
@@ -173,11 +203,27 @@ class FP4Attention(torch.nn.Module):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.causal, self.softmax_scale, self.layout, self.backend, self.options = (
-            causal, softmax_scale, layout, backend, options)
+            causal,
+            softmax_scale,
+            layout,
+            backend,
+            options,
+        )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attention(q, k, v, recipe=self.recipe, causal=self.causal, softmax_scale=self.softmax_scale,
-                         layout=self.layout, backend=self.backend, **self.options)
+        return attention(
+            q,
+            k,
+            v,
+            recipe=self.recipe,
+            causal=self.causal,
+            softmax_scale=self.softmax_scale,
+            layout=self.layout,
+            backend=self.backend,
+            **self.options,
+        )
 
     def extra_repr(self) -> str:
-        return f"recipe={self.recipe.name}, causal={self.causal}, layout={self.layout}, backend={self.backend}"
+        return (
+            f"recipe={self.recipe.name}, causal={self.causal}, layout={self.layout}, backend={self.backend}"
+        )

@@ -53,32 +53,55 @@ _NON_CAUSAL_TYPES = (AttnMaskType.no_mask, AttnMaskType.padding)
 class FP4CoreAttention(MegatronModule):
     """megatron-core core attention running one ``fp4_attention`` recipe (see the module docstring)."""
 
-    def __init__(self, *, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
-                 cp_comm_type: str | None = None, softmax_scale: float | None = None, pg_collection=None,
-                 attention: AttentionConfig | None = None):
+    def __init__(
+        self,
+        *,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        cp_comm_type: str | None = None,
+        softmax_scale: float | None = None,
+        pg_collection=None,
+        attention: AttentionConfig | None = None,
+    ):
         super().__init__(config=config)
         attention = attention if attention is not None else AttentionConfig()
         if not isinstance(attention, AttentionConfig):
-            raise TypeError(f"attention must be an fp4_attention.AttentionConfig, got {type(attention).__name__}")
+            raise TypeError(
+                f"attention must be an fp4_attention.AttentionConfig, got {type(attention).__name__}"
+            )
         _check_config(config, pg_collection)
         if attention_type != "self":
-            raise ValueError(f"FP4CoreAttention supports self-attention only, got attention_type={attention_type!r}")
+            raise ValueError(
+                f"FP4CoreAttention supports self-attention only, got attention_type={attention_type!r}"
+            )
         self.attention = attention
         self.recipe = get_recipe(attention.recipe)
         self.layer_number = layer_number
         self.attn_mask_type = attn_mask_type
         self.softmax_scale = softmax_scale  # None: D ** -0.5 (the library's default, and megatron's)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, *, attn_mask_type: AttnMaskType | None = None,
-                attention_bias: torch.Tensor | None = None, packed_seq_params=None) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        *,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params=None,
+    ) -> torch.Tensor:
         if packed_seq_params is not None:
             raise NotImplementedError(
                 "FP4CoreAttention does not support packed sequences (packed_seq_params / THD) yet: feed "
                 "[s, b] batches of whole sequences (no THD packing, no reset_attention_mask)"
             )
         if attention_bias is not None:
-            raise NotImplementedError("FP4CoreAttention does not support attention_bias; use no bias (Llama has none)")
+            raise NotImplementedError(
+                "FP4CoreAttention does not support attention_bias; use no bias (Llama has none)"
+            )
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         causal = _is_causal(mask_type)
         if attention_mask is not None:
@@ -87,14 +110,25 @@ class FP4CoreAttention(MegatronModule):
         q, k, v = (t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16) for t in (query, key, value))
         if self.attention.backend == AUTO:
             self.attention, _ = self.attention.resolve(q.device, training=self.recipe.trainable)
-        out = attention(q, k, v, recipe=self.recipe, causal=causal, softmax_scale=self.softmax_scale,
-                        layout="sbhd", backend=self.attention.backend, **self.attention.options)
+        out = attention(
+            q,
+            k,
+            v,
+            recipe=self.recipe,
+            causal=causal,
+            softmax_scale=self.softmax_scale,
+            layout="sbhd",
+            backend=self.attention.backend,
+            **self.attention.options,
+        )
         sq, b = query.shape[0], query.shape[1]
         return out.reshape(sq, b, -1).to(out_dtype)
 
     def extra_repr(self) -> str:
-        return (f"recipe={self.recipe.name}, backend={self.attention.backend}, "
-                f"attn_mask_type={self.attn_mask_type.name}, layer={self.layer_number}")
+        return (
+            f"recipe={self.recipe.name}, backend={self.attention.backend}, "
+            f"attn_mask_type={self.attn_mask_type.name}, layer={self.layer_number}"
+        )
 
 
 def _check_config(config, pg_collection) -> None:
@@ -103,17 +137,22 @@ def _check_config(config, pg_collection) -> None:
         cp = max(cp, pg_collection.cp.size())
     if cp > 1:
         raise NotImplementedError(
-            f"FP4CoreAttention does not implement context parallelism (context_parallel_size={cp}): each rank "
+            f"FP4CoreAttention does not implement context parallelism (context_parallel_size={cp}): each "
+            "rank "
             "would attend within its own sequence shard and compute wrong attention silently; set "
             "context_parallel_size=1 and use tensor/pipeline/data parallelism (or shorter sequences)"
         )
     if getattr(config, "softmax_type", "vanilla") != "vanilla":
-        raise NotImplementedError(f"FP4CoreAttention supports softmax_type='vanilla' only, got {config.softmax_type!r}")
+        raise NotImplementedError(
+            f"FP4CoreAttention supports softmax_type='vanilla' only, got {config.softmax_type!r}"
+        )
     if getattr(config, "window_size", None) is not None:
         raise NotImplementedError("FP4CoreAttention has no sliding-window attention; set window_size=None")
     if getattr(config, "attention_dropout", 0.0):
-        raise ValueError(f"FP4CoreAttention has no attention dropout; set attention_dropout=0.0 "
-                         f"(got {config.attention_dropout})")
+        raise ValueError(
+            f"FP4CoreAttention has no attention dropout; set attention_dropout=0.0 "
+            f"(got {config.attention_dropout})"
+        )
 
 
 def _is_causal(mask_type: AttnMaskType) -> bool:
@@ -129,11 +168,17 @@ def _is_causal(mask_type: AttnMaskType) -> bool:
 
 def _check_mask(mask: torch.Tensor, causal: bool, sq: int, sk: int, b: int) -> None:
     """Accept ``mask`` only if it equals what ``causal`` already implies (True = masked)."""
-    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-2:] != (sq, sk) or mask.shape[1] != 1 \
-            or mask.shape[0] not in (1, b):
+    if (
+        mask.dtype != torch.bool
+        or mask.dim() != 4
+        or mask.shape[-2:] != (sq, sk)
+        or mask.shape[1] != 1
+        or mask.shape[0] not in (1, b)
+    ):
         raise ValueError(
             f"attention_mask must be a boolean [b or 1, 1, {sq}, {sk}] tensor (True = masked), got "
-            f"{mask.dtype} {tuple(mask.shape)}; pass attention_mask=None and let attn_mask_type carry causality"
+            f"{mask.dtype} {tuple(mask.shape)}; pass attention_mask=None and let attn_mask_type carry "
+            "causality"
         )
     i = torch.arange(sq, device=mask.device)[:, None]
     j = torch.arange(sk, device=mask.device)[None, :]

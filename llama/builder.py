@@ -39,9 +39,13 @@ __all__ = ["build_gpt_model", "fp8_settings", "transformer_config"]
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def transformer_config(config: LlamaConfig, *, parallel: ParallelConfig | None = None,
-                       use_cpu_initialization: bool | None = None,
-                       perform_initialization: bool = True) -> TransformerConfig:
+def transformer_config(
+    config: LlamaConfig,
+    *,
+    parallel: ParallelConfig | None = None,
+    use_cpu_initialization: bool | None = None,
+    perform_initialization: bool = True,
+) -> TransformerConfig:
     """megatron-core's TransformerConfig for ``config``.
 
     Args:
@@ -94,19 +98,34 @@ def fp8_settings(config: LlamaConfig) -> dict:
     proj = config.projection
     if proj.precision != "te_fp8":
         return {}
-    kwargs = {"fp8": proj.fp8_format, "fp8_recipe": "delayed" if proj.fp8_scaling == "delayed" else "tensorwise"}
+    kwargs = {
+        "fp8": proj.fp8_format,
+        "fp8_recipe": "delayed" if proj.fp8_scaling == "delayed" else "tensorwise",
+    }
     if proj.fp8_scaling == "delayed":
-        kwargs.update(fp8_amax_history_len=proj.fp8_amax_history_len, fp8_amax_compute_algo=proj.fp8_amax_compute_algo)
+        kwargs.update(
+            fp8_amax_history_len=proj.fp8_amax_history_len, fp8_amax_compute_algo=proj.fp8_amax_compute_algo
+        )
     if proj.fp8_bf16_first_layers or proj.fp8_bf16_last_layers:
-        kwargs.update(first_last_layers_bf16=True, num_layers_at_start_in_bf16=proj.fp8_bf16_first_layers,
-                      num_layers_at_end_in_bf16=proj.fp8_bf16_last_layers)
+        kwargs.update(
+            first_last_layers_bf16=True,
+            num_layers_at_start_in_bf16=proj.fp8_bf16_first_layers,
+            num_layers_at_end_in_bf16=proj.fp8_bf16_last_layers,
+        )
     return kwargs
 
 
-def build_gpt_model(config: LlamaConfig, *, parallel: ParallelConfig | None = None,
-                    layer_spec: ModuleSpec | None = None, pre_process: bool = True, post_process: bool = True,
-                    use_cpu_initialization: bool | None = None, perform_initialization: bool = True,
-                    vp_stage: int | None = None) -> GPTModel:
+def build_gpt_model(
+    config: LlamaConfig,
+    *,
+    parallel: ParallelConfig | None = None,
+    layer_spec: ModuleSpec | None = None,
+    pre_process: bool = True,
+    post_process: bool = True,
+    use_cpu_initialization: bool | None = None,
+    perform_initialization: bool = True,
+    vp_stage: int | None = None,
+) -> GPTModel:
     """A megatron-core GPTModel implementing ``config``.
 
     Needs ``torch.distributed`` and ``parallel_state.initialize_model_parallel`` with the sizes in
@@ -126,8 +145,12 @@ def build_gpt_model(config: LlamaConfig, *, parallel: ParallelConfig | None = No
     """
     parallel = parallel if parallel is not None else ParallelConfig()
     _check_parallel_state(parallel)
-    tc = transformer_config(config, parallel=parallel, use_cpu_initialization=use_cpu_initialization,
-                            perform_initialization=perform_initialization)
+    tc = transformer_config(
+        config,
+        parallel=parallel,
+        use_cpu_initialization=use_cpu_initialization,
+        perform_initialization=perform_initialization,
+    )
     spec = layer_spec if layer_spec is not None else build_layer_spec(config)
     model = GPTModel(
         config=tc,
@@ -149,7 +172,11 @@ def build_gpt_model(config: LlamaConfig, *, parallel: ParallelConfig | None = No
     # get_model moves every model with .cuda() and Float16Module casts it to BF16. Do the same here, so
     # the bare model is uniformly on one device and in params_dtype.
     if not any(p.is_meta for p in model.parameters()):
-        dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        dev = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
         model.to(device=dev)
     if tc.params_dtype == torch.bfloat16:
         model.bfloat16()
@@ -158,13 +185,19 @@ def build_gpt_model(config: LlamaConfig, *, parallel: ParallelConfig | None = No
 
 def _check_parallel_state(parallel: ParallelConfig) -> None:
     if not parallel_state.model_parallel_is_initialized():
-        raise ValueError("megatron-core model parallelism is not initialized: call torch.distributed."
-                         "init_process_group and parallel_state.initialize_model_parallel(tensor_model_parallel_size="
-                         "..., pipeline_model_parallel_size=...) before building the model")
-    got = (parallel_state.get_tensor_model_parallel_world_size(),
-           parallel_state.get_pipeline_model_parallel_world_size(),
-           parallel_state.get_context_parallel_world_size())
+        raise ValueError(
+            "megatron-core model parallelism is not initialized: call torch.distributed."
+            "init_process_group and parallel_state.initialize_model_parallel(tensor_model_parallel_size="
+            "..., pipeline_model_parallel_size=...) before building the model"
+        )
+    got = (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+        parallel_state.get_context_parallel_world_size(),
+    )
     want = (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.context_parallel)
     if got != want:
-        raise ValueError(f"ParallelConfig (tp, pp, cp)={want} but megatron-core was initialized with {got}; "
-                         "pass the same sizes to both")
+        raise ValueError(
+            f"ParallelConfig (tp, pp, cp)={want} but megatron-core was initialized with {got}; "
+            "pass the same sizes to both"
+        )

@@ -62,13 +62,14 @@ class ProjectionConfig:
         if self.fp8_scaling not in ("delayed", "current"):
             raise ValueError(f"projection.fp8_scaling={self.fp8_scaling!r}; choose delayed or current")
         if self.fp8_amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"projection.fp8_amax_compute_algo={self.fp8_amax_compute_algo!r}; "
-                             "choose max or most_recent")
+            raise ValueError(
+                f"projection.fp8_amax_compute_algo={self.fp8_amax_compute_algo!r}; choose max or most_recent"
+            )
         if self.fp8_amax_history_len < 1:
             raise ValueError(f"projection.fp8_amax_history_len must be >= 1, got {self.fp8_amax_history_len}")
         if self.fp8_bf16_first_layers < 0 or self.fp8_bf16_last_layers < 0:
             raise ValueError("projection.fp8_bf16_first_layers / fp8_bf16_last_layers must be >= 0")
-        if (self.fp8_scaling == "delayed" and (self.fp8_bf16_first_layers or self.fp8_bf16_last_layers)):
+        if self.fp8_scaling == "delayed" and (self.fp8_bf16_first_layers or self.fp8_bf16_last_layers):
             raise ValueError(
                 "projection: delayed FP8 scaling does not support BF16 first/last layers (Transformer Engine "
                 "rule); set fp8_scaling='current' or fp8_bf16_first_layers=fp8_bf16_last_layers=0"
@@ -94,7 +95,9 @@ class ParallelConfig:
                 "context parallelism yet; use context_parallel=1 with tensor/pipeline/data parallelism"
             )
         if self.sequence_parallel and self.tensor_parallel == 1:
-            raise ValueError("parallel.sequence_parallel needs tensor_parallel > 1; set sequence_parallel=False")
+            raise ValueError(
+                "parallel.sequence_parallel needs tensor_parallel > 1; set sequence_parallel=False"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,15 +141,27 @@ class LlamaConfig:
     projection: ProjectionConfig = field(default_factory=ProjectionConfig)
 
     def __post_init__(self):
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
-                     "ffn_hidden_size", "vocab_size", "max_seq_length"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_kv_heads",
+            "head_dim",
+            "ffn_hidden_size",
+            "vocab_size",
+            "max_seq_length",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_kv_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads "
-                             f"({self.num_kv_heads}) for GQA; pick num_kv_heads among its divisors")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for GQA; pick num_kv_heads among its divisors"
+            )
         if self.head_dim % 16 or self.head_dim > 256:
-            raise ValueError(f"head_dim={self.head_dim}: the attention kernels need a multiple of 16 up to 256")
+            raise ValueError(
+                f"head_dim={self.head_dim}: the attention kernels need a multiple of 16 up to 256"
+            )
         if not (self.norm_eps > 0):
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         if not (self.rope_theta > 0):
@@ -156,11 +171,17 @@ class LlamaConfig:
         if self.params_dtype not in ("bf16", "fp32"):
             raise ValueError(f"params_dtype={self.params_dtype!r}; choose bf16 or fp32")
         if self.transformer_impl not in ("auto", "transformer_engine", "local"):
-            raise ValueError(f"transformer_impl={self.transformer_impl!r}; choose auto, transformer_engine or local")
+            raise ValueError(
+                f"transformer_impl={self.transformer_impl!r}; choose auto, transformer_engine or local"
+            )
         if self.rope_scaling:
             if not self.rope_scaling_factor >= 1:
                 raise ValueError(f"rope_scaling_factor must be >= 1, got {self.rope_scaling_factor}")
-            fixed = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0, "rope_original_max_position": 8192}
+            fixed = {
+                "rope_low_freq_factor": 1.0,
+                "rope_high_freq_factor": 4.0,
+                "rope_original_max_position": 8192,
+            }
             for name, value in fixed.items():
                 if getattr(self, name) != value:
                     raise ValueError(
@@ -170,10 +191,14 @@ class LlamaConfig:
         if self.projection.precision == "te_fp8":
             n_bf16 = self.projection.fp8_bf16_first_layers + self.projection.fp8_bf16_last_layers
             if n_bf16 > self.num_layers:
-                raise ValueError(f"projection keeps {n_bf16} layers in BF16 but the model has {self.num_layers}; "
-                                 "lower fp8_bf16_first_layers / fp8_bf16_last_layers")
+                raise ValueError(
+                    f"projection keeps {n_bf16} layers in BF16 but the model has {self.num_layers}; "
+                    "lower fp8_bf16_first_layers / fp8_bf16_last_layers"
+                )
             if self.params_dtype != "bf16":
-                raise ValueError("projection.precision='te_fp8' trains with BF16 params; set params_dtype='bf16'")
+                raise ValueError(
+                    "projection.precision='te_fp8' trains with BF16 params; set params_dtype='bf16'"
+                )
 
     def replace(self, **changes) -> LlamaConfig:
         """A copy with ``changes`` applied (and validated)."""
@@ -193,22 +218,46 @@ def parameter_count(config: LlamaConfig) -> int:
 
 
 def _llama3_1_8b(**overrides) -> LlamaConfig:
-    shapes = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 8, "head_dim": 128,
-              "ffn_hidden_size": 14336, "vocab_size": 128256, "max_seq_length": 8192}
+    shapes = {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "ffn_hidden_size": 14336,
+        "vocab_size": 128256,
+        "max_seq_length": 8192,
+    }
     return LlamaConfig(**{**shapes, **overrides})
 
 
 def _small(**overrides) -> LlamaConfig:
     # 117.4M parameters with the Llama-3 vocabulary (98.5M of them in the two embedding tables).
-    shapes = {"num_layers": 12, "hidden_size": 384, "num_attention_heads": 6, "num_kv_heads": 2, "head_dim": 64,
-              "ffn_hidden_size": 1024, "vocab_size": 128256, "max_seq_length": 2048}
+    shapes = {
+        "num_layers": 12,
+        "hidden_size": 384,
+        "num_attention_heads": 6,
+        "num_kv_heads": 2,
+        "head_dim": 64,
+        "ffn_hidden_size": 1024,
+        "vocab_size": 128256,
+        "max_seq_length": 2048,
+    }
     return LlamaConfig(**{**shapes, **overrides})
 
 
 def _tiny(**overrides) -> LlamaConfig:
     # 2.6M parameters, small vocabulary, GQA 2: builds, runs forward and backward on CPU in about a second.
-    shapes = {"num_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_kv_heads": 2, "head_dim": 64,
-              "ffn_hidden_size": 768, "vocab_size": 2048, "max_seq_length": 256}
+    shapes = {
+        "num_layers": 2,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 64,
+        "ffn_hidden_size": 768,
+        "vocab_size": 2048,
+        "max_seq_length": 256,
+    }
     return LlamaConfig(**{**shapes, **overrides})
 
 

@@ -60,13 +60,21 @@ def uses_transformer_engine(config: LlamaConfig) -> bool:
     te = have_transformer_engine()
     needs_te = config.transformer_impl == "transformer_engine" or precision == "te_fp8"
     if needs_te and not te:
-        why = "projection.precision='te_fp8'" if precision == "te_fp8" else "transformer_impl='transformer_engine'"
-        raise ValueError(f"{why} needs Transformer Engine, which is not importable: install the 'te' extra "
-                         "(pip install -e '.[te]', needs a CUDA toolchain) or use precision='bf16' with "
-                         "transformer_impl='auto'")
+        why = (
+            "projection.precision='te_fp8'"
+            if precision == "te_fp8"
+            else "transformer_impl='transformer_engine'"
+        )
+        raise ValueError(
+            f"{why} needs Transformer Engine, which is not importable: install the 'te' extra "
+            "(pip install -e '.[te]', needs a CUDA toolchain) or use precision='bf16' with "
+            "transformer_impl='auto'"
+        )
     if precision == "te_fp8" and config.transformer_impl == "local":
-        raise ValueError("projection.precision='te_fp8' needs the Transformer Engine spec; set "
-                         "transformer_impl='auto' or 'transformer_engine'")
+        raise ValueError(
+            "projection.precision='te_fp8' needs the Transformer Engine spec; set "
+            "transformer_impl='auto' or 'transformer_engine'"
+        )
     return te if config.transformer_impl == "auto" else config.transformer_impl == "transformer_engine"
 
 

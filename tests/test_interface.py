@@ -32,12 +32,18 @@ def test_module_matches_function_and_trains():
 def test_default_softmax_scale_and_lse():
     q, k, v = make_qkv(1, 2, 2, 16, 16, 128, seed=3)
     a, lse = fa.attention(q, k, v, layout="bhsd", return_lse=True)
-    b = fa.attention(q, k, v, layout="bhsd", softmax_scale=128 ** -0.5)
+    b = fa.attention(q, k, v, layout="bhsd", softmax_scale=128**-0.5)
     assert torch.equal(a, b) and lse.shape == (1, 2, 16) and lse.dtype == torch.float32
 
 
 def test_registries():
-    assert set(fa.RECIPES) == {"bf16", "fp8", "nvfp4qk_fp8pv", "nvfp4qk_mxfp4pv_fast", "nvfp4qk_mxfp4pv_accurate"}
+    assert set(fa.RECIPES) == {
+        "bf16",
+        "fp8",
+        "nvfp4qk_fp8pv",
+        "nvfp4qk_mxfp4pv_fast",
+        "nvfp4qk_mxfp4pv_accurate",
+    }
     assert fa.TRAINING_RECIPES == ("bf16", "fp8", "nvfp4qk_fp8pv")
     assert "reference" in fa.available_backends()
     with pytest.raises(ValueError, match="known recipes: bf16"):
@@ -69,17 +75,24 @@ def test_forward_only_recipe_refuses_gradients():
         assert fa.attention(q, k, v, recipe="nvfp4qk_mxfp4pv_fast").shape == q.shape
 
 
-@pytest.mark.parametrize("mutate, exc, match", [
-    (lambda q, k, v: (q.float(), k, v), TypeError, "must be torch.bfloat16"),
-    (lambda q, k, v: (q[0], k, v), ValueError, "must be 4-D"),
-    (lambda q, k, v: (q, k, v[:, :5]), ValueError, "same shape"),
-    (lambda q, k, v: (q[..., :32], k, v), ValueError, "head dim mismatch"),
-    (lambda q, k, v: (q[:, :, :3], k, v), ValueError, "multiple of the key/value heads"),
-    (lambda q, k, v: (q[:1], k, v), ValueError, "batch mismatch"),
-    (lambda q, k, v: (q[:, :0], k, v), ValueError, "empty sequence"),
-    (lambda q, k, v: (q[..., :24], k[..., :24], v[..., :24]), UnsupportedError, "runs head dims multiples of 16 up to 256, not 24"),
-    (lambda q, k, v: (q, k, "v"), TypeError, "v must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "mutate, exc, match",
+    [
+        (lambda q, k, v: (q.float(), k, v), TypeError, "must be torch.bfloat16"),
+        (lambda q, k, v: (q[0], k, v), ValueError, "must be 4-D"),
+        (lambda q, k, v: (q, k, v[:, :5]), ValueError, "same shape"),
+        (lambda q, k, v: (q[..., :32], k, v), ValueError, "head dim mismatch"),
+        (lambda q, k, v: (q[:, :, :3], k, v), ValueError, "multiple of the key/value heads"),
+        (lambda q, k, v: (q[:1], k, v), ValueError, "batch mismatch"),
+        (lambda q, k, v: (q[:, :0], k, v), ValueError, "empty sequence"),
+        (
+            lambda q, k, v: (q[..., :24], k[..., :24], v[..., :24]),
+            UnsupportedError,
+            "runs head dims multiples of 16 up to 256, not 24",
+        ),
+        (lambda q, k, v: (q, k, "v"), TypeError, "v must be a torch.Tensor"),
+    ],
+)
 def test_bad_inputs_raise_clear_errors(mutate, exc, match):
     q, k, v = make_qkv(2, 4, 2, 16, 16, 64)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # bshd

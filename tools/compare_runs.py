@@ -58,24 +58,46 @@ def build_parser() -> argparse.ArgumentParser:
         "bootstrap intervals, validation gap, non-finite counts, throughput ratio).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (metrics.jsonl + run_meta.json)")
-    p.add_argument("--out", type=Path, help="output directory (summary.md, summary.json, PNGs); "
-                   "without it the markdown goes to stdout")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output directory (summary.md, summary.json, PNGs); without it the markdown goes to stdout",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--windows", type=_positive_int, default=10, help="number of equal token windows (default 10)")
+    g.add_argument(
+        "--windows", type=_positive_int, default=10, help="number of equal token windows (default 10)"
+    )
     g.add_argument("--window-tokens", type=_positive_int, help="window width in tokens ([0,T), [T,2T), ...)")
-    p.add_argument("--baseline", help="baseline arm: its label (attn=R,proj=P) or attention recipe "
-                   "(default: attn=bf16,proj=bf16)")
+    p.add_argument(
+        "--baseline",
+        help="baseline arm: its label (attn=R,proj=P) or attention recipe (default: attn=bf16,proj=bf16)",
+    )
     p.add_argument("--ci", type=_ci_level, default=0.95, help="interval level (default 0.95)")
     p.add_argument("--n-boot", type=_positive_int, default=2000, help="bootstrap replicates (default 2000)")
     p.add_argument("--bootstrap-seed", type=int, default=0, help="RNG seed of the bootstrap (default 0)")
-    p.add_argument("--bootstrap", choices=("auto", "hier", "seeds", "blocks"), default="auto",
-                   help="resampling: auto (hier with >=2 seeds per arm, else blocks), hier, seeds, blocks")
-    p.add_argument("--block-len", type=_positive_int, help="block length in logged steps (default: automatic)")
-    p.add_argument("--max-tokens", type=_positive_int, help="compare only records with consumed_tokens <= this")
-    p.add_argument("--force", action="store_true", help="compare despite differing config/data-order "
-                   "fingerprints or repeated seeds (reported as warnings); never interpolates grids")
-    p.add_argument("--skip-malformed", action="store_true", help="skip (and count) malformed metrics lines "
-                   "instead of refusing")
+    p.add_argument(
+        "--bootstrap",
+        choices=("auto", "hier", "seeds", "blocks"),
+        default="auto",
+        help="resampling: auto (hier with >=2 seeds per arm, else blocks), hier, seeds, blocks",
+    )
+    p.add_argument(
+        "--block-len", type=_positive_int, help="block length in logged steps (default: automatic)"
+    )
+    p.add_argument(
+        "--max-tokens", type=_positive_int, help="compare only records with consumed_tokens <= this"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="compare despite differing config/data-order "
+        "fingerprints or repeated seeds (reported as warnings); never interpolates grids",
+    )
+    p.add_argument(
+        "--skip-malformed",
+        action="store_true",
+        help="skip (and count) malformed metrics lines instead of refusing",
+    )
     p.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
     return p
 
@@ -83,12 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _tool_commit() -> tuple[str | None, bool | None]:
     here = Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], check=False, cwd=here, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], check=False, cwd=here, capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return None, None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               check=False, cwd=here,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            check=False,
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return head.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None, None
@@ -151,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = build_parser().parse_args(argv).out
     if out is not None:
-        print(f"compare_runs: wrote {out}/summary.md, summary.json" + ("" if "--no-plots" in argv else
-              ", loss_vs_tokens.png, gap_vs_tokens.png"))
+        print(
+            f"compare_runs: wrote {out}/summary.md, summary.json"
+            + ("" if "--no-plots" in argv else ", loss_vs_tokens.png, gap_vs_tokens.png")
+        )
     for w in res["warnings"]:
         print(f"compare_runs: warning: {w}", file=sys.stderr)
     return 0

@@ -75,18 +75,24 @@ def run(args) -> list[dict]:
         g = torch.Generator().manual_seed(args.seed + 1)
         dout = torch.randn(q.shape, generator=g).bfloat16()
         qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
-        ref_out, _ = naive_attention(qd, kd, vd, causal=args.causal, softmax_scale=args.headdim ** -0.5)
+        ref_out, _ = naive_attention(qd, kd, vd, causal=args.causal, softmax_scale=args.headdim**-0.5)
         ref_out.backward(dout.double())
         for name in args.recipes:
             rec = fa.get_recipe(name)
             qq, kk, vv = (t.detach().clone().to(device).requires_grad_(rec.trainable) for t in (q, k, v))
             ctx = torch.enable_grad() if rec.trainable else torch.no_grad()
             with ctx:
-                out = fa.attention(qq, kk, vv, recipe=rec, causal=args.causal, layout="bhsd", backend=args.backend)
+                out = fa.attention(
+                    qq, kk, vv, recipe=rec, causal=args.causal, layout="bhsd", backend=args.backend
+                )
             rec_row = {"family": family, "recipe": name, "out": _metrics(out.cpu(), ref_out.detach())}
             if rec.trainable:
                 out.backward(dout.to(device))
-                for gname, mine, ref in (("dq", qq.grad, qd.grad), ("dk", kk.grad, kd.grad), ("dv", vv.grad, vd.grad)):
+                for gname, mine, ref in (
+                    ("dq", qq.grad, qd.grad),
+                    ("dk", kk.grad, kd.grad),
+                    ("dv", vv.grad, vd.grad),
+                ):
                     rec_row[gname] = _metrics(mine.cpu(), ref)
             records.append(rec_row)
             print(json.dumps(rec_row), flush=True)
@@ -95,10 +101,15 @@ def run(args) -> list[dict]:
 
 def to_markdown(records: list[dict], args, command: str) -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
         commit += "+dirty" if dirty else ""
     except Exception:  # noqa: BLE001 - running outside a checkout
         commit = "unknown"
@@ -107,10 +118,14 @@ def to_markdown(records: list[dict], args, command: str) -> str:
         "# Attention fidelity vs float64",
         "",
         f"- command: `{command}`",
-        (f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; commit {commit}; "
-         f"device {dev}; torch {torch.__version__}; backend `{args.backend}`"),
-        (f"- shape: B={args.batch}, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, "
-         f"causal={args.causal}; inputs BF16; reference = float64 naive attention on the same BF16 inputs"),
+        (
+            f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; commit {commit}; "
+            f"device {dev}; torch {torch.__version__}; backend `{args.backend}`"
+        ),
+        (
+            f"- shape: B={args.batch}, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, "
+            f"causal={args.causal}; inputs BF16; reference = float64 naive attention on the same BF16 inputs"
+        ),
         "- cells: cosine / relative L2. Gradients only for the training recipes.",
         "",
         "| inputs | recipe | out | dQ | dK | dV |",
@@ -127,8 +142,9 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="reference")
     p.add_argument("--device", default="cpu")
     p.add_argument("--recipes", nargs="+", default=list(fa.RECIPES))
-    p.add_argument("--families", nargs="+",
-                   default=["normal", "outliers", "sink", "std=0.5", "std=1", "std=2", "std=4"])
+    p.add_argument(
+        "--families", nargs="+", default=["normal", "outliers", "sink", "std=0.5", "std=1", "std=2", "std=4"]
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--hq", type=int, default=8)
     p.add_argument("--hkv", type=int, default=2)

@@ -50,8 +50,9 @@ def _commit(env: dict[str, str]) -> tuple[str | None, str]:
     if not env.get("git_commit"):
         return commit, "unknown: set BENCH_COMMIT"
     modified = env.get("git_modified_files", "0")
-    return commit, "git HEAD" + (f", {modified} tracked file(s) modified" if modified not in ("", "0")
-                                 else "")
+    return commit, "git HEAD" + (
+        f", {modified} tracked file(s) modified" if modified not in ("", "0") else ""
+    )
 
 
 def build_report(out: str | os.PathLike) -> dict:
@@ -63,9 +64,14 @@ def build_report(out: str | os.PathLike) -> dict:
     total = _total_steps(runs)
     nproc = int(env.get("nproc", "0") or 0)
     is_cpu = env.get("device", device.get("device")) == "cpu"
-    result = run_checks(runs, total=total, nproc=nproc, is_cpu=is_cpu,
-                        preempt_at=int(env.get("preempt_at", "0") or 0),
-                        reshard_step=int(env.get("reshard_step", "0") or 0))
+    result = run_checks(
+        runs,
+        total=total,
+        nproc=nproc,
+        is_cpu=is_cpu,
+        preempt_at=int(env.get("preempt_at", "0") or 0),
+        reshard_step=int(env.get("reshard_step", "0") or 0),
+    )
     checks = result["checks"]
     commit, commit_source = _commit(env)
     return {
@@ -100,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     if not (out / "runs.tsv").is_file():
-        print(f"multi_gpu_report: {out / 'runs.tsv'} not found: not a bench/multi_gpu.sh output directory",
-              file=sys.stderr)
+        print(
+            f"multi_gpu_report: {out / 'runs.tsv'} not found: not a bench/multi_gpu.sh output directory",
+            file=sys.stderr,
+        )
         return 2
     rep = build_report(out)
     (out / "multi_gpu_report.json").write_text(json.dumps(json_safe(rep), indent=1) + "\n")

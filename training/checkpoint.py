@@ -52,8 +52,16 @@ MARKER = "latest_checkpointed_iteration.txt"
 MANIFEST = "manifest.json"
 _ITER_RE = re.compile(r"^iter_(\d{7})$")
 # Resolved-config keys that may change freely between a checkpoint and its resume.
-FREE_KEYS = ("attention.backend", "attention.options", "checkpoint.*", "logging.*", "validation.*", "runtime.*", "data.cache_dir",
-             "data.num_workers")
+FREE_KEYS = (
+    "attention.backend",
+    "attention.options",
+    "checkpoint.*",
+    "logging.*",
+    "validation.*",
+    "runtime.*",
+    "data.cache_dir",
+    "data.num_workers",
+)
 
 
 class ConfigMismatchError(ValueError):
@@ -119,8 +127,9 @@ def _fsync_tree(path: Path) -> None:
         _fsync_dir(Path(sub))
 
 
-def finish_save(root: str | os.PathLike, iteration: int, tmp: Path, *, config: dict, trainer_state: dict,
-                keep_last: int) -> Path:
+def finish_save(
+    root: str | os.PathLike, iteration: int, tmp: Path, *, config: dict, trainer_state: dict, keep_last: int
+) -> Path:
     """Complete a save (one rank, after every rank has written into ``tmp``): config, trainer state,
     manifest (last), fsync, rename to ``iter_XXXXXXX/``, marker, prune. Returns the final directory."""
     root = Path(root)
@@ -193,8 +202,10 @@ def find_latest(root: str | os.PathLike, *, warn=print) -> tuple[int, Path] | No
         reason = verify_checkpoint(iter_dir(root, it))
         if reason is None:
             if named is not None and it != named:
-                warn(f"checkpoint: WARNING: the latest checkpoint (iteration {named}) is incomplete; "
-                     f"resuming from the previous complete one, iteration {it}")
+                warn(
+                    f"checkpoint: WARNING: the latest checkpoint (iteration {named}) is incomplete; "
+                    f"resuming from the previous complete one, iteration {it}"
+                )
             return it, iter_dir(root, it)
         warn(f"checkpoint: WARNING: skipping iteration {it}: {reason}")
     return None
@@ -224,8 +235,15 @@ def config_differences(saved: dict, now: dict) -> list[tuple[str, object, object
     return diffs
 
 
-def check_resume_compatible(saved: dict, now: dict, *, allow: list[str], saved_data_identity: str | None,
-                            data_identity: str | None, where: str = "the checkpoint") -> list[str]:
+def check_resume_compatible(
+    saved: dict,
+    now: dict,
+    *,
+    allow: list[str],
+    saved_data_identity: str | None,
+    data_identity: str | None,
+    where: str = "the checkpoint",
+) -> list[str]:
     """Raise :class:`ConfigMismatchError` for disallowed differences; return the allowed ones (to log)."""
     diffs = config_differences(saved, now)
     if saved_data_identity is not None and data_identity is not None and saved_data_identity != data_identity:
@@ -235,11 +253,15 @@ def check_resume_compatible(saved: dict, now: dict, *, allow: list[str], saved_d
     if blocked:
         lines = "\n".join(f"  {k}: {v0!r} in the checkpoint, {v1!r} now" for k, v0, v1 in blocked)
         keys = ",".join(k for k, _, _ in blocked)
-        hint = ("" if not any(k == "data.identity" for k, _, _ in blocked) else
-                "\n(data.identity covers the blend, data seed, seq_length, split, number of samples "
-                "(train_iters x global_batch_size) and tokenizer: a different value changes the sample order)")
+        hint = (
+            ""
+            if not any(k == "data.identity" for k, _, _ in blocked)
+            else "\n(data.identity covers the blend, data seed, seq_length, split, number of samples "
+            "(train_iters x global_batch_size) and tokenizer: a different value changes the sample order)"
+        )
         raise ConfigMismatchError(
             f"cannot resume from {where}: the config differs in\n{lines}{hint}\n"
             f"If this change is deliberate, allow it with checkpoint.allow_config_change=[{keys}] "
-            "(or start a fresh run with checkpoint.load=none or another checkpoint.dir)")
+            "(or start a fresh run with checkpoint.load=none or another checkpoint.dir)"
+        )
     return [f"{k}: {v0!r} -> {v1!r}" for k, v0, v1 in allowed]

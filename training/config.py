@@ -65,6 +65,7 @@ TOKENIZER_KINDS = ("llama3", "hf")
 
 # ----------------------------------------------------------------------------------------- sections
 
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSection:
     """``preset`` (llama3_1_8b, small, tiny) and overrides of LlamaConfig fields, e.g. ``vocab_size``."""
@@ -80,10 +81,13 @@ class ModelSection:
         valid = model_override_keys()
         bad = sorted(set(self.overrides) - set(valid))
         if bad:
-            raise ValueError(f"model: unknown key(s) {', '.join(bad)}; valid keys: preset, {', '.join(valid)}")
+            raise ValueError(
+                f"model: unknown key(s) {', '.join(bad)}; valid keys: preset, {', '.join(valid)}"
+            )
         hints = typing.get_type_hints(LlamaConfig)
-        object.__setattr__(self, "overrides", {k: _coerce(f"model.{k}", hints[k], v)
-                                               for k, v in self.overrides.items()})
+        object.__setattr__(
+            self, "overrides", {k: _coerce(f"model.{k}", hints[k], v) for k, v in self.overrides.items()}
+        )
         self.llama_base()  # validates the shapes (LlamaConfig raises ValueError with the fix)
 
     def llama_base(self):
@@ -110,7 +114,9 @@ class ProjectionSection:
 
     def __post_init__(self):
         if self.precision not in PROJECTION_PRECISIONS:
-            raise ValueError(f"projection.precision={self.precision!r}; choose one of {', '.join(PROJECTION_PRECISIONS)}")
+            raise ValueError(
+                f"projection.precision={self.precision!r}; choose one of {', '.join(PROJECTION_PRECISIONS)}"
+            )
         self.llama()
 
     def llama(self):
@@ -133,7 +139,9 @@ class ParallelSection:
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
         if self.sequence_parallel and self.tensor == 1:
-            raise ValueError("parallel.sequence_parallel needs parallel.tensor > 1; set sequence_parallel=false")
+            raise ValueError(
+                "parallel.sequence_parallel needs parallel.tensor > 1; set sequence_parallel=false"
+            )
 
     @property
     def model_parallel_size(self) -> int:
@@ -143,11 +151,18 @@ class ParallelSection:
         from llama import ParallelConfig
 
         try:
-            return ParallelConfig(tensor_parallel=self.tensor, pipeline_parallel=self.pipeline,
-                                  context_parallel=self.context, sequence_parallel=self.sequence_parallel)
+            return ParallelConfig(
+                tensor_parallel=self.tensor,
+                pipeline_parallel=self.pipeline,
+                context_parallel=self.context,
+                sequence_parallel=self.sequence_parallel,
+            )
         except ValueError as err:
-            raise ValueError(str(err).replace("parallel.tensor_parallel", "parallel.tensor")
-                             .replace("parallel.context_parallel", "parallel.context")) from None
+            raise ValueError(
+                str(err)
+                .replace("parallel.tensor_parallel", "parallel.tensor")
+                .replace("parallel.context_parallel", "parallel.context")
+            ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,15 +183,21 @@ class DataSection:
     def __post_init__(self):
         if self.corpus != "default":
             if not isinstance(self.corpus, list) or not self.corpus:
-                raise ValueError("data.corpus must be 'default' or a non-empty list of {prefix: PATH, weight: W}")
+                raise ValueError(
+                    "data.corpus must be 'default' or a non-empty list of {prefix: PATH, weight: W}"
+                )
             norm = []
             for i, entry in enumerate(self.corpus):
                 if not isinstance(entry, dict):
-                    raise ValueError(f"data.corpus[{i}] must be a mapping {{prefix: PATH, weight: W}}, got {entry!r}")
+                    raise ValueError(
+                        f"data.corpus[{i}] must be a mapping {{prefix: PATH, weight: W}}, got {entry!r}"
+                    )
                 bad = set(entry) - {"prefix", "path", "weight"}
                 if bad or ("prefix" in entry) == ("path" in entry):
-                    raise ValueError(f"data.corpus[{i}]={entry!r}: give exactly one of prefix/path and optionally "
-                                     "weight (default 1.0)")
+                    raise ValueError(
+                        f"data.corpus[{i}]={entry!r}: give exactly one of prefix/path and optionally "
+                        "weight (default 1.0)"
+                    )
                 weight = _coerce(f"data.corpus[{i}].weight", float, entry.get("weight", 1.0))
                 if not weight > 0:
                     raise ValueError(f"data.corpus[{i}].weight must be > 0, got {weight}")
@@ -185,11 +206,15 @@ class DataSection:
             if self.split is None:
                 raise ValueError("data.split is needed with a custom corpus, e.g. data.split='969,30,1'")
         elif self.split is not None:
-            raise ValueError("data.split must be null with corpus 'default' (it is split 98/1/1 at preparation)")
+            raise ValueError(
+                "data.split must be null with corpus 'default' (it is split 98/1/1 at preparation)"
+            )
         if self.tokenizer not in TOKENIZER_KINDS:
             raise ValueError(f"data.tokenizer={self.tokenizer!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
         if self.tokenizer == "hf" and not self.tokenizer_path:
-            raise ValueError("data.tokenizer='hf' needs data.tokenizer_path (a local HuggingFace tokenizer directory)")
+            raise ValueError(
+                "data.tokenizer='hf' needs data.tokenizer_path (a local HuggingFace tokenizer directory)"
+            )
         if self.seq_length < 1:
             raise ValueError(f"data.seq_length must be >= 1, got {self.seq_length}")
         if self.num_workers < 0:
@@ -224,22 +249,33 @@ class TrainingSection:
         if self.micro_batch_size < 1 or self.global_batch_size < 1:
             raise ValueError("training.micro_batch_size and training.global_batch_size must be >= 1")
         if self.global_batch_size % self.micro_batch_size:
-            raise ValueError(f"training.global_batch_size={self.global_batch_size} is not a multiple of "
-                             f"micro_batch_size={self.micro_batch_size}")
+            raise ValueError(
+                f"training.global_batch_size={self.global_batch_size} is not a multiple of "
+                f"micro_batch_size={self.micro_batch_size}"
+            )
         if (self.train_tokens is None) == (self.train_iters is None):
-            raise ValueError("give exactly one of training.train_tokens and training.train_iters "
-                             "(set the other to null)")
+            raise ValueError(
+                "give exactly one of training.train_tokens and training.train_iters (set the other to null)"
+            )
         if self.train_iters is not None and self.train_iters < 1:
             raise ValueError(f"training.train_iters must be >= 1, got {self.train_iters}")
         if self.train_tokens is not None and self.train_tokens < 1:
             raise ValueError(f"training.train_tokens must be >= 1, got {self.train_tokens}")
-        if not (math.isfinite(self.lr) and self.lr > 0) or not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"training: need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0) or not (
+            math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr
+        ):
+            raise ValueError(
+                f"training: need lr > 0 and 0 <= min_lr <= lr, got lr={self.lr}, min_lr={self.min_lr}"
+            )
         if self.warmup_iters < 0:
             raise ValueError(f"training.warmup_iters must be >= 0, got {self.warmup_iters}")
         if self.lr_decay_style != "cosine":
             raise ValueError(f"training.lr_decay_style={self.lr_decay_style!r}; only 'cosine' is implemented")
-        if self.weight_decay < 0 or not (math.isfinite(self.adam_eps) and self.adam_eps > 0) or not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+        if (
+            self.weight_decay < 0
+            or not (math.isfinite(self.adam_eps) and self.adam_eps > 0)
+            or not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1)
+        ):
             raise ValueError("training: need weight_decay >= 0, adam_eps > 0 and betas in [0, 1)")
         if self.clip_grad < 0:
             raise ValueError(f"training.clip_grad must be >= 0 (0 = no clipping), got {self.clip_grad}")
@@ -285,9 +321,11 @@ class CheckpointSection:
         if not self.load:
             raise ValueError("checkpoint.load must be 'auto', 'none' or a checkpoint path")
         if not self.save and self.load not in ("auto", "none"):
-            raise ValueError(f"checkpoint.save=false starts a fresh run that writes no checkpoint, so it cannot "
-                             f"load one: got checkpoint.load={self.load!r}; use checkpoint.load=none (or auto, "
-                             "which must find nothing), or checkpoint.save=true to resume and keep saving")
+            raise ValueError(
+                f"checkpoint.save=false starts a fresh run that writes no checkpoint, so it cannot "
+                f"load one: got checkpoint.load={self.load!r}; use checkpoint.load=none (or auto, "
+                "which must find nothing), or checkpoint.save=true to resume and keep saving"
+            )
         allow = self.allow_config_change
         if isinstance(allow, str):
             allow = [a.strip() for a in allow.split(",") if a.strip()]
@@ -313,7 +351,9 @@ class LoggingSection:
         if self.log_interval < 1:
             raise ValueError(f"logging.log_interval must be >= 1, got {self.log_interval}")
         if self.wandb_mode not in WANDB_MODES:
-            raise ValueError(f"logging.wandb_mode={self.wandb_mode!r}; choose one of {', '.join(WANDB_MODES)}")
+            raise ValueError(
+                f"logging.wandb_mode={self.wandb_mode!r}; choose one of {', '.join(WANDB_MODES)}"
+            )
         if self.telemetry_interval < 0:
             raise ValueError("logging.telemetry_interval must be >= 0 (0 = off)")
         if not self.peak_flops_per_gpu > 0:
@@ -350,15 +390,23 @@ class RuntimeSection:
         if self.exit_duration_mins is not None and not self.exit_duration_mins > 0:
             raise ValueError(f"runtime.exit_duration_mins must be > 0 or null, got {self.exit_duration_mins}")
         if self.nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"runtime.nonfinite={self.nonfinite!r}; choose one of {', '.join(NONFINITE_POLICIES)}")
+            raise ValueError(
+                f"runtime.nonfinite={self.nonfinite!r}; choose one of {', '.join(NONFINITE_POLICIES)}"
+            )
         if not self.output_dir:
             raise ValueError("runtime.output_dir must name a directory")
 
 
 CONFIG_SECTIONS = {
-    "model": ModelSection, "attention": AttentionConfig, "projection": ProjectionSection,
-    "parallel": ParallelSection, "data": DataSection, "training": TrainingSection,
-    "checkpoint": CheckpointSection, "logging": LoggingSection, "validation": ValidationSection,
+    "model": ModelSection,
+    "attention": AttentionConfig,
+    "projection": ProjectionSection,
+    "parallel": ParallelSection,
+    "data": DataSection,
+    "training": TrainingSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+    "validation": ValidationSection,
     "runtime": RuntimeSection,
 }
 
@@ -380,19 +428,27 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.attention.recipe not in TRAINING_RECIPES:
-            raise ValueError(f"attention.recipe={self.attention.recipe!r} cannot train; choose one of "
-                             f"{', '.join(TRAINING_RECIPES)}")
+            raise ValueError(
+                f"attention.recipe={self.attention.recipe!r} cannot train; choose one of "
+                f"{', '.join(TRAINING_RECIPES)}"
+            )
         llama = self.llama()
         if self.data.seq_length > llama.max_seq_length:
-            raise ValueError(f"data.seq_length={self.data.seq_length} exceeds model.max_seq_length="
-                             f"{llama.max_seq_length}; lower data.seq_length or set model.max_seq_length")
+            raise ValueError(
+                f"data.seq_length={self.data.seq_length} exceeds model.max_seq_length="
+                f"{llama.max_seq_length}; lower data.seq_length or set model.max_seq_length"
+            )
         if self.data.tokenizer == "llama3" and llama.vocab_size < 128256:
-            raise ValueError(f"model.vocab_size={llama.vocab_size} is smaller than the Llama-3 tokenizer's 128256 "
-                             "ids; set model.vocab_size=128256")
+            raise ValueError(
+                f"model.vocab_size={llama.vocab_size} is smaller than the Llama-3 tokenizer's 128256 "
+                "ids; set model.vocab_size=128256"
+            )
         iters = self.train_iters
         if self.training.warmup_iters >= iters:
-            raise ValueError(f"training.warmup_iters={self.training.warmup_iters} must be < the number of "
-                             f"steps ({iters}); lower warmup_iters or train longer")
+            raise ValueError(
+                f"training.warmup_iters={self.training.warmup_iters} must be < the number of "
+                f"steps ({iters}); lower warmup_iters or train longer"
+            )
 
     @property
     def train_iters(self) -> int:
@@ -415,6 +471,7 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------------- loading
+
 
 def model_override_keys() -> list[str]:
     from llama import LlamaConfig
@@ -502,8 +559,12 @@ def from_dict(raw: dict | None) -> TrainConfig:
         raise ValueError(f"a config must be a mapping of sections, got {type(raw).__name__}")
     bad = sorted(set(raw) - set(CONFIG_SECTIONS))
     if bad:
-        raise ValueError(f"unknown config section(s) {', '.join(bad)}; valid sections: {', '.join(CONFIG_SECTIONS)}")
-    sections = {name: _build_section(name, cls, raw[name]) for name, cls in CONFIG_SECTIONS.items() if name in raw}
+        raise ValueError(
+            f"unknown config section(s) {', '.join(bad)}; valid sections: {', '.join(CONFIG_SECTIONS)}"
+        )
+    sections = {
+        name: _build_section(name, cls, raw[name]) for name, cls in CONFIG_SECTIONS.items() if name in raw
+    }
     return TrainConfig(**sections)
 
 
@@ -518,11 +579,15 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         key, sep, text = item.partition("=")
         parts = key.strip().split(".")
         if not sep or len(parts) != 2 or not all(parts):
-            raise ValueError(f"override {item!r} must look like section.key=value, e.g. training.train_iters=50")
+            raise ValueError(
+                f"override {item!r} must look like section.key=value, e.g. training.train_iters=50"
+            )
         section, name = parts
         if section not in CONFIG_SECTIONS:
-            raise ValueError(f"override {item!r}: unknown section {section!r}; valid sections: "
-                             f"{', '.join(CONFIG_SECTIONS)}")
+            raise ValueError(
+                f"override {item!r}: unknown section {section!r}; valid sections: "
+                f"{', '.join(CONFIG_SECTIONS)}"
+            )
         value = yaml.safe_load(text) if text.strip() else None
         sec = raw.get(section)
         sec = dict(sec) if isinstance(sec, dict) else {}
@@ -551,6 +616,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 # --------------------------------------------------------------------------------- resolved form
 
+
 def resolved_dict(cfg: TrainConfig) -> dict:
     """The resolved config as plain JSON-able data (see the module docstring)."""
     out = {}
@@ -568,8 +634,17 @@ def resolved_dict(cfg: TrainConfig) -> dict:
 
 # Keys that do not define *what* is trained (precision, seed of the init, bookkeeping): removed from
 # the config fingerprint so that runs differing only in precision (or seed) compare as the same job.
-FINGERPRINT_EXCLUDED = ("attention.recipe", "attention.backend", "attention.options", "projection.*", "training.seed", "checkpoint.*",
-                        "logging.*", "runtime.output_dir", "runtime.exit_duration_mins")
+FINGERPRINT_EXCLUDED = (
+    "attention.recipe",
+    "attention.backend",
+    "attention.options",
+    "projection.*",
+    "training.seed",
+    "checkpoint.*",
+    "logging.*",
+    "runtime.output_dir",
+    "runtime.exit_duration_mins",
+)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -601,5 +676,7 @@ def canonical_json(obj) -> str:
 
 def config_fingerprint(resolved: dict) -> str:
     """sha256 hex of the canonical JSON of ``resolved`` without :data:`FINGERPRINT_EXCLUDED`."""
-    kept = {k: v for k, v in flatten(resolved).items() if not any(key_matches(k, p) for p in FINGERPRINT_EXCLUDED)}
+    kept = {
+        k: v for k, v in flatten(resolved).items() if not any(key_matches(k, p) for p in FINGERPRINT_EXCLUDED)
+    }
     return hashlib.sha256(canonical_json(kept).encode()).hexdigest()

@@ -42,31 +42,52 @@ def build_data(cfg, *, model_vocab_size: int, log=print) -> DataBundle:
     tokenizer = build_tokenizer(d.tokenizer, d.tokenizer_path)
     train_samples = cfg.train_iters * cfg.training.global_batch_size
     valid_samples = cfg.validation.iters * cfg.training.global_batch_size if cfg.validation.interval else 0
-    common = dict(tokenizer=tokenizer, seq_length=d.seq_length, seed=d.seed, train_samples=train_samples,
-                  valid_samples=valid_samples, test_samples=0, index_cache_dir=cache / "index_cache",
-                  model_vocab_size=model_vocab_size)
+    common = dict(
+        tokenizer=tokenizer,
+        seq_length=d.seq_length,
+        seed=d.seed,
+        train_samples=train_samples,
+        valid_samples=valid_samples,
+        test_samples=0,
+        index_cache_dir=cache / "index_cache",
+        model_vocab_size=model_vocab_size,
+    )
     if d.corpus == "default":
         blend = ensure_default_corpus(cache, log=log)
         splits = build_datasets(blend=blend, **common)
-        describe = (f"default corpus ({', '.join(f'{n} {w:g}' for n, w in zip(blend.names, blend.weights))}; "
-                    f"{blend.tokens:,} tokens) in {cache}")
+        describe = (
+            f"default corpus ({', '.join(f'{n} {w:g}' for n, w in zip(blend.names, blend.weights))}; "
+            f"{blend.tokens:,} tokens) in {cache}"
+        )
     else:
-        splits = build_datasets(prefixes=[c["prefix"] for c in d.corpus], weights=[c["weight"] for c in d.corpus],
-                                split=d.split, **common)
+        splits = build_datasets(
+            prefixes=[c["prefix"] for c in d.corpus],
+            weights=[c["weight"] for c in d.corpus],
+            split=d.split,
+            **common,
+        )
         describe = f"{len(d.corpus)} prefixes, split {d.split}"
-    return DataBundle(train=splits.train, valid=splits.valid, identity=dataset_identity(splits.train),
-                      describe=describe)
+    return DataBundle(
+        train=splits.train, valid=splits.valid, identity=dataset_identity(splits.train), describe=describe
+    )
 
 
 def _loader(dataset, cfg, consumed: int, dp_rank: int, dp_size: int):
     from data import build_dataloader
 
-    return build_dataloader(dataset, consumed_samples=consumed, micro_batch_size=cfg.training.micro_batch_size,
-                            data_parallel_rank=dp_rank, data_parallel_size=dp_size,
-                            num_workers=cfg.data.num_workers)
+    return build_dataloader(
+        dataset,
+        consumed_samples=consumed,
+        micro_batch_size=cfg.training.micro_batch_size,
+        data_parallel_rank=dp_rank,
+        data_parallel_size=dp_size,
+        num_workers=cfg.data.num_workers,
+    )
 
 
-def micro_batches(bundle: DataBundle, cfg, *, consumed_samples: int, dp_rank: int, dp_size: int) -> Iterator[dict]:
+def micro_batches(
+    bundle: DataBundle, cfg, *, consumed_samples: int, dp_rank: int, dp_size: int
+) -> Iterator[dict]:
     """This rank's training micro-batches from global sample ``consumed_samples`` on."""
     return iter(_loader(bundle.train, cfg, consumed_samples, dp_rank, dp_size))
 
@@ -75,7 +96,9 @@ def validation_micro_batches(bundle: DataBundle, cfg, *, dp_rank: int, dp_size: 
     """This rank's micro-batches of the fixed validation set (``validation.iters`` global batches)."""
     if bundle.valid is None:
         return []
-    per_rank = cfg.validation.iters * cfg.training.global_batch_size // (cfg.training.micro_batch_size * dp_size)
+    per_rank = (
+        cfg.validation.iters * cfg.training.global_batch_size // (cfg.training.micro_batch_size * dp_size)
+    )
     out = []
     for i, mb in enumerate(_loader(bundle.valid, cfg, 0, dp_rank, dp_size)):
         if i >= per_rank:

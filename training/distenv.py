@@ -72,12 +72,19 @@ def init_distributed(*, use_cuda: bool) -> DistEnv:
         elif world == 1:
             init = f"tcp://127.0.0.1:{_free_port()}"
         else:
-            raise ValueError(f"{world} processes but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun, "
-                             "or export them (the first host of the job and a free port)")
+            raise ValueError(
+                f"{world} processes but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun, "
+                "or export them (the first host of the job and a free port)"
+            )
         dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
         created = True
-    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device,
-                   created_group=created)
+    return DistEnv(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local,
+        device=device,
+        created_group=created,
+    )
 
 
 def init_model_parallel(parallel, *, seed: int, use_cuda: bool) -> None:
@@ -86,9 +93,11 @@ def init_model_parallel(parallel, *, seed: int, use_cuda: bool) -> None:
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=parallel.tensor,
-                                             pipeline_model_parallel_size=parallel.pipeline,
-                                             context_parallel_size=parallel.context)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=parallel.tensor,
+        pipeline_model_parallel_size=parallel.pipeline,
+        context_parallel_size=parallel.context,
+    )
     if use_cuda:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 

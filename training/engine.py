@@ -53,8 +53,13 @@ def rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": {"kind": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "kind": np_state[0],
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -68,8 +73,9 @@ def rng_state() -> dict:
 def restore_rng_state(state: dict) -> None:
     random.setstate(python_rng_state_to_tuple(state["python"]))
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if torch.cuda.is_available() and "cuda" in state:
         from megatron.core import tensor_parallel

@@ -50,38 +50,52 @@ class CPUEngine:
 
         par = cfg.parallel
         if par.model_parallel_size != 1:
-            raise ValueError("the CPU engine supports data parallelism only; set parallel.tensor=parallel.pipeline="
-                             "parallel.context=1 (or run on GPUs)")
+            raise ValueError(
+                "the CPU engine supports data parallelism only; set parallel.tensor=parallel.pipeline="
+                "parallel.context=1 (or run on GPUs)"
+            )
         cpu_compat.install()
         if cfg.checkpoint.async_save:
-            log("checkpoint: async_save applies to the megatron-core (GPU) engine only; the CPU engine saves "
-                "synchronously")
+            log(
+                "checkpoint: async_save applies to the megatron-core (GPU) engine only; the CPU engine saves "
+                "synchronously"
+            )
         self.env = env
         self.device = torch.device("cpu")
         self.dp = env.world_size
         self.clip_grad = cfg.training.clip_grad
         torch.manual_seed(cfg.training.seed)
         if cfg.training.use_cpu_initialization is False:
-            raise ValueError("training.use_cpu_initialization=false initialises on a GPU, and this CPU run has "
-                             "none; use null (the default) or true")
+            raise ValueError(
+                "training.use_cpu_initialization=false initialises on a GPU, and this CPU run has "
+                "none; use null (the default) or true"
+            )
         self.model = build_gpt_model(llama_cfg, parallel=par.llama(), use_cpu_initialization=True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in self.params)
         self.grad_buf = torch.zeros(numel, dtype=torch.float32)
         self.main, self.views, offset = [], [], 0
         for p in self.params:
-            self.main.append(p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone()))
-            self.views.append(self.grad_buf[offset:offset + p.numel()].view_as(p))
+            self.main.append(
+                p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone())
+            )
+            self.views.append(self.grad_buf[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         decay = [m for m in self.main if m.dim() > 1]
         no_decay = [m for m in self.main if m.dim() <= 1]
         t = cfg.training
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, foreach=True)
-        self.describe = (f"CPU engine: megatron-core GPTModel ({llama_cfg.params_dtype} params) + torch.optim.AdamW "
-                         f"(foreach) on FP32 main weights, FP32 gradient accumulation, gloo DP={self.dp} "
-                         "(megatron-core's DDP/distributed optimizer need CUDA)")
+            lr=t.lr,
+            betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_eps,
+            foreach=True,
+        )
+        self.describe = (
+            f"CPU engine: megatron-core GPTModel ({llama_cfg.params_dtype} params) + torch.optim.AdamW "
+            f"(foreach) on FP32 main weights, FP32 gradient accumulation, gloo DP={self.dp} "
+            "(megatron-core's DDP/distributed optimizer need CUDA)"
+        )
 
     # --------------------------------------------------------------------------- step
     def train_step(self, micro_batches: list[dict], *, lr: float, inject_nan: bool = False) -> StepResult:
@@ -143,8 +157,10 @@ class CPUEngine:
         if self.env.is_main:
             state = {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)}
             _save(state, tmp / "model.pt")
-            _save({"main": [m.detach() for m in self.main], "optimizer": self.optimizer.state_dict()},
-                  tmp / "optimizer.pt")
+            _save(
+                {"main": [m.detach() for m in self.main], "optimizer": self.optimizer.state_dict()},
+                tmp / "optimizer.pt",
+            )
         self.barrier()
         finalize()
 
@@ -178,7 +194,7 @@ class CPUEngine:
 
     def peak_mem_gib(self) -> float | None:
         """Process max RSS (CPU has no allocator statistics comparable to CUDA's)."""
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
     def all_reduce_max(self, value: int) -> int:
         if self.dp == 1:

@@ -104,23 +104,39 @@ class MegatronEngine:
         self.micro_batch_size = cfg.training.micro_batch_size
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         torch.manual_seed(cfg.training.seed)
-        self.model = build_gpt_model(llama_cfg, parallel=cfg.parallel.llama(),
-                                     pre_process=parallel_state.is_pipeline_first_stage(),
-                                     post_process=self.is_last_stage,
-                                     use_cpu_initialization=cfg.training.use_cpu_initialization)
+        self.model = build_gpt_model(
+            llama_cfg,
+            parallel=cfg.parallel.llama(),
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=self.is_last_stage,
+            use_cpu_initialization=cfg.training.use_cpu_initialization,
+        )
         tc = self.model.config
         if cfg.runtime.deterministic:
             tc.deterministic_mode = True
         module = Float16Module(tc, self.model) if tc.bf16 else self.model
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
-                                                   overlap_grad_reduce=False, overlap_param_gather=False)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            use_distributed_optimizer=True,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+        )
         self.ddp = DistributedDataParallel(config=tc, ddp_config=ddp_config, module=module)
         self.ddp.broadcast_params()
         t = cfg.training
-        opt_config = OptimizerConfig(optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
-                                     adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
-                                     clip_grad=t.clip_grad, bf16=tc.bf16, params_dtype=tc.params_dtype,
-                                     use_distributed_optimizer=True)
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=t.lr,
+            min_lr=t.min_lr,
+            weight_decay=t.weight_decay,
+            adam_beta1=t.adam_beta1,
+            adam_beta2=t.adam_beta2,
+            adam_eps=t.adam_eps,
+            clip_grad=t.clip_grad,
+            bf16=tc.bf16,
+            params_dtype=tc.params_dtype,
+            use_distributed_optimizer=True,
+        )
         self.optimizer = get_megatron_optimizer(opt_config, [self.ddp])
         adam = self._use_fused_adam()
         tc.no_sync_func = self.ddp.no_sync
@@ -134,10 +150,12 @@ class MegatronEngine:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self.async_queue = AsyncCallsQueue(persistent=False)
-        self.describe = (f"megatron-core: GPTModel (BF16 params) in Float16Module + DistributedDataParallel "
-                         f"(FP32 grad buffers, distributed optimizer, DP={parallel_state.get_data_parallel_world_size()}) "
-                         f"+ {type(self.optimizer).__name__} with {adam}; dist_checkpointing torch_dist "
-                         f"({'async' if self.async_queue else 'synchronous'} save)")
+        self.describe = (
+            f"megatron-core: GPTModel (BF16 params) in Float16Module + DistributedDataParallel "
+            f"(FP32 grad buffers, distributed optimizer, DP={parallel_state.get_data_parallel_world_size()}) "
+            f"+ {type(self.optimizer).__name__} with {adam}; dist_checkpointing torch_dist "
+            f"({'async' if self.async_queue else 'synchronous'} save)"
+        )
 
     def _use_fused_adam(self) -> str:
         """Name the Adam implementation; switch torch's AdamW fallback to its fused CUDA kernel."""
@@ -150,7 +168,9 @@ class MegatronEngine:
                 for group in inner.param_groups:
                     group["fused"], group["foreach"] = True, False
                 inner.defaults["fused"], inner.defaults["foreach"] = True, False
-                names.add(f"torch.optim.{type(inner).__name__}(fused=True) (Transformer Engine / Apex not installed)")
+                names.add(
+                    f"torch.optim.{type(inner).__name__}(fused=True) (Transformer Engine / Apex not installed)"
+                )
             else:
                 names.add(f"{type(inner).__module__}.{type(inner).__name__}")
         return ", ".join(sorted(names)) or "no local parameters"
@@ -179,9 +199,14 @@ class MegatronEngine:
 
     def _run(self, micro_batches, *, forward_only: bool, inject_nan: bool = False):
         return self.forward_backward(
-            forward_step_func=partial(self._forward_step, inject_nan=inject_nan), data_iterator=iter(micro_batches),
-            model=[self.ddp], num_microbatches=len(micro_batches), seq_length=self.seq_length,
-            micro_batch_size=self.micro_batch_size, forward_only=forward_only)
+            forward_step_func=partial(self._forward_step, inject_nan=inject_nan),
+            data_iterator=iter(micro_batches),
+            model=[self.ddp],
+            num_microbatches=len(micro_batches),
+            seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size,
+            forward_only=forward_only,
+        )
 
     def train_step(self, micro_batches: list[dict], *, lr: float, inject_nan: bool = False) -> StepResult:
         self.ddp.zero_grad_buffer()
@@ -222,7 +247,9 @@ class MegatronEngine:
     # ------------------------------------------------------------------------ checkpoint
     def _sharded_state_dict(self, *, is_loading: bool) -> dict:
         model_sd = self.model.sharded_state_dict(metadata=dict(CKPT_METADATA))
-        opt_sd = self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=dict(CKPT_METADATA))
+        opt_sd = self.optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading, metadata=dict(CKPT_METADATA)
+        )
         return {"model": model_sd, "optimizer": opt_sd}
 
     def save(self, tmp: Path, finalize) -> None:
@@ -235,17 +262,27 @@ class MegatronEngine:
         # The RNG files are written after dist_checkpointing.save has looked at the (empty) directory:
         # a non-empty one makes it warn "Overwriting old incomplete / corrupted checkpoint".
         strategy = FullyParallelSaveStrategyWrapper(
-            TorchDistSaveShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True))
+            TorchDistSaveShardedStrategy(), parallel_state.get_data_parallel_group(with_context_parallel=True)
+        )
         state = self._sharded_state_dict(is_loading=False)
         if self.async_queue is None:
-            dist_checkpointing.save(sharded_state_dict=state, checkpoint_dir=str(tmp), sharded_strategy=strategy,
-                                    content_metadata=dict(CKPT_METADATA))
+            dist_checkpointing.save(
+                sharded_state_dict=state,
+                checkpoint_dir=str(tmp),
+                sharded_strategy=strategy,
+                content_metadata=dict(CKPT_METADATA),
+            )
             self._save_rng(tmp)
             finalize()
             return
-        request = dist_checkpointing.save(sharded_state_dict=state, checkpoint_dir=str(tmp),
-                                          sharded_strategy=strategy, content_metadata=dict(CKPT_METADATA),
-                                          async_sharded_save=True, async_strategy="mcore")
+        request = dist_checkpointing.save(
+            sharded_state_dict=state,
+            checkpoint_dir=str(tmp),
+            sharded_strategy=strategy,
+            content_metadata=dict(CKPT_METADATA),
+            async_sharded_save=True,
+            async_strategy="mcore",
+        )
         self._save_rng(tmp)
         request.finalize_fns.append(finalize)
         self.async_queue.schedule_async_request(request)
@@ -268,7 +305,11 @@ class MegatronEngine:
         with lr 0 (zero gradients, so m = v = 0 and the weights do not move); the load overwrites it all."""
         for opt in _inner_optimizers(self.optimizer):
             inner = getattr(opt, "optimizer", None)
-            if inner is None or not hasattr(opt, "_init_optimizer_states_with_dummy_values") or len(inner.state):
+            if (
+                inner is None
+                or not hasattr(opt, "_init_optimizer_states_with_dummy_values")
+                or len(inner.state)
+            ):
                 continue
             saved = [g["lr"] for g in inner.param_groups]
             for g in inner.param_groups:
@@ -297,8 +338,9 @@ class MegatronEngine:
         from megatron.core import dist_checkpointing
 
         self._materialize_optimizer_state()
-        state = dist_checkpointing.load(sharded_state_dict=self._sharded_state_dict(is_loading=True),
-                                        checkpoint_dir=str(ckpt))
+        state = dist_checkpointing.load(
+            sharded_state_dict=self._sharded_state_dict(is_loading=True), checkpoint_dir=str(ckpt)
+        )
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
@@ -308,19 +350,24 @@ class MegatronEngine:
         if rng.is_file() and saved_world == self.env.world_size:
             restore_rng_state(torch.load(rng, weights_only=True))
         else:
-            self.log(f"resume: RNG states not restored (saved with world size {saved_world}, now "
-                     f"{self.env.world_size}); the model draws no random numbers while training (dropout 0)")
+            self.log(
+                f"resume: RNG states not restored (saved with world size {saved_world}, now "
+                f"{self.env.world_size}); the model draws no random numbers while training (dropout 0)"
+            )
 
     # ------------------------------------------------------------------------------ misc
     def params_finite(self) -> bool:
         flags = [torch.isfinite(p).all() for p in self.model.parameters()]
-        ok = torch.stack(flags).all().to(torch.int32).view(1) if flags else torch.ones(1, dtype=torch.int32,
-                                                                                        device=self.device)
+        ok = (
+            torch.stack(flags).all().to(torch.int32).view(1)
+            if flags
+            else torch.ones(1, dtype=torch.int32, device=self.device)
+        )
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         return bool(ok.item())
 
     def peak_mem_gib(self) -> float | None:
-        return torch.cuda.max_memory_allocated(self.device) / 1024 ** 3
+        return torch.cuda.max_memory_allocated(self.device) / 1024**3
 
     def all_reduce_max(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.int64, device=self.device)

@@ -45,17 +45,29 @@ def git_commit() -> str | None:
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def data_order_fingerprint(*, dataset_identity: str, data_seed: int, seq_length: int, global_batch_size: int,
-                           micro_batch_size: int) -> str:
-    obj = {"dataset_identity": dataset_identity, "data_seed": data_seed, "seq_length": seq_length,
-           "global_batch_size": global_batch_size, "micro_batch_size": micro_batch_size}
+def data_order_fingerprint(
+    *, dataset_identity: str, data_seed: int, seq_length: int, global_batch_size: int, micro_batch_size: int
+) -> str:
+    obj = {
+        "dataset_identity": dataset_identity,
+        "data_seed": data_seed,
+        "seq_length": seq_length,
+        "global_batch_size": global_batch_size,
+        "micro_batch_size": micro_batch_size,
+    }
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
 
 
@@ -64,11 +76,17 @@ def run_meta(*, resolved: dict, dataset_identity: str, world_size: int) -> dict:
     return {
         "config_fingerprint": config_fingerprint(resolved),
         "data_order_fingerprint": data_order_fingerprint(
-            dataset_identity=dataset_identity, data_seed=data["seed"], seq_length=data["seq_length"],
-            global_batch_size=training["global_batch_size"], micro_batch_size=training["micro_batch_size"]),
-        "precision": {"attention_recipe": resolved["attention"]["recipe"],
-                      "attention_backend": resolved["attention"]["backend"],
-                      "projection": resolved["projection"]},
+            dataset_identity=dataset_identity,
+            data_seed=data["seed"],
+            seq_length=data["seq_length"],
+            global_batch_size=training["global_batch_size"],
+            micro_batch_size=training["micro_batch_size"],
+        ),
+        "precision": {
+            "attention_recipe": resolved["attention"]["recipe"],
+            "attention_backend": resolved["attention"]["backend"],
+            "projection": resolved["projection"],
+        },
         "seed": training["seed"],
         "world_size": world_size,
         "commit": git_commit(),
@@ -123,11 +141,18 @@ class MetricsLogger:
             try:
                 import wandb
             except ImportError:
-                log(f"logging: wandb skipped (wandb_mode={cfg.logging.wandb_mode} but the 'wandb' package is not "
-                    "installed: pip install -e '.[wandb]')")
+                log(
+                    f"logging: wandb skipped (wandb_mode={cfg.logging.wandb_mode} but the 'wandb' package is not "
+                    "installed: pip install -e '.[wandb]')"
+                )
             else:
-                self._wandb = wandb.init(project=cfg.logging.wandb_project, mode=cfg.logging.wandb_mode,
-                                         dir=str(output_dir), config=None, resume="allow")
+                self._wandb = wandb.init(
+                    project=cfg.logging.wandb_project,
+                    mode=cfg.logging.wandb_mode,
+                    dir=str(output_dir),
+                    config=None,
+                    resume="allow",
+                )
                 log(f"logging: wandb {cfg.logging.wandb_mode}, project {cfg.logging.wandb_project}")
 
     def write_meta(self, meta: dict) -> None:
@@ -144,8 +169,15 @@ class MetricsLogger:
         self._file.write(json.dumps(rec) + "\n")
         step = rec.get("step", 0)
         if rec["kind"] in ("train", "valid"):
-            scalars = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                       and k != "step" and v is not None and math.isfinite(v)}
+            scalars = {
+                k: v
+                for k, v in rec.items()
+                if isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and k != "step"
+                and v is not None
+                and math.isfinite(v)
+            }
             if self._tb is not None:
                 for k, v in scalars.items():
                     self._tb.add_scalar(f"{rec['kind']}/{k}", v, step)
@@ -154,8 +186,9 @@ class MetricsLogger:
         elif rec["kind"] == "telemetry" and self._tb is not None:
             self._tb.add_scalar(f"telemetry/max_logit/layer{rec['layer']}", rec["max_logit"], step)
             if rec["zero_scale_block_frac"] is not None:
-                self._tb.add_scalar(f"telemetry/zero_scale_block_frac/layer{rec['layer']}",
-                                    rec["zero_scale_block_frac"], step)
+                self._tb.add_scalar(
+                    f"telemetry/zero_scale_block_frac/layer{rec['layer']}", rec["zero_scale_block_frac"], step
+                )
 
     def event(self, step: int, event: str, detail: str) -> None:
         self.record({"kind": "event", "step": step, "event": event, "detail": detail})
@@ -175,10 +208,12 @@ class MetricsLogger:
             gn = "-" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
             mfu = "-" if rec["mfu"] is None else f"{100 * rec['mfu']:.2f}%"
             mem = "-" if rec["peak_mem_gib"] is None else f"{rec['peak_mem_gib']:.1f} GiB"
-            self.info(f"step {step:>6}/{self.cfg.train_iters} | loss {rec['loss']:.4f} | grad norm {gn} | "
-                      f"lr {rec['lr']:.3e} | {rec['step_time_s']:.3f} s | "
-                      f"{rec['tokens_per_s_per_gpu']:,.0f} tok/s/GPU | MFU {mfu} | mem {mem}"
-                      + (f" | SKIPPED (non-finite, total {rec['nonfinite_count']})" if rec["skipped"] else ""))
+            self.info(
+                f"step {step:>6}/{self.cfg.train_iters} | loss {rec['loss']:.4f} | grad norm {gn} | "
+                f"lr {rec['lr']:.3e} | {rec['step_time_s']:.3f} s | "
+                f"{rec['tokens_per_s_per_gpu']:,.0f} tok/s/GPU | MFU {mfu} | mem {mem}"
+                + (f" | SKIPPED (non-finite, total {rec['nonfinite_count']})" if rec["skipped"] else "")
+            )
 
     def valid(self, step: int, consumed_tokens: int, val_loss: float) -> None:
         self.record({"kind": "valid", "step": step, "consumed_tokens": consumed_tokens, "val_loss": val_loss})
@@ -191,7 +226,9 @@ class MetricsLogger:
             from tqdm import tqdm
         except ImportError:
             return
-        self._bar = tqdm(total=self.cfg.train_iters, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        self._bar = tqdm(
+            total=self.cfg.train_iters, initial=start_step, desc="train", unit="step", dynamic_ncols=True
+        )
 
     def info(self, msg: str) -> None:
         if not self.enabled:

@@ -40,7 +40,7 @@ from .config import TrainConfig
 
 __all__ = ["Plan", "flops_per_token", "format_plan", "make_plan"]
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def flops_per_token(llama, seq_length: int) -> float:
@@ -77,7 +77,12 @@ class Plan:
 
 def _layer_params(m) -> int:
     h, d, f = m.hidden_size, m.head_dim, m.ffn_hidden_size
-    return h * (m.num_attention_heads + 2 * m.num_kv_heads) * d + m.num_attention_heads * d * h + 3 * h * f + 2 * h
+    return (
+        h * (m.num_attention_heads + 2 * m.num_kv_heads) * d
+        + m.num_attention_heads * d * h
+        + 3 * h * f
+        + 2 * h
+    )
 
 
 def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
@@ -94,57 +99,101 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     if world_size % par.model_parallel_size:
-        raise ValueError(f"world size {world_size} is not divisible by tensor*pipeline*context = "
-                         f"{tp}*{pp}*{cp} = {par.model_parallel_size}; change the parallel sizes or the GPU count")
+        raise ValueError(
+            f"world size {world_size} is not divisible by tensor*pipeline*context = "
+            f"{tp}*{pp}*{cp} = {par.model_parallel_size}; change the parallel sizes or the GPU count"
+        )
     dp = world_size // par.model_parallel_size
     if tr.global_batch_size % (tr.micro_batch_size * dp):
-        raise ValueError(f"training.global_batch_size={tr.global_batch_size} is not divisible by micro_batch_size * "
-                         f"data_parallel = {tr.micro_batch_size} * {dp} = {tr.micro_batch_size * dp}; pick a global "
-                         "batch that is a multiple of it (or change the micro batch / parallel sizes)")
-    for name, value in (("model.num_attention_heads", m.num_attention_heads), ("model.num_kv_heads", m.num_kv_heads),
-                        ("model.ffn_hidden_size", m.ffn_hidden_size), ("model.vocab_size", m.vocab_size)):
+        raise ValueError(
+            f"training.global_batch_size={tr.global_batch_size} is not divisible by micro_batch_size * "
+            f"data_parallel = {tr.micro_batch_size} * {dp} = {tr.micro_batch_size * dp}; pick a global "
+            "batch that is a multiple of it (or change the micro batch / parallel sizes)"
+        )
+    for name, value in (
+        ("model.num_attention_heads", m.num_attention_heads),
+        ("model.num_kv_heads", m.num_kv_heads),
+        ("model.ffn_hidden_size", m.ffn_hidden_size),
+        ("model.vocab_size", m.vocab_size),
+    ):
         if value % tp:
-            raise ValueError(f"{name}={value} is not divisible by parallel.tensor={tp}; choose a tensor-parallel "
-                             "size that divides it")
+            raise ValueError(
+                f"{name}={value} is not divisible by parallel.tensor={tp}; choose a tensor-parallel "
+                "size that divides it"
+            )
     if m.num_layers % pp:
         raise ValueError(f"model.num_layers={m.num_layers} is not divisible by parallel.pipeline={pp}")
     if cp > 1 and cfg.data.seq_length % (2 * cp):
-        raise ValueError(f"data.seq_length={cfg.data.seq_length} is not divisible by 2 * parallel.context = {2 * cp} "
-                         "(load-balanced context parallelism gives each rank two chunks)")
+        raise ValueError(
+            f"data.seq_length={cfg.data.seq_length} is not divisible by 2 * parallel.context = {2 * cp} "
+            "(load-balanced context parallelism gives each rank two chunks)"
+        )
     if par.sequence_parallel and cfg.data.seq_length % tp:
-        raise ValueError(f"data.seq_length={cfg.data.seq_length} is not divisible by parallel.tensor={tp} "
-                         "(sequence parallelism splits the sequence)")
+        raise ValueError(
+            f"data.seq_length={cfg.data.seq_length} is not divisible by parallel.tensor={tp} "
+            "(sequence parallelism splits the sequence)"
+        )
     if cfg.projection.precision == "te_fp8" and (tr.micro_batch_size * cfg.data.seq_length // cp) % 16:
-        raise ValueError("projection.precision='te_fp8' needs micro_batch_size * seq_length / context to be a "
-                         "multiple of 16 (FP8 GEMM shapes)")
+        raise ValueError(
+            "projection.precision='te_fp8' needs micro_batch_size * seq_length / context to be a "
+            "multiple of 16 (FP8 GEMM shapes)"
+        )
     par.llama()  # the model's own limits (e.g. context parallelism not implemented by the attention)
     accumulation = tr.global_batch_size // (tr.micro_batch_size * dp)
 
     n = parameter_count(m)
     layers = m.num_layers // pp
     embed = m.vocab_size * m.hidden_size
-    stage = [layers * _layer_params(m) + (embed if s == 0 else 0) + (embed + m.hidden_size if s == pp - 1 else 0)
-             for s in range(pp)]
+    stage = [
+        layers * _layer_params(m) + (embed if s == 0 else 0) + (embed + m.hidden_size if s == pp - 1 else 0)
+        for s in range(pp)
+    ]
     p_gpu = max(stage) / tp
     tokens_mb = tr.micro_batch_size * cfg.data.seq_length / cp
     h, d, f, hq, hkv = m.hidden_size, m.head_dim, m.ffn_hidden_size, m.num_attention_heads, m.num_kv_heads
-    per_token_layer = 2 * 4 * h / (tp if par.sequence_parallel else 1) + (2 * ((2 * hq + 2 * hkv) * d + 3 * f)
-                                                                          + 4 * hq) / tp
+    per_token_layer = (
+        2 * 4 * h / (tp if par.sequence_parallel else 1)
+        + (2 * ((2 * hq + 2 * hkv) * d + 3 * f) + 4 * hq) / tp
+    )
     in_flight = min(pp, accumulation)
     activations = per_token_layer * tokens_mb * layers * in_flight + 6 * m.vocab_size / tp * tokens_mb
-    memory = {"weights": 2 * p_gpu, "gradients": 4 * p_gpu, "optimizer": 12 * p_gpu / dp, "activations": activations}
+    memory = {
+        "weights": 2 * p_gpu,
+        "gradients": 4 * p_gpu,
+        "optimizer": 12 * p_gpu / dp,
+        "activations": activations,
+    }
     memory["total"] = sum(memory.values())
     proj = cfg.projection
-    projection = "bf16" if proj.precision == "bf16" else (
-        f"te_fp8 (format {proj.fp8_format}, {proj.fp8_scaling} scaling, BF16 first/last layers "
-        f"{proj.fp8_bf16_first_layers}/{proj.fp8_bf16_last_layers})")
-    return Plan(world_size=world_size, tensor=tp, pipeline=pp, context=cp, data=dp,
-                micro_batch_size=tr.micro_batch_size, global_batch_size=tr.global_batch_size,
-                accumulation=accumulation, seq_length=cfg.data.seq_length, train_iters=cfg.train_iters,
-                train_tokens=tr.train_tokens, parameters=n, flops_per_token=flops_per_token(m, cfg.data.seq_length),
-                memory_bytes=memory, checkpoint_bytes=14 * n,
-                precision={"attention": f"{cfg.attention.recipe} (backend {cfg.attention.backend})",
-                           "projection": projection})
+    projection = (
+        "bf16"
+        if proj.precision == "bf16"
+        else (
+            f"te_fp8 (format {proj.fp8_format}, {proj.fp8_scaling} scaling, BF16 first/last layers "
+            f"{proj.fp8_bf16_first_layers}/{proj.fp8_bf16_last_layers})"
+        )
+    )
+    return Plan(
+        world_size=world_size,
+        tensor=tp,
+        pipeline=pp,
+        context=cp,
+        data=dp,
+        micro_batch_size=tr.micro_batch_size,
+        global_batch_size=tr.global_batch_size,
+        accumulation=accumulation,
+        seq_length=cfg.data.seq_length,
+        train_iters=cfg.train_iters,
+        train_tokens=tr.train_tokens,
+        parameters=n,
+        flops_per_token=flops_per_token(m, cfg.data.seq_length),
+        memory_bytes=memory,
+        checkpoint_bytes=14 * n,
+        precision={
+            "attention": f"{cfg.attention.recipe} (backend {cfg.attention.backend})",
+            "projection": projection,
+        },
+    )
 
 
 def format_plan(plan: Plan) -> str:
@@ -153,26 +202,42 @@ def format_plan(plan: Plan) -> str:
     total_tokens = plan.train_iters * tps
     if plan.train_tokens is not None:
         exact = plan.train_tokens / tps
-        rounding = ("exact" if plan.train_tokens % tps == 0 else
-                    f"rounded up: the last step completes the budget, overshooting by "
-                    f"{total_tokens - plan.train_tokens:,} tokens")
+        rounding = (
+            "exact"
+            if plan.train_tokens % tps == 0
+            else f"rounded up: the last step completes the budget, overshooting by "
+            f"{total_tokens - plan.train_tokens:,} tokens"
+        )
         steps = f"{plan.train_iters:,} (train_tokens {plan.train_tokens:,} / {tps:,} tokens per step = {exact:,.2f}; {rounding})"
     else:
         steps = f"{plan.train_iters:,} (training.train_iters)"
     mem = plan.memory_bytes
     rows = [
-        ("world size", f"{plan.world_size} = DP {plan.data} x TP {plan.tensor} x PP {plan.pipeline} x CP {plan.context}"),
+        (
+            "world size",
+            f"{plan.world_size} = DP {plan.data} x TP {plan.tensor} x PP {plan.pipeline} x CP {plan.context}",
+        ),
         ("parallel", f"DP {plan.data}, TP {plan.tensor}, PP {plan.pipeline}, CP {plan.context}"),
         ("micro batch", f"{plan.micro_batch_size} sequences x {plan.seq_length} tokens"),
         ("global batch", f"{plan.global_batch_size} sequences = {tps:,} tokens per step"),
-        ("accumulation", (f"{plan.accumulation} micro-batches per step per DP rank "
-                          f"(global {plan.global_batch_size} / (micro {plan.micro_batch_size} x DP {plan.data}))")),
+        (
+            "accumulation",
+            (
+                f"{plan.accumulation} micro-batches per step per DP rank "
+                f"(global {plan.global_batch_size} / (micro {plan.micro_batch_size} x DP {plan.data}))"
+            ),
+        ),
         ("steps", steps),
         ("tokens", f"{total_tokens:,}"),
         ("parameters", f"{plan.parameters:,}"),
         ("flops/token", f"{plan.flops_per_token:.4e} (6*N_matmul + 6*L*s*Hq*d)"),
-        ("memory/GPU", (f"weights {mem['weights'] / GIB:.2f} GiB (BF16) + gradients {mem['gradients'] / GIB:.2f} "
-                        f"GiB (FP32) + optimizer {mem['optimizer'] / GIB:.2f} GiB (FP32 main+m+v / DP)")),
+        (
+            "memory/GPU",
+            (
+                f"weights {mem['weights'] / GIB:.2f} GiB (BF16) + gradients {mem['gradients'] / GIB:.2f} "
+                f"GiB (FP32) + optimizer {mem['optimizer'] / GIB:.2f} GiB (FP32 main+m+v / DP)"
+            ),
+        ),
         ("activations/GPU", f"{mem['activations'] / GIB:.2f} GiB (estimate, BF16, no recomputation)"),
         ("total/GPU", f"{mem['total'] / GIB:.2f} GiB (estimate)"),
         ("checkpoint", f"{plan.checkpoint_bytes / GIB:.1f} GiB (BF16 model + FP32 main weights + Adam m, v)"),

@@ -24,8 +24,15 @@ from __future__ import annotations
 import signal
 import time
 
-__all__ = ["EXIT_CONFIG", "EXIT_DONE", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_PREEMPTED", "EXIT_TIME_BUDGET",
-           "StopFlags"]
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_DONE",
+    "EXIT_ERROR",
+    "EXIT_NONFINITE",
+    "EXIT_PREEMPTED",
+    "EXIT_TIME_BUDGET",
+    "StopFlags",
+]
 
 EXIT_DONE = 0
 EXIT_ERROR = 1
@@ -69,7 +76,11 @@ class StopFlags:
 
     def describe(self, reason: int) -> str:
         if reason == EXIT_PREEMPTED:
-            name = signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
+            name = (
+                signal.Signals(self.received).name
+                if self.received is not None
+                else "a signal on another rank"
+            )
             return f"preempted ({name})"
         if reason == EXIT_TIME_BUDGET:
             return "time budget runtime.exit_duration_mins reached"

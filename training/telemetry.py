@@ -65,7 +65,7 @@ def measure(query: torch.Tensor, key: torch.Tensor, module) -> tuple[float, floa
     q = query[:t, 0].transpose(0, 1).to(torch.bfloat16)  # [hq, t, d]
     k = key[:t, 0].transpose(0, 1).to(torch.bfloat16)  # [hkv, t, d]
     d = q.shape[-1]
-    scale = module.softmax_scale if module.softmax_scale is not None else d ** -0.5
+    scale = module.softmax_scale if module.softmax_scale is not None else d**-0.5
     kk = k.float().repeat_interleave(q.shape[0] // k.shape[0], dim=0)
     logits = torch.matmul(q.float(), kk.transpose(-1, -2)).abs() * scale
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()

@@ -82,13 +82,17 @@ class Trainer:
         self.output_dir = Path(cfg.runtime.output_dir)
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
         self.metrics = MetricsLogger(self.output_dir, cfg=cfg, enabled=env.is_main, log=log)
-        log(f"pretrain_llama: {'CUDA' if use_cuda else 'CPU'} run, {env.world_size} process(es), "
-            f"output {self.output_dir}")
+        log(
+            f"pretrain_llama: {'CUDA' if use_cuda else 'CPU'} run, {env.world_size} process(es), "
+            f"output {self.output_dir}"
+        )
         log(format_plan(self.plan))
         log(f"attention: recipe {attention.recipe}, backend {attention.backend} ({why})")
         if use_cuda:
-            log(f"MFU = tokens/s/GPU x {self.plan.flops_per_token:.4e} FLOPs/token (6*N_matmul + 6*L*s*Hq*d: "
-                f"forward+backward, causal attention) / {cfg.logging.peak_flops_per_gpu / 1e12:.1f} TFLOP/s peak")
+            log(
+                f"MFU = tokens/s/GPU x {self.plan.flops_per_token:.4e} FLOPs/token (6*N_matmul + 6*L*s*Hq*d: "
+                f"forward+backward, causal attention) / {cfg.logging.peak_flops_per_gpu / 1e12:.1f} TFLOP/s peak"
+            )
         else:
             log("MFU: not reported on CPU (null in metrics.jsonl)")
         self.resumed_from = self._find_checkpoint()
@@ -97,11 +101,15 @@ class Trainer:
             log(f"checkpoints: {self.ckpt_root} ({every}at the end, on SIGTERM/SIGUSR1 and the time budget)")
         else:
             if self.resumed_from is not None:
-                raise ValueError(f"checkpoint.save=false must start fresh, but checkpoint.load=auto found "
-                                 f"{self.resumed_from}; set checkpoint.load=none (train from scratch and write "
-                                 "nothing) or use another runtime.output_dir / checkpoint.dir")
-            log("checkpoints: disabled (checkpoint.save=false): nothing is written, neither every save_interval "
-                "steps nor at the end, nor on SIGTERM/SIGUSR1 or the time budget")
+                raise ValueError(
+                    f"checkpoint.save=false must start fresh, but checkpoint.load=auto found "
+                    f"{self.resumed_from}; set checkpoint.load=none (train from scratch and write "
+                    "nothing) or use another runtime.output_dir / checkpoint.dir"
+                )
+            log(
+                "checkpoints: disabled (checkpoint.save=false): nothing is written, neither every save_interval "
+                "steps nor at the end, nor on SIGTERM/SIGUSR1 or the time budget"
+            )
 
         init_model_parallel(cfg.parallel, seed=cfg.training.seed, use_cuda=use_cuda)
         llama_cfg = cfg.llama()
@@ -125,9 +133,13 @@ class Trainer:
         if self.resumed_from is not None:
             state = ckpt.read_json(self.resumed_from / "trainer_state.json")
             allowed = ckpt.check_resume_compatible(
-                ckpt.read_json(self.resumed_from / "config.json"), self.resolved,
-                allow=cfg.checkpoint.allow_config_change, saved_data_identity=state.get("data_identity"),
-                data_identity=self.data.identity, where=str(self.resumed_from))
+                ckpt.read_json(self.resumed_from / "config.json"),
+                self.resolved,
+                allow=cfg.checkpoint.allow_config_change,
+                saved_data_identity=state.get("data_identity"),
+                data_identity=self.data.identity,
+                where=str(self.resumed_from),
+            )
             for line in allowed:
                 log(f"resume: allowed config change {line}")
             self.engine.load(self.resumed_from)
@@ -151,7 +163,9 @@ class Trainer:
             return path
         found = ckpt.find_latest(path, warn=self.log)
         if found is None:
-            raise ValueError(f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto or none")
+            raise ValueError(
+                f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto or none"
+            )
         return found[1]
 
     # ------------------------------------------------------------------------------- loop
@@ -163,16 +177,27 @@ class Trainer:
             log(f"pretrain_llama: configuration error: {err}")
             return EXIT_CONFIG
         m, eng, plan = self.metrics, self.engine, self.plan
-        m.write_meta(run_meta(resolved=self.resolved, dataset_identity=self.data.identity,
-                              world_size=self.env.world_size))
+        m.write_meta(
+            run_meta(
+                resolved=self.resolved, dataset_identity=self.data.identity, world_size=self.env.world_size
+            )
+        )
         if self.resumed_from is not None:
-            m.event(self.iteration, "resume", f"from {self.resumed_from} (consumed_samples {self.consumed_samples})")
+            m.event(
+                self.iteration,
+                "resume",
+                f"from {self.resumed_from} (consumed_samples {self.consumed_samples})",
+            )
         else:
             m.event(0, "start", f"fresh start, {cfg.train_iters} steps")
         total = cfg.train_iters
         if self.iteration >= total:
-            m.event(self.iteration, "exit", f"done: already trained {self.iteration} of {total} steps (use another "
-                                            "runtime.output_dir or checkpoint.load=none to train again)")
+            m.event(
+                self.iteration,
+                "exit",
+                f"done: already trained {self.iteration} of {total} steps (use another "
+                "runtime.output_dir or checkpoint.load=none to train again)",
+            )
             return EXIT_DONE
 
         telemetry = None
@@ -182,8 +207,9 @@ class Trainer:
             telemetry = AttentionTelemetry(eng.model)
         flags = StopFlags(exit_duration_mins=cfg.runtime.exit_duration_mins)
         flags.install()
-        data_iter = micro_batches(self.data, cfg, consumed_samples=self.consumed_samples, dp_rank=self.dp_rank,
-                                  dp_size=self.dp_size)
+        data_iter = micro_batches(
+            self.data, cfg, consumed_samples=self.consumed_samples, dp_rank=self.dp_rank, dp_size=self.dp_size
+        )
         tr = cfg.training
         gbs, seq = tr.global_batch_size, cfg.data.seq_length
         saving = cfg.checkpoint.save
@@ -193,7 +219,9 @@ class Trainer:
                 step = self.iteration + 1
                 t0 = time.perf_counter()
                 batch = [next(data_iter) for _ in range(plan.accumulation)]
-                lr = lr_at(step, max_lr=tr.lr, min_lr=tr.min_lr, warmup_iters=tr.warmup_iters, total_iters=total)
+                lr = lr_at(
+                    step, max_lr=tr.lr, min_lr=tr.min_lr, warmup_iters=tr.warmup_iters, total_iters=total
+                )
                 sample = telemetry is not None and step % cfg.logging.telemetry_interval == 0
                 if sample:
                     telemetry.arm()
@@ -206,22 +234,41 @@ class Trainer:
                 self.consumed_tokens += gbs * seq
                 self.nonfinite_count += int(result.skipped)
                 tps = gbs * seq / dt / self.env.world_size
-                m.train(step=step, consumed_samples=self.consumed_samples, consumed_tokens=self.consumed_tokens,
-                        loss=result.loss, grad_norm=result.grad_norm, lr=lr, step_time_s=dt,
-                        tokens_per_s_per_gpu=tps,
-                        mfu=tps * plan.flops_per_token / cfg.logging.peak_flops_per_gpu if use_cuda else None,
-                        peak_mem_gib=eng.peak_mem_gib(), skipped=result.skipped,
-                        nonfinite_count=self.nonfinite_count)
+                m.train(
+                    step=step,
+                    consumed_samples=self.consumed_samples,
+                    consumed_tokens=self.consumed_tokens,
+                    loss=result.loss,
+                    grad_norm=result.grad_norm,
+                    lr=lr,
+                    step_time_s=dt,
+                    tokens_per_s_per_gpu=tps,
+                    mfu=tps * plan.flops_per_token / cfg.logging.peak_flops_per_gpu if use_cuda else None,
+                    peak_mem_gib=eng.peak_mem_gib(),
+                    skipped=result.skipped,
+                    nonfinite_count=self.nonfinite_count,
+                )
                 if sample:
                     for layer, (max_logit, zero_frac) in sorted(telemetry.collect().items()):
-                        m.record({"kind": "telemetry", "step": step, "layer": layer, "max_logit": max_logit,
-                                  "zero_scale_block_frac": zero_frac})
+                        m.record(
+                            {
+                                "kind": "telemetry",
+                                "step": step,
+                                "layer": layer,
+                                "max_logit": max_logit,
+                                "zero_scale_block_frac": zero_frac,
+                            }
+                        )
                 if result.skipped and cfg.runtime.nonfinite == "stop":
                     last = ckpt.find_latest(self.ckpt_root, warn=lambda *_: None)
-                    m.event(step, "exit", f"non-finite loss ({result.loss}) or gradients at step {step}; stopping "
-                                          "without saving (runtime.nonfinite=stop). Last complete checkpoint: "
-                                          f"{last[1] if last else 'none'}. Set runtime.nonfinite=skip to skip such "
-                                          "steps instead")
+                    m.event(
+                        step,
+                        "exit",
+                        f"non-finite loss ({result.loss}) or gradients at step {step}; stopping "
+                        "without saving (runtime.nonfinite=stop). Last complete checkpoint: "
+                        f"{last[1] if last else 'none'}. Set runtime.nonfinite=skip to skip such "
+                        "steps instead",
+                    )
                     return EXIT_NONFINITE
                 if cfg.validation.interval and cfg.validation.iters and step % cfg.validation.interval == 0:
                     self._validate(step)
@@ -232,8 +279,12 @@ class Trainer:
                         eng.poll_saves(blocking=True)
                     m.event(step, "exit", flags.describe(reason) + ("" if saving else NOT_SAVED))
                     return reason
-                if saving and cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0 \
-                        and step < total:
+                if (
+                    saving
+                    and cfg.checkpoint.save_interval
+                    and step % cfg.checkpoint.save_interval == 0
+                    and step < total
+                ):
                     self._save(step)
                 eng.poll_saves(blocking=False)
             if cfg.validation.interval and cfg.validation.iters and total % cfg.validation.interval:
@@ -241,8 +292,12 @@ class Trainer:
             if saving:
                 self._save(total)
                 eng.poll_saves(blocking=True)
-            m.event(total, "exit", f"done: {total} steps, {self.consumed_tokens:,} tokens, "
-                                   f"{self.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED))
+            m.event(
+                total,
+                "exit",
+                f"done: {total} steps, {self.consumed_tokens:,} tokens, "
+                f"{self.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED),
+            )
             return EXIT_DONE
         finally:
             flags.uninstall()
@@ -251,8 +306,9 @@ class Trainer:
 
     def _validate(self, step: int) -> None:
         if not hasattr(self, "_val_batches"):
-            self._val_batches = validation_micro_batches(self.data, self.cfg, dp_rank=self.dp_rank,
-                                                         dp_size=self.dp_size)
+            self._val_batches = validation_micro_batches(
+                self.data, self.cfg, dp_rank=self.dp_rank, dp_size=self.dp_size
+            )
         if not self._val_batches:
             return
         self.metrics.valid(step, self.consumed_tokens, self.engine.eval_loss(self._val_batches))
@@ -261,23 +317,35 @@ class Trainer:
         eng, root = self.engine, self.ckpt_root
         eng.poll_saves(blocking=True)  # one save in flight at a time
         if not eng.params_finite():
-            self.metrics.event(step, "save", "NOT saved: the parameters are not finite (a non-finite state is "
-                                             "never saved)")
+            self.metrics.event(
+                step, "save", "NOT saved: the parameters are not finite (a non-finite state is never saved)"
+            )
             return
         if self.env.is_main:
             ckpt.prepare_tmp_dir(root, step)
         eng.barrier()
         tmp = root / f"iter_{step:07d}.tmp"
-        state = {"iteration": step, "consumed_samples": self.consumed_samples,
-                 "consumed_tokens": self.consumed_tokens, "nonfinite_count": self.nonfinite_count,
-                 "data_identity": self.data.identity, "world_size": self.env.world_size}
+        state = {
+            "iteration": step,
+            "consumed_samples": self.consumed_samples,
+            "consumed_tokens": self.consumed_tokens,
+            "nonfinite_count": self.nonfinite_count,
+            "data_identity": self.data.identity,
+            "world_size": self.env.world_size,
+        }
         t0 = time.perf_counter()
 
         def finalize():
             eng.barrier()
             if self.env.is_main:
-                final = ckpt.finish_save(root, step, tmp, config=self.resolved, trainer_state=state,
-                                         keep_last=self.cfg.checkpoint.keep_last)
+                final = ckpt.finish_save(
+                    root,
+                    step,
+                    tmp,
+                    config=self.resolved,
+                    trainer_state=state,
+                    keep_last=self.cfg.checkpoint.keep_last,
+                )
                 self.metrics.event(step, "save", f"{final} ({time.perf_counter() - t0:.1f} s)")
             eng.barrier()
 

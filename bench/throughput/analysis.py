@@ -32,11 +32,18 @@ import statistics
 from .plan import BASELINE
 
 TARGET_LAYERS = 32
-THROUGHPUT_TARGET = 1.03            # at the largest micro-batch (4), fp8 tokens/s >= 1.03 x bf16
+THROUGHPUT_TARGET = 1.03  # at the largest micro-batch (4), fp8 tokens/s >= 1.03 x bf16
 
 
-def summarize_metrics(path: str | os.PathLike, *, warmup: int, timed: int, tokens_per_step: int,
-                      flops_per_token: float, peak_flops: float) -> dict:
+def summarize_metrics(
+    path: str | os.PathLike,
+    *,
+    warmup: int,
+    timed: int,
+    tokens_per_step: int,
+    flops_per_token: float,
+    peak_flops: float,
+) -> dict:
     """Throughput numbers of one run from its ``metrics.jsonl``.
 
     Args:
@@ -56,18 +63,26 @@ def summarize_metrics(path: str | os.PathLike, *, warmup: int, timed: int, token
     trains = [r for r in read_metrics(path) if r["kind"] == "train"]
     window = [r for r in trains if warmup < r["step"] <= warmup + timed]
     if len(window) < timed:
-        raise ValueError(f"{path}: {len(window)} of the {timed} timed steps (steps {warmup + 1}.."
-                         f"{warmup + timed}) are in the file ({len(trains)} train records)")
+        raise ValueError(
+            f"{path}: {len(window)} of the {timed} timed steps (steps {warmup + 1}.."
+            f"{warmup + timed}) are in the file ({len(trains)} train records)"
+        )
     median_step = statistics.median(r["step_time_s"] for r in window)
     tps = tokens_per_step / median_step
     trainer_mfu = [r["mfu"] for r in window if r.get("mfu") is not None]
     mems = [r["peak_mem_gib"] for r in trains if r.get("peak_mem_gib") is not None]
     last = max(trains, key=lambda r: r["step"])
-    return {"median_step_s": median_step, "step_times_s": [r["step_time_s"] for r in window],
-            "tokens_per_s_per_gpu": tps, "mfu": tps * flops_per_token / peak_flops,
-            "mfu_trainer_median": statistics.median(trainer_mfu) if len(trainer_mfu) == len(window) else None,
-            "peak_mem_gib": max(mems) if mems else None, "last_step": last["step"], "last_loss": last["loss"],
-            "skipped_steps": sum(bool(r["skipped"]) for r in trains)}
+    return {
+        "median_step_s": median_step,
+        "step_times_s": [r["step_time_s"] for r in window],
+        "tokens_per_s_per_gpu": tps,
+        "mfu": tps * flops_per_token / peak_flops,
+        "mfu_trainer_median": statistics.median(trainer_mfu) if len(trainer_mfu) == len(window) else None,
+        "peak_mem_gib": max(mems) if mems else None,
+        "last_step": last["step"],
+        "last_loss": last["loss"],
+        "skipped_steps": sum(bool(r["skipped"]) for r in trains),
+    }
 
 
 def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -88,23 +103,26 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
 def derive(records: list[dict], attention: list[dict]) -> None:
     """Add ``attention_*`` (per layer, x layers, share of the step) and ratios vs the bf16 arm, in place."""
     timing = {(a["impl"], a["micro_batch"]): a for a in attention if "error" not in a}
-    base = {(r["micro_batch"], r["layers"]): r for r in records
-            if r["arm"] == BASELINE and r["status"] == "ok"}
+    base = {
+        (r["micro_batch"], r["layers"]): r for r in records if r["arm"] == BASELINE and r["status"] == "ok"
+    }
     for r in records:
         t = timing.get((r["attention_recipe"], r["micro_batch"]))
         r["attention_fwd_ms"] = t["fwd_ms"] if t else None
         r["attention_fwd_bwd_ms"] = t["fwd_bwd_ms"] if t else None
         ok = r["status"] == "ok"
-        r["attention_share"] = (r["layers"] * t["fwd_bwd_ms"] / (1e3 * r["median_step_s"])
-                                if t and ok else None)
+        r["attention_share"] = (
+            r["layers"] * t["fwd_bwd_ms"] / (1e3 * r["median_step_s"]) if t and ok else None
+        )
         b = base.get((r["micro_batch"], r["layers"]))
         r["tokens_vs_bf16"] = r["tokens_per_s_per_gpu"] / b["tokens_per_s_per_gpu"] if ok and b else None
         both = ok and b and r.get("peak_mem_gib") is not None and b.get("peak_mem_gib") is not None
         r["peak_mem_vs_bf16"] = r["peak_mem_gib"] / b["peak_mem_gib"] if both else None
 
 
-def extrapolate(records: list[dict], *, dp_efficiency: float,
-                target_layers: int = TARGET_LAYERS) -> list[dict]:
+def extrapolate(
+    records: list[dict], *, dp_efficiency: float, target_layers: int = TARGET_LAYERS
+) -> list[dict]:
     """Per arm: the 32-layer step time from the line through its runs at the extrapolation micro-batch.
 
     Uses every ``ok`` record of the arm at the micro-batch of its ``extrapolation`` runs (two layer
@@ -125,16 +143,27 @@ def extrapolate(records: list[dict], *, dp_efficiency: float,
             continue
         step = a + b * target_layers
         if not (b > 0 and step > 0):
-            out.append({**rec, "error": f"the step time does not grow with the layer count "
-                                        f"(b = {b:.4g} s/layer)"})
+            out.append(
+                {**rec, "error": f"the step time does not grow with the layer count (b = {b:.4g} s/layer)"}
+            )
             continue
         tps = pts[0]["tokens_per_step"] / step
         f0, f1 = fit_line([(r["layers"], r["flops_per_token"]) for r in pts])
         fpt = f0 + f1 * target_layers
-        out.append({**rec, "a_s": a, "b_s_per_layer": b, "layers": target_layers, "step_s": step,
-                    "tokens_per_s_1gpu": tps, "tokens_per_s_per_gpu_64_est": tps * dp_efficiency,
-                    "dp_efficiency": dp_efficiency, "flops_per_token": fpt,
-                    "mfu": tps * fpt / pts[0]["peak_flops_per_gpu"]})
+        out.append(
+            {
+                **rec,
+                "a_s": a,
+                "b_s_per_layer": b,
+                "layers": target_layers,
+                "step_s": step,
+                "tokens_per_s_1gpu": tps,
+                "tokens_per_s_per_gpu_64_est": tps * dp_efficiency,
+                "dp_efficiency": dp_efficiency,
+                "flops_per_token": fpt,
+                "mfu": tps * fpt / pts[0]["peak_flops_per_gpu"],
+            }
+        )
     base = next((e for e in out if e["arm"] == BASELINE and "error" not in e), None)
     for e in out:
         ok = base and "error" not in e
@@ -154,14 +183,20 @@ def targets(records: list[dict]) -> list[dict]:
     for arm in dict.fromkeys(r["arm"] for r in main if r["arm"] != BASELINE):
         r, b = by.get((arm, mb)), by.get((BASELINE, mb))
         label = f"micro-batch {mb}: {arm} tokens/s/GPU >= {THROUGHPUT_TARGET:.2f}x bf16" + (
-            "" if arm == "fp8" else " (the fp8 target's bar, for reference)")
+            "" if arm == "fp8" else " (the fp8 target's bar, for reference)"
+        )
         if r is None or b is None or r.get("tokens_vs_bf16") is None:
             out.append({"target": label, "measured": "not measured (a run failed)", "result": "MISS"})
         else:
             ratio = r["tokens_vs_bf16"]
-            out.append({"target": label, "measured": f"{r['tokens_per_s_per_gpu']:,.0f} vs "
-                        f"{b['tokens_per_s_per_gpu']:,.0f} = {ratio:.3f}x",
-                        "result": "PASS" if ratio >= THROUGHPUT_TARGET else "MISS"})
+            out.append(
+                {
+                    "target": label,
+                    "measured": f"{r['tokens_per_s_per_gpu']:,.0f} vs "
+                    f"{b['tokens_per_s_per_gpu']:,.0f} = {ratio:.3f}x",
+                    "result": "PASS" if ratio >= THROUGHPUT_TARGET else "MISS",
+                }
+            )
     for arm in dict.fromkeys(r["arm"] for r in main if r["arm"] != BASELINE):
         parts, ok = [], True
         for m in sorted({r["micro_batch"] for r in main}):
@@ -172,6 +207,11 @@ def targets(records: list[dict]) -> list[dict]:
             else:
                 parts.append(f"mb{m} {r['peak_mem_gib']:.1f} vs {b['peak_mem_gib']:.1f} GiB")
                 ok &= r["peak_mem_gib"] <= b["peak_mem_gib"]
-        out.append({"target": f"peak memory (max allocated) of {arm} <= bf16 at every micro-batch",
-                    "measured": "; ".join(parts), "result": "PASS" if ok else "MISS"})
+        out.append(
+            {
+                "target": f"peak memory (max allocated) of {arm} <= bf16 at every micro-batch",
+                "measured": "; ".join(parts),
+                "result": "PASS" if ok else "MISS",
+            }
+        )
     return out

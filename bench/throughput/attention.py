@@ -24,9 +24,18 @@ HQ, HKV, HEAD_DIM = 32, 8, 128
 ENTRY_POINT = REPO / "bench" / "train_throughput.py"
 
 
-def time_attention(recipes: list[str], micro_batches: list[int], *, seq: int, warmup_ms: int = 50,
-                   rep_ms: int = 250, backend: str = "triton", device: str = "cuda",
-                   heads: tuple[int, int, int] = (HQ, HKV, HEAD_DIM), timer=None) -> list[dict]:
+def time_attention(
+    recipes: list[str],
+    micro_batches: list[int],
+    *,
+    seq: int,
+    warmup_ms: int = 50,
+    rep_ms: int = 250,
+    backend: str = "triton",
+    device: str = "cuda",
+    heads: tuple[int, int, int] = (HQ, HKV, HEAD_DIM),
+    timer=None,
+) -> list[dict]:
     """Attention alone at the training shape (see the module docstring): each recipe through
     ``fp4_attention.attention(..., layout="sbhd", backend=backend)`` and cuDNN BF16 through torch SDPA.
 
@@ -47,8 +56,11 @@ def time_attention(recipes: list[str], micro_batches: list[int], *, seq: int, wa
         import triton
 
         def timer(fn, grads):
-            return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grads,
-                                                 return_mode="median"))
+            return float(
+                triton.testing.do_bench(
+                    fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grads, return_mode="median"
+                )
+            )
 
     def fwd_and_fwd_bwd(fn, inputs, grad_out) -> dict:
         with torch.no_grad():
@@ -67,13 +79,27 @@ def time_attention(recipes: list[str], micro_batches: list[int], *, seq: int, wa
         q = torch.randn(seq, mb, hq, d, device=device, dtype=torch.bfloat16)
         k, v = (torch.randn(seq, mb, hkv, d, device=device, dtype=torch.bfloat16) for _ in range(2))
         dout = torch.randn_like(q)
-        cases = {r: (lambda a, b, c, r=r: fa.attention(a, b, c, recipe=r, causal=True, layout="sbhd",
-                                                       backend=backend), (q, k, v), dout) for r in recipes}
+        cases = {
+            r: (
+                lambda a, b, c, r=r: fa.attention(
+                    a, b, c, recipe=r, causal=True, layout="sbhd", backend=backend
+                ),
+                (q, k, v),
+                dout,
+            )
+            for r in recipes
+        }
         bhsd = tuple(t.permute(1, 2, 0, 3).contiguous() for t in (q, k, v))
         cases["cudnn_bf16_sdpa"] = (cudnn, bhsd, dout.permute(1, 2, 0, 3).contiguous())
         for impl, (fn, inputs, grad_out) in cases.items():
-            rec = {"impl": impl, "micro_batch": mb, "seq_length": seq, "heads": f"{hq}/{hkv}", "head_dim": d,
-                   "layout": "bhsd" if impl == "cudnn_bf16_sdpa" else "sbhd"}
+            rec = {
+                "impl": impl,
+                "micro_batch": mb,
+                "seq_length": seq,
+                "heads": f"{hq}/{hkv}",
+                "head_dim": d,
+                "layout": "bhsd" if impl == "cudnn_bf16_sdpa" else "sbhd",
+            }
             try:
                 rec.update(fwd_and_fwd_bwd(fn, inputs, grad_out))
             except Exception as err:  # noqa: BLE001 - reported in the output, the other cases go on
@@ -93,8 +119,18 @@ def run_attention_timing(args, recipes: list[str]) -> tuple[list[dict], str | No
         return [], "skipped: no CUDA device"
     out = Path(args.run_dir) / "attention_timing.json"
     out.unlink(missing_ok=True)
-    argv = [sys.executable, str(ENTRY_POINT), "--attention-timing-json", str(out), "--seq", str(args.seq),
-            "--micro-batches", *map(str, args.micro_batches), "--attention-recipes", *recipes]
+    argv = [
+        sys.executable,
+        str(ENTRY_POINT),
+        "--attention-timing-json",
+        str(out),
+        "--seq",
+        str(args.seq),
+        "--micro-batches",
+        *map(str, args.micro_batches),
+        "--attention-recipes",
+        *recipes,
+    ]
     print(f"attention timing: {shlex.join(argv)}", flush=True)
     log = Path(args.run_dir) / "attention_timing.log"
     res = run_process(argv, log_path=log, timeout_s=args.attention_timeout, poll_memory=False)

@@ -36,9 +36,16 @@ BASE_CONFIG = "configs/llama3_1_8b_100b_bf16.yaml"
 ARMS = {"bf16": ("bf16", "bf16"), "fp8": ("fp8", "bf16"), "nvfp4qk_fp8pv": ("nvfp4qk_fp8pv", "bf16")}
 TE_ARMS = {"bf16+te_fp8": ("bf16", "te_fp8"), "nvfp4qk_fp8pv+te_fp8": ("nvfp4qk_fp8pv", "te_fp8")}
 BASELINE = "bf16"
-GIB = 1024 ** 3
-MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
-              "ffn_hidden_size", "vocab_size")
+GIB = 1024**3
+MODEL_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "ffn_hidden_size",
+    "vocab_size",
+)
 
 
 @dataclass
@@ -48,7 +55,7 @@ class RunSpec:
     arm: str
     micro_batch: int
     layers: int
-    purpose: str                  # "main" or "extrapolation"
+    purpose: str  # "main" or "extrapolation"
     output_dir: Path
     overrides: list[str]
     argv: list[str]
@@ -59,8 +66,16 @@ class RunSpec:
         return f"{self.arm}_mb{self.micro_batch}_L{self.layers}"
 
 
-def run_overrides(arm: str, micro_batch: int, layers: int, *, seq: int, train_iters: int, output_dir: Path,
-                  extra: list[str] = ()) -> list[str]:
+def run_overrides(
+    arm: str,
+    micro_batch: int,
+    layers: int,
+    *,
+    seq: int,
+    train_iters: int,
+    output_dir: Path,
+    extra: list[str] = (),
+) -> list[str]:
     """The ``section.key=value`` overrides of one run on top of :data:`BASE_CONFIG` (``extra`` last, so
     it wins).
 
@@ -68,14 +83,31 @@ def run_overrides(arm: str, micro_batch: int, layers: int, *, seq: int, train_it
         KeyError: an arm that is neither in :data:`ARMS` nor in :data:`TE_ARMS`.
     """
     recipe, projection = {**ARMS, **TE_ARMS}[arm]
-    return [f"model.num_layers={layers}", f"attention.recipe={recipe}", "attention.backend=triton",
-            f"projection.precision={projection}", "data.corpus=default", f"data.seq_length={seq}",
-            f"training.micro_batch_size={micro_batch}", f"training.global_batch_size={micro_batch}",
-            "training.train_tokens=null", f"training.train_iters={train_iters}", "training.warmup_iters=1",
-            "validation.interval=0", "validation.iters=0", "logging.telemetry_interval=0",
-            "logging.tensorboard=false", "logging.log_interval=1", "logging.progress_bar=false",
-            "logging.wandb_mode=disabled", "checkpoint.save=false", "checkpoint.load=none",
-            "runtime.exit_duration_mins=null", f"runtime.output_dir={output_dir}", *extra]
+    return [
+        f"model.num_layers={layers}",
+        f"attention.recipe={recipe}",
+        "attention.backend=triton",
+        f"projection.precision={projection}",
+        "data.corpus=default",
+        f"data.seq_length={seq}",
+        f"training.micro_batch_size={micro_batch}",
+        f"training.global_batch_size={micro_batch}",
+        "training.train_tokens=null",
+        f"training.train_iters={train_iters}",
+        "training.warmup_iters=1",
+        "validation.interval=0",
+        "validation.iters=0",
+        "logging.telemetry_interval=0",
+        "logging.tensorboard=false",
+        "logging.log_interval=1",
+        "logging.progress_bar=false",
+        "logging.wandb_mode=disabled",
+        "checkpoint.save=false",
+        "checkpoint.load=none",
+        "runtime.exit_duration_mins=null",
+        f"runtime.output_dir={output_dir}",
+        *extra,
+    ]
 
 
 def plan_runs(args) -> list[RunSpec]:
@@ -86,12 +118,33 @@ def plan_runs(args) -> list[RunSpec]:
 
     def add(arm, mb, layers, purpose):
         out = Path(args.run_dir) / f"{arm}_mb{mb}_L{layers}"
-        overrides = run_overrides(arm, mb, layers, seq=args.seq, train_iters=args.warmup + args.timed,
-                                  output_dir=out, extra=args.override)
-        argv = [sys.executable, str(REPO / "pretrain_llama.py"), "--config", str(REPO / args.config),
-                *overrides]
-        specs.append(RunSpec(arm=arm, micro_batch=mb, layers=layers, purpose=purpose, output_dir=out,
-                             overrides=overrides, argv=argv))
+        overrides = run_overrides(
+            arm,
+            mb,
+            layers,
+            seq=args.seq,
+            train_iters=args.warmup + args.timed,
+            output_dir=out,
+            extra=args.override,
+        )
+        argv = [
+            sys.executable,
+            str(REPO / "pretrain_llama.py"),
+            "--config",
+            str(REPO / args.config),
+            *overrides,
+        ]
+        specs.append(
+            RunSpec(
+                arm=arm,
+                micro_batch=mb,
+                layers=layers,
+                purpose=purpose,
+                output_dir=out,
+                overrides=overrides,
+                argv=argv,
+            )
+        )
 
     largest, *others = sorted(args.micro_batches, reverse=True)
     for arm in args.arms:
@@ -125,33 +178,52 @@ def validate_runs(specs: list[RunSpec], config: str) -> None:
             raise ValueError(f"run {spec.name}: {err}") from None
         if cfg.checkpoint.save or plan.accumulation != 1:
             raise ValueError(f"run {spec.name}: expected checkpoint.save=false and no accumulation")
-        spec.plan = {"flops_per_token": plan.flops_per_token,
-                     "peak_flops_per_gpu": cfg.logging.peak_flops_per_gpu,
-                     "tokens_per_step": plan.tokens_per_step, "parameters": plan.parameters,
-                     "memory_estimate_gib": plan.memory_bytes["total"] / GIB, "seq_length": plan.seq_length,
-                     "train_iters": plan.train_iters, "recipe": cfg.attention.recipe,
-                     "projection": cfg.projection.precision, "default_corpus": cfg.data.corpus == "default",
-                     "data_cache_dir": cfg.data.cache_dir,
-                     "model": {"preset": cfg.model.preset, **{k: getattr(model, k) for k in MODEL_KEYS}}}
+        spec.plan = {
+            "flops_per_token": plan.flops_per_token,
+            "peak_flops_per_gpu": cfg.logging.peak_flops_per_gpu,
+            "tokens_per_step": plan.tokens_per_step,
+            "parameters": plan.parameters,
+            "memory_estimate_gib": plan.memory_bytes["total"] / GIB,
+            "seq_length": plan.seq_length,
+            "train_iters": plan.train_iters,
+            "recipe": cfg.attention.recipe,
+            "projection": cfg.projection.precision,
+            "default_corpus": cfg.data.corpus == "default",
+            "data_cache_dir": cfg.data.cache_dir,
+            "model": {"preset": cfg.model.preset, **{k: getattr(model, k) for k in MODEL_KEYS}},
+        }
 
 
 def transformer_engine_status() -> tuple[bool, str]:
     """(usable, a sentence for the output): whether ``import transformer_engine.pytorch`` works (in a
     child process)."""
     if importlib.util.find_spec("transformer_engine") is None:
-        return False, ("Transformer Engine is not installed on this machine (`import transformer_engine` "
-                       "fails: No module named 'transformer_engine'): no FP8 (TE) projection arms; every arm "
-                       "uses BF16 projections")
+        return False, (
+            "Transformer Engine is not installed on this machine (`import transformer_engine` "
+            "fails: No module named 'transformer_engine'): no FP8 (TE) projection arms; every arm "
+            "uses BF16 projections"
+        )
     try:
         code = "import transformer_engine as t, transformer_engine.pytorch; print(t.__version__)"
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                             env=child_env(), check=False)
+        res = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=child_env(),
+            check=False,
+        )
     except subprocess.TimeoutExpired:
-        return False, ("Transformer Engine: `import transformer_engine.pytorch` timed out: no FP8 (TE) "
-                       "projection arms")
+        return False, (
+            "Transformer Engine: `import transformer_engine.pytorch` timed out: no FP8 (TE) projection arms"
+        )
     if res.returncode != 0:
         err = (res.stderr.strip().splitlines() or ["?"])[-1][:200]
-        return False, (f"Transformer Engine does not import on this machine ({err}): no FP8 (TE) projection "
-                       "arms; every arm uses BF16 projections")
-    return True, (f"Transformer Engine {res.stdout.strip()} imports: FP8 (TE) projection arms "
-                  f"{', '.join(TE_ARMS)} added")
+        return False, (
+            f"Transformer Engine does not import on this machine ({err}): no FP8 (TE) projection "
+            "arms; every arm uses BF16 projections"
+        )
+    return True, (
+        f"Transformer Engine {res.stdout.strip()} imports: FP8 (TE) projection arms "
+        f"{', '.join(TE_ARMS)} added"
+    )

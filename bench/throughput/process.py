@@ -22,8 +22,16 @@ from pathlib import Path
 
 from . import REPO
 
-DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
-             "SLURM_LOCALID")
+DIST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+)
 
 
 class DeviceMemoryPoller:
@@ -37,8 +45,9 @@ class DeviceMemoryPoller:
         self._thread = None
         exe = shutil.which("nvidia-smi")
         dev = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
-        self._cmd = ([exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", dev] if exe
-                     else None)
+        self._cmd = (
+            [exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", dev] if exe else None
+        )
 
     def _poll(self):
         while not self._stop.is_set():
@@ -84,8 +93,9 @@ def run_process(argv: list[str], *, log_path: Path, timeout_s: float, poll_memor
     t0 = time.perf_counter()
     timed_out = False
     with open(log_path, "w") as log, DeviceMemoryPoller() if poll_memory else contextlib.nullcontext() as mem:
-        proc = subprocess.Popen(argv, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -94,8 +104,12 @@ def run_process(argv: list[str], *, log_path: Path, timeout_s: float, poll_memor
         except BaseException:  # Terminated / KeyboardInterrupt: never leave a run holding the GPU
             _stop_group(proc)
             raise
-    return {"exit_code": code, "timed_out": timed_out, "wall_s": time.perf_counter() - t0,
-            "peak_device_mem_gib": getattr(mem, "peak_gib", None)}
+    return {
+        "exit_code": code,
+        "timed_out": timed_out,
+        "wall_s": time.perf_counter() - t0,
+        "peak_device_mem_gib": getattr(mem, "peak_gib", None),
+    }
 
 
 def _stop_group(proc: subprocess.Popen) -> int | None:

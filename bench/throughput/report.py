@@ -24,8 +24,14 @@ PAPER_1GPU_B4 = (19_173, 21_795)  # 8B full update on one GPU, B4, FP8 P/V: 1.13
 def build_report(meta, records, attention, attention_error, dp_efficiency) -> dict:
     """The JSON document (derived columns, targets and extrapolation recomputed from the records)."""
     derive(records, attention)
-    return {"meta": meta, "records": records, "attention": attention, "attention_error": attention_error,
-            "targets": targets(records), "extrapolation": extrapolate(records, dp_efficiency=dp_efficiency)}
+    return {
+        "meta": meta,
+        "records": records,
+        "attention": attention,
+        "attention_error": attention_error,
+        "targets": targets(records),
+        "extrapolation": extrapolate(records, dp_efficiency=dp_efficiency),
+    }
 
 
 def write_outputs(prefix: str | None, report: dict) -> None:
@@ -50,32 +56,55 @@ def _md_header(meta: dict) -> list[str]:
     fpt = meta.get("flops_per_token_main")
     flops = f" = {fpt:.4e} at {L} layers" if fpt else ""
     return [
-        f"# Training throughput, {m['preset']} layer shape x {L} layers, {meta['gpu']}", "",
-        (f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}, "
-         f"megatron-core {meta['megatron_core']}, python {meta['python']}"),
-        (f"- {L} layers of hidden {m['hidden_size']}, {m['num_attention_heads']}/{m['num_kv_heads']} heads, "
-         f"head dim {m['head_dim']}, FFN {m['ffn_hidden_size']}, vocab {m['vocab_size']}; sequence "
-         f"{meta['seq_length']}, global batch = micro-batch on one GPU, {meta['warmup_steps']} warm-up + "
-         f"{meta['timed_steps']} timed steps per run (median step time of the timed steps); no checkpoints "
-         "written"),
+        f"# Training throughput, {m['preset']} layer shape x {L} layers, {meta['gpu']}",
+        "",
+        (
+            f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton "
+            f"{meta['triton']}, "
+            f"megatron-core {meta['megatron_core']}, python {meta['python']}"
+        ),
+        (
+            f"- {L} layers of hidden {m['hidden_size']}, {m['num_attention_heads']}/{m['num_kv_heads']} "
+            "heads, "
+            f"head dim {m['head_dim']}, FFN {m['ffn_hidden_size']}, vocab {m['vocab_size']}; sequence "
+            f"{meta['seq_length']}, global batch = micro-batch on one GPU, {meta['warmup_steps']} warm-up + "
+            f"{meta['timed_steps']} timed steps per run (median step time of the timed steps); no "
+            "checkpoints "
+            "written"
+        ),
         f"- {meta['transformer_engine']}",
-        *([f"- STOPPED: {meta['terminated']}; the runs not completed are marked as such"]
-          if meta.get("terminated") else []),
-        (f"- MFU = tokens/s/GPU x flops_per_token / {meta['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s "
-         f"({meta['peak_note']}); flops_per_token = 6*N_matmul + 6*L*s*Hq*d{flops} (training/plan.py: "
-         "N_matmul = all parameters but the input embedding; attention QK^T + PV, x3 forward+backward, "
-         "/2 causal)"),
-        ("- peak GiB: max of torch.cuda.max_memory_allocated (metrics.jsonl); device GiB: peak nvidia-smi "
-         "memory.used while the run ran (allocator reserve + CUDA context)"),
-        ("- attention share = layers x attention forward+backward time (alone, same shape, backend and "
-         "recipe, quantization included) / median step time")]
+        *(
+            [f"- STOPPED: {meta['terminated']}; the runs not completed are marked as such"]
+            if meta.get("terminated")
+            else []
+        ),
+        (
+            f"- MFU = tokens/s/GPU x flops_per_token / {meta['peak_flops_per_gpu'] / 1e12:.1f} TFLOP/s "
+            f"({meta['peak_note']}); flops_per_token = 6*N_matmul + 6*L*s*Hq*d{flops} (training/plan.py: "
+            "N_matmul = all parameters but the input embedding; attention QK^T + PV, x3 forward+backward, "
+            "/2 causal)"
+        ),
+        (
+            "- peak GiB: max of torch.cuda.max_memory_allocated (metrics.jsonl); device GiB: peak nvidia-smi "
+            "memory.used while the run ran (allocator reserve + CUDA context)"
+        ),
+        (
+            "- attention share = layers x attention forward+backward time (alone, same shape, backend and "
+            "recipe, quantization included) / median step time"
+        ),
+    ]
 
 
 def _md_runs(records: list[dict]) -> list[str]:
-    lines = ["## Runs", "",
-             ("| arm | attention | projections | micro-batch | median step ms | tokens/s/GPU | MFU | "
-              "peak GiB | device GiB | attention share | vs bf16 | last loss | wall s | status |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Runs",
+        "",
+        (
+            "| arm | attention | projections | micro-batch | median step ms | tokens/s/GPU | MFU | "
+            "peak GiB | device GiB | attention share | vs bf16 | last loss | wall s | status |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     arms = list(dict.fromkeys(r["arm"] for r in records))
     main = (r for r in records if r["purpose"] == "main")
     for r in sorted(main, key=lambda r: (r["micro_batch"], arms.index(r["arm"]))):
@@ -90,7 +119,8 @@ def _md_runs(records: list[dict]) -> list[str]:
             f"{cell(r.get('peak_mem_gib'), '.1f')} | {cell(r.get('peak_device_mem_gib'), '.1f')} | "
             f"{cell(100 * share if share is not None else None, '.1f%')} | "
             f"{cell(r.get('tokens_vs_bf16'), '.3fx')} | "
-            f"{cell(r['last_loss'] if ok else None, '.3f')} | {cell(r.get('wall_s'), '.0f')} | {status} |")
+            f"{cell(r['last_loss'] if ok else None, '.3f')} | {cell(r.get('wall_s'), '.0f')} | {status} |"
+        )
     return lines
 
 
@@ -101,27 +131,42 @@ def _md_attention(report: dict) -> list[str]:
         lines.append(f"- attention timing {report['attention_error'][:400]}")
     if not report["attention"]:
         return lines
-    lines += ["| impl | micro-batch | layout | fwd ms | fwd+bwd ms | fwd+bwd x layers ms |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "| impl | micro-batch | layout | fwd ms | fwd+bwd ms | fwd+bwd x layers ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for a in report["attention"]:
         if "error" in a:
-            lines.append(f"| {a['impl']} | {a['micro_batch']} | {a['layout']} | error: {a['error'][:80]} | "
-                         "- | - |")
+            lines.append(
+                f"| {a['impl']} | {a['micro_batch']} | {a['layout']} | error: {a['error'][:80]} | - | - |"
+            )
         else:
-            lines.append(f"| {a['impl']} | {a['micro_batch']} | {a['layout']} | {a['fwd_ms']:.3f} | "
-                         f"{a['fwd_bwd_ms']:.3f} | {L * a['fwd_bwd_ms']:.1f} |")
-    cudnn = {a["micro_batch"]: a for a in report["attention"]
-             if a["impl"] == "cudnn_bf16_sdpa" and "error" not in a}
+            lines.append(
+                f"| {a['impl']} | {a['micro_batch']} | {a['layout']} | {a['fwd_ms']:.3f} | "
+                f"{a['fwd_bwd_ms']:.3f} | {L * a['fwd_bwd_ms']:.1f} |"
+            )
+    cudnn = {
+        a["micro_batch"]: a
+        for a in report["attention"]
+        if a["impl"] == "cudnn_bf16_sdpa" and "error" not in a
+    }
     for r in report["records"]:
         c = cudnn.get(r["micro_batch"])
-        if (r["purpose"] == "main" and r["arm"] == BASELINE and r["status"] == "ok" and c
-                and r["attention_fwd_bwd_ms"]):
+        if (
+            r["purpose"] == "main"
+            and r["arm"] == BASELINE
+            and r["status"] == "ok"
+            and c
+            and r["attention_fwd_bwd_ms"]
+        ):
             gain = r["layers"] * (r["attention_fwd_bwd_ms"] - c["fwd_bwd_ms"])
             step_ms = 1e3 * r["median_step_s"]
             tps = r["tokens_per_step"] / (r["median_step_s"] - gain / 1e3)
-            lines.append(f"- bf16 arm, micro-batch {r['micro_batch']}: cuDNN BF16 attention instead of ours "
-                         f"would save ~{gain:.1f} ms of the {step_ms:.1f} ms step (estimate: {tps:,.0f} "
-                         "tokens/s/GPU)")
+            lines.append(
+                f"- bf16 arm, micro-batch {r['micro_batch']}: cuDNN BF16 attention instead of ours "
+                f"would save ~{gain:.1f} ms of the {step_ms:.1f} ms step (estimate: {tps:,.0f} "
+                "tokens/s/GPU)"
+            )
     return lines
 
 
@@ -130,28 +175,39 @@ def _md_extrapolation(report: dict) -> list[str]:
     lines = [f"## Extrapolation to {TARGET_LAYERS} layers (estimate)", ""]
     if not ex:
         return [*lines, "- not run (--extrapolate-from-layers 0)"]
-    lines += [(f"- per arm, step_time = a + b x layers through its runs at micro-batch "
-               f"{ex[0]['micro_batch']}; 64-GPU tokens/s/GPU = the {TARGET_LAYERS}-layer single-GPU value x "
-               f"an ASSUMED data-parallel efficiency of {meta['dp_efficiency']:.2f} (the recipe "
-               "configs/llama3_1_8b_100b_*.yaml: DP 64, micro-batch 4, accumulation 4, distributed "
-               "optimizer); the single-GPU step includes a full unsharded optimizer step per micro-batch, so "
-               "this is on the low side"), "",
-              ("| arm | points (layers, step s) | a s | b s/layer | 32-layer step s | tokens/s/GPU 1 GPU | "
-               "MFU | tokens/s/GPU 64 GPUs (est.) | vs bf16 |"),
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        (
+            f"- per arm, step_time = a + b x layers through its runs at micro-batch "
+            f"{ex[0]['micro_batch']}; 64-GPU tokens/s/GPU = the {TARGET_LAYERS}-layer single-GPU value x "
+            f"an ASSUMED data-parallel efficiency of {meta['dp_efficiency']:.2f} (the recipe "
+            "configs/llama3_1_8b_100b_*.yaml: DP 64, micro-batch 4, accumulation 4, distributed "
+            "optimizer); the single-GPU step includes a full unsharded optimizer step per micro-batch, so "
+            "this is on the low side"
+        ),
+        "",
+        (
+            "| arm | points (layers, step s) | a s | b s/layer | 32-layer step s | tokens/s/GPU 1 GPU | "
+            "MFU | tokens/s/GPU 64 GPUs (est.) | vs bf16 |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for e in ex:
         pts = ", ".join(f"({n}, {t:.3f})" for n, t in e["points"])
         if "error" in e:
             lines.append(f"| {e['arm']} | {pts} | error: {e['error']} | | | | | | |")
         else:
-            lines.append(f"| {e['arm']} | {pts} | {e['a_s']:.3f} | {e['b_s_per_layer']:.4f} | "
-                         f"{e['step_s']:.3f} | {e['tokens_per_s_1gpu']:,.0f} | {100 * e['mfu']:.1f}% | "
-                         f"{e['tokens_per_s_per_gpu_64_est']:,.0f} | {cell(e['vs_bf16'], '.3fx')} |")
+            lines.append(
+                f"| {e['arm']} | {pts} | {e['a_s']:.3f} | {e['b_s_per_layer']:.4f} | "
+                f"{e['step_s']:.3f} | {e['tokens_per_s_1gpu']:,.0f} | {100 * e['mfu']:.1f}% | "
+                f"{e['tokens_per_s_per_gpu_64_est']:,.0f} | {cell(e['vs_bf16'], '.3fx')} |"
+            )
     (b64, l64), (b1, l1) = PAPER_64GPU, PAPER_1GPU_B4
-    lines.append(f"- the paper (GB200, another GPU: compare ratios, not absolute numbers): 64 GPUs {b64:,} "
-                 f"-> {l64:,} tokens/s/GPU (BF16 -> NVFP4-QK/FP8-PV attention + FP8 GEMMs, "
-                 f"{l64 / b64:.3f}x); one GPU, 8B full update at B4 (FP8 P/V): {b1:,} -> {l1:,} tokens/s "
-                 f"({l1 / b1:.3f}x)")
+    lines.append(
+        f"- the paper (GB200, another GPU: compare ratios, not absolute numbers): 64 GPUs {b64:,} "
+        f"-> {l64:,} tokens/s/GPU (BF16 -> NVFP4-QK/FP8-PV attention + FP8 GEMMs, "
+        f"{l64 / b64:.3f}x); one GPU, 8B full update at B4 (FP8 P/V): {b1:,} -> {l1:,} tokens/s "
+        f"({l1 / b1:.3f}x)"
+    )
     return lines
 
 
@@ -163,15 +219,21 @@ def to_markdown(report: dict, *, terminal: bool = False) -> str:
     """
     records = report["records"]
     targets_ = ["## Targets (issue 9)", ""] + (
-        [f"- {t['result']}: {t['target']}: {t['measured']}" for t in report["targets"]] or ["- no main runs"])
+        [f"- {t['result']}: {t['target']}: {t['measured']}" for t in report["targets"]] or ["- no main runs"]
+    )
     failed = []
     for r in (r for r in records if r["status"] != "ok"):
         failed.append(f"- {r['name']}: {r['failure']} (log {r.get('log', '-')})")
         if not terminal and r.get("log_tail"):
             failed += ["", "```", r["log_tail"], "```", ""]
     failed = ["## Failed runs", "", *failed] if failed else []
-    sections = [_md_header(report["meta"]), targets_, _md_attention(report), _md_extrapolation(report),
-                failed]
+    sections = [
+        _md_header(report["meta"]),
+        targets_,
+        _md_attention(report),
+        _md_extrapolation(report),
+        failed,
+    ]
     if terminal:
         sections.append(_md_runs(records))
     else:
@@ -185,11 +247,21 @@ def _git_commit() -> str:
     commit = os.environ.get("BENCH_COMMIT")
     if commit:
         return commit
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                         check=False)
+    git = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    )
     commit = git.stdout.strip() or "unknown"
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                            capture_output=True, text=True, check=False) if git.returncode == 0 else None
+    status = (
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if git.returncode == 0
+        else None
+    )
     if status is not None and status.stdout.strip():
         commit += "+uncommitted changes"
     return commit
@@ -200,8 +272,13 @@ def _gpu_name() -> str:
     if not shutil.which("nvidia-smi"):
         return "no GPU"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
         return out.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown GPU (nvidia-smi failed)"
@@ -213,28 +290,50 @@ def metadata(args, te_note: str) -> dict:
 
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = "not installed"
     try:
         from importlib.metadata import version
+
         mcore = version("megatron-core")
     except Exception:  # noqa: BLE001
         mcore = "unknown"
-    return {"date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "gpu": _gpu_name(),
-            "torch": torch.__version__, "triton": triton_version, "megatron_core": mcore,
-            "python": sys.version.split()[0], "commit": _git_commit(), "layers": args.layers,
-            "seq_length": args.seq, "micro_batches": args.micro_batches, "arms": args.arms,
-            "warmup_steps": args.warmup, "timed_steps": args.timed,
-            "extrapolate_from_layers": args.extrapolate_from_layers, "dp_efficiency": args.dp_efficiency,
-            "transformer_engine": te_note, "base_config": args.config, "extra_overrides": args.override}
+    return {
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": _gpu_name(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "megatron_core": mcore,
+        "python": sys.version.split()[0],
+        "commit": _git_commit(),
+        "layers": args.layers,
+        "seq_length": args.seq,
+        "micro_batches": args.micro_batches,
+        "arms": args.arms,
+        "warmup_steps": args.warmup,
+        "timed_steps": args.timed,
+        "extrapolate_from_layers": args.extrapolate_from_layers,
+        "dp_efficiency": args.dp_efficiency,
+        "transformer_engine": te_note,
+        "base_config": args.config,
+        "extra_overrides": args.override,
+    }
 
 
 def plan_metadata(main_spec) -> dict:
     """The metadata taken from a main run's plan: peak FLOP/s (and whether it is the H200's), FLOPs per
     token, the model's shape."""
     peak = main_spec.plan["peak_flops_per_gpu"]
-    note = ("logging.peak_flops_per_gpu; 989.4e12 = H100/H200 SXM dense BF16" if peak == 989.4e12
-            else "logging.peak_flops_per_gpu, NOT the H200's 989.4e12 dense BF16")
-    return {"peak_flops_per_gpu": peak, "flops_per_token_main": main_spec.plan["flops_per_token"],
-            "model": main_spec.plan["model"], "peak_note": note}
+    note = (
+        "logging.peak_flops_per_gpu; 989.4e12 = H100/H200 SXM dense BF16"
+        if peak == 989.4e12
+        else "logging.peak_flops_per_gpu, NOT the H200's 989.4e12 dense BF16"
+    )
+    return {
+        "peak_flops_per_gpu": peak,
+        "flops_per_token_main": main_spec.plan["flops_per_token"],
+        "model": main_spec.plan["model"],
+        "peak_note": note,
+    }

@@ -89,7 +89,9 @@ def backend_spec(name: str) -> BackendSpec:
     try:
         return _SPECS[name]
     except KeyError:
-        raise ValueError(f"unknown attention backend {name!r}; known: {AUTO}, {', '.join(sorted(_SPECS))}") from None
+        raise ValueError(
+            f"unknown attention backend {name!r}; known: {AUTO}, {', '.join(sorted(_SPECS))}"
+        ) from None
 
 
 def get_backend(name: str) -> Backend:
@@ -106,14 +108,17 @@ def get_backend(name: str) -> Backend:
             impl = getattr(importlib.import_module(module), cls)
         except ImportError as err:
             hint = f"; {spec.install_hint}" if spec.install_hint else ""
-            raise ValueError(f"attention backend {name!r} cannot be imported ({err}){hint}; or use "
-                             f"backend='reference' (any device) or 'auto'") from err
+            raise ValueError(
+                f"attention backend {name!r} cannot be imported ({err}){hint}; or use "
+                f"backend='reference' (any device) or 'auto'"
+            ) from err
         _INSTANCES[name] = impl()
     return _INSTANCES[name]
 
 
-def _runs(spec: BackendSpec, recipe: Recipe, device: torch.device | None, head_dim: int | None,
-          training: bool) -> str | None:
+def _runs(
+    spec: BackendSpec, recipe: Recipe, device: torch.device | None, head_dim: int | None, training: bool
+) -> str | None:
     """Why ``spec`` cannot run the request, or None if it can (from its declaration alone; a None
     device or head dim is not checked)."""
     if recipe.name not in spec.recipes:
@@ -133,8 +138,14 @@ def _runs(spec: BackendSpec, recipe: Recipe, device: torch.device | None, head_d
     return None
 
 
-def alternatives(recipe: str | Recipe, device: torch.device | str | None = None, head_dim: int | None = None, *,
-                 training: bool = False, exclude: str | None = None) -> list[str]:
+def alternatives(
+    recipe: str | Recipe,
+    device: torch.device | str | None = None,
+    head_dim: int | None = None,
+    *,
+    training: bool = False,
+    exclude: str | None = None,
+) -> list[str]:
     """Names of the backends whose declaration runs the request (any device if ``device`` is None),
     highest priority first."""
     rec, dev = get_recipe(recipe), None if device is None else torch.device(device)
@@ -143,11 +154,13 @@ def alternatives(recipe: str | Recipe, device: torch.device | str | None = None,
     return [s.name for s in ranked if s.name != exclude and _runs(s, rec, dev, head_dim, training) is None]
 
 
-def _unsupported(spec: BackendSpec, reason: str, recipe: Recipe, device: torch.device, head_dim: int | None,
-                 training: bool) -> UnsupportedError:
+def _unsupported(
+    spec: BackendSpec, reason: str, recipe: Recipe, device: torch.device, head_dim: int | None, training: bool
+) -> UnsupportedError:
     others = alternatives(recipe, device, head_dim, training=training, exclude=spec.name)
-    instead = (f"use backend={' or '.join(repr(o) for o in others)}" if others
-               else "no registered backend runs it")
+    instead = (
+        f"use backend={' or '.join(repr(o) for o in others)}" if others else "no registered backend runs it"
+    )
     return UnsupportedError(f"{spec.name} backend {reason}; {instead}")
 
 
@@ -160,8 +173,9 @@ def check_supported(name: str, recipe: str | Recipe, q: torch.Tensor, *, trainin
         raise _unsupported(spec, reason, rec, q.device, q.shape[-1], training)
 
 
-def resolve_backend(requested: str, recipe: str | Recipe, device: torch.device | str, *,
-                    training: bool = True) -> tuple[str, str]:
+def resolve_backend(
+    requested: str, recipe: str | Recipe, device: torch.device | str, *, training: bool = True
+) -> tuple[str, str]:
     """``(backend name, why)`` for a configured backend on ``device``; the backend is imported.
 
     ``auto``: the highest-priority declared backend that runs the recipe on the device and imports
@@ -189,5 +203,7 @@ def resolve_backend(requested: str, recipe: str | Recipe, device: torch.device |
             continue
         skipped = f"; passed over: {'; '.join(passed)}" if passed else ""
         return name, f"auto: highest-priority backend for {rec.name} on {where}{skipped}"
-    raise UnsupportedError(f"no attention backend runs recipe {rec.name!r} on {where}"
-                           + (f" ({'; '.join(passed)})" if passed else ""))
+    raise UnsupportedError(
+        f"no attention backend runs recipe {rec.name!r} on {where}"
+        + (f" ({'; '.join(passed)})" if passed else "")
+    )

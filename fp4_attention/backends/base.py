@@ -117,10 +117,15 @@ def _flatten_state(obj: Any, out: list[torch.Tensor]) -> Any:
         out.append(obj)
         return len(out) - 1
     if dataclasses.is_dataclass(obj):
-        return dataclasses.replace(obj, **{f.name: _flatten_state(getattr(obj, f.name), out)
-                                           for f in dataclasses.fields(obj)
-                                           if isinstance(getattr(obj, f.name), torch.Tensor)
-                                           or dataclasses.is_dataclass(getattr(obj, f.name))})
+        return dataclasses.replace(
+            obj,
+            **{
+                f.name: _flatten_state(getattr(obj, f.name), out)
+                for f in dataclasses.fields(obj)
+                if isinstance(getattr(obj, f.name), torch.Tensor)
+                or dataclasses.is_dataclass(getattr(obj, f.name))
+            },
+        )
     return obj
 
 
@@ -132,8 +137,12 @@ def _restore_state(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if _is_index(obj):
         return tensors[obj]
     if dataclasses.is_dataclass(obj):
-        return dataclasses.replace(obj, **{f.name: _restore_state(getattr(obj, f.name), tensors)
-                                           for f in dataclasses.fields(obj)
-                                           if _is_index(getattr(obj, f.name))
-                                           or dataclasses.is_dataclass(getattr(obj, f.name))})
+        return dataclasses.replace(
+            obj,
+            **{
+                f.name: _restore_state(getattr(obj, f.name), tensors)
+                for f in dataclasses.fields(obj)
+                if _is_index(getattr(obj, f.name)) or dataclasses.is_dataclass(getattr(obj, f.name))
+            },
+        )
     return obj

@@ -25,10 +25,31 @@ class ReferenceBackend:
 
     spec = SPEC
 
-    def forward(self, q, k, v, recipe, *, causal, softmax_scale, block_n=DEFAULT_BLOCK_N, rescale_threshold=0.0):
-        return reference_forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale,
-                                 block_n=block_n, rescale_threshold=rescale_threshold)
+    def forward(
+        self, q, k, v, recipe, *, causal, softmax_scale, block_n=DEFAULT_BLOCK_N, rescale_threshold=0.0
+    ):
+        return reference_forward(
+            q,
+            k,
+            v,
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            block_n=block_n,
+            rescale_threshold=rescale_threshold,
+        )
 
-    def backward(self, state: SavedState, dout, recipe, *, causal, softmax_scale, block_n=DEFAULT_BLOCK_N,
-                 rescale_threshold=0.0):
-        return reference_backward(state, dout, recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n)
+    def backward(
+        self,
+        state: SavedState,
+        dout,
+        recipe,
+        *,
+        causal,
+        softmax_scale,
+        block_n=DEFAULT_BLOCK_N,
+        rescale_threshold=0.0,
+    ):
+        return reference_backward(
+            state, dout, recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n
+        )

@@ -60,7 +60,9 @@ def classifier_codes(x: torch.Tensor, a: float, b: float) -> torch.Tensor:
     return round_e2m1(u)
 
 
-def p_codes(z_blocks: torch.Tensor, cfg: DirectP, key_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def p_codes(
+    z_blocks: torch.Tensor, cfg: DirectP, key_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and block exponents of one tile of scores.
 
     Args:
@@ -72,7 +74,9 @@ def p_codes(z_blocks: torch.Tensor, cfg: DirectP, key_index: torch.Tensor) -> tu
         -inf for a block with no visible key).
     """
     if z_blocks.shape[-1] != MXFP4_BLOCK:
-        raise ValueError(f"p_codes: last dim must be the MXFP4 block ({MXFP4_BLOCK}), got {z_blocks.shape[-1]}")
+        raise ValueError(
+            f"p_codes: last dim must be the MXFP4 block ({MXFP4_BLOCK}), got {z_blocks.shape[-1]}"
+        )
     e_b = block_exponent(z_blocks.amax(-1))
     empty = torch.isinf(e_b)
     x = z_blocks - torch.where(empty, torch.zeros_like(e_b), e_b).unsqueeze(-1) + LOG2_6

@@ -69,7 +69,7 @@ def exp2_poly_coeffs(degree: int) -> tuple[float, ...]:
         f = 0.5 - 0.5 * torch.cos(torch.pi * (k + 0.5) / n)  # Chebyshev nodes on (0, 1)
         target = torch.exp2(f)
         # residual 2^f - (1 + f) = f (f - 1) q(f); relative weights 1 / 2^f
-        basis = torch.stack([f * (f - 1) * f ** j for j in range(degree - 1)], dim=1)
+        basis = torch.stack([f * (f - 1) * f**j for j in range(degree - 1)], dim=1)
         w = 1.0 / target
         q = torch.linalg.lstsq(basis * w[:, None], ((target - 1 - f) * w)[:, None]).solution[:, 0]
         # f (f - 1) q(f) = sum_j q_j (f^(j+2) - f^(j+1))
@@ -139,5 +139,7 @@ def p_e4m3_exact(x: torch.Tensor) -> torch.Tensor:
 def exponent_grid(step_log2: int = 12) -> torch.Tensor:
     """Every x in [-12, log2 448] in steps of ``2^-step_log2`` (float32): below 2^-10 E4M3 is 0, and
     above 8 lies the lazy-rescale headroom the recipes allow up to E4M3's 448."""
-    scale = 2 ** step_log2
-    return (torch.arange(-12 * scale, math.floor(math.log2(448.0) * scale) + 1, dtype=torch.float64) / scale).float()
+    scale = 2**step_log2
+    return (
+        torch.arange(-12 * scale, math.floor(math.log2(448.0) * scale) + 1, dtype=torch.float64) / scale
+    ).float()

@@ -11,8 +11,9 @@ import torch
 __all__ = ["naive_attention"]
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                    softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, softmax_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Naive attention in the dtype of its inputs (pass float64 for ground truth).
 
     Args:

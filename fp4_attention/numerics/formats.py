@@ -63,7 +63,15 @@ E8M0_BIAS = 127
 
 # Rounding boundaries between consecutive positive E2M1 magnitudes, and whether a value exactly
 # on the boundary rounds up (the upper code's mantissa bit is 0, i.e. the upper code is even).
-_E2M1_BOUNDARIES = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+_E2M1_BOUNDARIES = (
+    (0.25, False),
+    (0.75, True),
+    (1.25, False),
+    (1.75, True),
+    (2.5, False),
+    (3.5, True),
+    (5.0, False),
+)
 
 
 def _require_float(x: torch.Tensor, name: str) -> None:
@@ -150,8 +158,9 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _encode_minifloat(x: torch.Tensor, *, ebits: int, mbits: int, bias: int, max_finite: float,
-                      nan_code: int) -> torch.Tensor:
+def _encode_minifloat(
+    x: torch.Tensor, *, ebits: int, mbits: int, bias: int, max_finite: float, nan_code: int
+) -> torch.Tensor:
     """Round-to-nearest-even, saturating encoder of a sign/exponent/mantissa minifloat."""
     xd = x.to(torch.float64)
     nan = torch.isnan(xd)
@@ -168,17 +177,18 @@ def _encode_minifloat(x: torch.Tensor, *, ebits: int, mbits: int, bias: int, max
     carry = sig >= 2 ** (mbits + 1)
     sig = torch.where(carry, sig / 2, sig)
     e = torch.where(carry, e + 1, e)
-    is_normal = sig >= 2 ** mbits
+    is_normal = sig >= 2**mbits
     exp_field = torch.where(is_normal, e + bias, torch.zeros_like(e))
-    man_field = torch.where(is_normal, sig - 2 ** mbits, sig).to(torch.int64)
+    man_field = torch.where(is_normal, sig - 2**mbits, sig).to(torch.int64)
     code = (exp_field << mbits) | man_field
     code = code | (sign.to(torch.int64) << (ebits + mbits))
     code = torch.where(nan, torch.full_like(code, nan_code), code)
     return code.to(torch.uint8)
 
 
-def _decode_minifloat(codes: torch.Tensor, *, ebits: int, mbits: int, bias: int, dtype: torch.dtype,
-                      is_nan, is_inf) -> torch.Tensor:
+def _decode_minifloat(
+    codes: torch.Tensor, *, ebits: int, mbits: int, bias: int, dtype: torch.dtype, is_nan, is_inf
+) -> torch.Tensor:
     c = codes.to(torch.int64)
     sign = (c >> (ebits + mbits)) & 1
     exp_field = (c >> mbits) & ((1 << ebits) - 1)
@@ -186,8 +196,8 @@ def _decode_minifloat(codes: torch.Tensor, *, ebits: int, mbits: int, bias: int,
     normal = exp_field > 0
     mag = torch.where(
         normal,
-        torch.ldexp(1.0 + man / 2 ** mbits, (exp_field - bias).to(torch.float64)),
-        torch.ldexp(man / 2 ** mbits, torch.full_like(man, 1 - bias)),
+        torch.ldexp(1.0 + man / 2**mbits, (exp_field - bias).to(torch.float64)),
+        torch.ldexp(man / 2**mbits, torch.full_like(man, 1 - bias)),
     )
     val = torch.where(sign == 1, -mag, mag)
     val = torch.where(is_inf(c), torch.where(sign == 1, -torch.inf, torch.inf), val)
@@ -210,8 +220,15 @@ def encode_e4m3(x: torch.Tensor) -> torch.Tensor:
 def decode_e4m3(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode E4M3 codes to ``dtype`` (exact; 0x7F/0xFF decode to NaN)."""
     _require_codes(codes, "decode_e4m3")
-    return _decode_minifloat(codes, ebits=4, mbits=3, bias=7, dtype=dtype,
-                             is_nan=lambda c: (c & 0x7F) == 0x7F, is_inf=lambda c: torch.zeros_like(c, dtype=torch.bool))
+    return _decode_minifloat(
+        codes,
+        ebits=4,
+        mbits=3,
+        bias=7,
+        dtype=dtype,
+        is_nan=lambda c: (c & 0x7F) == 0x7F,
+        is_inf=lambda c: torch.zeros_like(c, dtype=torch.bool),
+    )
 
 
 def encode_e5m2(x: torch.Tensor) -> torch.Tensor:
@@ -230,8 +247,15 @@ def encode_e5m2(x: torch.Tensor) -> torch.Tensor:
 def decode_e5m2(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode E5M2 codes to ``dtype`` (exact; 0x7C Inf, 0x7D-0x7F NaN, with sign)."""
     _require_codes(codes, "decode_e5m2")
-    return _decode_minifloat(codes, ebits=5, mbits=2, bias=15, dtype=dtype,
-                             is_nan=lambda c: (c & 0x7F) > 0x7C, is_inf=lambda c: (c & 0x7F) == 0x7C)
+    return _decode_minifloat(
+        codes,
+        ebits=5,
+        mbits=2,
+        bias=15,
+        dtype=dtype,
+        is_nan=lambda c: (c & 0x7F) > 0x7C,
+        is_inf=lambda c: (c & 0x7F) == 0x7C,
+    )
 
 
 def round_e4m3(x: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,16 @@ from .quant import (
 )
 from .recipes import Recipe
 
-__all__ = ["QKOperands", "SavedState", "VOperand", "qk_operands", "quantize_qk", "quantize_v", "saved_bytes", "v_operand"]
+__all__ = [
+    "QKOperands",
+    "SavedState",
+    "VOperand",
+    "qk_operands",
+    "quantize_qk",
+    "quantize_v",
+    "saved_bytes",
+    "v_operand",
+]
 
 Saved = torch.Tensor | FP8Tensor | NVFP4Tensor | MXFP4Tensor
 
@@ -96,8 +105,10 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, recipe: Recipe) -> tuple[Saved
     if recipe.qk == "fp8":
         return quantize_fp8(q, "e4m3", dims=(-1,)), quantize_fp8(k, "e4m3", dims=(-1,))
     if recipe.qk == "nvfp4":
-        return (quantize_nvfp4(q, nvfp4_global_scale(q, dims=(2, 3))),
-                quantize_nvfp4(k, nvfp4_global_scale(k, dims=(2, 3))))
+        return (
+            quantize_nvfp4(q, nvfp4_global_scale(q, dims=(2, 3))),
+            quantize_nvfp4(k, nvfp4_global_scale(k, dims=(2, 3))),
+        )
     raise ValueError(f"recipe {recipe.name}: unknown Q/K format {recipe.qk!r}")
 
 

@@ -183,7 +183,8 @@ class FP8Tensor:
 
 
 def amax_scale(x: torch.Tensor, dims: tuple[int, ...], divisor: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-slice scale ``amax / divisor`` of ``x`` reduced over ``dims`` (keepdim), and the slices' finiteness.
+    """Per-slice scale ``amax / divisor`` of ``x`` reduced over ``dims`` (keepdim), and each slice's
+    finiteness.
 
     The one rule of every scaled format here (contract §1-2): IEEE division (:func:`ieee_div`), 1.0
     for an all-zero slice, NaN for a slice holding a NaN or Inf. ``|x|`` and max are exact in x's own
@@ -314,5 +315,7 @@ def quantize_fp8(x: torch.Tensor, fmt: str, dims: tuple[int, ...]) -> FP8Tensor:
     scale, finite = amax_scale(x, dims, fmax)
     data = (x.float() / scale).clamp(-fmax, fmax).to(dtype)
     # non-finite slices: every element gets the canonical NaN code 0x7F (not a sign-dependent NaN)
-    data = torch.where(finite, data.view(torch.uint8), torch.full_like(data.view(torch.uint8), 0x7F)).view(dtype)
+    data = torch.where(finite, data.view(torch.uint8), torch.full_like(data.view(torch.uint8), 0x7F)).view(
+        dtype
+    )
     return FP8Tensor(data=data, scale=scale)

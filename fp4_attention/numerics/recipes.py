@@ -2,13 +2,13 @@
 
 A recipe fixes the number formats of the two products of attention:
 
-| recipe                      | Q/K                          | P                  | V                         | trains |
-|-----------------------------|------------------------------|--------------------|---------------------------|--------|
-| `bf16`                      | BF16                         | FP32 -> BF16       | BF16                      | yes    |
-| `fp8`                       | E4M3, FP32 scale per token   | E4M3, lifted 2^8   | E4M3, FP32 scale/channel  | yes    |
-| `nvfp4qk_fp8pv`             | NVFP4, per-head global scale | E4M3, lifted 2^8   | E4M3, FP32 scale/channel  | yes    |
-| `nvfp4qk_mxfp4pv_fast`      | NVFP4                        | MXFP4, Direct-P    | MXFP4 (alpha q / 6)       | no     |
-| `nvfp4qk_mxfp4pv_accurate`  | NVFP4                        | MXFP4, Direct-P+exp| MXFP4 (alpha q / 6)       | no     |
+| recipe                   | Q/K                       | P                   | V                   | trains |
+|--------------------------|---------------------------|---------------------|---------------------|--------|
+| `bf16`                   | BF16                      | FP32 -> BF16        | BF16                | yes    |
+| `fp8`                    | E4M3, FP32 per-token scale| E4M3, lifted 2^8    | E4M3, FP32/channel  | yes    |
+| `nvfp4qk_fp8pv`          | NVFP4, FP32 per-head scale| E4M3, lifted 2^8    | E4M3, FP32/channel  | yes    |
+| `nvfp4qk_mxfp4pv_fast`   | NVFP4                     | MXFP4, Direct-P     | MXFP4 (alpha q / 6) | no     |
+| `nvfp4qk_mxfp4pv_accurate`| NVFP4                     | MXFP4, Direct-P+exp | MXFP4 (alpha q / 6) | no     |
 
 The Direct-P recipes are forward-only: every MXFP4 P/V training run of the paper diverged
 (seed §7.6, contract §2).
@@ -49,7 +49,8 @@ def check_saturation_invariant(lift_log2: float, rescale_threshold_log2: float) 
     if lift_log2 + rescale_threshold_log2 > E4M3_MAX_LOG2:
         raise ValueError(
             f"P lift 2^{lift_log2} with lazy-rescale threshold {rescale_threshold_log2} (log2) lets P reach "
-            f"2^{lift_log2 + rescale_threshold_log2:.3f} > 448, where E4M3 saturates; keep lift + threshold <= "
+            f"2^{lift_log2 + rescale_threshold_log2:.3f} > 448, where E4M3 saturates; keep lift + threshold "
+            "<= "
             f"log2(448) = {E4M3_MAX_LOG2:.3f} (threshold <= {E4M3_MAX_LOG2 - lift_log2:.3f})"
         )
 
@@ -97,14 +98,42 @@ RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         Recipe("bf16", "bf16", "bf16", 0, None, True, "BF16 Q/K/V, FP32 softmax (control arm)"),
-        Recipe("fp8", "fp8", "fp8", P_LIFT_LOG2, None, True,
-               "E4M3 Q/K per-token scales, E4M3 P (x256) and V per-channel scales (Hopper-native)"),
-        Recipe("nvfp4qk_fp8pv", "nvfp4", "fp8", P_LIFT_LOG2, None, True,
-               "NVFP4 Q/K (exact emulation on Hopper), E4M3 P (x256) and V (the paper's training route)"),
-        Recipe("nvfp4qk_mxfp4pv_fast", "nvfp4", "mxfp4", 0, DirectP(1.50, 1.20, 0), False,
-               "NVFP4 Q/K, Direct-P MXFP4 P (A=1.50, B=1.20), MXFP4 V; forward only"),
-        Recipe("nvfp4qk_mxfp4pv_accurate", "nvfp4", "mxfp4", 0, DirectP(1.50, 1.20, 4), False,
-               "as _fast, with every 4th key through the true exponential; forward only"),
+        Recipe(
+            "fp8",
+            "fp8",
+            "fp8",
+            P_LIFT_LOG2,
+            None,
+            True,
+            "E4M3 Q/K per-token scales, E4M3 P (x256) and V per-channel scales (Hopper-native)",
+        ),
+        Recipe(
+            "nvfp4qk_fp8pv",
+            "nvfp4",
+            "fp8",
+            P_LIFT_LOG2,
+            None,
+            True,
+            "NVFP4 Q/K (exact emulation on Hopper), E4M3 P (x256) and V (the paper's training route)",
+        ),
+        Recipe(
+            "nvfp4qk_mxfp4pv_fast",
+            "nvfp4",
+            "mxfp4",
+            0,
+            DirectP(1.50, 1.20, 0),
+            False,
+            "NVFP4 Q/K, Direct-P MXFP4 P (A=1.50, B=1.20), MXFP4 V; forward only",
+        ),
+        Recipe(
+            "nvfp4qk_mxfp4pv_accurate",
+            "nvfp4",
+            "mxfp4",
+            0,
+            DirectP(1.50, 1.20, 4),
+            False,
+            "as _fast, with every 4th key through the true exponential; forward only",
+        ),
     )
 }
 TRAINING_RECIPES = tuple(name for name, r in RECIPES.items() if r.trainable)

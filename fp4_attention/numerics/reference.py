@@ -69,7 +69,9 @@ def _visible(sq: int, sk: int, j0: int, j1: int, causal: bool, device) -> torch.
     return j <= i + (sk - sq)
 
 
-def _scores_log2(ops: QKOperands, qg, row_g, j0: int, j1: int, causal: bool, sq: int, sk: int) -> torch.Tensor:
+def _scores_log2(
+    ops: QKOperands, qg, row_g, j0: int, j1: int, causal: bool, sq: int, sk: int
+) -> torch.Tensor:
     """FP32 scores of keys [j0, j1) in log2 units, ``[B, Hkv, G, Sq, j1 - j0]``; masked = -inf."""
     kt = ops.k_op[:, :, j0:j1].unsqueeze(2)
     col = ops.col_scale.unsqueeze(2)
@@ -86,9 +88,17 @@ def _round_p(p: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     return p.bfloat16().float() if recipe.pv == "bf16" else round_e4m3(p)
 
 
-def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe: Recipe, *, causal: bool,
-                      softmax_scale: float, block_n: int = DEFAULT_BLOCK_N,
-                      rescale_threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
+def reference_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    recipe: Recipe,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    block_n: int = DEFAULT_BLOCK_N,
+    rescale_threshold: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
     """Forward of ``recipe`` on BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]``.
 
     Args:
@@ -107,13 +117,30 @@ def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe:
     """
     q_s, k_s = quantize_qk(q, k, recipe)
     v_s = quantize_v(v, recipe)
-    return reference_forward_quantized(q_s, k_s, v_s, recipe, causal=causal, softmax_scale=softmax_scale,
-                                       block_n=block_n, rescale_threshold=rescale_threshold)
+    return reference_forward_quantized(
+        q_s,
+        k_s,
+        v_s,
+        recipe,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        block_n=block_n,
+        rescale_threshold=rescale_threshold,
+    )
 
 
-def reference_forward_quantized(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Recipe, *, causal: bool,
-                                softmax_scale: float, block_n: int = DEFAULT_BLOCK_N, rescale_threshold: float = 0.0,
-                                reverse_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
+def reference_forward_quantized(
+    q_s: Saved,
+    k_s: Saved,
+    v_s: Saved,
+    recipe: Recipe,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    block_n: int = DEFAULT_BLOCK_N,
+    rescale_threshold: float = 0.0,
+    reverse_tiles: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
     """:func:`reference_forward` on operands already quantized as ``operands.quantize_qk`` /
     ``quantize_v`` return them (V in ``[B, Hkv, Sk, D]`` layout): the way a GPU backend is
     compared with the reference on identical quantized inputs.
@@ -130,15 +157,24 @@ def reference_forward_quantized(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Reci
     vo = v_operand(v_s, recipe)
     if recipe.direct_p is not None:
         if block_n % MXFP4_BLOCK:
-            raise ValueError(f"recipe {recipe.name}: block_n must be a multiple of {MXFP4_BLOCK}, got {block_n}")
+            raise ValueError(
+                f"recipe {recipe.name}: block_n must be a multiple of {MXFP4_BLOCK}, got {block_n}"
+            )
         out, lse = _forward_direct_p(ops, vo, recipe, causal, block_n)
     else:
         out, lse = _forward_fp(ops, vo, recipe, causal, block_n, rescale_threshold, reverse_tiles)
     return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
 
-def _forward_fp(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: bool, block_n: int,
-                threshold: float, reverse_tiles: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_fp(
+    ops: QKOperands,
+    vo: VOperand,
+    recipe: Recipe,
+    causal: bool,
+    block_n: int,
+    threshold: float,
+    reverse_tiles: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     sq = ops.q_op.shape[2]
     hkv, sk = ops.k_op.shape[1], ops.k_op.shape[2]
     qg, row_g = _group(ops.q_op, hkv), _group(ops.row_scale, hkv)
@@ -147,7 +183,7 @@ def _forward_fp(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: bool, blo
     l = torch.zeros_like(m)
     acc = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
     starts = range(0, sk, block_n)
-    for j0 in (reversed(starts) if reverse_tiles else starts):
+    for j0 in reversed(starts) if reverse_tiles else starts:
         j1 = min(j0 + block_n, sk)
         z = _scores_log2(ops, qg, row_g, j0, j1, causal, sq, sk)
         m_tile = z.amax(-1, keepdim=True)
@@ -165,8 +201,9 @@ def _forward_fp(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: bool, blo
     return out.flatten(1, 2).bfloat16(), lse.flatten(1, 2).squeeze(-1)
 
 
-def _forward_direct_p(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: bool,
-                      block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_direct_p(
+    ops: QKOperands, vo: VOperand, recipe: Recipe, causal: bool, block_n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     sq = ops.q_op.shape[2]
     hkv, sk = ops.k_op.shape[1], ops.k_op.shape[2]
     qg, row_g = _group(ops.q_op, hkv), _group(ops.row_scale, hkv)
@@ -191,14 +228,22 @@ def _forward_direct_p(ops: QKOperands, vo: VOperand, recipe: Recipe, causal: boo
         acc = acc * rescale + torch.matmul(p_rep, vo.v_op[:, :, j0:j1p].unsqueeze(2))
         m = m_new
     empty = l == 0
-    out = torch.where(empty, torch.zeros_like(acc), ieee_div(acc, 36.0) / torch.where(empty, torch.ones_like(l), l))
+    out = torch.where(
+        empty, torch.zeros_like(acc), ieee_div(acc, 36.0) / torch.where(empty, torch.ones_like(l), l)
+    )
     lse = torch.where(empty, torch.full_like(m, -torch.inf), (m + torch.log2(l)) * LN2)
     return out.flatten(1, 2).bfloat16(), lse.flatten(1, 2).squeeze(-1)
 
 
-def reference_backward(state: SavedState, dout: torch.Tensor, recipe: Recipe, *, causal: bool,
-                       softmax_scale: float, block_n: int = DEFAULT_BLOCK_N
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def reference_backward(
+    state: SavedState,
+    dout: torch.Tensor,
+    recipe: Recipe,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    block_n: int = DEFAULT_BLOCK_N,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of a training recipe from its saved state (see the module docstring).
 
     Args:
@@ -245,7 +290,7 @@ def reference_backward(state: SavedState, dout: torch.Tensor, recipe: Recipe, *,
         v_t = vo.v_op[:, :, j0:j1].unsqueeze(2)
         dv[:, :, j0:j1] = (torch.matmul(p_op.transpose(-1, -2), do_op) * s_do).sum(2)
         dp = torch.matmul(do_op, v_t.transpose(-1, -2)) * s_do
-        ds = (p_lift * 2.0 ** -lift) * (dp - delta)
+        ds = (p_lift * 2.0**-lift) * (dp - delta)
         col = ops.col_scale.unsqueeze(2)
         col = col[..., j0:j1] if col.shape[-1] != 1 else col
         k_t = ops.k_op[:, :, j0:j1].unsqueeze(2)
@@ -253,5 +298,5 @@ def reference_backward(state: SavedState, dout: torch.Tensor, recipe: Recipe, *,
         dk[:, :, j0:j1] = torch.matmul((ds * row_g).bfloat16().float().transpose(-1, -2), qg).sum(2)
     dq = (dq * ops.softmax_scale).flatten(1, 2)
     dk = dk * ops.softmax_scale
-    dv = dv * (2.0 ** -lift) / vo.v_scale
+    dv = dv * (2.0**-lift) / vo.v_scale
     return dq.bfloat16(), dk.bfloat16(), dv.bfloat16()

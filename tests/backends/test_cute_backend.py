@@ -6,7 +6,6 @@ CuTe kernel's KV tile (``block_n = tile_n``) and in its tile order (last to firs
 the Triton backward on the CuTe forward's state and output.
 """
 
-
 import pytest
 import torch
 
@@ -46,8 +45,12 @@ def cute(request) -> tt.Target:
     put back in key order (``triton_state``) for it. Nothing of the Triton backend is patched: the
     backward (Triton's kernels) runs at its own tiles."""
     tiles = request.param
-    return tt.Target(_TiledCute(tiles), lambda d: tiles[1], reverse_tiles=True,
-                     reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)))
+    return tt.Target(
+        _TiledCute(tiles),
+        lambda d: tiles[1],
+        reverse_tiles=True,
+        reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
+    )
 
 
 @pytest.mark.parametrize("sk", [16, 100, 4096])
@@ -57,7 +60,9 @@ def test_v_quantizer_perm16_layout(sk):
     perm = quantize_fp8_v_transposed(v, perm16=True)
     assert torch.equal(perm.data.view(torch.uint8), permute_v_for_pv(plain.data).view(torch.uint8))
     assert torch.equal(perm.scale, plain.scale)
-    assert torch.equal(cute_backend.unpermute_v(perm, sk).data.view(torch.uint8), plain.data.view(torch.uint8))
+    assert torch.equal(
+        cute_backend.unpermute_v(perm, sk).data.view(torch.uint8), plain.data.view(torch.uint8)
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -98,7 +103,7 @@ def test_zero_dout_exact_zero(cute):
 def test_api_end_to_end_and_fidelity():
     q, k, v = make_qkv(2, 8, 2, 1024, 1024, 128, device="cuda")
     out = fa.attention(q, k, v, recipe="fp8", causal=True, layout="bhsd", backend="cute")
-    ref, _ = naive_attention(q.double(), k.double(), v.double(), causal=True, softmax_scale=128 ** -0.5)
+    ref, _ = naive_attention(q.double(), k.double(), v.double(), causal=True, softmax_scale=128**-0.5)
     assert cosine(out, ref) >= 0.99  # the Triton test's bound (FP8 Q/K/P/V against float64)
 
 
@@ -118,18 +123,24 @@ def test_backward_through_the_api_matches_triton_on_the_same_state():
         assert rel_l2(g_cute, g_triton) <= 1e-2  # the two forwards' outputs differ by P rounding order
 
 
-@pytest.mark.parametrize("causal, sq, sk", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 200),
-                                            (True, 400, 200), (True, 600, 200)])
+@pytest.mark.parametrize(
+    "causal, sq, sk",
+    [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 200), (True, 400, 200), (True, 600, 200)],
+)
 def test_schedule_options_give_the_default_bytes(causal, sq, sk):
     """``early_k_scales``, ``qk_pair_issue`` and ``pv_only_turn`` move loads, waits and the
     warp-scheduler turn, not arithmetic: output and LSE equal the default kernel's bit for bit
     (ragged last tile; with Sq > Sk, rows without keys: at 400/200 and 600/200 the first query
     block's first tile is block -1 or -3, the clamped loads below key 0)."""
     q, k, v = make_qkv(2, 8, 2, sq, sk, 128, device="cuda")
-    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128 ** -0.5)
+    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128**-0.5)
     out, lse = cute_backend.forward_fp8(*ops, causal=causal)
-    for opts in ({"early_k_scales": True}, {"qk_pair_issue": True}, {"pv_only_turn": True},
-                 {"early_k_scales": True, "qk_pair_issue": True, "pv_only_turn": True}):
+    for opts in (
+        {"early_k_scales": True},
+        {"qk_pair_issue": True},
+        {"pv_only_turn": True},
+        {"early_k_scales": True, "qk_pair_issue": True, "pv_only_turn": True},
+    ):
         out_o, lse_o = cute_backend.forward_fp8(*ops, causal=causal, **opts)
         assert torch.equal(out_o, out) and torch.equal(lse_o, lse), opts
 
@@ -140,7 +151,7 @@ def test_direct_p_columns_match_the_default(every):
     the whole CPU grid, results/direct_p_e4m3/) instead of MUFU.EX2 for one column in ``every``;
     output and LSE stay within rounding of the default kernel's."""
     q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, device="cuda")
-    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128 ** -0.5)
+    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), 128**-0.5)
     out, lse = cute_backend.forward_fp8(*ops, causal=True)
     out_d, lse_d = cute_backend.forward_fp8(*ops, causal=True, exp2_fma_every=every)
     assert rel_l2(out_d, out) <= 5e-3
@@ -163,7 +174,7 @@ def test_fa4_bf16_matches_exact(causal):
     dout = torch.randn_like(out)
     out.backward(dout)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref, _ = naive_attention(qd, kd, vd, causal=causal, softmax_scale=128 ** -0.5)
+    ref, _ = naive_attention(qd, kd, vd, causal=causal, softmax_scale=128**-0.5)
     ref.backward(dout.double())
     assert rel_l2(out, ref) <= 1e-2
     for g, r in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):

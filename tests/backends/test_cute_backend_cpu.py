@@ -55,8 +55,10 @@ def test_cute_profile_says_what_is_wrong():
 
     script = Path(__file__).resolve().parents[2] / "bench" / "cute_profile.py"
     run = partial(subprocess.run, check=False, capture_output=True, text=True, timeout=120)
-    for args, msg in ((["--shape", "2,32"], "--shape B,Hq,Hkv,S must be 4 positive integers"),
-                      (["--tiles", "128,x,2"], "--tiles tile_m,tile_n,stages must be 3 positive integers")):
+    for args, msg in (
+        (["--shape", "2,32"], "--shape B,Hq,Hkv,S must be 4 positive integers"),
+        (["--tiles", "128,x,2"], "--tiles tile_m,tile_n,stages must be 3 positive integers"),
+    ):
         res = run([sys.executable, str(script), *args])
         assert res.returncode != 0 and msg in res.stderr, res.stderr
     if not torch.cuda.is_available():

@@ -21,7 +21,9 @@ def test_default_kernel_qgmma_no_spills(tiles):
     assert rep["inner_loops"] and rep["STL"] == 0 and rep["LDL"] == 0, rep
     assert rep["F2FP"] > 0 and rep["MUFU.EX2"] > 0, rep
     # by default a tile's K token scales are loaded after its QK product (the kernel run on the H200)
-    assert all(loop["LDG_before_first_GMMA"] == 0 and loop["LDG"] == tiles[1] // 4 for loop in rep["inner_loops"]), rep
+    assert all(
+        loop["LDG_before_first_GMMA"] == 0 and loop["LDG"] == tiles[1] // 4 for loop in rep["inner_loops"]
+    ), rep
 
 
 @pytest.mark.parametrize("tiles", [(128, 128, 2), (128, 96, 2)])
@@ -38,7 +40,10 @@ def test_early_k_scales_load_before_the_qk_product_and_drop_the_clamps(tiles):
     for b, e in zip(base["inner_loops"], early["inner_loops"], strict=True):
         assert e["LDG_before_first_GMMA"] == e["LDG"] == tiles[1] // 4, e
         assert e["instructions"] < b["instructions"], (b, e)
-        assert all(e[op] == b[op] for op in ("FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "F2FP", "QGMMA")), (b, e)
+        assert all(e[op] == b[op] for op in ("FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "F2FP", "QGMMA")), (
+            b,
+            e,
+        )
 
 
 def test_qk_promotion_per_64_drops_two_of_three_promotion_adds():
@@ -126,8 +131,11 @@ def _run_ptx(ptx: str, x: float) -> float:
         elif op == "fma.rn.f32":
             reg[d] = f32(val(src[0]) * val(src[1]) + val(src[2]))
         elif op == "mov.b32":
-            reg[d] = bits(reg[src[0]]) if isinstance(reg[src[0]], float) else struct.unpack(
-                "<f", struct.pack("<I", reg[src[0]]))[0]
+            reg[d] = (
+                bits(reg[src[0]])
+                if isinstance(reg[src[0]], float)
+                else struct.unpack("<f", struct.pack("<I", reg[src[0]]))[0]
+            )
         elif op == "shl.b32":
             reg[d] = (reg[src[0]] << int(src[1])) & 0xFFFFFFFF
         elif op == "add.s32":
@@ -148,12 +156,16 @@ def test_exp2_fma_ptx_computes_the_direct_p_numerics():
     from fp4_attention.numerics.direct_p_e4m3 import exp2_fma
 
     ptx = _exp2_fma_ptx(EXP2_FMA_DEGREE)
-    xs = torch.cat([torch.linspace(-130.0, math.log2(448.0), 4001),
-                    torch.tensor([0.0, -1e-9, 8.0, -126.0, -torch.inf, torch.nan])])
+    xs = torch.cat(
+        [
+            torch.linspace(-130.0, math.log2(448.0), 4001),
+            torch.tensor([0.0, -1e-9, 8.0, -126.0, -torch.inf, torch.nan]),
+        ]
+    )
     want = exp2_fma(xs.float(), EXP2_FMA_DEGREE)
     got = torch.tensor([_run_ptx(ptx, float(x)) for x in xs.float()])
     assert torch.equal(got, want)
-    assert want[-1] == want[-2] == 2.0 ** -126  # NaN and -inf: 2^-126, which E4M3 rounds to 0
+    assert want[-1] == want[-2] == 2.0**-126  # NaN and -inf: 2^-126, which E4M3 rounds to 0
 
 
 def test_direct_p_columns_leave_the_exp2_unit():

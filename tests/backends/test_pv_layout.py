@@ -11,7 +11,7 @@ def test_v_perm16_is_the_accumulator_to_a_fragment_map():
     # register A fragment wants k = 4q..4q+3 from it (PTX ISA, wgmma .m64nNk32 fragments)
     assert sorted(V_PERM16) == list(range(16))
     for q in range(4):
-        assert V_PERM16[4 * q:4 * q + 4] == (2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q)
+        assert V_PERM16[4 * q : 4 * q + 4] == (2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q)
     assert all(V_PERM16[V_UNPERM16[j]] == j for j in range(16))
 
 
@@ -24,7 +24,7 @@ def test_permute_roundtrip_and_padding(sk):
     # slot k of each 16 holds key V_PERM16[k]; padding keys are zero
     full = torch.nn.functional.pad(x, (0, p.shape[-1] - sk))
     for k in range(16):
-        assert torch.equal(p[..., k::16], full[..., V_PERM16[k]::16])
+        assert torch.equal(p[..., k::16], full[..., V_PERM16[k] :: 16])
 
 
 def test_fp8_dtype_kept():

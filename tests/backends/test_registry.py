@@ -45,23 +45,39 @@ def test_auto_prefers_the_highest_priority_backend_that_runs_the_recipe():
 
 def test_named_backend_errors_name_the_alternatives():
     q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
-    with pytest.raises(UnsupportedError, match=r"^triton backend needs a CUDA device, not cpu; use backend='reference'$"):
+    with pytest.raises(
+        UnsupportedError, match=r"^triton backend needs a CUDA device, not cpu; use backend='reference'$"
+    ):
         backends.check_supported("triton", "fp8", q)
-    with pytest.raises(UnsupportedError, match="cute backend runs recipes fp8, not 'bf16'; use backend='reference'"):
+    with pytest.raises(
+        UnsupportedError, match="cute backend runs recipes fp8, not 'bf16'; use backend='reference'"
+    ):
         backends.check_supported("cute", "bf16", q)
-    with pytest.raises(UnsupportedError, match="runs head dims multiples of 16 up to 256, not 300; no registered"):
+    with pytest.raises(
+        UnsupportedError, match="runs head dims multiples of 16 up to 256, not 300; no registered"
+    ):
         backends.check_supported("reference", "fp8", torch.zeros(1, 1, 4, 300))
-    with pytest.raises(ValueError, match="unknown attention backend 'nope'; known: auto, cute, fa4, reference"):
+    with pytest.raises(
+        ValueError, match="unknown attention backend 'nope'; known: auto, cute, fa4, reference"
+    ):
         fa.backend_spec("nope")
 
 
 def test_a_backend_without_backward_is_refused_for_training_and_passed_over_by_auto():
     class ForwardOnly:
-        spec = BackendSpec(name="fwd_only_test", impl="unused:Unused", recipes=("fp8",), backward=False,
-                           devices=("cpu",), priority=99)
+        spec = BackendSpec(
+            name="fwd_only_test",
+            impl="unused:Unused",
+            recipes=("fp8",),
+            backward=False,
+            devices=("cpu",),
+            priority=99,
+        )
 
         def forward(self, q, k, v, recipe, *, causal, softmax_scale):
-            return fa.get_backend("reference").forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale)
+            return fa.get_backend("reference").forward(
+                q, k, v, recipe, causal=causal, softmax_scale=softmax_scale
+            )
 
         def backward(self, state, dout, recipe, *, causal, softmax_scale):
             raise AssertionError("never called")
@@ -90,10 +106,14 @@ def test_register_needs_a_spec():
 def test_attention_config_validates_from_the_declarations():
     cfg = fa.AttentionConfig(recipe="fp8", backend="cute", options={"tiles": (128, 128, 2)})
     assert cfg.call_kwargs() == {"recipe": "fp8", "backend": "cute", "tiles": (128, 128, 2)}
-    with pytest.raises(ValueError, match="runs recipe.s. fp8, not 'bf16'; use attention.backend=auto or one of "
-                                         "fa4, triton, reference"):
+    with pytest.raises(
+        ValueError,
+        match="runs recipe.s. fp8, not 'bf16'; use attention.backend=auto or one of fa4, triton, reference",
+    ):
         fa.AttentionConfig(recipe="bf16", backend="cute")
-    with pytest.raises(ValueError, match=r"attention.options \['tiles'\] are not options of backend 'triton'"):
+    with pytest.raises(
+        ValueError, match=r"attention.options \['tiles'\] are not options of backend 'triton'"
+    ):
         fa.AttentionConfig(recipe="fp8", backend="triton", options={"tiles": (128, 128, 2)})
     with pytest.raises(ValueError, match="need a named attention.backend"):
         fa.AttentionConfig(recipe="fp8", options={"block_n": 64})

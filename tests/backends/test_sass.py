@@ -30,8 +30,9 @@ def _sass(kernel) -> dict[str, str]:
             path = "/tmp/_fp4_attention_kernel.cubin"
             with open(path, "wb") as f:
                 f.write(cubin)
-            out[str(key)] = subprocess.run([tool, "--dump-sass", path], capture_output=True, text=True,
-                                           check=True).stdout
+            out[str(key)] = subprocess.run(
+                [tool, "--dump-sass", path], capture_output=True, text=True, check=True
+            ).stdout
     return out
 
 
@@ -40,7 +41,11 @@ def test_fp8_recipes_use_qgmma(recipe):
     triton_kernels._fwd_kernel.device_caches.clear()
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 4, 1, 256, 256, 128, device="cuda"))
     fa.attention(q, k, v, recipe=recipe, causal=True, layout="bhsd", backend="triton").sum().backward()
-    for kernel in (triton_kernels._fwd_kernel, triton_kernels._bwd_dkdv_kernel, triton_kernels._bwd_dq_kernel):
+    for kernel in (
+        triton_kernels._fwd_kernel,
+        triton_kernels._bwd_dkdv_kernel,
+        triton_kernels._bwd_dq_kernel,
+    ):
         sass = _sass(kernel)
         assert sass, f"{kernel.fn.__name__} was not compiled"
         counts = [(s.count("QGMMA"), s.count("HGMMA")) for s in sass.values()]

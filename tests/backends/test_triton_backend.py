@@ -55,9 +55,16 @@ class Target:
     reference_v: Callable = _untransposed_v
 
     def reference(self, state, recipe, *, causal, softmax_scale, d):
-        return reference_forward_quantized(state.q, state.k, self.reference_v(state), recipe, causal=causal,
-                                           softmax_scale=softmax_scale, block_n=self.block_n(d),
-                                           reverse_tiles=self.reverse_tiles)
+        return reference_forward_quantized(
+            state.q,
+            state.k,
+            self.reference_v(state),
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            block_n=self.block_n(d),
+            reverse_tiles=self.reverse_tiles,
+        )
 
 
 TRITON = Target(BE, triton_backend.default_block_n)
@@ -66,7 +73,7 @@ TRITON = Target(BE, triton_backend.default_block_n)
 def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True, target=TRITON):
     rec = fa.get_recipe(recipe)
     q, k, v = make_qkv(b, hq, hkv, sq, sk, d, seed=seed, scale=scale, device="cuda")
-    sm = d ** -0.5
+    sm = d**-0.5
     out, lse, st = target.backend.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
     rout, rlse, rst = target.reference(st, rec, causal=causal, softmax_scale=sm, d=d)
     assert torch.isfinite(out).all()
@@ -76,14 +83,15 @@ def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True
     # FP8 QK: Hopper's FP8 MMA adds partial sums with reduced precision inside each 32-element
     # chunk of the head dim, an error relative to the score magnitude, which grows as scale^2
     # (measured |dLSE| 1.3e-4 at scale 1, 1.4e-3 at 2, 3.1e-3 at 3); BF16 QK matches to ~1e-6.
-    assert (lse[fin] - rlse[fin]).abs().max() <= (5e-4 * scale ** 2 if rec.qk == "fp8" else 1e-4)
+    assert (lse[fin] - rlse[fin]).abs().max() <= (5e-4 * scale**2 if rec.qk == "fp8" else 1e-4)
     if not grads:
         return
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).bfloat16().cuda()
     got = target.backend.backward(st, dout, rec, causal=causal, softmax_scale=sm)
     # the reference backward reads the kernel's own forward output and LSE (identical inputs)
-    ref = reference_backward(SavedState(q=rst.q, k=rst.k, v=rst.v, out=out, lse=lse), dout, rec, causal=causal,
-                             softmax_scale=sm)
+    ref = reference_backward(
+        SavedState(q=rst.q, k=rst.k, v=rst.v, out=out, lse=lse), dout, rec, causal=causal, softmax_scale=sm
+    )
     for name, g, r in zip("qkv", got, ref):
         assert torch.isfinite(g).all()
         assert rel_l2(g, r) <= 1e-2, (recipe, name, rel_l2(g, r))
@@ -101,8 +109,8 @@ def test_matches_reference_shapes(recipe, causal, d, group):
 @pytest.mark.parametrize("n", [127, 128, 129, 255, 256, 257])
 def test_tile_boundaries(recipe, n):
     compare(recipe, 1, 4, 1, n, n, 128, True)
-    compare(recipe, 1, 4, 1, n // 2 + 1, n, 128, True)   # q_len < kv_len, bottom-right
-    compare(recipe, 1, 4, 1, n, n // 2 + 1, 128, True)   # q_len > kv_len: rows without keys
+    compare(recipe, 1, 4, 1, n // 2 + 1, n, 128, True)  # q_len < kv_len, bottom-right
+    compare(recipe, 1, 4, 1, n, n // 2 + 1, 128, True)  # q_len > kv_len: rows without keys
 
 
 @pytest.mark.parametrize("recipe", TRAIN)
@@ -119,8 +127,8 @@ def test_wide_logits(recipe, scale):
 def check_zero_dout_exact_zero(recipe, target=TRITON):
     rec = fa.get_recipe(recipe)
     q, k, v = make_qkv(1, 8, 2, 512, 512, 128, device="cuda")
-    out, lse, st = target.backend.forward(q, k, v, rec, causal=True, softmax_scale=128 ** -0.5)
-    grads = target.backend.backward(st, torch.zeros_like(out), rec, causal=True, softmax_scale=128 ** -0.5)
+    out, lse, st = target.backend.forward(q, k, v, rec, causal=True, softmax_scale=128**-0.5)
+    grads = target.backend.backward(st, torch.zeros_like(out), rec, causal=True, softmax_scale=128**-0.5)
     assert all(torch.count_nonzero(g) == 0 for g in grads)
 
 
@@ -143,8 +151,8 @@ def check_per_head_scales_matter(recipe, target=TRITON):
     k = (k.float() * mags[:, :, None, None]).bfloat16()
     v = (v.float() * mags.flip(0)[:, :, None, None]).bfloat16()
     q = (q.float() / mags.repeat_interleave(4, 1)[:, :, None, None]).bfloat16()
-    out, _, st = target.backend.forward(q, k, v, rec, causal=True, softmax_scale=128 ** -0.5)
-    rout, _, _ = target.reference(st, rec, causal=True, softmax_scale=128 ** -0.5, d=128)
+    out, _, st = target.backend.forward(q, k, v, rec, causal=True, softmax_scale=128**-0.5)
+    rout, _, _ = target.reference(st, rec, causal=True, softmax_scale=128**-0.5, d=128)
     for b in range(2):
         assert rel_l2(out[b], rout[b]) <= 5e-3
 
@@ -158,7 +166,7 @@ def test_api_end_to_end_and_fidelity():
     q, k, v = (t.requires_grad_() for t in make_qkv(1, 8, 2, 1024, 1024, 128, seed=5, device="cuda"))
     out = fa.attention(q, k, v, recipe="fp8", causal=True, layout="bhsd", backend="triton")
     out.float().square().sum().backward()
-    ref, _ = naive_attention(*(t.detach().double() for t in (q, k, v)), causal=True, softmax_scale=128 ** -0.5)
+    ref, _ = naive_attention(*(t.detach().double() for t in (q, k, v)), causal=True, softmax_scale=128**-0.5)
     assert cosine(out, ref) >= 0.99
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
@@ -176,7 +184,9 @@ def test_unsupported_raises():
 
 @pytest.mark.parametrize("recipe", ["nvfp4qk_mxfp4pv_fast", "nvfp4qk_mxfp4pv_accurate"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 8, 2, 300, 300, 64), (2, 8, 2, 300, 333, 128), (1, 32, 8, 4096, 4096, 128)])
+@pytest.mark.parametrize(
+    "shape", [(2, 8, 2, 300, 300, 64), (2, 8, 2, 300, 333, 128), (1, 32, 8, 4096, 4096, 128)]
+)
 def test_direct_p_forward_matches_reference(recipe, causal, shape):
     """Direct-P codes do not depend on the tiling (integer anchor), so kernel and reference differ
     by FP32 accumulation order and by exp2/ceil rounding at E2M1 code boundaries on the exact lanes."""
@@ -185,9 +195,10 @@ def test_direct_p_forward_matches_reference(recipe, causal, shape):
     q, k, v = make_qkv(b, hq, hkv, sq, sk, d, seed=7, device="cuda")
     fa.backends.check_supported("triton", rec, q)
     with torch.no_grad():
-        out, lse, st = BE.forward(q, k, v, rec, causal=causal, softmax_scale=d ** -0.5)
-    rout, rlse, _ = reference_forward_quantized(st.q, st.k, st.v, rec, causal=causal, softmax_scale=d ** -0.5,
-                                                block_n=triton_backend.default_block_n(d))
+        out, lse, st = BE.forward(q, k, v, rec, causal=causal, softmax_scale=d**-0.5)
+    rout, rlse, _ = reference_forward_quantized(
+        st.q, st.k, st.v, rec, causal=causal, softmax_scale=d**-0.5, block_n=triton_backend.default_block_n(d)
+    )
     assert rel_l2(out, rout) <= 5e-3, rel_l2(out, rout)
     fin = torch.isfinite(rlse)
     assert torch.equal(torch.isfinite(lse), fin)

@@ -43,8 +43,17 @@ def test_forward_operands(name):
         assert torch.equal(q_op, q_s.scaled_payload().bfloat16())
         assert torch.equal(row, q_s.global_scale.squeeze(-1).expand(2, 4, 40))
         # decoded pair given (as forward has it) or not: the same operands
-        again = tb.forward_operands(q_s, k_s, v_s, rec, q.shape, k.shape,
-                                    (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16()))
-        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(again, (q_op, k_op, v_op, row, col, v_scale)))
+        again = tb.forward_operands(
+            q_s,
+            k_s,
+            v_s,
+            rec,
+            q.shape,
+            k.shape,
+            (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16()),
+        )
+        assert all(
+            torch.equal(_bits(a), _bits(b)) for a, b in zip(again, (q_op, k_op, v_op, row, col, v_scale))
+        )
         if rec.direct_p is not None:  # alpha_V * q_V in BF16, unit channel scales
             assert v_op.dtype == torch.bfloat16 and (v_scale == 1).all()

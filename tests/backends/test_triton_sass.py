@@ -18,8 +18,15 @@ from fp4_attention.backends.triton import backend as triton_backend  # noqa: E40
 def _stats(qk_fp8, pv_fp8, causal):
     block_m, warps, stages = triton_backend.default_fwd_tiles(128)
     try:
-        kernel = compile_forward(qk_fp8=qk_fp8, pv_fp8=pv_fp8, causal=causal, block_m=block_m,
-                                 block_n=triton_backend.default_block_n(128), num_warps=warps, num_stages=stages)
+        kernel = compile_forward(
+            qk_fp8=qk_fp8,
+            pv_fp8=pv_fp8,
+            causal=causal,
+            block_m=block_m,
+            block_n=triton_backend.default_block_n(128),
+            num_warps=warps,
+            num_stages=stages,
+        )
     except (RuntimeError, FileNotFoundError, PermissionError) as exc:  # no runnable ptxas on this host
         pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
     return sass_stats(kernel)

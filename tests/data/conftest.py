@@ -41,7 +41,7 @@ DOCS = [
     "The <|begin_of_text|> marker inside a document is plain text, not a special token.",
     "Short.",
     "A longer paragraph. " * 40,
-    "Numbers 1234567 and symbols ~!@#$%^&*()_+{}|:\"<>?",
+    'Numbers 1234567 and symbols ~!@#$%^&*()_+{}|:"<>?',
     "Last document of the tiny corpus.\nWith two lines.",
 ]
 
@@ -65,8 +65,9 @@ def tiny_prefix(tmp_path, write_jsonl, llama3):
     from data.preprocess import prepare_corpus
     from data.sources import DatasetsSource
 
-    src = DatasetsSource(builder="json", data_files=[str(write_jsonl(DOCS))], name="tiny",
-                         cache_dir=str(tmp_path / "hf"))
+    src = DatasetsSource(
+        builder="json", data_files=[str(write_jsonl(DOCS))], name="tiny", cache_dir=str(tmp_path / "hf")
+    )
     res = prepare_corpus(src, tmp_path / "out" / "tiny", tokenizer=llama3, progress=False, log=None)
     return res.prefixes["all"], res
 

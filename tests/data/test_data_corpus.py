@@ -29,7 +29,10 @@ def test_cli_prepares_default_corpus_under_a_minute(default_corpus):
 def test_default_corpus_content(default_corpus, llama3):
     cache, blend, _, _ = default_corpus
     kjv, stdlib = blend.results
-    assert blend.names == ("kjv", "stdlib") and blend.weights == (DEFAULT_WEIGHTS["kjv"], DEFAULT_WEIGHTS["stdlib"])
+    assert blend.names == ("kjv", "stdlib") and blend.weights == (
+        DEFAULT_WEIGHTS["kjv"],
+        DEFAULT_WEIGHTS["stdlib"],
+    )
     assert kjv.documents == 1189 and 0.95e6 < kjv.tokens < 1.15e6
     assert stdlib.tokens > 3e6 and blend.tokens > 4e6
     assert set(blend.prefixes) == {"train", "valid", "test"}
@@ -37,8 +40,11 @@ def test_default_corpus_content(default_corpus, llama3):
 
     train = IndexedDataset(blend.prefixes["train"][0])
     assert llama3.decode(train[0]).startswith("<|begin_of_text|>Genesis 1\n\nIn the beginning God created")
-    texts = [llama3.decode(ds[i]) for ds in (IndexedDataset(blend.prefixes[k][0]) for k in blend.prefixes)
-             for i in range(len(ds))]
+    texts = [
+        llama3.decode(ds[i])
+        for ds in (IndexedDataset(blend.prefixes[k][0]) for k in blend.prefixes)
+        for i in range(len(ds))
+    ]
     assert len(texts) == 1189
     assert all(t.startswith("<|begin_of_text|>") and t.endswith("<|end_of_text|>") for t in texts)
     assert sum("Jesus wept." in t for t in texts) == 1
@@ -58,8 +64,17 @@ def test_default_corpus_is_reused_and_deterministic(default_corpus, tmp_path):
     from data.sources import KJVSource
     from data.tokenizer import TokenizerSpec
 
-    res = prepare_corpus(KJVSource(), tmp_path / "kjv", tokenizer=TokenizerSpec(kind="llama3"), split="98,1,1",
-                         split_seed=1234, workers=1, on_invalid="skip", progress=False, log=None)
+    res = prepare_corpus(
+        KJVSource(),
+        tmp_path / "kjv",
+        tokenizer=TokenizerSpec(kind="llama3"),
+        split="98,1,1",
+        split_seed=1234,
+        workers=1,
+        on_invalid="skip",
+        progress=False,
+        log=None,
+    )
     for key, p in res.prefixes.items():
         assert file_sha256(p + ".bin") == file_sha256(os.path.join(cache, "default", f"kjv_{key}.bin"))
 
@@ -76,7 +91,9 @@ def test_default_corpus_loads_as_weighted_blend(default_corpus, llama3, tmp_path
     assert s["tokens"].shape == (256,) and int(s["tokens"].max()) < llama3.vocab_size
     again = build_datasets(train_samples=4000, valid_samples=64, test_samples=0, **kw)
     assert dataset_identity(again.train) == dataset_identity(splits.train)
-    assert all(again.train[i]["tokens"].tolist() == splits.train[i]["tokens"].tolist() for i in (0, 1, 2, 3999))
+    assert all(
+        again.train[i]["tokens"].tolist() == splits.train[i]["tokens"].tolist() for i in (0, 1, 2, 3999)
+    )
     with pytest.raises(DataError, match="already split"):
         build_datasets(train_samples=10, split="1,0,0", **kw)
     with pytest.raises(DataError, match="explicit sample counts"):

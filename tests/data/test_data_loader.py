@@ -22,8 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _build(prefix, tok, tmp_path, *, seq_length, samples, seed=1234, cache="ic"):
-    return build_datasets(tokenizer=tok, seq_length=seq_length, seed=seed, train_samples=samples,
-                          prefixes=[prefix], split="1,0,0", index_cache_dir=tmp_path / cache)
+    return build_datasets(
+        tokenizer=tok,
+        seq_length=seq_length,
+        seed=seed,
+        train_samples=samples,
+        prefixes=[prefix],
+        split="1,0,0",
+        index_cache_dir=tmp_path / cache,
+    )
 
 
 def _full(sample):
@@ -56,7 +63,7 @@ def test_round_trip_every_sample_is_a_source_slice(tiny_prefix, llama3, tmp_path
     for i in range(len(ds)):
         j = int(ds.shuffle_index[i])
         full = _full(ds[i])
-        assert full == stream[j * seq: j * seq + seq + 1]
+        assert full == stream[j * seq : j * seq + seq + 1]
         text = llama3.decode(full)
         if "\ufffd" not in text:  # a sample cut inside a multi-byte character decodes with U+FFFD
             assert text in stream_text
@@ -68,7 +75,9 @@ def test_same_seed_same_order(tiny_prefix, llama3, tmp_path):
     prefix, res = tiny_prefix
     n = (res.tokens - 1) // 8
     a = _build(prefix, llama3, tmp_path, seq_length=8, samples=n, seed=7, cache="a").train
-    b = _build(prefix, llama3, tmp_path, seq_length=8, samples=n, seed=7, cache="b").train  # rebuilt from scratch
+    b = _build(
+        prefix, llama3, tmp_path, seq_length=8, samples=n, seed=7, cache="b"
+    ).train  # rebuilt from scratch
     c = _build(prefix, llama3, tmp_path, seq_length=8, samples=n, seed=8, cache="c").train
     seq_a = [_full(a[i]) for i in range(len(a))]
     assert seq_a == [_full(b[i]) for i in range(len(b))]
@@ -83,10 +92,20 @@ def test_resume_from_consumed_samples(tiny_prefix, llama3, tmp_path):
     ds = _build(prefix, llama3, tmp_path, seq_length=8, samples=n).train
 
     def run(dataset, consumed, rank):
-        return [b["tokens"].tolist() for b in build_dataloader(
-            dataset, consumed_samples=consumed, micro_batch_size=mbs, data_parallel_rank=rank, data_parallel_size=dp)]
+        return [
+            b["tokens"].tolist()
+            for b in build_dataloader(
+                dataset,
+                consumed_samples=consumed,
+                micro_batch_size=mbs,
+                data_parallel_rank=rank,
+                data_parallel_size=dp,
+            )
+        ]
 
-    resumed_ds = _build(prefix, llama3, tmp_path, seq_length=8, samples=n).train  # a fresh process would do this
+    resumed_ds = _build(
+        prefix, llama3, tmp_path, seq_length=8, samples=n
+    ).train  # a fresh process would do this
     check_same_dataset(dataset_identity(ds), resumed_ds)
     consumed = steps_done * mbs * dp
     for rank in range(dp):
@@ -94,8 +113,17 @@ def test_resume_from_consumed_samples(tiny_prefix, llama3, tmp_path):
         assert len(full) == n // (mbs * dp)
         assert run(resumed_ds, consumed, rank) == full[steps_done:]
     # sample N+1 of an uninterrupted pass is the first one after skipping N
-    first = next(iter(ConsumedSamplesSampler(total_samples=len(ds), consumed_samples=consumed,
-                                             micro_batch_size=1, data_parallel_rank=0, data_parallel_size=1)))
+    first = next(
+        iter(
+            ConsumedSamplesSampler(
+                total_samples=len(ds),
+                consumed_samples=consumed,
+                micro_batch_size=1,
+                data_parallel_rank=0,
+                data_parallel_size=1,
+            )
+        )
+    )
     assert first == [consumed]
     other = _build(prefix, llama3, tmp_path, seq_length=8, samples=n - 1).train
     with pytest.raises(DataError, match="same blend, seed"):
@@ -103,15 +131,25 @@ def test_resume_from_consumed_samples(tiny_prefix, llama3, tmp_path):
 
 
 def test_sampler_follows_megatron():
-    s = ConsumedSamplesSampler(total_samples=10, consumed_samples=1, micro_batch_size=2,
-                               data_parallel_rank=1, data_parallel_size=2)
+    s = ConsumedSamplesSampler(
+        total_samples=10, consumed_samples=1, micro_batch_size=2, data_parallel_rank=1, data_parallel_size=2
+    )
     assert list(s) == [[3, 4], [7, 8]] and len(s) == 2
-    s = ConsumedSamplesSampler(total_samples=10, consumed_samples=1, micro_batch_size=2,
-                               data_parallel_rank=0, data_parallel_size=2, drop_last=False)
+    s = ConsumedSamplesSampler(
+        total_samples=10,
+        consumed_samples=1,
+        micro_batch_size=2,
+        data_parallel_rank=0,
+        data_parallel_size=2,
+        drop_last=False,
+    )
     assert list(s) == [[1, 2], [5, 6], [9]] and len(s) == 3
-    bad = [dict(total_samples=10, consumed_samples=10), dict(total_samples=0, consumed_samples=0),
-           dict(total_samples=10, consumed_samples=0, micro_batch_size=0),
-           dict(total_samples=10, consumed_samples=0, data_parallel_rank=2)]
+    bad = [
+        dict(total_samples=10, consumed_samples=10),
+        dict(total_samples=0, consumed_samples=0),
+        dict(total_samples=10, consumed_samples=0, micro_batch_size=0),
+        dict(total_samples=10, consumed_samples=0, data_parallel_rank=2),
+    ]
     for kw in bad:
         args = dict(micro_batch_size=1, data_parallel_rank=0, data_parallel_size=2) | kw
         with pytest.raises(DataError):
@@ -121,8 +159,16 @@ def test_sampler_follows_megatron():
 def test_bad_data_is_caught_before_megatron(tiny_prefix, llama3, tmp_path):
     prefix, res = tiny_prefix
     with pytest.raises(VocabSizeError):
-        _ = build_datasets(tokenizer=llama3, seq_length=8, seed=1, train_samples=4, prefixes=[prefix],
-                           split="1,0,0", model_vocab_size=1000, index_cache_dir=tmp_path)
+        _ = build_datasets(
+            tokenizer=llama3,
+            seq_length=8,
+            seed=1,
+            train_samples=4,
+            prefixes=[prefix],
+            split="1,0,0",
+            model_vocab_size=1000,
+            index_cache_dir=tmp_path,
+        )
     with open(bin_path(prefix), "r+b") as f:
         f.truncate(os.path.getsize(bin_path(prefix)) - 8)
     with pytest.raises(CorruptDatasetError, match="truncated"):
@@ -148,22 +194,27 @@ def test_gloo_process_group_matches_single_process(tiny_prefix, llama3, tmp_path
     prefix, res = tiny_prefix
     n = (res.tokens - 1) // 8
     script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, sys, torch.distributed as dist
         rank = int(sys.argv[1])
         dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=rank, world_size=2)
         from data.tokenizer import build_tokenizer
         from data.loader import build_datasets
         ds = build_datasets(tokenizer=build_tokenizer("llama3"), seq_length=8, seed=1234, train_samples={n},
-                            prefixes=[{prefix!r}], split="1,0,0", index_cache_dir="{tmp_path}/dist_cache").train
+                            prefixes=[{prefix!r}], split="1,0,0",
+                            index_cache_dir="{tmp_path}/dist_cache").train
         out = [ds[i]["tokens"].tolist() for i in range(len(ds))]
         json.dump(out, open("{tmp_path}/rank%d.json" % rank, "w"))
         dist.barrier()
         dist.destroy_process_group()
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(r)], env=env, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-3000:]

@@ -48,11 +48,15 @@ def test_other_datasets_formats(tmp_path, llama3, builder, suffix):
         import pyarrow.parquet as pq
 
         pq.write_table(pa.table({"body": DOCS[:3]}), path)
-        src = DatasetsSource(builder="parquet", data_files=[str(path)], text_key="body", cache_dir=str(tmp_path / "hf"))
+        src = DatasetsSource(
+            builder="parquet", data_files=[str(path)], text_key="body", cache_dir=str(tmp_path / "hf")
+        )
         expect = DOCS[:3]
     else:
         path.write_text("first line\nsecond line\n\nthird\n", encoding="utf-8")
-        src = DatasetsSource(builder="text", data_files=[str(path)], sample_by="line", cache_dir=str(tmp_path / "hf"))
+        src = DatasetsSource(
+            builder="text", data_files=[str(path)], sample_by="line", cache_dir=str(tmp_path / "hf")
+        )
         expect = ["first line", "second line", "third"]
     res = prepare_corpus(src, tmp_path / "o" / "c", tokenizer=llama3, progress=False, log=None)
     assert [llama3.decode(d[1:-1]) for d in read_docs(res.prefixes["all"])] == expect
@@ -64,15 +68,18 @@ def test_empty_documents_skipped_and_counted_or_error(tmp_path, write_jsonl, lla
     src = DatasetsSource(builder="json", data_files=[str(path)], cache_dir=str(tmp_path / "hf"))
     out = tmp_path / "o"
     with pytest.raises(DocumentError, match="is empty.*on_empty='skip'"):
-        prepare_corpus(src, out / "c", tokenizer=llama3, on_empty="error", on_invalid="skip",
-                       progress=False, log=None)
+        prepare_corpus(
+            src, out / "c", tokenizer=llama3, on_empty="error", on_invalid="skip", progress=False, log=None
+        )
     assert outputs(out) == []  # nothing half-written
     with pytest.raises(DocumentError, match="is invalid: not text \\(NoneType\\)"):
-        prepare_corpus(src, out / "c", tokenizer=llama3, on_empty="skip", on_invalid="error",
-                       progress=False, log=None)
+        prepare_corpus(
+            src, out / "c", tokenizer=llama3, on_empty="skip", on_invalid="error", progress=False, log=None
+        )
     assert outputs(out) == []
-    res = prepare_corpus(src, out / "c", tokenizer=llama3, on_empty="skip", on_invalid="skip",
-                         progress=False, log=None)
+    res = prepare_corpus(
+        src, out / "c", tokenizer=llama3, on_empty="skip", on_invalid="skip", progress=False, log=None
+    )
     assert (res.documents, res.skipped_empty, res.skipped_invalid) == (2, 2, 1)
     assert [llama3.decode(d[1:-1]) for d in read_docs(res.prefixes["all"])] == ["one", "two"]
     assert outputs(out) == ["c.bin", "c.idx", "c.manifest.json"]
@@ -106,8 +113,13 @@ def test_non_utf8_documents(tmp_path, llama3):
     badtxt = tmp_path / "bad.txt"
     badtxt.write_bytes(b"ok\ncaf\xe9\n")
     with pytest.raises(DataError, match="bad.txt.*not valid UTF-8.*--files-root"):
-        prepare_corpus(DatasetsSource(builder="text", data_files=[str(badtxt)], cache_dir=str(tmp_path / "hf")),
-                       out / "t", tokenizer=llama3, progress=False, log=None)
+        prepare_corpus(
+            DatasetsSource(builder="text", data_files=[str(badtxt)], cache_dir=str(tmp_path / "hf")),
+            out / "t",
+            tokenizer=llama3,
+            progress=False,
+            log=None,
+        )
     assert not any(f.startswith("t") for f in outputs(out))
 
 
@@ -119,16 +131,24 @@ def test_missing_inputs(tmp_path, llama3):
     with pytest.raises(DataError, match="column 'body' not in"):
         p = tmp_path / "d.jsonl"
         p.write_text('{"text": "x"}\n')
-        prepare_corpus(DatasetsSource(builder="json", data_files=[str(p)], text_key="body",
-                                      cache_dir=str(tmp_path / "hf")),
-                       tmp_path / "o" / "d", tokenizer=llama3, progress=False, log=None)
+        prepare_corpus(
+            DatasetsSource(
+                builder="json", data_files=[str(p)], text_key="body", cache_dir=str(tmp_path / "hf")
+            ),
+            tmp_path / "o" / "d",
+            tokenizer=llama3,
+            progress=False,
+            log=None,
+        )
     assert outputs(tmp_path / "o") == []
 
 
 def test_vocab_too_large_writes_nothing(tiny_prefix, tmp_path, write_jsonl, llama3):
     src = DatasetsSource(builder="json", data_files=[str(write_jsonl(DOCS))], cache_dir=str(tmp_path / "hf"))
     with pytest.raises(VocabSizeError, match="128256 ids.*exceeds.*32000"):
-        prepare_corpus(src, tmp_path / "v" / "c", tokenizer=llama3, model_vocab_size=32000, progress=False, log=None)
+        prepare_corpus(
+            src, tmp_path / "v" / "c", tokenizer=llama3, model_vocab_size=32000, progress=False, log=None
+        )
     assert outputs(tmp_path / "v") == []
 
 
@@ -153,8 +173,18 @@ def test_split_outputs_and_workers_are_deterministic(tmp_path, llama3):
     results = []
     for workers in (1, 2):
         src = DatasetsSource(builder="json", data_files=[str(path)], cache_dir=str(tmp_path / "hf"))
-        results.append(prepare_corpus(src, tmp_path / f"w{workers}" / "c", tokenizer=llama3, split="80,10,10",
-                                      split_seed=3, workers=workers, progress=False, log=None))
+        results.append(
+            prepare_corpus(
+                src,
+                tmp_path / f"w{workers}" / "c",
+                tokenizer=llama3,
+                split="80,10,10",
+                split_seed=3,
+                workers=workers,
+                progress=False,
+                log=None,
+            )
+        )
     r1, r2 = results
     assert r1.documents_per_split == {"train": 48, "valid": 6, "test": 6}
     for key in ("train", "valid", "test"):
@@ -162,13 +192,16 @@ def test_split_outputs_and_workers_are_deterministic(tmp_path, llama3):
             assert open(r1.prefixes[key] + ext, "rb").read() == open(r2.prefixes[key] + ext, "rb").read()
     assign = assign_splits(60, "80,10,10", 3)
     got = [llama3.decode(d[1:-1]) for d in read_docs(r1.prefixes["valid"])]
-    assert got == [t for t, s in zip(texts, assign, strict=True) if s == 1]  # source order kept within a split
+    assert got == [
+        t for t, s in zip(texts, assign, strict=True) if s == 1
+    ]  # source order kept within a split
 
 
 def test_reuse_is_idempotent_and_verified(tiny_prefix, tmp_path, write_jsonl, llama3):
     prefix, first = tiny_prefix
-    src = DatasetsSource(builder="json", data_files=[str(write_jsonl(DOCS))], name="tiny",
-                         cache_dir=str(tmp_path / "hf"))
+    src = DatasetsSource(
+        builder="json", data_files=[str(write_jsonl(DOCS))], name="tiny", cache_dir=str(tmp_path / "hf")
+    )
     mtime = os.path.getmtime(prefix + ".bin")
     again = prepare_corpus(src, os.path.dirname(prefix) + "/tiny", tokenizer=llama3, progress=False, log=None)
     assert again.reused and (again.documents, again.tokens) == (first.documents, first.tokens)
@@ -181,8 +214,9 @@ def test_edited_output_is_not_reused(tiny_prefix, tmp_path, write_jsonl, llama3)
     data[8] ^= 1  # same size, other content
     open(prefix + ".bin", "wb").write(bytes(data))
     assert load_complete(prefix) is None
-    src = DatasetsSource(builder="json", data_files=[str(write_jsonl(DOCS))], name="tiny",
-                         cache_dir=str(tmp_path / "hf"))
+    src = DatasetsSource(
+        builder="json", data_files=[str(write_jsonl(DOCS))], name="tiny", cache_dir=str(tmp_path / "hf")
+    )
     res = prepare_corpus(src, prefix, tokenizer=llama3, progress=False, log=None)
     assert not res.reused
     assert read_docs(prefix) == [llama3.encode_document(t) for t in DOCS]
@@ -190,8 +224,12 @@ def test_edited_output_is_not_reused(tiny_prefix, tmp_path, write_jsonl, llama3)
 
 def test_failed_rerun_keeps_previous_complete_output(tiny_prefix, tmp_path, write_jsonl, llama3):
     prefix, first = tiny_prefix
-    src = DatasetsSource(builder="json", data_files=[str(write_jsonl(DOCS + [""], name="more.jsonl"))],
-                         name="tiny", cache_dir=str(tmp_path / "hf"))
+    src = DatasetsSource(
+        builder="json",
+        data_files=[str(write_jsonl(DOCS + [""], name="more.jsonl"))],
+        name="tiny",
+        cache_dir=str(tmp_path / "hf"),
+    )
     with pytest.raises(DocumentError):
         prepare_corpus(src, prefix, tokenizer=llama3, on_empty="error", progress=False, log=None)
     assert load_complete(prefix) is not None  # the old output is untouched and still verifies
@@ -202,8 +240,20 @@ def test_cli_prepares_a_jsonl_file(tmp_path, write_jsonl, capsys):
     from data.prepare import main
 
     path = write_jsonl(DOCS)
-    assert main(["--input", str(path), "--output-prefix", str(tmp_path / "cli" / "docs"),
-                 "--workers", "1", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--input",
+                str(path),
+                "--output-prefix",
+                str(tmp_path / "cli" / "docs"),
+                "--workers",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"docs: {len(DOCS)} documents," in out and "tokens" in out and " s" in out
     verify_indexed_dataset(tmp_path / "cli" / "docs", vocab_size=128256)

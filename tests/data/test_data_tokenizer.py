@@ -61,7 +61,9 @@ def test_matches_meta_reference_encoder(llama3):
 
 def test_missing_llama_models_names_the_fix(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_models" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_models" else real(name, *a)
+    )
     with pytest.raises(MissingDependencyError, match="pip install --no-deps llama-models"):
         build_tokenizer("llama3")
 
@@ -92,8 +94,9 @@ def make_hf_dir(path: Path, extra_words: int = 0) -> Path:
     words += [f"w{i}" for i in range(extra_words)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
     fast.save_pretrained(str(path))
     return path
 

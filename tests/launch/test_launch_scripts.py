@@ -42,12 +42,17 @@ def fake_slurm(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
-    _exe(bin_dir / "scontrol", f"""#!/usr/bin/env bash
+    _exe(
+        bin_dir / "scontrol",
+        f"""#!/usr/bin/env bash
 echo "scontrol $*" >> {log}
 if [ "$1 $2" = "show hostnames" ]; then printf 'gpu-a017\\ngpu-a018\\ngpu-b001\\n'; fi
-""")
+""",
+    )
     # srun: run the command once per node, each with its own SLURM_NODEID; exit with the max code
-    _exe(bin_dir / "srun", f"""#!/usr/bin/env bash
+    _exe(
+        bin_dir / "srun",
+        f"""#!/usr/bin/env bash
 echo "srun $*" >> {log}
 while [ "${{1#--}}" != "$1" ]; do shift; done
 rc=0
@@ -55,24 +60,40 @@ for ((n=0; n<SLURM_NNODES; n++)); do
     SLURM_NODEID=$n "$@" || rc=$?
 done
 exit $rc
-""")
-    _exe(bin_dir / "fakepython", f"""#!/usr/bin/env bash
+""",
+    )
+    _exe(
+        bin_dir / "fakepython",
+        f"""#!/usr/bin/env bash
 echo "python $* | CUDA_DEVICE_MAX_CONNECTIONS=${{CUDA_DEVICE_MAX_CONNECTIONS:-unset}}" >> {log}
 rank=""
 for a in "$@"; do case "$a" in --node-rank=*) rank="${{a#--node-rank=}}";; esac; done
 if [ "$rank" = 0 ] && [ -n "${{FAKE_EXIT:-}}" ]; then echo "$FAKE_EXIT" > "$PRETRAIN_EXIT_FILE"; fi
 [ "${{FAKE_EXIT:-0}}" = 0 ] && exit 0 || exit 1   # torchrun reports any worker failure as 1
-""")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "fakepython"),
-           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[017-018],gpu-b001", "SLURM_NNODES": "3",
-           "SLURM_SUBMIT_DIR": str(REPO), "PRETRAIN_EXIT_FILE": str(tmp_path / "exit.code")}
+""",
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHON": str(bin_dir / "fakepython"),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "gpu-a[017-018],gpu-b001",
+        "SLURM_NNODES": "3",
+        "SLURM_SUBMIT_DIR": str(REPO),
+        "PRETRAIN_EXIT_FILE": str(tmp_path / "exit.code"),
+    }
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     return env, log
 
 
 def _run_sbatch(env, *args):
-    return subprocess.run(["bash", str(REPO / "launch" / "slurm_8x8.sbatch"), "configs/x.yaml", *args],
-                          env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(REPO / "launch" / "slurm_8x8.sbatch"), "configs/x.yaml", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_sbatch_ranks_and_rendezvous(fake_slurm):
@@ -85,7 +106,9 @@ def test_sbatch_ranks_and_rendezvous(fake_slurm):
         assert f"--node-rank={node}" in call and "--nnodes=3" in call and "--nproc-per-node=8" in call
         assert "--rdzv-backend=c10d" in call and "--rdzv-endpoint=gpu-a017:29500" in call
         assert "--rdzv-id=4242" in call
-        assert call.split(" | ")[0].endswith("pretrain_llama.py --config configs/x.yaml training.train_iters=10")
+        assert call.split(" | ")[0].endswith(
+            "pretrain_llama.py --config configs/x.yaml training.train_iters=10"
+        )
         assert "CUDA_DEVICE_MAX_CONNECTIONS=unset" in call  # TP = CP = 1
     assert "requeue" not in log.read_text()
 
@@ -109,9 +132,13 @@ def test_tp_sets_cuda_device_max_connections(fake_slurm):
 def test_single_node_standalone(fake_slurm):
     env, log = fake_slurm
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
-    res = subprocess.run(["bash", str(REPO / "launch" / "torchrun_node.sh"), "--config", "c.yaml"],
-                         env={**env, "NPROC_PER_NODE": "2", "FAKE_EXIT": "3"}, capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        ["bash", str(REPO / "launch" / "torchrun_node.sh"), "--config", "c.yaml"],
+        env={**env, "NPROC_PER_NODE": "2", "FAKE_EXIT": "3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 3  # the distinct code comes back through PRETRAIN_EXIT_FILE
     call = [c for c in log.read_text().splitlines() if c.startswith("python")][0]
     assert "--standalone" in call and "--nproc-per-node=2" in call and "--rdzv-endpoint" not in call

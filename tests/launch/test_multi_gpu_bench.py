@@ -22,11 +22,25 @@ SCRIPT = REPO / "bench" / "multi_gpu.sh"
 
 # 10 steps of 4 x 64 tokens, width 32 (8.2M parameters, nearly all embeddings), checkpoint at 5;
 # SIGTERM once step 6 is logged. One micro-batch per DP rank at N=2: DP is bitwise on the CPU engine.
-TINY = ["--config", "configs/tiny_cpu.yaml", "--preempt-at", "6", "--reshard-step", "5",
-        "attention.backend=auto", "training.train_iters=10", "training.warmup_iters=2",
-        "checkpoint.save_interval=5", "data.seq_length=64", "training.micro_batch_size=2",
-        "training.global_batch_size=4", "validation.interval=0", "model.hidden_size=32", "model.head_dim=16",
-        "model.ffn_hidden_size=64"]
+TINY = [
+    "--config",
+    "configs/tiny_cpu.yaml",
+    "--preempt-at",
+    "6",
+    "--reshard-step",
+    "5",
+    "attention.backend=auto",
+    "training.train_iters=10",
+    "training.warmup_iters=2",
+    "checkpoint.save_interval=5",
+    "data.seq_length=64",
+    "training.micro_batch_size=2",
+    "training.global_batch_size=4",
+    "validation.interval=0",
+    "model.hidden_size=32",
+    "model.head_dim=16",
+    "model.ffn_hidden_size=64",
+]
 
 
 def _shellcheck() -> str | None:
@@ -42,8 +56,15 @@ def _env() -> dict:
 
 
 def _bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_bash_syntax_and_shellcheck():
@@ -80,9 +101,16 @@ def test_whole_bench_on_cpu_with_two_gloo_processes(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr + logs
     report = json.loads((out / "multi_gpu_report.json").read_text())
     status = {c["id"]: c["status"] for c in report["checks"]}
-    assert status == {"dp_vs_ref": "PASS", "dp_step1": "PASS", "tp_vs_ref": "SKIP", "preempt_exit_codes": "PASS",
-                      "preempt_steps_once": "PASS", "preempt_resume_exact": "PASS", "preempt_before_exact": "PASS",
-                      "reshard": "PASS"}, res.stdout
+    assert status == {
+        "dp_vs_ref": "PASS",
+        "dp_step1": "PASS",
+        "tp_vs_ref": "SKIP",
+        "preempt_exit_codes": "PASS",
+        "preempt_steps_once": "PASS",
+        "preempt_resume_exact": "PASS",
+        "preempt_before_exact": "PASS",
+        "reshard": "PASS",
+    }, res.stdout
     checks = {c["id"]: c for c in report["checks"]}
     assert checks["dp_vs_ref"]["bound"] == "max |diff| <= 0" and checks["dp_vs_ref"]["detail"]["bitwise"]
     assert report["reshard"]["outcome"] == "works"

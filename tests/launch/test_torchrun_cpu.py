@@ -33,12 +33,27 @@ def _train_records(run: Path) -> list[dict]:
 def test_two_process_torchrun_sigterm_requeue_resume(tmp_path):
     run = tmp_path / "run"
     exit_file = tmp_path / "exit.code"
-    env = {**os.environ, "NPROC_PER_NODE": "2", "PYTHON": sys.executable, "PRETRAIN_EXIT_FILE": str(exit_file),
-           "OMP_NUM_THREADS": "1", "MASTER_PORT": "29533"}
-    args = ["bash", str(REPO / "launch" / "torchrun_node.sh"), "--config", "configs/tiny_cpu.yaml",
-            f"runtime.output_dir={run}", "training.train_iters=60", "checkpoint.save_interval=1000",
-            "validation.interval=1000"]
-    first = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "NPROC_PER_NODE": "2",
+        "PYTHON": sys.executable,
+        "PRETRAIN_EXIT_FILE": str(exit_file),
+        "OMP_NUM_THREADS": "1",
+        "MASTER_PORT": "29533",
+    }
+    args = [
+        "bash",
+        str(REPO / "launch" / "torchrun_node.sh"),
+        "--config",
+        "configs/tiny_cpu.yaml",
+        f"runtime.output_dir={run}",
+        "training.train_iters=60",
+        "checkpoint.save_interval=1000",
+        "validation.interval=1000",
+    ]
+    first = subprocess.Popen(
+        args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 240
     while len(_train_records(run)) < 5:
         assert first.poll() is None, first.stdout.read()
@@ -51,10 +66,15 @@ def test_two_process_torchrun_sigterm_requeue_resume(tmp_path):
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == str(stopped_at)
     assert stopped_at < 60
 
-    second = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)  # the requeue
+    second = subprocess.run(
+        args, env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )  # the requeue
     assert second.returncode == 0, second.stdout + second.stderr
-    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-              if '"kind": "event"' in line or '"kind":"event"' in line]
+    events = [
+        json.loads(line)
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if '"kind": "event"' in line or '"kind":"event"' in line
+    ]
     resumes = [e for e in events if e["event"] == "resume"]
     assert resumes and resumes[-1]["step"] == stopped_at
     steps = sorted({r["step"] for r in _train_records(run)})

@@ -9,8 +9,14 @@ import torch
 from llama import build_gpt_model, preset
 
 
-def llama31_inv_freq(dim: int, theta: float, factor: float = 8.0, low_freq_factor: float = 1.0,
-                     high_freq_factor: float = 4.0, original_context: int = 8192) -> list[float]:
+def llama31_inv_freq(
+    dim: int,
+    theta: float,
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_context: int = 8192,
+) -> list[float]:
     """Meta's published Llama-3.1 scaling (llama-models ``apply_scaling``), per frequency, float64."""
     low_freq_wavelen = original_context / low_freq_factor
     high_freq_wavelen = original_context / high_freq_factor

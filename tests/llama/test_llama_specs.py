@@ -10,7 +10,9 @@ from llama.builder import fp8_settings
 from llama.specs import have_transformer_engine, uses_transformer_engine
 
 HAVE_TE = have_transformer_engine()
-needs_te = pytest.mark.skipif(not HAVE_TE, reason="transformer_engine is not importable (install the 'te' extra)")
+needs_te = pytest.mark.skipif(
+    not HAVE_TE, reason="transformer_engine is not importable (install the 'te' extra)"
+)
 needs_no_te = pytest.mark.skipif(HAVE_TE, reason="checks the error raised when transformer_engine is missing")
 
 
@@ -19,7 +21,9 @@ def _slot(spec):
 
 
 def test_local_spec_carries_our_attention_and_settings():
-    cfg = preset("tiny", transformer_impl="local", attention=AttentionConfig(recipe="fp8", backend="reference"))
+    cfg = preset(
+        "tiny", transformer_impl="local", attention=AttentionConfig(recipe="fp8", backend="reference")
+    )
     slot = _slot(layer_spec(cfg))
     assert slot.module is FP4CoreAttention
     assert slot.params == {"attention": AttentionConfig(recipe="fp8", backend="reference")}
@@ -49,13 +53,32 @@ def test_te_precision_without_te_names_the_extra():
 
 def test_fp8_settings_mapping():
     assert fp8_settings(preset("tiny")) == {}
-    current = preset("tiny", projection=ProjectionConfig(precision="te_fp8", fp8_format="hybrid", fp8_scaling="current",
-                                                         fp8_bf16_first_layers=1, fp8_bf16_last_layers=1))
-    assert fp8_settings(current) == {"fp8": "hybrid", "fp8_recipe": "tensorwise", "first_last_layers_bf16": True,
-                                         "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1}
-    delayed = preset("tiny", projection=ProjectionConfig(precision="te_fp8", fp8_format="e4m3", fp8_scaling="delayed"))
-    assert fp8_settings(delayed) == {"fp8": "e4m3", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024,
-                                         "fp8_amax_compute_algo": "max"}
+    current = preset(
+        "tiny",
+        projection=ProjectionConfig(
+            precision="te_fp8",
+            fp8_format="hybrid",
+            fp8_scaling="current",
+            fp8_bf16_first_layers=1,
+            fp8_bf16_last_layers=1,
+        ),
+    )
+    assert fp8_settings(current) == {
+        "fp8": "hybrid",
+        "fp8_recipe": "tensorwise",
+        "first_last_layers_bf16": True,
+        "num_layers_at_start_in_bf16": 1,
+        "num_layers_at_end_in_bf16": 1,
+    }
+    delayed = preset(
+        "tiny", projection=ProjectionConfig(precision="te_fp8", fp8_format="e4m3", fp8_scaling="delayed")
+    )
+    assert fp8_settings(delayed) == {
+        "fp8": "e4m3",
+        "fp8_recipe": "delayed",
+        "fp8_amax_history_len": 1024,
+        "fp8_amax_compute_algo": "max",
+    }
 
 
 @needs_te
@@ -81,9 +104,15 @@ def test_te_fp8_model_builds_and_trains(mcore, scaling):
     if not torch.cuda.is_available():
         pytest.skip("TE FP8 needs a CUDA GPU")
     bf16_layers = 1 if scaling == "current" else 0
-    cfg = preset("tiny", projection=ProjectionConfig(precision="te_fp8", fp8_scaling=scaling,
-                                                     fp8_bf16_first_layers=bf16_layers,
-                                                     fp8_bf16_last_layers=bf16_layers))
+    cfg = preset(
+        "tiny",
+        projection=ProjectionConfig(
+            precision="te_fp8",
+            fp8_scaling=scaling,
+            fp8_bf16_first_layers=bf16_layers,
+            fp8_bf16_last_layers=bf16_layers,
+        ),
+    )
     model = build_gpt_model(cfg)
     ids = torch.randint(0, cfg.vocab_size, (2, 64), device="cuda")
     pos = torch.arange(64, device="cuda")[None].expand(2, 64)

@@ -64,8 +64,15 @@ def _worker(rank: int, port: int, path: str):
         loss.backward()
         grads_ok = all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
         if rank == 0:
-            torch.save({"logits": torch.cat(parts, dim=-1), "grads_ok": grads_ok, "loss": loss.item(),
-                        "core": type(core).__name__}, path + ".out")
+            torch.save(
+                {
+                    "logits": torch.cat(parts, dim=-1),
+                    "grads_ok": grads_ok,
+                    "loss": loss.item(),
+                    "core": type(core).__name__,
+                },
+                path + ".out",
+            )
     finally:
         cpu_compat.uninstall()
         parallel_state.destroy_model_parallel()
@@ -87,7 +94,9 @@ def test_tp2_matches_tp1(mcore, tmp_path):
     ids, pos, labels = tokens(2, 64, cfg.vocab_size, seed=5)
     with torch.no_grad():
         ref = model(input_ids=ids, position_ids=pos, attention_mask=None)
-    ref_loss = model(input_ids=ids, position_ids=pos, attention_mask=None, labels=labels).float().mean().item()
+    ref_loss = (
+        model(input_ids=ids, position_ids=pos, attention_mask=None, labels=labels).float().mean().item()
+    )
     path = str(tmp_path / "tp.pt")
     torch.save({"state": model.state_dict(), "batch": (ids, pos, labels)}, path)
     mp.start_processes(_worker, args=(_free_port(), path), nprocs=TP, join=True, start_method="spawn")

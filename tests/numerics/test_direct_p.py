@@ -61,8 +61,12 @@ def _direct_p_by_hand(q, k, v, recipe, causal):
     ops = qk_operands(qs, ks, recipe, q.shape[-1] ** -0.5)
     vo = v_operand(quantize_v(v, recipe), recipe)
     g = q.shape[1] // k.shape[1]
-    z = (ops.q_op @ ops.k_op.repeat_interleave(g, 1).transpose(-1, -2)) * ops.row_scale * (
-        ops.softmax_scale * 1.4426950408889634) * ops.col_scale.repeat_interleave(g, 1)
+    z = (
+        (ops.q_op @ ops.k_op.repeat_interleave(g, 1).transpose(-1, -2))
+        * ops.row_scale
+        * (ops.softmax_scale * 1.4426950408889634)
+        * ops.col_scale.repeat_interleave(g, 1)
+    )
     sq, sk = z.shape[-2:]
     if causal:
         vis = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
@@ -83,7 +87,9 @@ def test_denominator_is_the_sum_of_consumed_weights(recipe, causal):
     rec = fa.get_recipe(recipe)
     q, k, v = make_qkv(1, 4, 2, 70, 100, 64, seed=5)
     with torch.no_grad():
-        out, lse = fa.attention(q, k, v, recipe=rec, causal=causal, layout="bhsd", return_lse=True, block_n=64)
+        out, lse = fa.attention(
+            q, k, v, recipe=rec, causal=causal, layout="bhsd", return_lse=True, block_n=64
+        )
     ref_out, ref_lse = _direct_p_by_hand(q, k, v, rec, causal)
     assert torch.allclose(lse.double(), ref_lse, rtol=0, atol=2e-6)
     assert rel_l2(out, ref_out) < 4e-3  # BF16 output rounding only
@@ -96,9 +102,11 @@ def test_tile_size_invariance_is_exact_up_to_fp32_sums(recipe):
     outs = []
     with torch.no_grad():
         for bn in (32, 96, 256, 512):
-            outs.append(fa.attention(q, k, v, recipe=recipe, causal=True, layout="bhsd", return_lse=True, block_n=bn))
+            outs.append(
+                fa.attention(q, k, v, recipe=recipe, causal=True, layout="bhsd", return_lse=True, block_n=bn)
+            )
     for o, lse in outs[1:]:
-        assert (o.float() - outs[0][0].float()).abs().max() <= 2 ** -7 * outs[0][0].float().abs().max()
+        assert (o.float() - outs[0][0].float()).abs().max() <= 2**-7 * outs[0][0].float().abs().max()
         assert torch.allclose(lse, outs[0][1], rtol=0, atol=1e-5)
 
 

@@ -22,7 +22,7 @@ def test_polynomial_is_one_at_zero_and_two_at_one(degree):
     c = exp2_poly_coeffs(degree)
     assert len(c) == degree + 1 and c[0] == 1.0
     assert all(torch.tensor(v, dtype=torch.float32).item() == v for v in c)  # float32 values
-    assert math.isclose(sum(c), 2.0, rel_tol=2 ** -22)
+    assert math.isclose(sum(c), 2.0, rel_tol=2**-22)
 
 
 def test_degree_one_is_mitchell_and_bad_degrees_raise():
@@ -42,11 +42,12 @@ def test_powers_of_two_are_exact_and_codes_monotone(degree):
     assert bool((p[1:] >= p[:-1]).all())
     assert p_e4m3_fma(torch.tensor([-torch.inf, -200.0, -11.0]), degree).tolist() == [0.0, 0.0, 0.0]
     # NaN and -inf clamp to 2^-126 (the kernel's max.f32 returns the non-NaN operand)
-    assert exp2_fma(torch.tensor([torch.nan, -torch.inf]), degree).tolist() == [2.0 ** -126] * 2
+    assert exp2_fma(torch.tensor([torch.nan, -torch.inf]), degree).tolist() == [2.0**-126] * 2
 
 
-@pytest.mark.parametrize("degree, max_rel, max_mismatch", [(2, 3e-3, 0.02), (3, 1.2e-4, 1e-3), (4, 4e-6, 0.0),
-                                                           (5, 2e-7, 0.0)])
+@pytest.mark.parametrize(
+    "degree, max_rel, max_mismatch", [(2, 3e-3, 0.02), (3, 1.2e-4, 1e-3), (4, 4e-6, 0.0), (5, 2e-7, 0.0)]
+)
 def test_error_and_e4m3_agreement_on_the_grid(degree, max_rel, max_mismatch):
     """Relative error of the FP32 2^x, and the share of E4M3 values that differ from the exact
     path's, on x in [-12, log2 448] in steps of 2^-12 (bench/direct_p_e4m3_numerics.py reports the

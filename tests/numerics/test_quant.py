@@ -1,6 +1,5 @@
 """NVFP4 / MXFP4 / scaled-FP8 quantizers against hand-computed examples (contract §1)."""
 
-
 import pytest
 import torch
 
@@ -21,14 +20,14 @@ def _values(nv):
 
 
 def test_nvfp4_hand_example_unit_global_scale():
-    b1 = [0, .5, 1, 1.5, 2, 3, 4, 6, -6, -4, -3, -2, -1.5, -1, -.5, .25]
+    b1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -6, -4, -3, -2, -1.5, -1, -0.5, 0.25]
     b2 = [60, 30, 7, 8, -20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # amax 60 -> s_b = E4M3(10) = 10
     x = torch.tensor([b1 + b2])
     nv = quantize_nvfp4(x, global_scale=ONE)
     assert F.decode_e4m3(nv.block_scale).tolist() == [[1.0, 10.0]]
-    assert _values(nv)[0, :16].tolist() == [0, .5, 1, 1.5, 2, 3, 4, 6, -6, -4, -3, -2, -1.5, -1, -.5, 0]
+    assert _values(nv)[0, :16].tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -6, -4, -3, -2, -1.5, -1, -0.5, 0]
     # 60/10=6, 30/10=3, 7/10=0.7 -> 0.5, 8/10=0.8 -> 1, -20/10=-2
-    assert _values(nv)[0, 16:21].tolist() == [6, 3, .5, 1, -2]
+    assert _values(nv)[0, 16:21].tolist() == [6, 3, 0.5, 1, -2]
     assert nv.dequantize()[0, 16:21].tolist() == [60, 30, 5, 10, -20]
     assert nv.payload.shape == (1, 16) and nv.block_scale.shape == (1, 2)
 
@@ -131,8 +130,12 @@ def test_mxfp4_nan_block_code():
     assert mx.dequantize()[0, 32:].isnan().all() and mx.dequantize()[0, :32].isfinite().all()
 
 
-@pytest.mark.parametrize("fmt, dt, fmax", [("e4m3", torch.float8_e4m3fn, 448.0), ("e5m2", torch.float8_e5m2, 57344.0)])
-@pytest.mark.parametrize("dims, scale_shape", [((-1,), (2, 3, 5, 1)), ((-2,), (2, 3, 1, 16)), ((-2, -1), (2, 3, 1, 1))])
+@pytest.mark.parametrize(
+    "fmt, dt, fmax", [("e4m3", torch.float8_e4m3fn, 448.0), ("e5m2", torch.float8_e5m2, 57344.0)]
+)
+@pytest.mark.parametrize(
+    "dims, scale_shape", [((-1,), (2, 3, 5, 1)), ((-2,), (2, 3, 1, 16)), ((-2, -1), (2, 3, 1, 1))]
+)
 def test_fp8_granularities_bytes_equal_codec(fmt, dt, fmax, dims, scale_shape):
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(2, 3, 5, 16, generator=g) * 3).bfloat16()
@@ -144,14 +147,18 @@ def test_fp8_granularities_bytes_equal_codec(fmt, dt, fmax, dims, scale_shape):
     assert torch.equal(t.scale, expect_scale)
     enc = F.encode_e4m3 if fmt == "e4m3" else F.encode_e5m2
     assert torch.equal(t.data.view(torch.uint8), enc(x.float() / t.scale))
-    assert torch.equal(t.data.float().abs().amax(dim=dims, keepdim=True)[amax > 0], torch.full_like(amax[amax > 0], fmax))
+    assert torch.equal(
+        t.data.float().abs().amax(dim=dims, keepdim=True)[amax > 0], torch.full_like(amax[amax > 0], fmax)
+    )
 
 
 def test_fp8_non_finite_slice_is_nan():
     x = torch.ones(2, 4)
     x[1, 2] = float("inf")
     t = quantize_fp8(x, "e4m3", dims=(-1,))
-    assert t.scale[1].isnan().all() and t.dequantize()[1].isnan().all() and torch.equal(t.dequantize()[0], x[0])
+    assert (
+        t.scale[1].isnan().all() and t.dequantize()[1].isnan().all() and torch.equal(t.dequantize()[0], x[0])
+    )
 
 
 def test_fp8_rejects_unknown_format():

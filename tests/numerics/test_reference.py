@@ -150,7 +150,7 @@ def test_scales_differ_per_batch_and_kv_head(recipe):
     ref, _, ref_grads = naive_ste(q, k, v, recipe, True, dout)
     for b in range(2):
         for h in range(2):
-            assert rel_l2(out[b, 2 * h:2 * h + 2], ref[b, 2 * h:2 * h + 2]) < 0.05
+            assert rel_l2(out[b, 2 * h : 2 * h + 2], ref[b, 2 * h : 2 * h + 2]) < 0.05
             assert rel_l2(grads[2][b, h], ref_grads[2][b, h]) < 0.1
             assert rel_l2(grads[1][b, h], ref_grads[1][b, h]) < 0.1
 
@@ -271,7 +271,9 @@ def test_wide_logits_outliers_and_sink(recipe, family):
     non-zero gradients."""
     q, k, v = _family(family)
     rec = fa.get_recipe(recipe)
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).bfloat16() if rec.trainable else None
+    dout = (
+        torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).bfloat16() if rec.trainable else None
+    )
     out, lse, grads = run(q, k, v, recipe, True, dout)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert cosine(out, naive64(q, k, v, True)[0]) >= CASE3_FLOORS[recipe][family]

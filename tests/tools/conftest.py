@@ -20,8 +20,17 @@ GLOBAL_BATCH = 8
 TOKENS_PER_STEP = SEQ * GLOBAL_BATCH
 
 
-def synth_losses(n_steps: int, *, gap, seed: int, salt: int = 0, data_seed: int = 1234,
-                 noise: float = 0.02, phi: float = 0.5, seed_offset_sd: float = 0.003) -> np.ndarray:
+def synth_losses(
+    n_steps: int,
+    *,
+    gap,
+    seed: int,
+    salt: int = 0,
+    data_seed: int = 1234,
+    noise: float = 0.02,
+    phi: float = 0.5,
+    seed_offset_sd: float = 0.003,
+) -> np.ndarray:
     """Train loss (nats) of one run at steps 1..n: a shared decaying curve, batch noise shared by every
     run (same data order), an AR(1) per-run noise, a small per-seed offset, plus ``gap`` (a number or
     an array over steps). ``salt`` separates the noise of runs that share a seed."""
@@ -66,8 +75,13 @@ def write_run(
     d = root / name
     d.mkdir(parents=True)
     if losses is None:
-        losses = synth_losses(n_steps, gap=gap, seed=seed, salt=zlib.crc32(f"{recipe}{projection}".encode()),
-                              seed_offset_sd=seed_offset_sd)
+        losses = synth_losses(
+            n_steps,
+            gap=gap,
+            seed=seed,
+            salt=zlib.crc32(f"{recipe}{projection}".encode()),
+            seed_offset_sd=seed_offset_sd,
+        )
     n_steps = len(losses)
     meta = {
         "config_fingerprint": config_fp,
@@ -86,16 +100,36 @@ def write_run(
         step = i + 1
         bad = step in nan_steps
         nonfinite += bad
-        lines.append(json.dumps({
-            "kind": "train", "step": step, "consumed_samples": step * GLOBAL_BATCH,
-            "consumed_tokens": step * tokens_per_step, "loss": float("nan") if bad else float(loss),
-            "grad_norm": None if bad else 1.0, "lr": 3e-4, "step_time_s": 0.1,
-            "tokens_per_s_per_gpu": float(tps * (1 + 0.01 * rng.standard_normal())),
-            "mfu": None, "peak_mem_gib": 40.0, "skipped": bad, "nonfinite_count": nonfinite,
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "kind": "train",
+                    "step": step,
+                    "consumed_samples": step * GLOBAL_BATCH,
+                    "consumed_tokens": step * tokens_per_step,
+                    "loss": float("nan") if bad else float(loss),
+                    "grad_norm": None if bad else 1.0,
+                    "lr": 3e-4,
+                    "step_time_s": 0.1,
+                    "tokens_per_s_per_gpu": float(tps * (1 + 0.01 * rng.standard_normal())),
+                    "mfu": None,
+                    "peak_mem_gib": 40.0,
+                    "skipped": bad,
+                    "nonfinite_count": nonfinite,
+                }
+            )
+        )
         if step % val_every == 0:
-            lines.append(json.dumps({"kind": "valid", "step": step, "consumed_tokens": step * tokens_per_step,
-                                     "val_loss": float(loss) + 0.1 if not bad else float(losses[i - 1]) + 0.1}))
+            lines.append(
+                json.dumps(
+                    {
+                        "kind": "valid",
+                        "step": step,
+                        "consumed_tokens": step * tokens_per_step,
+                        "val_loss": float(loss) + 0.1 if not bad else float(losses[i - 1]) + 0.1,
+                    }
+                )
+            )
         if step % 100 == 0:
             lines.append(json.dumps({"kind": "event", "step": step, "event": "save", "detail": "ckpt"}))
             lines.append(json.dumps({"kind": "telemetry", "step": step, "gpu_util": 0.9}))

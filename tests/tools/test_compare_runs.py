@@ -60,8 +60,9 @@ def test_first_significant_window_of_a_late_gap(make_run):
     runs = []
     for s in (0, 1):
         runs.append(make_run(f"b{s}", seed=s))
-        runs.append(make_run(f"f{s}", recipe=FP4, seed=s,
-                             losses=synth_losses(n, gap=step_gap, seed=s, salt=7)))
+        runs.append(
+            make_run(f"f{s}", recipe=FP4, seed=s, losses=synth_losses(n, gap=step_gap, seed=s, salt=7))
+        )
     res = compare([str(r) for r in runs], _opt(windows=4))
     (c,) = res["comparisons"]
     assert c["train_first_significant_window"] == 2
@@ -73,8 +74,10 @@ def test_first_significant_window_of_a_late_gap(make_run):
 def test_known_gap_one_seed_block_bootstrap(make_run):
     """Runs without a per-seed offset: with one seed per arm, seed-to-seed variation cannot be
     estimated (the report warns), so the block bootstrap is checked where it is valid."""
-    runs = [make_run("bf16", seed=3, seed_offset_sd=0.0),
-            make_run("fp4", recipe=FP4, seed=3, gap=0.05, seed_offset_sd=0.0)]
+    runs = [
+        make_run("bf16", seed=3, seed_offset_sd=0.0),
+        make_run("fp4", recipe=FP4, seed=3, gap=0.05, seed_offset_sd=0.0),
+    ]
     res = compare([str(r) for r in runs], _opt())
     (c,) = res["comparisons"]
     assert c["method"] == "blocks"
@@ -166,10 +169,23 @@ def test_different_token_ranges_refused_then_max_tokens(make_run):
 
 
 def test_decreasing_tokens_refused(make_run):
-    bad = json.dumps({"kind": "train", "step": 401, "consumed_samples": 0, "consumed_tokens": 5,
-                      "loss": 3.0, "grad_norm": 1.0, "lr": 1e-4, "step_time_s": 1.0,
-                      "tokens_per_s_per_gpu": 1.0, "mfu": None, "peak_mem_gib": None,
-                      "skipped": False, "nonfinite_count": 0})
+    bad = json.dumps(
+        {
+            "kind": "train",
+            "step": 401,
+            "consumed_samples": 0,
+            "consumed_tokens": 5,
+            "loss": 3.0,
+            "grad_norm": 1.0,
+            "lr": 1e-4,
+            "step_time_s": 1.0,
+            "tokens_per_s_per_gpu": 1.0,
+            "mfu": None,
+            "peak_mem_gib": None,
+            "skipped": False,
+            "nonfinite_count": 0,
+        }
+    )
     a = make_run("a", seed=0, extra_lines=[bad])
     b = make_run("b", recipe=FP4, seed=0)
     with pytest.raises(CompareError, match="do not increase with step"):
@@ -185,14 +201,36 @@ def test_resumed_run_last_record_wins(make_run):
     extra = [json.dumps({"kind": "event", "step": 300, "event": "resume", "detail": "from ckpt 300"})]
     for i in range(300, n):
         step = i + 1
-        extra.append(json.dumps({
-            "kind": "train", "step": step, "consumed_samples": step * 8, "consumed_tokens": step * 8192,
-            "loss": float(good[i]), "grad_norm": 1.0, "lr": 3e-4, "step_time_s": 0.1,
-            "tokens_per_s_per_gpu": 1000.0, "mfu": None, "peak_mem_gib": 1.0, "skipped": False,
-            "nonfinite_count": 0}))
+        extra.append(
+            json.dumps(
+                {
+                    "kind": "train",
+                    "step": step,
+                    "consumed_samples": step * 8,
+                    "consumed_tokens": step * 8192,
+                    "loss": float(good[i]),
+                    "grad_norm": 1.0,
+                    "lr": 3e-4,
+                    "step_time_s": 0.1,
+                    "tokens_per_s_per_gpu": 1000.0,
+                    "mfu": None,
+                    "peak_mem_gib": 1.0,
+                    "skipped": False,
+                    "nonfinite_count": 0,
+                }
+            )
+        )
         if step % 20 == 0:
-            extra.append(json.dumps({"kind": "valid", "step": step, "consumed_tokens": step * 8192,
-                                     "val_loss": float(good[i]) + 0.1}))
+            extra.append(
+                json.dumps(
+                    {
+                        "kind": "valid",
+                        "step": step,
+                        "consumed_tokens": step * 8192,
+                        "val_loss": float(good[i]) + 0.1,
+                    }
+                )
+            )
     a = make_run("bf16", seed=0)
     b = make_run("fp4", recipe=FP4, seed=0, losses=stale, extra_lines=extra)
     res = compare([str(a), str(b)], _opt(windows=4))
@@ -209,10 +247,23 @@ def test_resumed_run_last_record_wins(make_run):
 def test_nonfinite_losses_counted_and_excluded(make_run, tmp_path):
     a = make_run("bf16", seed=0)
     b = make_run("fp4", recipe=FP4, seed=0, gap=0.05, nan_steps=(10, 11, 250))
-    inf_line = json.dumps({"kind": "train", "step": 12, "consumed_samples": 96, "consumed_tokens": 12 * 8192,
-                           "loss": float("inf"), "grad_norm": float("inf"), "lr": 3e-4, "step_time_s": 0.1,
-                           "tokens_per_s_per_gpu": 1000.0, "mfu": None, "peak_mem_gib": 1.0,
-                           "skipped": True, "nonfinite_count": 3})
+    inf_line = json.dumps(
+        {
+            "kind": "train",
+            "step": 12,
+            "consumed_samples": 96,
+            "consumed_tokens": 12 * 8192,
+            "loss": float("inf"),
+            "grad_norm": float("inf"),
+            "lr": 3e-4,
+            "step_time_s": 0.1,
+            "tokens_per_s_per_gpu": 1000.0,
+            "mfu": None,
+            "peak_mem_gib": 1.0,
+            "skipped": True,
+            "nonfinite_count": 3,
+        }
+    )
     assert "Infinity" in inf_line
     with open(b / "metrics.jsonl", "a") as f:
         f.write(inf_line + "\n")
@@ -238,7 +289,7 @@ def test_all_nan_window_reported_without_gap(make_run):
 
 def test_malformed_line_refused_or_skipped(make_run):
     a = make_run("a", seed=0)
-    b = make_run("b", recipe=FP4, seed=0, extra_lines=['{"kind": "train", "step": 3, "loss": "x"', '[1, 2]'])
+    b = make_run("b", recipe=FP4, seed=0, extra_lines=['{"kind": "train", "step": 3, "loss": "x"', "[1, 2]"])
     with pytest.raises(CompareError, match=r"metrics.jsonl:\d+: not valid JSON"):
         compare([str(a), str(b)], _opt())
     res = compare([str(a), str(b)], _opt(skip_malformed=True))
@@ -285,8 +336,16 @@ def test_cli_end_to_end(make_run, tmp_path, capsys):
     md = (out / "summary.md").read_text()
     assert "python tools/compare_runs.py" in md and "--windows 6" in md
     assert "abc1234" in md  # the runs' commit
-    for needle in ("Train-loss gap per window", "First significant window", "Final validation gap",
-                   "Non-finite counts", "tokens/s/GPU", "1.300", "compare_runs commit", "Date (UTC)"):
+    for needle in (
+        "Train-loss gap per window",
+        "First significant window",
+        "Final validation gap",
+        "Non-finite counts",
+        "tokens/s/GPU",
+        "1.300",
+        "compare_runs commit",
+        "Date (UTC)",
+    ):
         assert needle in md, needle
     data = json.loads((out / "summary.json").read_text())
     (c,) = data["comparisons"]
@@ -322,8 +381,11 @@ def test_trainer_projection_section_gives_arm_labels(make_run):
 
     proj = resolved_dict(load_config(None, []))["projection"]
     assert isinstance(proj, dict) and proj["precision"] == "bf16"
-    runs = [str(make_run("bf16", projection=proj)), str(make_run("fp8", recipe="fp8", projection=proj, gap=0.02)),
-            str(make_run("fp8_te", recipe="fp8", projection={**proj, "precision": "te_fp8"}, gap=0.03))]
+    runs = [
+        str(make_run("bf16", projection=proj)),
+        str(make_run("fp8", recipe="fp8", projection=proj, gap=0.02)),
+        str(make_run("fp8_te", recipe="fp8", projection={**proj, "precision": "te_fp8"}, gap=0.03)),
+    ]
     res = compare(runs, _opt())
     assert res["baseline"] == "attn=bf16,proj=bf16"
     labels = sorted(c["arm"] for c in res["comparisons"])

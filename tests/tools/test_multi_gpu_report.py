@@ -20,38 +20,80 @@ def base_losses(total: int = TOTAL) -> dict[int, float]:
 
 
 def _train(step: int, loss: float, tps: float = 1000.0, grad_norm: float = 1.0) -> dict:
-    return {"kind": "train", "step": step, "consumed_samples": 16 * step, "consumed_tokens": 16384 * step,
-            "loss": loss, "grad_norm": grad_norm, "lr": 1e-3, "step_time_s": 0.1, "tokens_per_s_per_gpu": tps,
-            "mfu": 0.2, "peak_mem_gib": 20.0, "skipped": False, "nonfinite_count": 0}
+    return {
+        "kind": "train",
+        "step": step,
+        "consumed_samples": 16 * step,
+        "consumed_tokens": 16384 * step,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": 1e-3,
+        "step_time_s": 0.1,
+        "tokens_per_s_per_gpu": tps,
+        "mfu": 0.2,
+        "peak_mem_gib": 20.0,
+        "skipped": False,
+        "nonfinite_count": 0,
+    }
 
 
 def _event(step: int, event: str, detail: str = "") -> dict:
     return {"kind": "event", "step": step, "event": event, "detail": detail}
 
 
-def write_run(out: Path, name: str, records: list[dict], *, world: int, tensor: int = 1, mbs: int = 4,
-              gbs: int = 16, total: int = TOTAL) -> None:
+def write_run(
+    out: Path,
+    name: str,
+    records: list[dict],
+    *,
+    world: int,
+    tensor: int = 1,
+    mbs: int = 4,
+    gbs: int = 16,
+    total: int = TOTAL,
+) -> None:
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    meta = {"world_size": world, "seed": 1234, "config": {"training": {"train_iters": total, "micro_batch_size": mbs,
-                                                         "global_batch_size": gbs},
-                                            "parallel": {"tensor": tensor, "pipeline": 1, "context": 1}}}
+    meta = {
+        "world_size": world,
+        "seed": 1234,
+        "config": {
+            "training": {"train_iters": total, "micro_batch_size": mbs, "global_batch_size": gbs},
+            "parallel": {"tensor": tensor, "pipeline": 1, "context": 1},
+        },
+    }
     (d / "run_meta.json").write_text(json.dumps(meta))
 
 
-def plain_run(losses: dict[int, float], tps: float = 1000.0, start: int = 0, grad_norm: float = 1.0) -> list[dict]:
+def plain_run(
+    losses: dict[int, float], tps: float = 1000.0, start: int = 0, grad_norm: float = 1.0
+) -> list[dict]:
     recs = [_event(start, "start" if start == 0 else "resume", f"from iter_{start:07d}")]
     recs += [_train(s, v, tps, grad_norm) for s, v in sorted(losses.items()) if s > start]
     recs.append(_event(max(losses), "exit", "done"))
     return recs
 
 
-def make_bench(out: Path, *, device: str = "cuda", total: int = TOTAL, dp_delta: dict | None = None,
-               tp_delta: float = 3e-3, stop: int = 27, resume_from: int | None = None,
-               drop_preempt: tuple[int, ...] = (), preempt_codes=(3, 0), resume_delta: dict | None = None,
-               reshard: str = "works", tp: bool = True, seed_delta: float | None = 0.03, mbs: int = 4,
-               gbs: int = 16, dp_grad_norm: float = 1.0) -> Path:
+def make_bench(
+    out: Path,
+    *,
+    device: str = "cuda",
+    total: int = TOTAL,
+    dp_delta: dict | None = None,
+    tp_delta: float = 3e-3,
+    stop: int = 27,
+    resume_from: int | None = None,
+    drop_preempt: tuple[int, ...] = (),
+    preempt_codes=(3, 0),
+    resume_delta: dict | None = None,
+    reshard: str = "works",
+    tp: bool = True,
+    seed_delta: float | None = 0.03,
+    mbs: int = 4,
+    gbs: int = 16,
+    dp_grad_norm: float = 1.0,
+) -> Path:
     """A bench directory as bench/multi_gpu.sh writes it, with N=2 and small, plausible differences."""
     out.mkdir(parents=True, exist_ok=True)
     ref = base_losses(total)
@@ -65,27 +107,41 @@ def make_bench(out: Path, *, device: str = "cuda", total: int = TOTAL, dp_delta:
     # preempt: the same run as dp, stopped after `stop`, resumed from `resume_from` (default: stop)
     resume_from = stop if resume_from is None else resume_from
     recs = [_event(0, "start")] + [_train(s, dp[s]) for s in range(1, stop + 1) if s not in drop_preempt]
-    recs += [_event(stop, "save", "iter"), _event(stop, "exit", "preempted (SIGTERM)"),
-             _event(resume_from, "resume", f"from iter_{resume_from:07d}")]
+    recs += [
+        _event(stop, "save", "iter"),
+        _event(stop, "exit", "preempted (SIGTERM)"),
+        _event(resume_from, "resume", f"from iter_{resume_from:07d}"),
+    ]
     after = {s: dp[s] + (resume_delta or {}).get(s, 0.0) for s in range(resume_from + 1, total + 1)}
     recs += [_train(s, v) for s, v in after.items() if s not in drop_preempt]
     write_run(out, "preempt", recs, world=2, mbs=mbs, gbs=gbs, total=total)
-    rows += [("preempt.1", 2, preempt_codes[0], f"exited; SIGTERM sent after step {stop - 1} was logged"),
-             ("preempt.2", 2, preempt_codes[1], "exited")]
+    rows += [
+        ("preempt.1", 2, preempt_codes[0], f"exited; SIGTERM sent after step {stop - 1} was logged"),
+        ("preempt.2", 2, preempt_codes[1], "exited"),
+    ]
     if reshard == "works":
-        write_run(out, "reshard", plain_run({s: v + 2e-5 for s, v in dp.items()}, start=20), world=1, mbs=mbs,
-                  gbs=gbs, total=total)
+        write_run(
+            out,
+            "reshard",
+            plain_run({s: v + 2e-5 for s, v in dp.items()}, start=20),
+            world=1,
+            mbs=mbs,
+            gbs=gbs,
+            total=total,
+        )
         (out / "reshard.log").write_text("resume: RNG states not restored (saved with world size 2, now 1)\n")
         rows.append(("reshard", 1, 0, "exited"))
     elif reshard == "refused":
         (out / "reshard.log").write_text(
             "pretrain_llama: configuration error: cannot resume from /x/iter_0000020: the config differs in\n"
-            "  parallel.data: 2 in the checkpoint, 1 now\n[rank0]: something else\n")
+            "  parallel.data: 2 in the checkpoint, 1 now\n[rank0]: something else\n"
+        )
         rows.append(("reshard", 1, 2, "exited"))
     elif reshard == "failed":
         (out / "reshard.log").write_text(
             "Traceback (most recent call last):\n  File x\n[rank0]: RuntimeError: shape mismatch for "
-            "optimizer.state.exp_avg\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+            "optimizer.state.exp_avg\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        )
         rows.append(("reshard", 1, 1, "exited"))
     if tp and seed_delta is not None:  # another init: up to seed_delta from ref, the largest at step 10
         seed = {s: v + seed_delta * math.exp(-abs(s - 10) / 5) for s, v in ref.items()}
@@ -94,21 +150,42 @@ def make_bench(out: Path, *, device: str = "cuda", total: int = TOTAL, dp_delta:
         (out / "seed" / "run_meta.json").write_text(json.dumps({**meta, "seed": 4321}))
         rows.append(("seed", 1, 0, "exited"))
     if tp:
-        write_run(out, "tp", plain_run({s: v + tp_delta for s, v in ref.items()}, 800.0), world=2, tensor=2,
-                  mbs=mbs, gbs=gbs, total=total)
+        write_run(
+            out,
+            "tp",
+            plain_run({s: v + tp_delta for s, v in ref.items()}, 800.0),
+            world=2,
+            tensor=2,
+            mbs=mbs,
+            gbs=gbs,
+            total=total,
+        )
         rows.append(("tp", 2, 0, "exited"))
     with open(out / "runs.tsv", "w") as f:
         f.write("label\trun_dir\tnproc\trc\twall_s\tstatus\tcommand\n")
-        f.writelines(f"{label}\t{out / label.split('.')[0]}\t{np_}\t{rc}\t30\t{status}\tenv NPROC_PER_NODE={np_} "
-                    f"bash launch/torchrun_node.sh --config c.yaml runtime.output_dir={label}\n" for label, np_, rc, status in rows)
+        f.writelines(
+            f"{label}\t{out / label.split('.')[0]}\t{np_}\t{rc}\t30\t{status}\tenv NPROC_PER_NODE={np_} "
+            f"bash launch/torchrun_node.sh --config c.yaml runtime.output_dir={label}\n"
+            for label, np_, rc, status in rows
+        )
         if not tp:
             f.write(f"tp\t{out / 'tp'}\t2\t\t\tskipped: the CPU engine supports data parallelism only\t\n")
-    (out / "bench.env").write_text(f"device={device}\nnproc=2\npreempt_at=25\nreshard_step=20\nconfig=c.yaml\n"
-                                   "overrides=a.b=1\ngit_commit=abc1234\ngit_modified_files=0\n")
+    (out / "bench.env").write_text(
+        f"device={device}\nnproc=2\npreempt_at=25\nreshard_step=20\nconfig=c.yaml\n"
+        "overrides=a.b=1\ngit_commit=abc1234\ngit_modified_files=0\n"
+    )
     gpus = ["NVIDIA H200", "NVIDIA H200"] if device == "cuda" else []
-    (out / "device.json").write_text(json.dumps({"date_utc": "2026-11-29 18:00:00 UTC", "gpu_count": len(gpus),
-                                                 "gpu_names": gpus, "device": device,
-                                                 "launch_env": {"NCCL_NVLS_ENABLE": "0"}}))
+    (out / "device.json").write_text(
+        json.dumps(
+            {
+                "date_utc": "2026-11-29 18:00:00 UTC",
+                "gpu_count": len(gpus),
+                "gpu_names": gpus,
+                "device": device,
+                "launch_env": {"NCCL_NVLS_ENABLE": "0"},
+            }
+        )
+    )
     return out
 
 
@@ -196,8 +273,11 @@ def test_cpu_bounds_are_exact_and_tp_skip_is_reported(tmp_path):
 
 def test_failed_reference_run_fails_its_comparisons(tmp_path):
     out = make_bench(tmp_path / "b")
-    rows = (out / "runs.tsv").read_text().replace("ref\t" + str(out / "ref") + "\t1\t0", "ref\t" + str(out / "ref")
-                                                  + "\t1\t1")
+    rows = (
+        (out / "runs.tsv")
+        .read_text()
+        .replace("ref\t" + str(out / "ref") + "\t1\t0", "ref\t" + str(out / "ref") + "\t1\t1")
+    )
     (out / "runs.tsv").write_text(rows)
     (out / "ref.log").write_text("[rank0]: torch.OutOfMemoryError: CUDA out of memory.\n")
     checks = by_id(rep.build_report(out))
@@ -214,7 +294,9 @@ def test_tp_bound_is_twice_the_seed_yardstick_plus_the_dp_bound(tmp_path):
     bad = by_id(rep.build_report(make_bench(tmp_path / "b", tp_delta=0.09)))["tp_vs_ref"]
     assert bad["status"] == "FAIL" and bad["detail"]["max_abs"] == pytest.approx(0.09)
     # without a seed run the fixed fallback bound applies, and says so
-    fallback = by_id(rep.build_report(make_bench(tmp_path / "c", tp_delta=0.07, seed_delta=None)))["tp_vs_ref"]
+    fallback = by_id(rep.build_report(make_bench(tmp_path / "c", tp_delta=0.07, seed_delta=None)))[
+        "tp_vs_ref"
+    ]
     assert fallback["status"] == "FAIL" and fallback["bound"] == "max |diff| <= 5.000e-02"
     assert "no seed yardstick" in fallback["why"]
 
@@ -228,6 +310,7 @@ def test_compare_losses_non_finite_and_missing():
 def test_tp_bound_is_the_dp_bound_when_both_runs_initialise_on_the_cpu(tmp_path):
     """training.use_cpu_initialization=true in ref and tp: same initial weights, so the DP bound (2e-2)
     applies; 0.07 (inside the seed-yardstick bound of the test above) now fails."""
+
     def cpu_init(out):
         for name in ("ref", "tp"):
             path = out / name / "run_meta.json"
@@ -247,7 +330,9 @@ def test_dp_bound_is_half_the_seed_yardstick_when_larger_than_2e2(tmp_path):
     only 0.03 away the bound stays at the a-priori 2e-2 and the same 0.03 fails."""
     ok = by_id(rep.build_report(make_bench(tmp_path / "a", dp_delta={26: 0.03}, seed_delta=0.1)))["dp_vs_ref"]
     assert ok["status"] == "PASS" and ok["bound"] == "max |diff| <= 5.000e-02" and "seed run" in ok["why"]
-    bad = by_id(rep.build_report(make_bench(tmp_path / "b", dp_delta={26: 0.03}, seed_delta=0.03)))["dp_vs_ref"]
+    bad = by_id(rep.build_report(make_bench(tmp_path / "b", dp_delta={26: 0.03}, seed_delta=0.03)))[
+        "dp_vs_ref"
+    ]
     assert bad["status"] == "FAIL" and bad["bound"] == "max |diff| <= 2.000e-02"
 
 

@@ -31,21 +31,45 @@ def tiny_corpus(tmp_path_factory) -> tuple[str, Path]:
     for p in files:
         shutil.copy(p, root / (p.stem + ".txt"))
     out = tmp_path_factory.mktemp("tiny_prepared")
-    res = prepare_corpus(FilesSource(root=str(root), name="tiny"), out / "tiny", tokenizer=TokenizerSpec(kind="llama3"),
-                         progress=False, log=None, on_invalid="skip")
+    res = prepare_corpus(
+        FilesSource(root=str(root), name="tiny"),
+        out / "tiny",
+        tokenizer=TokenizerSpec(kind="llama3"),
+        progress=False,
+        log=None,
+        on_invalid="skip",
+    )
     return res.prefixes["all"], tmp_path_factory.mktemp("tiny_cache")
 
 
 def tiny_raw(run_dir: Path, corpus: tuple[str, Path]) -> dict:
     prefix, cache = corpus
     return {
-        "model": {"preset": "tiny", "vocab_size": 128256, "hidden_size": 64, "ffn_hidden_size": 128,
-                  "num_attention_heads": 2, "num_kv_heads": 1, "head_dim": 32, "max_seq_length": 64},
+        "model": {
+            "preset": "tiny",
+            "vocab_size": 128256,
+            "hidden_size": 64,
+            "ffn_hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_kv_heads": 1,
+            "head_dim": 32,
+            "max_seq_length": 64,
+        },
         "attention": {"recipe": "fp8", "backend": "auto"},
-        "data": {"corpus": [{"prefix": prefix, "weight": 1.0}], "split": "90,10,0", "seq_length": 32,
-                 "cache_dir": str(cache)},
-        "training": {"micro_batch_size": 2, "global_batch_size": 4, "train_iters": 8, "lr": 3e-3, "min_lr": 3e-4,
-                     "warmup_iters": 2},
+        "data": {
+            "corpus": [{"prefix": prefix, "weight": 1.0}],
+            "split": "90,10,0",
+            "seq_length": 32,
+            "cache_dir": str(cache),
+        },
+        "training": {
+            "micro_batch_size": 2,
+            "global_batch_size": 4,
+            "train_iters": 8,
+            "lr": 3e-3,
+            "min_lr": 3e-4,
+            "warmup_iters": 2,
+        },
         "checkpoint": {"save_interval": 4, "keep_last": 2},
         "logging": {"telemetry_interval": 4, "progress_bar": False, "tensorboard": False},
         "validation": {"interval": 4, "iters": 1},

@@ -10,7 +10,9 @@ from training import checkpoint as ckpt
 def fake_save(root, it, keep_last=3, payload=b"x" * 100):
     tmp = ckpt.prepare_tmp_dir(root, it)
     (tmp / "model.pt").write_bytes(payload)
-    return ckpt.finish_save(root, it, tmp, config={"a": 1}, trainer_state={"iteration": it}, keep_last=keep_last)
+    return ckpt.finish_save(
+        root, it, tmp, config={"a": 1}, trainer_state={"iteration": it}, keep_last=keep_last
+    )
 
 
 def test_save_protocol_and_retention(tmp_path):
@@ -45,16 +47,27 @@ def test_incomplete_saves_never_become_latest(tmp_path):
 
 
 def test_compatibility_messages():
-    saved = {"model": {"num_layers": 2, "hidden_size": 64}, "attention": {"recipe": "fp8", "backend": "triton"},
-             "runtime": {"output_dir": "a"}}
-    now = {"model": {"num_layers": 2, "hidden_size": 128}, "attention": {"recipe": "bf16", "backend": "reference"},
-           "runtime": {"output_dir": "b"}}
+    saved = {
+        "model": {"num_layers": 2, "hidden_size": 64},
+        "attention": {"recipe": "fp8", "backend": "triton"},
+        "runtime": {"output_dir": "a"},
+    }
+    now = {
+        "model": {"num_layers": 2, "hidden_size": 128},
+        "attention": {"recipe": "bf16", "backend": "reference"},
+        "runtime": {"output_dir": "b"},
+    }
     with pytest.raises(ckpt.ConfigMismatchError) as err:
         ckpt.check_resume_compatible(saved, now, allow=[], saved_data_identity="x", data_identity="y")
     msg = str(err.value)
     assert "model.hidden_size: 64 in the checkpoint, 128 now" in msg and "attention.recipe" in msg
     assert "data.identity" in msg and "backend" not in msg.split("If this")[0] and "output_dir" not in msg
     assert "checkpoint.allow_config_change=[attention.recipe,model.hidden_size,data.identity]" in msg
-    allowed = ckpt.check_resume_compatible(saved, now, allow=["model", "attention.recipe", "data.identity"],
-                                           saved_data_identity="x", data_identity="y")
+    allowed = ckpt.check_resume_compatible(
+        saved,
+        now,
+        allow=["model", "attention.recipe", "data.identity"],
+        saved_data_identity="x",
+        data_identity="y",
+    )
     assert len(allowed) == 3

@@ -30,14 +30,18 @@ def test_save_false_writes_nothing_and_finishes(make_cfg, train, tmp_path):
 
 
 def test_save_false_time_budget_still_exits_with_its_code(make_cfg, train, tmp_path):
-    code, log = train(make_cfg("checkpoint.save=false", "training.train_iters=400",
-                               "runtime.exit_duration_mins=0.001"))
+    code, log = train(
+        make_cfg("checkpoint.save=false", "training.train_iters=400", "runtime.exit_duration_mins=0.001")
+    )
     assert code == EXIT_TIME_BUDGET, log.text()
     run = tmp_path / "run"
     assert not (run / "checkpoints").exists()
     last = _events(run)[-1]
     assert last["event"] == "exit" and last["step"] == 1
-    assert last["detail"] == "time budget runtime.exit_duration_mins reached; nothing saved (checkpoint.save=false)"
+    assert (
+        last["detail"]
+        == "time budget runtime.exit_duration_mins reached; nothing saved (checkpoint.save=false)"
+    )
 
 
 def test_save_false_refuses_to_continue_a_saved_run(make_cfg, train, tmp_path):

@@ -19,9 +19,16 @@ def test_default_yaml_is_the_embedded_default():
 
 
 def test_overrides_are_parsed_with_yaml():
-    cfg = load_config(None, ["training.train_iters=50", "attention.recipe=bf16", "training.lr=3e-4",
-                             "checkpoint.allow_config_change=[model.num_layers, data.identity]",
-                             "model.num_layers=3"])
+    cfg = load_config(
+        None,
+        [
+            "training.train_iters=50",
+            "attention.recipe=bf16",
+            "training.lr=3e-4",
+            "checkpoint.allow_config_change=[model.num_layers, data.identity]",
+            "model.num_layers=3",
+        ],
+    )
     assert cfg.training.train_iters == 50 and cfg.attention.recipe == "bf16"
     assert cfg.training.lr == 3e-4  # YAML 1.1 reads 3e-4 as a string; numeric fields accept it
     assert cfg.checkpoint.allow_config_change == ["model.num_layers", "data.identity"]
@@ -34,28 +41,45 @@ def test_train_tokens_accepts_scientific_notation():
     assert cfg.train_iters == -(-1_000_000 // (4 * 256))
 
 
-@pytest.mark.parametrize("raw, match", [
-    ({"trainnig": {}}, r"unknown config section\(s\) trainnig; valid sections: model, attention"),
-    ({"training": {"lr_max": 1.0}}, r"training: unknown key\(s\) lr_max; valid keys: micro_batch_size"),
-    ({"model": {"preset": "tiny", "hiden_size": 8}}, r"model: unknown key\(s\) hiden_size; valid keys: preset, "),
-    ({"attention": {"recipe": "nvfp4qk_mxfp4pv_fast"}}, "cannot train"),
-    ({"attention": {"backend": "cuda"}}, "unknown attention backend 'cuda'; known: auto, cute, fa4, reference, triton"),
-    ({"attention": {"backend": "cute", "recipe": "nvfp4qk_fp8pv"}},
-     "runs recipe.s. fp8, not 'nvfp4qk_fp8pv'; use attention.backend=auto or one of triton, reference"),
-    ({"attention": {"backend": "fa4", "recipe": "fp8"}}, "runs recipe.s. bf16, not 'fp8'"),
-    ({"attention": {"backend": "triton", "options": {"tiles": [128, 128, 2]}}}, "not options of backend 'triton'"),
-    ({"training": {"global_batch_size": 5}}, "not a multiple of micro_batch_size"),
-    ({"training": {"train_tokens": 100}}, "exactly one of training.train_tokens and training.train_iters"),
-    ({"training": {"train_iters": "many"}}, "training.train_iters must be an integer"),
-    ({"training": {"warmup_iters": 80}}, "warmup_iters=80 must be < the number of steps"),
-    ({"runtime": {"nonfinite": "ignore"}}, "choose one of skip, stop"),
-    ({"data": {"seq_length": 100000}}, "exceeds model.max_seq_length"),
-    ({"data": {"corpus": [{"prefix": "/x"}]}}, "data.split is needed"),
-    ({"model": {"preset": "tiny"}}, "smaller than the Llama-3 tokenizer"),
-    ({"model": {"preset": "huge"}}, "unknown; choose one of llama3_1_8b, small, tiny"),
-    ({"projection": {"precision": "torchao_fp8"}}, "choose one of bf16, te_fp8"),
-    ({"logging": {"tensorboard": "yes"}}, "logging.tensorboard must be true or false"),
-])
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        ({"trainnig": {}}, r"unknown config section\(s\) trainnig; valid sections: model, attention"),
+        ({"training": {"lr_max": 1.0}}, r"training: unknown key\(s\) lr_max; valid keys: micro_batch_size"),
+        (
+            {"model": {"preset": "tiny", "hiden_size": 8}},
+            r"model: unknown key\(s\) hiden_size; valid keys: preset, ",
+        ),
+        ({"attention": {"recipe": "nvfp4qk_mxfp4pv_fast"}}, "cannot train"),
+        (
+            {"attention": {"backend": "cuda"}},
+            "unknown attention backend 'cuda'; known: auto, cute, fa4, reference, triton",
+        ),
+        (
+            {"attention": {"backend": "cute", "recipe": "nvfp4qk_fp8pv"}},
+            "runs recipe.s. fp8, not 'nvfp4qk_fp8pv'; use attention.backend=auto or one of triton, reference",
+        ),
+        ({"attention": {"backend": "fa4", "recipe": "fp8"}}, "runs recipe.s. bf16, not 'fp8'"),
+        (
+            {"attention": {"backend": "triton", "options": {"tiles": [128, 128, 2]}}},
+            "not options of backend 'triton'",
+        ),
+        ({"training": {"global_batch_size": 5}}, "not a multiple of micro_batch_size"),
+        (
+            {"training": {"train_tokens": 100}},
+            "exactly one of training.train_tokens and training.train_iters",
+        ),
+        ({"training": {"train_iters": "many"}}, "training.train_iters must be an integer"),
+        ({"training": {"warmup_iters": 80}}, "warmup_iters=80 must be < the number of steps"),
+        ({"runtime": {"nonfinite": "ignore"}}, "choose one of skip, stop"),
+        ({"data": {"seq_length": 100000}}, "exceeds model.max_seq_length"),
+        ({"data": {"corpus": [{"prefix": "/x"}]}}, "data.split is needed"),
+        ({"model": {"preset": "tiny"}}, "smaller than the Llama-3 tokenizer"),
+        ({"model": {"preset": "huge"}}, "unknown; choose one of llama3_1_8b, small, tiny"),
+        ({"projection": {"precision": "torchao_fp8"}}, "choose one of bf16, te_fp8"),
+        ({"logging": {"tensorboard": "yes"}}, "logging.tensorboard must be true or false"),
+    ],
+)
 def test_invalid_configs_say_what_to_fix(raw, match):
     with pytest.raises(ValueError, match=match):
         from_dict(raw)
@@ -69,7 +93,9 @@ def test_single_recipe_backends_accept_their_recipe():
 def test_gpu_backends_need_cuda():
     for name, recipe in (("triton", "fp8"), ("cute", "fp8"), ("fa4", "bf16")):
         cfg = load_config(None, [f"attention.backend={name}", f"attention.recipe={recipe}"])
-        with pytest.raises(ValueError, match=f"{name} backend needs a CUDA device, not cpu; use backend='reference'"):
+        with pytest.raises(
+            ValueError, match=f"{name} backend needs a CUDA device, not cpu; use backend='reference'"
+        ):
             cfg.attention.resolve("cpu")
 
 
@@ -82,11 +108,24 @@ def test_bad_override_syntax():
 
 def test_resolved_config_and_fingerprint():
     a = resolved_dict(load_config(None, ["attention.backend=reference"]))
-    assert a["model"]["num_layers"] == 2 and a["model"]["vocab_size"] == 128256 and a["model"]["preset"] == "tiny"
+    assert (
+        a["model"]["num_layers"] == 2
+        and a["model"]["vocab_size"] == 128256
+        and a["model"]["preset"] == "tiny"
+    )
     assert a["attention"]["backend"] == "reference" and a["training"]["train_iters"] == 80
-    same = resolved_dict(load_config(None, ["attention.recipe=nvfp4qk_fp8pv", "training.seed=7",
-                                            "runtime.output_dir=elsewhere", "logging.log_interval=5",
-                                            "attention.backend=triton"]))
+    same = resolved_dict(
+        load_config(
+            None,
+            [
+                "attention.recipe=nvfp4qk_fp8pv",
+                "training.seed=7",
+                "runtime.output_dir=elsewhere",
+                "logging.log_interval=5",
+                "attention.backend=triton",
+            ],
+        )
+    )
     assert config_fingerprint(a) == config_fingerprint(same)
     other = resolved_dict(load_config(None, ["training.lr=1e-3", "attention.backend=reference"]))
     assert config_fingerprint(a) != config_fingerprint(other)
@@ -108,5 +147,13 @@ def test_8b_configs_differ_only_in_precision():
     ra["runtime"]["output_dir"] = rb["runtime"]["output_dir"]
     assert config_fingerprint(ra) == config_fingerprint(rb)
     t = load_config("configs/llama3_1_8b_100b_fp8.yaml").training
-    assert (t.lr, t.min_lr, t.warmup_iters, t.weight_decay, t.adam_beta1, t.adam_beta2, t.adam_eps, t.clip_grad) == \
-        (3e-4, 3e-5, 2000, 0.1, 0.9, 0.95, 1e-8, 1.0)
+    assert (
+        t.lr,
+        t.min_lr,
+        t.warmup_iters,
+        t.weight_decay,
+        t.adam_beta1,
+        t.adam_beta2,
+        t.adam_eps,
+        t.clip_grad,
+    ) == (3e-4, 3e-5, 2000, 0.1, 0.9, 0.95, 1e-8, 1.0)

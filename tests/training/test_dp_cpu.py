@@ -28,10 +28,22 @@ def _run(nproc: int, run: Path, *extra: str) -> subprocess.CompletedProcess:
     if nproc == 1:
         cmd = [sys.executable, "pretrain_llama.py"]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "pretrain_llama.py"]
-    return subprocess.run([*cmd, *BASE, f"runtime.output_dir={run}", *extra], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "pretrain_llama.py",
+        ]
+    return subprocess.run(
+        [*cmd, *BASE, f"runtime.output_dir={run}", *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow

@@ -15,8 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def dry_run(config: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "pretrain_llama.py"), "--config", config, "--dry-run", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, str(REPO / "pretrain_llama.py"), "--config", config, "--dry-run", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_8b_plans_at_64_gpus():
@@ -26,7 +32,10 @@ def test_8b_plans_at_64_gpus():
         assert res.returncode == 0, res.stderr
         out[v] = res.stdout.splitlines()
         text = res.stdout
-        assert "steps                 23,842 (" in text and "rounded up: the last step completes the budget" in text
+        assert (
+            "steps                 23,842 (" in text
+            and "rounded up: the last step completes the budget" in text
+        )
         assert "parameters            8,030,261,248" in text
         assert "accumulation          4 micro-batches" in text
         assert "DP 64, TP 1, PP 1, CP 1" in text and "1024 sequences = 4,194,304 tokens per step" in text
@@ -47,16 +56,27 @@ def test_plan_numbers():
     assert "precision projection  te_fp8" in format_plan(plan)
 
 
-@pytest.mark.parametrize("overrides, world, match", [
-    ([], 48, "global_batch_size=1024 is not divisible by micro_batch_size \\* data_parallel = 4 \\* 48"),
-    (["parallel.tensor=3"], 3 * 64, "model.num_attention_heads=32 is not divisible by parallel.tensor=3"),
-    (["parallel.tensor=16"], 64, "model.num_kv_heads=8 is not divisible by parallel.tensor=16"),
-    (["parallel.pipeline=3"], 3 * 8, "model.num_layers=32 is not divisible by parallel.pipeline=3"),
-    (["parallel.context=3"], 3 * 8, "data.seq_length=4096 is not divisible by 2 \\* parallel.context = 6"),
-    (["parallel.context=2"], 2 * 8, "does not implement context parallelism"),
-    (["parallel.tensor=2"], 63, "world size 63 is not divisible by tensor\\*pipeline\\*context"),
-    (["training.micro_batch_size=3", "training.global_batch_size=1023", "data.seq_length=4100"], 1, "needs micro_batch_size \\* seq_length"),
-])
+@pytest.mark.parametrize(
+    "overrides, world, match",
+    [
+        ([], 48, "global_batch_size=1024 is not divisible by micro_batch_size \\* data_parallel = 4 \\* 48"),
+        (["parallel.tensor=3"], 3 * 64, "model.num_attention_heads=32 is not divisible by parallel.tensor=3"),
+        (["parallel.tensor=16"], 64, "model.num_kv_heads=8 is not divisible by parallel.tensor=16"),
+        (["parallel.pipeline=3"], 3 * 8, "model.num_layers=32 is not divisible by parallel.pipeline=3"),
+        (
+            ["parallel.context=3"],
+            3 * 8,
+            "data.seq_length=4096 is not divisible by 2 \\* parallel.context = 6",
+        ),
+        (["parallel.context=2"], 2 * 8, "does not implement context parallelism"),
+        (["parallel.tensor=2"], 63, "world size 63 is not divisible by tensor\\*pipeline\\*context"),
+        (
+            ["training.micro_batch_size=3", "training.global_batch_size=1023", "data.seq_length=4100"],
+            1,
+            "needs micro_batch_size \\* seq_length",
+        ),
+    ],
+)
 def test_impossible_combinations(overrides, world, match):
     cfg = load_config("configs/llama3_1_8b_100b_fp8.yaml", overrides)
     with pytest.raises(ValueError, match=match):

@@ -28,8 +28,14 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    proc = subprocess.Popen([sys.executable, str(REPO / "pretrain_llama.py"), "--config", str(cfg_path)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "pretrain_llama.py"), "--config", str(cfg_path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics_file = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -49,8 +55,9 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
     assert ckpt.verify_checkpoint(root / f"iter_{last:07d}") is None
 
     # resume in-process with a time budget already spent: one step, save, exit code 4
-    code, log = train(make_cfg("training.train_iters=400", "checkpoint.save_interval=0",
-                               "runtime.exit_duration_mins=0.001"))
+    code, log = train(
+        make_cfg("training.train_iters=400", "checkpoint.save_interval=0", "runtime.exit_duration_mins=0.001")
+    )
     assert code == EXIT_TIME_BUDGET, log.text()
     recs = metrics(tmp_path / "run")
     events = [(r["event"], r["step"]) for r in recs if r["kind"] == "event"]

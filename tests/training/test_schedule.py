@@ -35,10 +35,21 @@ def test_matches_megatron_scheduler():
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=1e-3, min_lr=1e-4, lr_warmup_steps=10,
-                                    lr_decay_steps=100, lr_decay_style="cosine", start_wd=0.1, end_wd=0.1,
-                                    wd_incr_steps=100, wd_incr_style="constant")
+    sched = OptimizerParamScheduler(
+        opt,
+        init_lr=0.0,
+        max_lr=1e-3,
+        min_lr=1e-4,
+        lr_warmup_steps=10,
+        lr_decay_steps=100,
+        lr_decay_style="cosine",
+        start_wd=0.1,
+        end_wd=0.1,
+        wd_incr_steps=100,
+        wd_incr_style="constant",
+    )
     for step in range(1, 120):
         sched.step(1)  # megatron's lr after `step` steps = ours for step `step`
         assert opt.param_groups[0]["lr"] == pytest.approx(
-            lr_at(step, max_lr=1e-3, min_lr=1e-4, warmup_iters=10, total_iters=100), rel=1e-12)
+            lr_at(step, max_lr=1e-3, min_lr=1e-4, warmup_iters=10, total_iters=100), rel=1e-12
+        )

@@ -12,8 +12,21 @@ from training.signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE
 
 from .conftest import metrics
 
-TRAIN_KEYS = {"kind", "step", "consumed_samples", "consumed_tokens", "loss", "grad_norm", "lr", "step_time_s",
-              "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "skipped", "nonfinite_count"}
+TRAIN_KEYS = {
+    "kind",
+    "step",
+    "consumed_samples",
+    "consumed_tokens",
+    "loss",
+    "grad_norm",
+    "lr",
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_mem_gib",
+    "skipped",
+    "nonfinite_count",
+}
 
 
 def train_losses(recs):
@@ -41,23 +54,43 @@ def test_short_run_trains_and_writes_documented_outputs(make_cfg, train, tmp_pat
     last = sum(r["loss"] for r in trains[-3:]) / 3
     assert last < first - 1.0, (first, last)
     valid = [r for r in recs if r["kind"] == "valid"]
-    assert [v["step"] for v in valid] == [4, 8, 12, 16, 20, 24] and set(valid[0]) == {"kind", "step",
-                                                                                     "consumed_tokens", "val_loss"}
+    assert [v["step"] for v in valid] == [4, 8, 12, 16, 20, 24] and set(valid[0]) == {
+        "kind",
+        "step",
+        "consumed_tokens",
+        "val_loss",
+    }
     assert valid[-1]["val_loss"] < valid[0]["val_loss"]
     tele = [r for r in recs if r["kind"] == "telemetry"]
-    assert {(t["step"], t["layer"]) for t in tele} == {(s, layer) for s in (4, 8, 12, 16, 20, 24) for layer in (1, 2)}
+    assert {(t["step"], t["layer"]) for t in tele} == {
+        (s, layer) for s in (4, 8, 12, 16, 20, 24) for layer in (1, 2)
+    }
     assert all(t["max_logit"] > 0 and t["zero_scale_block_frac"] is None for t in tele)
     events = [(r["event"], r["step"]) for r in recs if r["kind"] == "event"]
     assert events[0] == ("start", 0) and events[-1] == ("exit", 24)
     assert ("save", 8) in events and ("save", 24) in events
     meta = json.loads((run / "run_meta.json").read_text())
-    assert set(meta) == {"config_fingerprint", "data_order_fingerprint", "precision", "seed", "world_size", "commit",
-                         "config"}
-    assert meta["precision"]["attention_recipe"] == "fp8" and meta["precision"]["attention_backend"] == "reference"
+    assert set(meta) == {
+        "config_fingerprint",
+        "data_order_fingerprint",
+        "precision",
+        "seed",
+        "world_size",
+        "commit",
+        "config",
+    }
+    assert (
+        meta["precision"]["attention_recipe"] == "fp8"
+        and meta["precision"]["attention_backend"] == "reference"
+    )
     assert meta["world_size"] == 1 and len(meta["config_fingerprint"]) == 64
     root = run / "checkpoints"
     assert (root / ckpt.MARKER).read_text().strip() == "24"
-    assert sorted(p.name for p in root.iterdir()) == ["iter_0000016", "iter_0000024", ckpt.MARKER]  # keep_last 2
+    assert sorted(p.name for p in root.iterdir()) == [
+        "iter_0000016",
+        "iter_0000024",
+        ckpt.MARKER,
+    ]  # keep_last 2
     assert ckpt.verify_checkpoint(root / "iter_0000024") is None
     assert "backend reference (auto: no CUDA device)" in log.text()
     assert "torch.optim.AdamW" in log.text()
@@ -94,8 +127,10 @@ def test_truncated_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
     assert "truncated" in ckpt.verify_checkpoint(root / "iter_0000008")
     code, log = train(make_cfg("training.train_iters=8"))
     assert code == EXIT_DONE, log.text()
-    assert "latest checkpoint (iteration 8) is incomplete; resuming from the previous complete one, iteration 4" \
+    assert (
+        "latest checkpoint (iteration 8) is incomplete; resuming from the previous complete one, iteration 4"
         in log.text()
+    )
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert ("resume", 4) in events
     assert ckpt.verify_checkpoint(root / "iter_0000008") is None  # re-saved complete
@@ -111,8 +146,11 @@ def test_changed_model_shape_stops_with_the_difference(make_cfg, train):
     assert "training.train_iters: 8 in the checkpoint, 12 now" in text and "data.identity" in text
     assert "checkpoint.allow_config_change=[" in text
     # a deliberate change of the run length is allowed explicitly
-    code, log = train(make_cfg("training.train_iters=10",
-                               "checkpoint.allow_config_change=[training.train_iters, data.identity]"))
+    code, log = train(
+        make_cfg(
+            "training.train_iters=10", "checkpoint.allow_config_change=[training.train_iters, data.identity]"
+        )
+    )
     assert code == EXIT_DONE, log.text()
     assert "allowed config change training.train_iters: 8 -> 10" in log.text()
 

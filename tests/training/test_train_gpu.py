@@ -40,8 +40,15 @@ def triton_backend():
 
 
 def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):
-    cfg = load_config(None, ["training.train_iters=40", "training.warmup_iters=4", "checkpoint.save_interval=20",
-                             f"runtime.output_dir={tmp_path / 'default'}"])
+    cfg = load_config(
+        None,
+        [
+            "training.train_iters=40",
+            "training.warmup_iters=4",
+            "checkpoint.save_interval=20",
+            f"runtime.output_dir={tmp_path / 'default'}",
+        ],
+    )
     code, log = train(cfg)
     text = log.text()
     assert code == EXIT_DONE, text
@@ -82,7 +89,13 @@ def test_async_save_completes_and_resumes(make_cfg, train, tmp_path):
     assert code == EXIT_DONE, log.text()
     root = tmp_path / "run" / "checkpoints"
     assert ckpt.find_latest(root)[0] == 8 and ckpt.verify_checkpoint(root / "iter_0000004") is None
-    code, log = train(make_cfg(*GPU_MODEL, "checkpoint.async_save=true", "training.train_iters=10",
-                               "checkpoint.allow_config_change=[training.train_iters,data.identity]"))
+    code, log = train(
+        make_cfg(
+            *GPU_MODEL,
+            "checkpoint.async_save=true",
+            "training.train_iters=10",
+            "checkpoint.allow_config_change=[training.train_iters,data.identity]",
+        )
+    )
     assert code == EXIT_DONE, log.text()
     assert ckpt.find_latest(root)[0] == 10

@@ -46,9 +46,15 @@ def read_runs(out: Path) -> dict[str, dict]:
         if len(parts) < 7:
             parts += [""] * (7 - len(parts))
         label, run_dir, nproc, rc, wall, status, command = parts[:7]
-        rows[label] = {"label": label, "run_dir": run_dir, "nproc": int(nproc) if nproc.isdigit() else None,
-                       "rc": int(rc) if rc.lstrip("-").isdigit() else None,
-                       "wall_s": int(wall) if wall.isdigit() else None, "status": status, "command": command}
+        rows[label] = {
+            "label": label,
+            "run_dir": run_dir,
+            "nproc": int(nproc) if nproc.isdigit() else None,
+            "rc": int(rc) if rc.lstrip("-").isdigit() else None,
+            "wall_s": int(wall) if wall.isdigit() else None,
+            "status": status,
+            "command": command,
+        }
     return rows
 
 
@@ -85,6 +91,7 @@ def train_iters(run_dir: Path) -> int | None:
 
 def accumulation_per_rank(run_dir: Path) -> int | None:
     """Micro-batches per step per data-parallel rank of a run (from run_meta.json)."""
+
     def get(meta):
         tr, par = meta["config"]["training"], meta["config"]["parallel"]
         dp = meta["world_size"] // (par["tensor"] * par["pipeline"] * par["context"])
@@ -115,15 +122,20 @@ def log_message(log: Path) -> str:
     for i, line in enumerate(lines):
         if "configuration error" in line:
             detail = [line.strip()]
-            for nxt in lines[i + 1:i + 8]:
+            for nxt in lines[i + 1 : i + 8]:
                 if nxt.startswith(("  ", "If this change", "(data.identity")):
                     detail.append(nxt.strip())
                 else:
                     break
             return " ".join(detail)
     for line in lines:
-        if _ERR_RE.search(line) and "ChildFailedError" not in line and "elastic" not in line \
-                and "SignalException" not in line and "warn" not in line.lower():
+        if (
+            _ERR_RE.search(line)
+            and "ChildFailedError" not in line
+            and "elastic" not in line
+            and "SignalException" not in line
+            and "warn" not in line.lower()
+        ):
             return line.strip()
     return " | ".join(s.strip() for s in lines[-3:] if s.strip())
 
@@ -148,8 +160,12 @@ class BenchRuns:
     def finished(self, label: str) -> bool:
         """The run logged its final "done" exit event (it trained every step and saved), also when the
         launcher was then signalled during its teardown (a budget timeout arriving after the work)."""
-        return any(r.get("kind") == "event" and r.get("event") == "exit"
-                   and str(r.get("detail", "")).startswith("done") for r in self.records.get(label, []))
+        return any(
+            r.get("kind") == "event"
+            and r.get("event") == "exit"
+            and str(r.get("detail", "")).startswith("done")
+            for r in self.records.get(label, [])
+        )
 
     def failure(self, label: str) -> str | None:
         """None when the launch exited 0, else why not (skipped, timeout, exit code + log message)."""
@@ -162,13 +178,16 @@ class BenchRuns:
             return None
         if row["status"].startswith("stopped"):
             return f"{label} was stopped by a SIGTERM/SIGINT to multi_gpu.sh (exit code {row['rc']})"
-        return (f"{label} exited with code {row['rc']} ({row['status']}): "
-                f"{log_message(self.out / (label + '.log'))}")
+        return (
+            f"{label} exited with code {row['rc']} ({row['status']}): "
+            f"{log_message(self.out / (label + '.log'))}"
+        )
 
 
 def _median_after(records: list[dict], key: str, skip: int = 3) -> float | None:
-    vals = [r[key] for r in records
-            if r.get("kind") == "train" and r["step"] > skip and r.get(key) is not None]
+    vals = [
+        r[key] for r in records if r.get("kind") == "train" and r["step"] > skip and r.get(key) is not None
+    ]
     return statistics.median(vals) if vals else None
 
 
@@ -188,10 +207,17 @@ def scaling(runs: BenchRuns) -> list[dict]:
         if name == "ref":
             base = tps
         mems = [r["peak_mem_gib"] for r in recs if r.get("peak_mem_gib") is not None]
-        rows.append({"run": name, "processes": runs.row(name)["nproc"], "tokens_per_s_per_gpu": tps,
-                     "step_time_s": _median_after(recs, "step_time_s"), "mfu": _median_after(recs, "mfu"),
-                     "peak_mem_gib": max(mems, default=None),
-                     "efficiency": (tps / base) if tps is not None and base else None})
+        rows.append(
+            {
+                "run": name,
+                "processes": runs.row(name)["nproc"],
+                "tokens_per_s_per_gpu": tps,
+                "step_time_s": _median_after(recs, "step_time_s"),
+                "mfu": _median_after(recs, "mfu"),
+                "peak_mem_gib": max(mems, default=None),
+                "efficiency": (tps / base) if tps is not None and base else None,
+            }
+        )
     return rows
 
 

@@ -42,8 +42,14 @@ def compare_losses(a: dict[int, float], b: dict[int, float], steps: list[int]) -
         if at_step is None or d > max_abs:
             max_abs, at_step = d, s
         max_rel = max(max_rel, rel)
-    return {"max_abs": max_abs, "max_rel": max_rel, "at_step": at_step, "bitwise": bitwise and not missing,
-            "compared": compared, "missing": missing}
+    return {
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "at_step": at_step,
+        "bitwise": bitwise and not missing,
+        "compared": compared,
+        "missing": missing,
+    }
 
 
 def fmt(x) -> str:
@@ -66,22 +72,38 @@ def steps_str(steps: list[int], limit: int = 12) -> str:
 
 
 def _check(cid: str, title: str, status: str, measured: str, bound: str, why: str, **detail) -> dict:
-    return {"id": cid, "title": title, "status": status, "measured": measured, "bound": bound, "why": why,
-            "detail": detail}
+    return {
+        "id": cid,
+        "title": title,
+        "status": status,
+        "measured": measured,
+        "bound": bound,
+        "why": why,
+        "detail": detail,
+    }
 
 
-def parity_check(runs: BenchRuns, cid: str, title: str, name: str, ref: str, steps: list[int], tol: float,
-                 why: str) -> dict:
+def parity_check(
+    runs: BenchRuns, cid: str, title: str, name: str, ref: str, steps: list[int], tol: float, why: str
+) -> dict:
     """Per-step training loss of run ``name`` vs run ``ref``: every step present, max |diff| <= ``tol``."""
     for label in (name, ref):
         why_not = runs.failure(label)
         if why_not is not None:
-            return _check(cid, title, "SKIP" if runs.skipped(label) else "FAIL", why_not,
-                          f"max |diff| <= {fmt(tol)}", why)
+            return _check(
+                cid,
+                title,
+                "SKIP" if runs.skipped(label) else "FAIL",
+                why_not,
+                f"max |diff| <= {fmt(tol)}",
+                why,
+            )
     cmp = compare_losses(runs.losses[name], runs.losses[ref], steps)
     ok = not cmp["missing"] and cmp["max_abs"] <= tol
-    measured = (f"max |diff| {fmt(cmp['max_abs'])} (step {cmp['at_step']}), max rel {fmt(cmp['max_rel'])}, "
-                f"{'bitwise equal' if cmp['bitwise'] else 'not bitwise'} over {cmp['compared']} steps")
+    measured = (
+        f"max |diff| {fmt(cmp['max_abs'])} (step {cmp['at_step']}), max rel {fmt(cmp['max_rel'])}, "
+        f"{'bitwise equal' if cmp['bitwise'] else 'not bitwise'} over {cmp['compared']} steps"
+    )
     if cmp["missing"]:
         measured += f"; steps missing: {steps_str(cmp['missing'])}"
     return _check(cid, title, "PASS" if ok else "FAIL", measured, f"max |diff| <= {fmt(tol)}", why, **cmp)
@@ -107,41 +129,66 @@ def step1_check(runs: BenchRuns, nproc: int, tol: float, why: str) -> dict:
     if not math.isfinite(loss_d):
         loss_d = math.inf
     ok = loss_d <= tol and grad_rel <= tol
-    measured = (f"|loss diff| {fmt(loss_d)} ({first['ref']['loss']} vs {first['dp']['loss']}), grad norm "
-                f"{g_ref} (ref) vs {g_dp} (dp): relative diff {fmt(grad_rel)}")
-    return _check("dp_step1", title, "PASS" if ok else "FAIL", measured, bound, why, loss_abs=loss_d,
-                  grad_norm_rel=grad_rel)
+    measured = (
+        f"|loss diff| {fmt(loss_d)} ({first['ref']['loss']} vs {first['dp']['loss']}), grad norm "
+        f"{g_ref} (ref) vs {g_dp} (dp): relative diff {fmt(grad_rel)}"
+    )
+    return _check(
+        "dp_step1",
+        title,
+        "PASS" if ok else "FAIL",
+        measured,
+        bound,
+        why,
+        loss_abs=loss_d,
+        grad_norm_rel=grad_rel,
+    )
 
 
 def yardstick(runs: BenchRuns, steps: list[int]) -> dict | None:
     """The seed run (another init) compared with ref, or None when it is not usable."""
-    if runs.failure("seed") is None and runs.failure("ref") is None \
-            and seed_of(runs.out / "seed") != seed_of(runs.out / "ref"):
+    if (
+        runs.failure("seed") is None
+        and runs.failure("ref") is None
+        and seed_of(runs.out / "seed") != seed_of(runs.out / "ref")
+    ):
         cmp = compare_losses(runs.losses["seed"], runs.losses["ref"], steps)
         if not cmp["missing"] and math.isfinite(cmp["max_abs"]):
             return cmp
     return None
 
 
-def tp_check(runs: BenchRuns, steps: list[int], total: int, yard: dict | None,
-             dp_tol: float = Tolerances.DP) -> dict:
+def tp_check(
+    runs: BenchRuns, steps: list[int], total: int, yard: dict | None, dp_tol: float = Tolerances.DP
+) -> dict:
     """TP=2 vs ref: with CPU initialisation in both runs (same initial weights for any TP size) the DP
     bound ``dp_tol``, else bounded by the seed run's distance from ref (another init), see
     Tolerances.TP_WHY."""
     title = f"TP=2 vs DP=1: per-step training loss, steps 1..{total}"
     if cpu_initialized(runs.out / "tp") and cpu_initialized(runs.out / "ref"):
-        return parity_check(runs, "tp_vs_ref", title, "tp", "ref", steps, dp_tol,
-                            Tolerances.TP_CPU_INIT_WHY + f" Bound: the DP bound, {fmt(dp_tol)}.")
+        return parity_check(
+            runs,
+            "tp_vs_ref",
+            title,
+            "tp",
+            "ref",
+            steps,
+            dp_tol,
+            Tolerances.TP_CPU_INIT_WHY + f" Bound: the DP bound, {fmt(dp_tol)}.",
+        )
     if yard is None:
         tol, why = Tolerances.TP_FALLBACK, Tolerances.TP_FALLBACK_WHY
     else:
         tol, why = Tolerances.TP_YARDSTICK_FACTOR * yard["max_abs"] + Tolerances.DP, Tolerances.TP_WHY
     check = parity_check(runs, "tp_vs_ref", title, "tp", "ref", steps, tol, why)
     if yard is not None:
-        check["measured"] += (f"; yardstick: seed run vs ref max |diff| {fmt(yard['max_abs'])} "
-                              f"(step {yard['at_step']})")
-        check["bound"] = (f"max |diff| <= {Tolerances.TP_YARDSTICK_FACTOR:g} x {fmt(yard['max_abs'])} + "
-                          f"{fmt(Tolerances.DP)} = {fmt(tol)}")
+        check["measured"] += (
+            f"; yardstick: seed run vs ref max |diff| {fmt(yard['max_abs'])} (step {yard['at_step']})"
+        )
+        check["bound"] = (
+            f"max |diff| <= {Tolerances.TP_YARDSTICK_FACTOR:g} x {fmt(yard['max_abs'])} + "
+            f"{fmt(Tolerances.DP)} = {fmt(tol)}"
+        )
         check["detail"]["yardstick"] = yard
     return check
 
@@ -153,29 +200,59 @@ def preempt_checks(runs: BenchRuns, steps: list[int], total: int, preempt_at: in
     r1, r2 = runs.row("preempt.1"), runs.row("preempt.2")
     info: dict = {"exit_codes": [r1 and r1["rc"], r2 and r2["rc"]], "sigterm": r1 and r1["status"]}
     if runs.skipped("preempt.1") or runs.skipped("preempt.2"):
-        why = ("preempt was not run" if r1 is None
-               else f"preempt.1 {r1['status']}" if runs.skipped("preempt.1")
-               else "preempt.2 was not run" if r2 is None else f"preempt.2 {r2['status']}")
-        return {"info": info, "checks": [_check(c, t, "SKIP", why, b, w) for c, t, b, w in (
-            ("preempt_exit_codes", "preempt: exit codes", "3 then 0", "training/signals.py"),
-            ("preempt_steps_once", "preempt: every step logged once", "each step once", ""),
-            ("preempt_resume_exact", "preempt: resumed steps vs dp", "bitwise", Tolerances.RESUME_WHY),
-            ("preempt_before_exact", "preempt: steps before the stop vs dp", "bitwise",
-             Tolerances.BEFORE_WHY))]}
+        why = (
+            "preempt was not run"
+            if r1 is None
+            else f"preempt.1 {r1['status']}"
+            if runs.skipped("preempt.1")
+            else "preempt.2 was not run"
+            if r2 is None
+            else f"preempt.2 {r2['status']}"
+        )
+        return {
+            "info": info,
+            "checks": [
+                _check(c, t, "SKIP", why, b, w)
+                for c, t, b, w in (
+                    ("preempt_exit_codes", "preempt: exit codes", "3 then 0", "training/signals.py"),
+                    ("preempt_steps_once", "preempt: every step logged once", "each step once", ""),
+                    (
+                        "preempt_resume_exact",
+                        "preempt: resumed steps vs dp",
+                        "bitwise",
+                        Tolerances.RESUME_WHY,
+                    ),
+                    (
+                        "preempt_before_exact",
+                        "preempt: steps before the stop vs dp",
+                        "bitwise",
+                        Tolerances.BEFORE_WHY,
+                    ),
+                )
+            ],
+        }
     codes = info["exit_codes"]
-    checks = [_check("preempt_exit_codes", "preempt: exit code of the SIGTERMed launch, then of the relaunch",
-                     "PASS" if codes == [3, 0] else "FAIL", f"{codes[0]} then {codes[1]}", "3 then 0",
-                     "3 = preempted after saving a checkpoint, 0 = done (training/signals.py); the codes "
-                     "reach torchrun_node.sh through PRETRAIN_EXIT_FILE",
-                     messages=[runs.failure(lbl) for lbl in ("preempt.1", "preempt.2")])]
+    checks = [
+        _check(
+            "preempt_exit_codes",
+            "preempt: exit code of the SIGTERMed launch, then of the relaunch",
+            "PASS" if codes == [3, 0] else "FAIL",
+            f"{codes[0]} then {codes[1]}",
+            "3 then 0",
+            "3 = preempted after saving a checkpoint, 0 = done (training/signals.py); the codes "
+            "reach torchrun_node.sh through PRETRAIN_EXIT_FILE",
+            messages=[runs.failure(lbl) for lbl in ("preempt.1", "preempt.2")],
+        )
+    ]
     segments = launch_segments(runs.records["preempt"])
     checks.append(_steps_once_check(runs.records["preempt"], segments, steps, total, preempt_at, info))
     checks += _preempt_exact_checks(runs, segments, steps, info["stopped_after"])
     return {"info": info, "checks": checks}
 
 
-def _steps_once_check(recs: list[dict], segments: list[list[dict]], steps: list[int], total: int,
-                      preempt_at: int, info: dict) -> dict:
+def _steps_once_check(
+    recs: list[dict], segments: list[list[dict]], steps: list[int], total: int, preempt_at: int, info: dict
+) -> dict:
     """Every step logged exactly once across the two launches, the relaunch resuming at the stop step;
     adds the stop and resume steps, missing and repeated steps to ``info``."""
     per_step: dict[int, int] = {}
@@ -189,9 +266,14 @@ def _steps_once_check(recs: list[dict], segments: list[list[dict]], steps: list[
     stopped = max(first_steps) if first_steps else None
     resume_events = [r for r in recs if r.get("kind") == "event" and r.get("event") == "resume"]
     resumed_from = resume_events[-1]["step"] if resume_events else None
-    info.update(stopped_after=stopped, resumed_from=resumed_from, launches=len(segments),
-                resume_detail=resume_events[-1].get("detail") if resume_events else None,
-                missing=missing, duplicates=dupes)
+    info.update(
+        stopped_after=stopped,
+        resumed_from=resumed_from,
+        launches=len(segments),
+        resume_detail=resume_events[-1].get("detail") if resume_events else None,
+        missing=missing,
+        duplicates=dupes,
+    )
     problems = []
     if missing:
         problems.append(f"steps missing: {steps_str(missing)}")
@@ -204,59 +286,101 @@ def _steps_once_check(recs: list[dict], segments: list[list[dict]], steps: list[
     if resumed_from is None or resumed_from != stopped:
         problems.append(f"resume event at step {resumed_from}, the first launch stopped after {stopped}")
     if stopped is not None and not (preempt_at <= stopped < total):
-        problems.append(f"first launch stopped after step {stopped}: not in [{preempt_at}, {total}) "
-                        "(SIGTERM too late? raise training.train_iters)")
-    measured = (f"stopped after step {stopped}, resumed from step {resumed_from}; "
-                + ("; ".join(problems) if problems else f"every step 1..{total} logged exactly once"))
-    return _check("preempt_steps_once", "preempt: steps logged exactly once across the two launches, "
-                  "resume from the stop step", "FAIL" if problems else "PASS", measured,
-                  f"each step 1..{total} once; resume step = stop step >= {preempt_at}",
-                  "the stop saves a checkpoint at the step it finished; the relaunch resumes exactly there "
-                  "(training/trainer.py), so no step is lost or repeated")
+        problems.append(
+            f"first launch stopped after step {stopped}: not in [{preempt_at}, {total}) "
+            "(SIGTERM too late? raise training.train_iters)"
+        )
+    measured = f"stopped after step {stopped}, resumed from step {resumed_from}; " + (
+        "; ".join(problems) if problems else f"every step 1..{total} logged exactly once"
+    )
+    return _check(
+        "preempt_steps_once",
+        "preempt: steps logged exactly once across the two launches, resume from the stop step",
+        "FAIL" if problems else "PASS",
+        measured,
+        f"each step 1..{total} once; resume step = stop step >= {preempt_at}",
+        "the stop saves a checkpoint at the step it finished; the relaunch resumes exactly there "
+        "(training/trainer.py), so no step is lost or repeated",
+    )
 
 
-def _preempt_exact_checks(runs: BenchRuns, segments: list[list[dict]], steps: list[int],
-                          stopped: int | None) -> list[dict]:
+def _preempt_exact_checks(
+    runs: BenchRuns, segments: list[list[dict]], steps: list[int], stopped: int | None
+) -> list[dict]:
     """The steps after the stop (the relaunch) and before it (the first launch) vs the dp run: bitwise."""
     fail_dp = runs.failure("dp")
     pre = train_losses(segments[0]) if segments else {}
     post = train_losses([r for seg in segments[1:] for r in seg])
     checks = []
     for cid, title, part, sub, why in (
-            ("preempt_resume_exact", "preempt: resumed steps vs the uninterrupted dp run", post,
-             [s for s in steps if stopped is not None and s > stopped], Tolerances.RESUME_WHY),
-            ("preempt_before_exact", "preempt: steps before the stop vs the dp run", pre,
-             [s for s in steps if stopped is not None and s <= stopped], Tolerances.BEFORE_WHY)):
+        (
+            "preempt_resume_exact",
+            "preempt: resumed steps vs the uninterrupted dp run",
+            post,
+            [s for s in steps if stopped is not None and s > stopped],
+            Tolerances.RESUME_WHY,
+        ),
+        (
+            "preempt_before_exact",
+            "preempt: steps before the stop vs the dp run",
+            pre,
+            [s for s in steps if stopped is not None and s <= stopped],
+            Tolerances.BEFORE_WHY,
+        ),
+    ):
         if fail_dp is not None:
-            checks.append(_check(cid, title, "SKIP" if runs.skipped("dp") else "FAIL", fail_dp,
-                                 "bitwise (tolerance 0)", why))
+            checks.append(
+                _check(
+                    cid,
+                    title,
+                    "SKIP" if runs.skipped("dp") else "FAIL",
+                    fail_dp,
+                    "bitwise (tolerance 0)",
+                    why,
+                )
+            )
             continue
         if not sub:
-            checks.append(_check(cid, title, "FAIL", "no steps to compare (see preempt_steps_once)",
-                                 "bitwise (tolerance 0)", why))
+            checks.append(
+                _check(
+                    cid,
+                    title,
+                    "FAIL",
+                    "no steps to compare (see preempt_steps_once)",
+                    "bitwise (tolerance 0)",
+                    why,
+                )
+            )
             continue
         cmp = compare_losses(part, runs.losses["dp"], sub)
         ok = cmp["bitwise"] and cmp["max_abs"] <= Tolerances.EXACT
-        measured = (f"steps {sub[0]}..{sub[-1]}: max |diff| {fmt(cmp['max_abs'])} (step {cmp['at_step']}), "
-                    f"{'bitwise equal' if cmp['bitwise'] else 'NOT bitwise equal'}")
+        measured = (
+            f"steps {sub[0]}..{sub[-1]}: max |diff| {fmt(cmp['max_abs'])} (step {cmp['at_step']}), "
+            f"{'bitwise equal' if cmp['bitwise'] else 'NOT bitwise equal'}"
+        )
         if cmp["missing"]:
             measured += f"; steps missing: {steps_str(cmp['missing'])}"
-        checks.append(_check(cid, title, "PASS" if ok else "FAIL", measured, "bitwise (tolerance 0)", why,
-                             **cmp))
+        checks.append(
+            _check(cid, title, "PASS" if ok else "FAIL", measured, "bitwise (tolerance 0)", why, **cmp)
+        )
     return checks
 
 
-def reshard_check(runs: BenchRuns, steps: list[int], total: int, reshard_step: int, tol: float,
-                  why: str) -> dict:
+def reshard_check(
+    runs: BenchRuns, steps: list[int], total: int, reshard_step: int, tol: float, why: str
+) -> dict:
     """dp's checkpoint resumed at DP=1: works (resumes at ``reshard_step``, then within ``tol`` of ref and
     dp) or refuses with a clear message (exit 2). Returns ``info`` (the outcome, log notes) and
     ``check``."""
     title = f"reshard: dp's step-{reshard_step} checkpoint resumed with 1 process (DP=1)"
-    bound = (f"works and steps {reshard_step + 1}..{total} within max |diff| <= {fmt(tol)} of ref and dp, "
-             "or stops with a clear message (exit 2)")
-    why = ("megatron-core saves the distributed optimizer as dp_reshardable (training/engine_megatron.py), "
-           "so a different DP size may load it; after the load the run is a DP=1 run, hence the DP bound. "
-           + why)
+    bound = (
+        f"works and steps {reshard_step + 1}..{total} within max |diff| <= {fmt(tol)} of ref and dp, "
+        "or stops with a clear message (exit 2)"
+    )
+    why = (
+        "megatron-core saves the distributed optimizer as dp_reshardable (training/engine_megatron.py), "
+        "so a different DP size may load it; after the load the run is a DP=1 run, hence the DP bound. " + why
+    )
     row = runs.row("reshard")
     info: dict = {"outcome": None}
     if runs.skipped("reshard"):
@@ -275,8 +399,10 @@ def reshard_check(runs: BenchRuns, steps: list[int], total: int, reshard_step: i
     message = log_message(log)
     if row["rc"] == 2:
         info.update(outcome="refused", message=message)
-        return {"info": info,
-                "check": _check("reshard", title, "PASS", f"refused (exit 2): {message}", bound, why)}
+        return {
+            "info": info,
+            "check": _check("reshard", title, "PASS", f"refused (exit 2): {message}", bound, why),
+        }
     info.update(outcome="failed", message=message)
     measured = f"failed (exit {row['rc']}, {row['status']}): {message}"
     return {"info": info, "check": _check("reshard", title, "FAIL", measured, bound, why)}
@@ -290,8 +416,10 @@ def _reshard_works(runs: BenchRuns, steps: list[int], reshard_step: int, tol: fl
     sub = [s for s in steps if s > reshard_step]
     problems = []
     if not resumes or resumes[0]["step"] != reshard_step:
-        problems.append(f"no resume from step {reshard_step} in metrics.jsonl "
-                        f"(resume events at {[r['step'] for r in resumes]})")
+        problems.append(
+            f"no resume from step {reshard_step} in metrics.jsonl "
+            f"(resume events at {[r['step'] for r in resumes]})"
+        )
     if any(s <= reshard_step for s in losses):
         problems.append(f"trained steps <= {reshard_step}: it did not start from the checkpoint")
     result, notes = {}, []
@@ -303,11 +431,15 @@ def _reshard_works(runs: BenchRuns, steps: list[int], reshard_step: int, tol: fl
         cmp = compare_losses(losses, runs.losses[ref], sub)
         result[ref] = cmp
         if cmp["missing"] or cmp["max_abs"] > tol:
-            problems.append(f"vs {ref}: max |diff| {fmt(cmp['max_abs'])} (step {cmp['at_step']})"
-                            + (f", steps missing {steps_str(cmp['missing'])}" if cmp["missing"] else ""))
+            problems.append(
+                f"vs {ref}: max |diff| {fmt(cmp['max_abs'])} (step {cmp['at_step']})"
+                + (f", steps missing {steps_str(cmp['missing'])}" if cmp["missing"] else "")
+            )
     measured = "works: " + ", ".join(
         f"vs {ref} max |diff| {fmt(c['max_abs'])} (step {c['at_step']}, "
-        f"{'bitwise' if c['bitwise'] else 'not bitwise'})" for ref, c in result.items())
+        f"{'bitwise' if c['bitwise'] else 'not bitwise'})"
+        for ref, c in result.items()
+    )
     if not result:
         problems.append("nothing to compare with")
     if problems or notes:
@@ -327,8 +459,9 @@ def dp_bound(runs: BenchRuns, steps: list[int], *, cpu_exact: bool) -> tuple[flo
     return tol, why, yard
 
 
-def run_checks(runs: BenchRuns, *, total: int, nproc: int, is_cpu: bool, preempt_at: int,
-               reshard_step: int) -> dict:
+def run_checks(
+    runs: BenchRuns, *, total: int, nproc: int, is_cpu: bool, preempt_at: int, reshard_step: int
+) -> dict:
     """Every check over steps 1..``total``, in the report's order: ``checks`` (the list), ``preempt`` and
     ``reshard`` (what the report says about those two runs besides their checks)."""
     steps = list(range(1, total + 1))
@@ -336,16 +469,32 @@ def run_checks(runs: BenchRuns, *, total: int, nproc: int, is_cpu: bool, preempt
     exact = is_cpu and accumulation_per_rank(runs.out / "dp") == 1
     dp_tol, dp_why, yard = dp_bound(runs, steps, cpu_exact=exact)
     checks = [
-        parity_check(runs, "dp_vs_ref", f"DP={nproc} vs DP=1: per-step training loss, steps 1..{total}", "dp",
-                     "ref", steps, dp_tol, dp_why),
-        step1_check(runs, nproc, Tolerances.EXACT if exact else Tolerances.DP_STEP1,
-                    dp_why if exact else Tolerances.DP_STEP1_WHY),
+        parity_check(
+            runs,
+            "dp_vs_ref",
+            f"DP={nproc} vs DP=1: per-step training loss, steps 1..{total}",
+            "dp",
+            "ref",
+            steps,
+            dp_tol,
+            dp_why,
+        ),
+        step1_check(
+            runs,
+            nproc,
+            Tolerances.EXACT if exact else Tolerances.DP_STEP1,
+            dp_why if exact else Tolerances.DP_STEP1_WHY,
+        ),
         tp_check(runs, steps, total, yard, dp_tol),
     ]
     if yard is not None and checks[0]["status"] in ("PASS", "FAIL"):
-        checks[0]["measured"] += (f" (for scale: another init, the seed run, is {fmt(yard['max_abs'])} "
-                                  "from ref)")
+        checks[0]["measured"] += (
+            f" (for scale: another init, the seed run, is {fmt(yard['max_abs'])} from ref)"
+        )
     preempt = preempt_checks(runs, steps, total, preempt_at)
     reshard = reshard_check(runs, steps, total, reshard_step, dp_tol, dp_why)
-    return {"checks": [*checks, *preempt["checks"], reshard["check"]], "preempt": preempt["info"],
-            "reshard": reshard["info"]}
+    return {
+        "checks": [*checks, *preempt["checks"], reshard["check"]],
+        "preempt": preempt["info"],
+        "reshard": reshard["info"],
+    }

@@ -42,10 +42,19 @@ def _header(rep: dict) -> list[str]:
 def _checks(checks: list[dict]) -> list[str]:
     lines = ["## Checks", "", "| check | result | measured | bound |", "|---|---|---|---|"]
     for c in checks:
-        lines.append(f"| {_cell(c['id'] + ': ' + c['title'])} | **{c['status']}** | {_cell(c['measured'])} | "
-                     f"{_cell(c['bound'])} |")
-    lines += ["", "```", *(f"{c['status']} {c['id']}: {c['measured']}" for c in checks), "```", "",
-              "Why each bound:", ""]
+        lines.append(
+            f"| {_cell(c['id'] + ': ' + c['title'])} | **{c['status']}** | {_cell(c['measured'])} | "
+            f"{_cell(c['bound'])} |"
+        )
+    lines += [
+        "",
+        "```",
+        *(f"{c['status']} {c['id']}: {c['measured']}" for c in checks),
+        "```",
+        "",
+        "Why each bound:",
+        "",
+    ]
     seen: dict[str, str] = {}
     for c in checks:
         if c["why"]:
@@ -55,22 +64,36 @@ def _checks(checks: list[dict]) -> list[str]:
 
 
 def _launches(launches: list[dict]) -> list[str]:
-    lines = ["## Launches (exact commands)", "", "| label | procs | exit | wall s | status | command |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "## Launches (exact commands)",
+        "",
+        "| label | procs | exit | wall s | status | command |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in launches:
         cmd = f"`{_cell(r['command'].strip())}`" if r["command"] else "-"
-        lines.append(f"| {r['label']} | {r['nproc']} | {fmt(r['rc'])} | {fmt(r['wall_s'])} | "
-                     f"{_cell(r['status'])} | {cmd} |")
+        lines.append(
+            f"| {r['label']} | {r['nproc']} | {fmt(r['rc'])} | {fmt(r['wall_s'])} | "
+            f"{_cell(r['status'])} | {cmd} |"
+        )
     return lines
 
 
 def _preempt_and_reshard(p: dict, r: dict) -> list[str]:
-    lines = ["## Preemption", "",
-             f"- exit codes: {p.get('exit_codes')} (expected [3, 0]); {p.get('sigterm')}",
-             (f"- first launch stopped after step {p.get('stopped_after')}; the relaunch resumed from step "
-              f"{p.get('resumed_from')} ({p.get('resume_detail')})"),
-             f"- steps missing: {p.get('missing')}; steps logged twice: {p.get('duplicates')}",
-             "", "## Reshard (DP=N checkpoint, DP=1 resume)", "", f"- outcome: **{r.get('outcome')}**"]
+    lines = [
+        "## Preemption",
+        "",
+        f"- exit codes: {p.get('exit_codes')} (expected [3, 0]); {p.get('sigterm')}",
+        (
+            f"- first launch stopped after step {p.get('stopped_after')}; the relaunch resumed from step "
+            f"{p.get('resumed_from')} ({p.get('resume_detail')})"
+        ),
+        f"- steps missing: {p.get('missing')}; steps logged twice: {p.get('duplicates')}",
+        "",
+        "## Reshard (DP=N checkpoint, DP=1 resume)",
+        "",
+        f"- outcome: **{r.get('outcome')}**",
+    ]
     if r.get("message"):
         lines.append(f"- message: {r['message']}")
     lines += [f"- log: {note}" for note in r.get("log_notes", [])]
@@ -80,10 +103,17 @@ def _preempt_and_reshard(p: dict, r: dict) -> list[str]:
 def _scaling(rows: list[dict], overlapped: bool) -> list[str]:
     lines = ["## Scaling (tokens/s/GPU, median over the steps after the first 3)", ""]
     if overlapped:
-        lines += [("Not a measurement: the runs were overlapped (--overlap), the figures below only show the "
-                   "wiring."), ""]
-    lines += ["| run | processes | tokens/s/GPU | step time s | MFU | peak mem GiB | efficiency vs ref |",
-              "|---|---|---|---|---|---|---|"]
+        lines += [
+            (
+                "Not a measurement: the runs were overlapped (--overlap), the figures below only show the "
+                "wiring."
+            ),
+            "",
+        ]
+    lines += [
+        "| run | processes | tokens/s/GPU | step time s | MFU | peak mem GiB | efficiency vs ref |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         tps = "-" if row["tokens_per_s_per_gpu"] is None else f"{row['tokens_per_s_per_gpu']:,.0f}"
         st = "-" if row["step_time_s"] is None else f"{row['step_time_s']:.3f}"
@@ -95,22 +125,32 @@ def _scaling(rows: list[dict], overlapped: bool) -> list[str]:
 
 
 def _per_step(rows: list[dict]) -> list[str]:
-    lines = ["## Per-step training loss", "",
-             "| step | ref loss | dp - ref | tp - ref | seed - ref | preempt - dp | reshard - dp |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Per-step training loss",
+        "",
+        "| step | ref loss | dp - ref | tp - ref | seed - ref | preempt - dp | reshard - dp |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         ref = "-" if row["ref"] is None else f"{row['ref']:.6f}"
-        lines.append(f"| {row['step']} | {ref} | {_diff(row['dp'], row['ref'])} | "
-                     f"{_diff(row['tp'], row['ref'])} | {_diff(row['seed'], row['ref'])} | "
-                     f"{_diff(row['preempt'], row['dp'])} | {_diff(row['reshard'], row['dp'])} |")
+        lines.append(
+            f"| {row['step']} | {ref} | {_diff(row['dp'], row['ref'])} | "
+            f"{_diff(row['tp'], row['ref'])} | {_diff(row['seed'], row['ref'])} | "
+            f"{_diff(row['preempt'], row['dp'])} | {_diff(row['reshard'], row['dp'])} |"
+        )
     return lines
 
 
 def render_markdown(rep: dict) -> str:
     """The report as markdown (what ``multi_gpu_report.md`` holds)."""
-    sections = [_header(rep), _checks(rep["checks"]), _launches(rep["launches"]),
-                _preempt_and_reshard(rep["preempt"], rep["reshard"]),
-                _scaling(rep["scaling"], rep["overlapped"]), _per_step(rep["per_step"])]
+    sections = [
+        _header(rep),
+        _checks(rep["checks"]),
+        _launches(rep["launches"]),
+        _preempt_and_reshard(rep["preempt"], rep["reshard"]),
+        _scaling(rep["scaling"], rep["overlapped"]),
+        _per_step(rep["per_step"]),
+    ]
     return "\n\n".join("\n".join(sec) for sec in sections) + "\n"
 
 

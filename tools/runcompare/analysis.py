@@ -85,13 +85,28 @@ def _estimate(arm_m, base_m, method, opt: Options, rng) -> GapEstimate:
         used = "seeds" if multi else None
     if used is None:
         gap, why = point_gap(arm_m, base_m)
-        return GapEstimate(gap, None, None, n, None, n_excluded=arm_m.shape[1] - n, note=why or (
-            f"no interval: one seed in an arm and {n} point(s) "
-            f"(resampling steps needs {MIN_POINTS_STEP_RESAMPLING})"
-        ))
+        return GapEstimate(
+            gap,
+            None,
+            None,
+            n,
+            None,
+            n_excluded=arm_m.shape[1] - n,
+            note=why
+            or (
+                f"no interval: one seed in an arm and {n} point(s) "
+                f"(resampling steps needs {MIN_POINTS_STEP_RESAMPLING})"
+            ),
+        )
     est = bootstrap_gap(
-        arm_m, base_m, method=used, n_boot=opt.n_boot, ci=opt.ci, rng=rng,
-        block_len=opt.block_len, min_points=MIN_POINTS_STEP_RESAMPLING,
+        arm_m,
+        base_m,
+        method=used,
+        n_boot=opt.n_boot,
+        ci=opt.ci,
+        rng=rng,
+        block_len=opt.block_len,
+        min_points=MIN_POINTS_STEP_RESAMPLING,
     )
     if used != method and est.gap is not None:
         extra = f"{n} point(s), fewer than {MIN_POINTS_STEP_RESAMPLING}: seeds resampled, steps not"
@@ -105,7 +120,10 @@ def _windowed(arm_names, base_names, series, widx, n_win, method, opt, label, ki
     for w in range(n_win):
         sel = widx == w
         est = _estimate(
-            _matrix(arm_names, series, sel), _matrix(base_names, series, sel), method, opt,
+            _matrix(arm_names, series, sel),
+            _matrix(base_names, series, sel),
+            method,
+            opt,
             _rng(opt.bootstrap_seed, label, kind, w),
         )
         d = est.to_dict()
@@ -183,8 +201,9 @@ def _load(run_dirs: list[str], opt: Options) -> list[RunData]:
     return runs
 
 
-def _group_and_align(runs: list[RunData],
-                     opt: Options) -> tuple[dict[str, list[RunData]], str, Aligned, list[str]]:
+def _group_and_align(
+    runs: list[RunData], opt: Options
+) -> tuple[dict[str, list[RunData]], str, Aligned, list[str]]:
     """Check the fingerprints, group the runs into arms, pick the baseline, align the runs on consumed
     tokens; returns ``(arms, baseline label, aligned, warnings)``."""
     warnings = check_fingerprints(runs, force=opt.force)
@@ -250,16 +269,13 @@ def _window_summary(win: _Windows) -> list[dict]:
     ]
 
 
-def _arm_summaries(arms: dict[str, list[RunData]], base: str, aligned: Aligned,
-                   run_rows: list[dict]) -> dict:
+def _arm_summaries(arms: dict[str, list[RunData]], base: str, aligned: Aligned, run_rows: list[dict]) -> dict:
     """Per arm: members, seeds, median tokens/s/GPU over its runs, non-finite counts, throughput ratio
     vs the baseline arm."""
     by_name = {row["name"]: row for row in run_rows}
     arm_rows = {}
     for label, members in arms.items():
-        tps = np.concatenate([
-            r.train["tokens_per_s_per_gpu"][aligned.train_mask[r.name]] for r in members
-        ])
+        tps = np.concatenate([r.train["tokens_per_s_per_gpu"][aligned.train_mask[r.name]] for r in members])
         tps = tps[np.isfinite(tps)]
         arm_rows[label] = {
             "runs": [r.name for r in members],
@@ -282,8 +298,7 @@ def _method_warnings(method: str, n_arm: int, n_base: int) -> list[str]:
     warnings = []
     if method in ("seeds", "hier") and min(n_arm, n_base) < FEW_SEEDS:
         warnings.append(
-            f"only {n_arm} and {n_base} seeds: seed-resampled intervals are coarse "
-            f"and may undercover"
+            f"only {n_arm} and {n_base} seeds: seed-resampled intervals are coarse and may undercover"
         )
     if method == "blocks" and (n_arm == 1 or n_base == 1):
         warnings.append(
@@ -305,15 +320,25 @@ def _gap_summary(prefix: str, windows: list[dict], final: dict | None, overall: 
     }
 
 
-def _compare_arm(label: str, names: list[str], base: str, base_names: list[str], aligned: Aligned,
-                 win: _Windows, opt: Options) -> dict:
+def _compare_arm(
+    label: str,
+    names: list[str],
+    base: str,
+    base_names: list[str],
+    aligned: Aligned,
+    win: _Windows,
+    opt: Options,
+) -> dict:
     """One arm vs the baseline: the train-loss gap per window, in the last window and over all points;
     the validation-loss gap likewise (final = the last validation point), when there is validation."""
     method = choose_method(len(names), len(base_names), opt.bootstrap)
 
     def estimate(series: dict[str, np.ndarray], sel: np.ndarray, key: str) -> dict:
         return _estimate(
-            _matrix(names, series, sel), _matrix(base_names, series, sel), method, opt,
+            _matrix(names, series, sel),
+            _matrix(base_names, series, sel),
+            method,
+            opt,
             _rng(opt.bootstrap_seed, label, key),
         ).to_dict()
 
@@ -354,8 +379,11 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     win = _windows(aligned, opt)
     run_rows = [_run_summary(r, aligned) for r in runs]
     base_names = [r.name for r in arms[base]]
-    comparisons = [_compare_arm(label, [r.name for r in members], base, base_names, aligned, win, opt)
-                   for label, members in arms.items() if label != base]
+    comparisons = [
+        _compare_arm(label, [r.name for r in members], base, base_names, aligned, win, opt)
+        for label, members in arms.items()
+        if label != base
+    ]
     return {
         "warnings": warnings,
         "baseline": base,

@@ -70,7 +70,15 @@ def plot_losses(res: dict, path: Path) -> None:
             m = _arm_mean(series, arm["runs"])
             means.append(m)
             tag = " (baseline)" if arm["is_baseline"] else ""
-            ax.plot(tok, m, color=c, lw=2.0, marker=marker, ms=3, label=f"{label}{tag}, {len(arm['runs'])} seed(s)")
+            ax.plot(
+                tok,
+                m,
+                color=c,
+                lw=2.0,
+                marker=marker,
+                ms=3,
+                label=f"{label}{tag}, {len(arm['runs'])} seed(s)",
+            )
         lim = _ylim(means, tok)
         if lim:
             ax.set_ylim(*lim)
@@ -110,11 +118,17 @@ def plot_gaps(res: dict, path: Path) -> None:
                 win = res["windows"][r["window"]]
                 x = [win["lo_tokens"], win["hi_tokens"]]
                 if r["lo"] is not None:
-                    ax.fill_between(x, r["lo"], r["hi"], color=col, alpha=0.25, lw=0,
-                                    label=f"{pct} CI" if first else None)
+                    ax.fill_between(
+                        x, r["lo"], r["hi"], color=col, alpha=0.25, lw=0, label=f"{pct} CI" if first else None
+                    )
                 if r["gap"] is not None:
-                    ax.plot(x, [r["gap"]] * 2, color=col, lw=2.5,
-                            label=f"{c['arm']} - baseline ({c['method']})" if first else None)
+                    ax.plot(
+                        x,
+                        [r["gap"]] * 2,
+                        color=col,
+                        lw=2.5,
+                        label=f"{c['arm']} - baseline ({c['method']})" if first else None,
+                    )
                     if r["significant"]:
                         ax.plot([np.mean(x)], [r["gap"]], marker="*", color=col, ms=10, mec="black")
                     first = False

@@ -64,16 +64,20 @@ def _gap_table(res: dict, rows: list[dict], pct: str, kind: str) -> list[str]:
     ]
     for r in rows:
         win = res["windows"][r["window"]]
-        out.append(_row([
-            str(r["window"]),
-            f"{_tok(win['lo_tokens'])}-{_tok(win['hi_tokens'])}",
-            str(win[pts]),
-            _g(r["gap"]),
-            _ci(r),
-            "**yes**" if r["significant"] else "no",
-            _cell(r["method"]),
-            _cell(r["note"]),
-        ]))
+        out.append(
+            _row(
+                [
+                    str(r["window"]),
+                    f"{_tok(win['lo_tokens'])}-{_tok(win['hi_tokens'])}",
+                    str(win[pts]),
+                    _g(r["gap"]),
+                    _ci(r),
+                    "**yes**" if r["significant"] else "no",
+                    _cell(r["method"]),
+                    _cell(r["note"]),
+                ]
+            )
+        )
     return out
 
 
@@ -94,7 +98,8 @@ def render_markdown(res: dict) -> str:
         f"- compare_runs commit: `{commit}`",
         f"- Baseline arm: `{_cell(res['baseline'])}`",
         f"- Config fingerprint: {', '.join('`' + _cell(x) + '`' for x in res['fingerprints']['config'])}",
-        f"- Data-order fingerprint: {', '.join('`' + _cell(x) + '`' for x in res['fingerprints']['data_order'])}",
+        "- Data-order fingerprint: "
+        f"{', '.join('`' + _cell(x) + '`' for x in res['fingerprints']['data_order'])}",
     ]
     g = res["grid"]
     tps = f", {_tok(g['tokens_per_step'])} tokens per logged step" if g["tokens_per_step"] else ""
@@ -106,7 +111,8 @@ def render_markdown(res: dict) -> str:
     L.append(
         f"- Windows: {len(res['windows'])}"
         + (f" of {_tok(opt['window_tokens'])} tokens" if opt["window_tokens"] else " of equal width")
-        + f"; bootstrap: {opt['n_boot']} replicates, {pct} percentile intervals, seed {opt['bootstrap_seed']}, "
+        + f"; bootstrap: {opt['n_boot']} replicates, {pct} percentile intervals, seed "
+        f"{opt['bootstrap_seed']}, "
         f"method {opt['bootstrap']}, block length {opt['block_len'] or 'automatic (Politis-White)'}"
     )
     L += ["", "Gap = arm loss - baseline loss (nats); negative means the arm has the lower loss.", ""]
@@ -115,69 +121,160 @@ def render_markdown(res: dict) -> str:
         L += ["## Warnings", ""] + [f"- {_cell(w)}" for w in warns] + [""]
 
     L += ["## Runs", ""]
-    L.append(_row(["run", "arm", "seed", "backend", "world size", "commit", "train pts", "val pts",
-                   "superseded records", "events"]))
+    L.append(
+        _row(
+            [
+                "run",
+                "arm",
+                "seed",
+                "backend",
+                "world size",
+                "commit",
+                "train pts",
+                "val pts",
+                "superseded records",
+                "events",
+            ]
+        )
+    )
     L.append(_row(["---"] * 10))
     for r in res["runs"]:
         ev = ", ".join(f"{k}: {v}" for k, v in sorted(r["events"].items())) or "-"
-        L.append(_row([_cell(r["name"]), f"`{_cell(r['arm'])}`", str(r["seed"]), _cell(r["attention_backend"]),
-                       str(r["world_size"]), _cell(r["commit"] or "unknown"), str(r["train_records"]),
-                       str(r["valid_records"]), str(r["records_replaced_by_later"]), _cell(ev)]))
+        L.append(
+            _row(
+                [
+                    _cell(r["name"]),
+                    f"`{_cell(r['arm'])}`",
+                    str(r["seed"]),
+                    _cell(r["attention_backend"]),
+                    str(r["world_size"]),
+                    _cell(r["commit"] or "unknown"),
+                    str(r["train_records"]),
+                    str(r["valid_records"]),
+                    str(r["records_replaced_by_later"]),
+                    _cell(ev),
+                ]
+            )
+        )
     L.append("")
 
     L += ["## Headline", ""]
-    L.append(_row(["arm", "seeds (arm/base)", "CI method", "final-window train gap", f"{pct} CI",
-                   "whole-range train gap", f"{pct} CI", "first significant train window",
-                   "final val gap", f"{pct} CI", "first significant val window",
-                   "tokens/s/GPU ratio"]))
+    L.append(
+        _row(
+            [
+                "arm",
+                "seeds (arm/base)",
+                "CI method",
+                "final-window train gap",
+                f"{pct} CI",
+                "whole-range train gap",
+                f"{pct} CI",
+                "first significant train window",
+                "final val gap",
+                f"{pct} CI",
+                "first significant val window",
+                "tokens/s/GPU ratio",
+            ]
+        )
+    )
     L.append(_row(["---"] * 12))
     for c in res["comparisons"]:
         vf = c["valid_final"]
-        L.append(_row([
-            f"`{_cell(c['arm'])}`", f"{c['n_seeds'][0]}/{c['n_seeds'][1]}", c["method"],
-            _g(c["train_final"]["gap"]), _ci(c["train_final"]),
-            _g(c["train_overall"]["gap"]), _ci(c["train_overall"]),
-            _window_label(res, c["train_first_significant_window"]),
-            (_g(vf["gap"]) + f" @ {_tok(vf['tokens'])}") if vf else "no validation records", _ci(vf),
-            _window_label(res, c["valid_first_significant_window"]) if vf else "-",
-            _f3(arms[c["arm"]]["throughput_ratio_vs_baseline"]),
-        ]))
+        L.append(
+            _row(
+                [
+                    f"`{_cell(c['arm'])}`",
+                    f"{c['n_seeds'][0]}/{c['n_seeds'][1]}",
+                    c["method"],
+                    _g(c["train_final"]["gap"]),
+                    _ci(c["train_final"]),
+                    _g(c["train_overall"]["gap"]),
+                    _ci(c["train_overall"]),
+                    _window_label(res, c["train_first_significant_window"]),
+                    (_g(vf["gap"]) + f" @ {_tok(vf['tokens'])}") if vf else "no validation records",
+                    _ci(vf),
+                    _window_label(res, c["valid_first_significant_window"]) if vf else "-",
+                    _f3(arms[c["arm"]]["throughput_ratio_vs_baseline"]),
+                ]
+            )
+        )
     L.append("")
 
     for c in res["comparisons"]:
         L += [f"## Train-loss gap per window: `{_cell(c['arm'])}` - `{_cell(c['baseline'])}`", ""]
         L += _gap_table(res, c["train_windows"], pct, "train")
         first = _window_label(res, c["train_first_significant_window"])
-        L += ["", (f"First significant window: {first}. "
-                  f"Significant windows: {c['train_significant_windows'] or 'none'}."), ""]
+        L += [
+            "",
+            (
+                f"First significant window: {first}. "
+                f"Significant windows: {c['train_significant_windows'] or 'none'}."
+            ),
+            "",
+        ]
         L += [f"### Validation-loss gap per window: `{_cell(c['arm'])}` - `{_cell(c['baseline'])}`", ""]
         if c["valid_final"] is None:
             L += ["No validation records.", ""]
         else:
             L += _gap_table(res, c["valid_windows"], pct, "valid")
             vf, vo = c["valid_final"], c["valid_overall"]
-            L += ["", f"Final validation gap (at {_tok(vf['tokens'])} tokens): {_g(vf['gap'])} nats, "
-                  f"{pct} CI {_ci(vf)}" + (f" ({_cell(vf['note'])})" if vf["note"] else "") + ". "
-                  f"Mean over all evaluations: {_g(vo['gap'])}, CI {_ci(vo)}. "
-                  f"First significant window: {_window_label(res, c['valid_first_significant_window'])}.", ""]
+            L += [
+                "",
+                f"Final validation gap (at {_tok(vf['tokens'])} tokens): {_g(vf['gap'])} nats, "
+                f"{pct} CI {_ci(vf)}" + (f" ({_cell(vf['note'])})" if vf["note"] else "") + ". "
+                f"Mean over all evaluations: {_g(vo['gap'])}, CI {_ci(vo)}. "
+                f"First significant window: {_window_label(res, c['valid_first_significant_window'])}.",
+                "",
+            ]
 
     L += ["## Non-finite counts", ""]
-    L.append(_row(["run", "arm", "seed", "non-finite train loss", "non-finite val loss", "inf grad norm",
-                   "skipped steps", "nonfinite_count (last logged)"]))
+    L.append(
+        _row(
+            [
+                "run",
+                "arm",
+                "seed",
+                "non-finite train loss",
+                "non-finite val loss",
+                "inf grad norm",
+                "skipped steps",
+                "nonfinite_count (last logged)",
+            ]
+        )
+    )
     L.append(_row(["---"] * 8))
     for r in res["runs"]:
         n = r["nonfinite"]
-        L.append(_row([_cell(r["name"]), f"`{_cell(r['arm'])}`", str(r["seed"]), str(n["train_loss"]),
-                       str(n["val_loss"]), str(n["grad_norm"]), str(n["skipped_steps"]),
-                       str(n["nonfinite_count_last"])]))
+        L.append(
+            _row(
+                [
+                    _cell(r["name"]),
+                    f"`{_cell(r['arm'])}`",
+                    str(r["seed"]),
+                    str(n["train_loss"]),
+                    str(n["val_loss"]),
+                    str(n["grad_norm"]),
+                    str(n["skipped_steps"]),
+                    str(n["nonfinite_count_last"]),
+                ]
+            )
+        )
     L += ["", "Non-finite losses are excluded from every mean and interval above.", ""]
 
     L += ["## Throughput", ""]
     L.append(_row(["arm", "runs", "median tokens/s/GPU", "ratio vs baseline"]))
     L.append(_row(["---"] * 4))
     for label, a in arms.items():
-        L.append(_row([f"`{_cell(label)}`" + (" (baseline)" if a["is_baseline"] else ""), str(len(a["runs"])),
-                       _f1(a["median_tokens_per_s_per_gpu"]), _f3(a["throughput_ratio_vs_baseline"])]))
+        L.append(
+            _row(
+                [
+                    f"`{_cell(label)}`" + (" (baseline)" if a["is_baseline"] else ""),
+                    str(len(a["runs"])),
+                    _f1(a["median_tokens_per_s_per_gpu"]),
+                    _f3(a["throughput_ratio_vs_baseline"]),
+                ]
+            )
+        )
     L += ["", "Median over every logged train step of the arm's runs in the compared range.", ""]
 
     L += ["## Method", ""]
@@ -197,10 +294,14 @@ def render_markdown(res: dict) -> str:
     for m in sorted({c["method"] for c in res["comparisons"]}):
         L.append(f"- `{m}`: {METHOD_TEXT[m]}.")
     L += [
-        ("- Windows with fewer than 5 points resample seeds only (several seeds) or get no interval "
-        "(one seed in an arm). Final validation gap: the last evaluation."),
-        ("- A window is significant when its interval excludes 0. Intervals are pointwise: over many "
-        "windows some may exclude 0 by chance (about 5% each at 95% under no gap)."),
+        (
+            "- Windows with fewer than 5 points resample seeds only (several seeds) or get no interval "
+            "(one seed in an arm). Final validation gap: the last evaluation."
+        ),
+        (
+            "- A window is significant when its interval excludes 0. Intervals are pointwise: over many "
+            "windows some may exclude 0 by chance (about 5% each at 95% under no gap)."
+        ),
         "",
     ]
     return "\n".join(L)

@@ -251,8 +251,15 @@ def bootstrap_gap(
     bl = None
     if resample_steps:
         if n < min_points:
-            return GapEstimate(gap, None, None, n, method, note=f"fewer than {min_points} points in window",
-                               n_excluded=n_excl)
+            return GapEstimate(
+                gap,
+                None,
+                None,
+                n,
+                method,
+                note=f"fewer than {min_points} points in window",
+                n_excluded=n_excl,
+            )
         if block_len is None:
             gap_series = arm.mean(axis=0) - base.mean(axis=0)  # per-point gap of the arm means
             bl = default_block_len(gap_series)

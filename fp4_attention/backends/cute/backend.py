@@ -38,11 +38,20 @@ try:
 
     from .fwd_sm90 import FP8ForwardSm90
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
-    raise ImportError(f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
-                      "pip install 'fp4-attention-pretrain[cute]', or use backend='triton'") from err
+    raise ImportError(
+        f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
+        "pip install 'fp4-attention-pretrain[cute]', or use backend='triton'"
+    ) from err
 
-__all__ = ["COMPILE_SECONDS", "DEFAULT_TILES", "CuteBackend", "forward_fp8", "kernel_operands",
-           "triton_state", "unpermute_v"]
+__all__ = [
+    "COMPILE_SECONDS",
+    "DEFAULT_TILES",
+    "CuteBackend",
+    "forward_fp8",
+    "kernel_operands",
+    "triton_state",
+    "unpermute_v",
+]
 
 # (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, 128 keys per KV tile.
 # Tested against the reference on the H200: (128, 128, 2) and (128, 96, 2); timed also (128, 64, 2).
@@ -67,7 +76,9 @@ def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dic
     key = (d, group, causal, tiles, tuple(sorted(kernel_options.items())))
     if key not in _CACHE:
         tile_m, tile_n, stages = tiles
-        kernel = FP8ForwardSm90(d, group, causal, tile_m=tile_m, tile_n=tile_n, num_stages=stages, **kernel_options)
+        kernel = FP8ForwardSm90(
+            d, group, causal, tile_m=tile_m, tile_n=tile_n, num_stages=stages, **kernel_options
+        )
         q, k, vt, out, lse, row, col, vs = args
         cute_args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)]
         cute_args.append(to_cute_tensor(vt, leading_dim=1))
@@ -83,19 +94,31 @@ def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dic
 def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles) -> None:
     if tiles not in SUPPORTED_TILES:
         raise ValueError(f"cute backend: tiles {tiles} not supported; use one of {SUPPORTED_TILES}")
-    for name, t, dtype in (("q8", q8, torch.float8_e4m3fn), ("k8", k8, torch.float8_e4m3fn),
-                           ("vt_perm", vt, torch.float8_e4m3fn), ("row_r", row_r, torch.float32),
-                           ("col", col, torch.float32), ("v_scale", v_scale, torch.float32)):
+    for name, t, dtype in (
+        ("q8", q8, torch.float8_e4m3fn),
+        ("k8", k8, torch.float8_e4m3fn),
+        ("vt_perm", vt, torch.float8_e4m3fn),
+        ("row_r", row_r, torch.float32),
+        ("col", col, torch.float32),
+        ("v_scale", v_scale, torch.float32),
+    ):
         # E4M3 operands are TMA-loaded (contiguous); the FP32 scales need unit stride on their last dim
         laid_out = t.is_contiguous() if dtype == torch.float8_e4m3fn else t.stride(-1) == 1
         if t.dtype != dtype or not t.is_cuda or not laid_out:
-            raise ValueError(f"forward_fp8: {name} must be a CUDA {dtype} tensor "
-                             f"({'contiguous' if dtype == torch.float8_e4m3fn else 'unit last stride'}), got "
-                             f"{t.dtype} on {t.device} with strides {tuple(t.stride())}")
+            raise ValueError(
+                f"forward_fp8: {name} must be a CUDA {dtype} tensor "
+                f"({'contiguous' if dtype == torch.float8_e4m3fn else 'unit last stride'}), got "
+                f"{t.dtype} on {t.device} with strides {tuple(t.stride())}"
+            )
     b, hq, sq, d = q8.shape
     _, hkv, sk, _ = k8.shape
-    for name, t, shape in (("k8", k8, (b, hkv, sk, d)), ("vt_perm", vt, (b, hkv, d, padded_keys(sk))),
-                           ("row_r", row_r, (b, hq, sq)), ("col", col, (b, hkv, sk)), ("v_scale", v_scale, (b, hkv, d))):
+    for name, t, shape in (
+        ("k8", k8, (b, hkv, sk, d)),
+        ("vt_perm", vt, (b, hkv, d, padded_keys(sk))),
+        ("row_r", row_r, (b, hq, sq)),
+        ("col", col, (b, hkv, sk)),
+        ("v_scale", v_scale, (b, hkv, d)),
+    ):
         if tuple(t.shape) != shape:
             raise ValueError(f"forward_fp8: {name} has shape {tuple(t.shape)}, expected {shape}")
     if hq % hkv:
@@ -105,17 +128,28 @@ def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles) -> None:
 def kernel_operands(q_s: FP8Tensor, k_s: FP8Tensor, v_s: FP8Tensor, softmax_scale: float) -> tuple:
     """The operands of :func:`forward_fp8` from quantized Q/K/V as :class:`SavedState` saves them:
     ``(q8, k8, vt_perm, row_r, col, v_scale)``, ``row_r`` = Q token scale * softmax_scale * log2 e."""
-    return (q_s.data, k_s.data, v_s.data, q_s.scale.squeeze(-1) * (softmax_scale * LOG2E), k_s.scale.squeeze(-1),
-            v_s.scale.squeeze(2).contiguous())
+    return (
+        q_s.data,
+        k_s.data,
+        v_s.data,
+        q_s.scale.squeeze(-1) * (softmax_scale * LOG2E),
+        k_s.scale.squeeze(-1),
+        v_s.scale.squeeze(2).contiguous(),
+    )
 
 
-def quantize_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[FP8Tensor, FP8Tensor, FP8Tensor]:
+def quantize_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[FP8Tensor, FP8Tensor, FP8Tensor]:
     """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA) -> the quantized Q/K/V the kernel
     reads and :class:`SavedState` saves: Q and K E4M3 per token, V E4M3 per channel, transposed and
     in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands` makes them the
     kernel's arguments."""
-    return (quantize_fp8_rows(q.contiguous()), quantize_fp8_rows(k.contiguous()),
-            quantize_fp8_v_transposed(v, perm16=True))
+    return (
+        quantize_fp8_rows(q.contiguous()),
+        quantize_fp8_rows(k.contiguous()),
+        quantize_fp8_v_transposed(v, perm16=True),
+    )
 
 
 def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, **kernel_options):
@@ -139,8 +173,16 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
     hkv = k8.shape[1]
     out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q8.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q8.device)
-    args = (q8.permute(0, 2, 1, 3), k8.permute(0, 2, 1, 3), vt_perm.permute(0, 3, 1, 2), out.permute(0, 2, 1, 3),
-            lse, row_r, col, v_scale)
+    args = (
+        q8.permute(0, 2, 1, 3),
+        k8.permute(0, 2, 1, 3),
+        vt_perm.permute(0, 3, 1, 2),
+        out.permute(0, 2, 1, 3),
+        lse,
+        row_r,
+        col,
+        v_scale,
+    )
     fn = _compiled(d, hq // hkv, causal, tuple(tiles), args, kernel_options)
     fn(*[t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in args])
     return out, lse
@@ -161,8 +203,11 @@ class CuteBackend:
         out, lse = forward_fp8(*kernel_operands(q_s, k_s, v_s, softmax_scale), causal=causal, tiles=tiles)
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
-    def backward(self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
+    def backward(
+        self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None
+    ):
         """The Triton backward kernels on this backend's forward state, V back in key order (module
         docstring)."""
-        return TritonBackend().backward(triton_state(state), dout, recipe, causal=causal, softmax_scale=softmax_scale)
-
+        return TritonBackend().backward(
+            triton_state(state), dout, recipe, causal=causal, softmax_scale=softmax_scale
+        )

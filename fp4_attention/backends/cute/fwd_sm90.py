@@ -79,41 +79,74 @@ def _exp2_fma_ptx(degree: int) -> str:
     """PTX of ``direct_p_e4m3.exp2_fma``: clamp, floor by a round-down add of 1.5 * 2^23, Horner, and
     the integer part added to the exponent bits (SHL + IADD); ``degree + 6`` instructions, no MUFU."""
     c = exp2_poly_coeffs(degree)
-    lines = [".reg .f32 x, t, n, f, p;", ".reg .b32 ti, pi;",
-             f"max.f32 x, $1, {_f32_ptx(EXP2_MIN_X)};",
-             "add.rm.f32 t, x, 0f4B400000;", "sub.f32 n, t, 0f4B400000;", "sub.f32 f, x, n;",
-             f"fma.rn.f32 p, {_f32_ptx(c[-1])}, f, {_f32_ptx(c[-2])};"]
+    lines = [
+        ".reg .f32 x, t, n, f, p;",
+        ".reg .b32 ti, pi;",
+        f"max.f32 x, $1, {_f32_ptx(EXP2_MIN_X)};",
+        "add.rm.f32 t, x, 0f4B400000;",
+        "sub.f32 n, t, 0f4B400000;",
+        "sub.f32 f, x, n;",
+        f"fma.rn.f32 p, {_f32_ptx(c[-1])}, f, {_f32_ptx(c[-2])};",
+    ]
     lines += [f"fma.rn.f32 p, p, f, {_f32_ptx(ci)};" for ci in reversed(c[:-2])]
-    lines += ["mov.b32 ti, t;", "shl.b32 ti, ti, 23;", "mov.b32 pi, p;", "add.s32 pi, pi, ti;", "mov.b32 $0, pi;"]
+    lines += [
+        "mov.b32 ti, t;",
+        "shl.b32 ti, ti, 23;",
+        "mov.b32 pi, p;",
+        "add.s32 pi, pi, ti;",
+        "mov.b32 $0, pi;",
+    ]
     return "{\n" + "\n".join(lines) + "\n}"
 
 
 @dsl_user_op
 def _exp2_fma(x: Float32, *, loc=None, ip=None) -> Float32:
     """2^x on the FMA and integer pipes (Direct-P for E4M3 P, ``direct_p_e4m3``; NaN gives 2^-126)."""
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _exp2_fma_ptx(EXP2_FMA_DEGREE),
-                                   "=f,f", has_side_effects=False, is_align_stack=False,
-                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(x).ir_value(loc=loc, ip=ip)],
+            _exp2_fma_ptx(EXP2_FMA_DEGREE),
+            "=f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
 
 
 @dsl_user_op
 def _ex2(x: Float32, *, loc=None, ip=None) -> Float32:
     """2^x on the exp2 unit (MUFU.EX2), one element. ``cute.arch.exp2`` emits the same instruction
     but marks it as having side effects, which pins it in program order."""
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "ex2.approx.ftz.f32 $0, $1;",
-                                   "=f,f", has_side_effects=False, is_align_stack=False,
-                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(x).ir_value(loc=loc, ip=ip)],
+            "ex2.approx.ftz.f32 $0, $1;",
+            "=f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
 
 
 @dsl_user_op
 def _cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Int32:
     """Four FP32 -> four E4M3 bytes (a in the lowest byte), round-to-nearest-even, saturating."""
-    return Int32(llvm.inline_asm(
-        T.i32(),
-        [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-        "{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
-        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\nmov.b32 $0, {lo, hi};\n}",
-        "=r,f,f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+            "{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+            "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\nmov.b32 $0, {lo, hi};\n}",
+            "=r,f,f,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
 
 
 class FP8ForwardSm90(FlashAttentionForwardSm90):
@@ -157,44 +190,93 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             registers, no promotion); for measuring the promotion's cost only.
     """
 
-    def __init__(self, head_dim: int, qhead_per_kvhead: int, is_causal: bool, tile_m: int = 128,
-                 tile_n: int = 128, num_stages: int = 2, intra_wg_overlap: bool = False, promote_pv: bool = True,
-                 promote_qk: bool = True, qk_promote_k: int = 32, early_k_scales: bool = False,
-                 qk_pair_issue: bool = False, pv_only_turn: bool = False, exp2_fma_every: int = 0):
-        super().__init__(cutlass.BFloat16, head_dim, head_dim, qhead_per_kvhead, is_causal=is_causal,
-                         is_local=False, pack_gqa=False, tile_m=tile_m, tile_n=tile_n, num_stages=num_stages,
-                         num_threads=128 * (tile_m // 64 + 1), Q_in_regs=False,
-                         intra_wg_overlap=intra_wg_overlap, mma_pv_is_rs=True)
+    def __init__(
+        self,
+        head_dim: int,
+        qhead_per_kvhead: int,
+        is_causal: bool,
+        tile_m: int = 128,
+        tile_n: int = 128,
+        num_stages: int = 2,
+        intra_wg_overlap: bool = False,
+        promote_pv: bool = True,
+        promote_qk: bool = True,
+        qk_promote_k: int = 32,
+        early_k_scales: bool = False,
+        qk_pair_issue: bool = False,
+        pv_only_turn: bool = False,
+        exp2_fma_every: int = 0,
+    ):
+        super().__init__(
+            cutlass.BFloat16,
+            head_dim,
+            head_dim,
+            qhead_per_kvhead,
+            is_causal=is_causal,
+            is_local=False,
+            pack_gqa=False,
+            tile_m=tile_m,
+            tile_n=tile_n,
+            num_stages=num_stages,
+            num_threads=128 * (tile_m // 64 + 1),
+            Q_in_regs=False,
+            intra_wg_overlap=intra_wg_overlap,
+            mma_pv_is_rs=True,
+        )
         self.in_dtype = cutlass.Float8E4M3FN
         if qk_promote_k not in (32, 64) or head_dim % qk_promote_k:
-            raise ValueError(f"FP8ForwardSm90: qk_promote_k must be 32 or 64 and divide the head dim {head_dim}, "
-                             f"got {qk_promote_k}")
+            raise ValueError(
+                f"FP8ForwardSm90: qk_promote_k must be 32 or 64 and divide the head dim {head_dim}, "
+                f"got {qk_promote_k}"
+            )
         if (qk_pair_issue or qk_promote_k != 32) and not promote_qk:
-            raise ValueError("FP8ForwardSm90: qk_pair_issue and qk_promote_k=64 need promote_qk (they shape the "
-                             "promoted QK product)")
+            raise ValueError(
+                "FP8ForwardSm90: qk_pair_issue and qk_promote_k=64 need promote_qk (they shape the "
+                "promoted QK product)"
+            )
         for name, on in (("early_k_scales", early_k_scales), ("pv_only_turn", pv_only_turn)):
             if on and intra_wg_overlap:
-                raise ValueError(f"FP8ForwardSm90: {name} is an option of the ping-pong without intra_wg_overlap")
+                raise ValueError(
+                    f"FP8ForwardSm90: {name} is an option of the ping-pong without intra_wg_overlap"
+                )
         if not isinstance(exp2_fma_every, int) or exp2_fma_every < 0:
             raise ValueError(f"FP8ForwardSm90: exp2_fma_every must be an int >= 0, got {exp2_fma_every!r}")
         self.promote_pv, self.promote_qk, self.qk_promote_k = promote_pv, promote_qk, qk_promote_k
-        self.early_k_scales, self.qk_pair_issue, self.pv_only_turn = early_k_scales, qk_pair_issue, pv_only_turn
+        self.early_k_scales, self.qk_pair_issue, self.pv_only_turn = (
+            early_k_scales,
+            qk_pair_issue,
+            pv_only_turn,
+        )
         self.exp2_fma_every = exp2_fma_every
         if promote_qk and intra_wg_overlap:
-            raise ValueError("FP8ForwardSm90: promote_qk needs intra_wg_overlap=False (the k32 QK products "
-                             "wait one by one, which would also wait for the PV product in flight)")
+            raise ValueError(
+                "FP8ForwardSm90: promote_qk needs intra_wg_overlap=False (the k32 QK products "
+                "wait one by one, which would also wait for the PV product in flight)"
+            )
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
     def _get_tiled_mma(self):
         k_major = warpgroup.OperandMajorMode.K
         qk = sm90_utils_basic.make_trivial_tiled_mma(
-            self.in_dtype, self.in_dtype, k_major, k_major, Float32,
-            atom_layout_mnk=(self.tile_m // 64, 1, 1), tiler_mn=(64, self.tile_n))
+            self.in_dtype,
+            self.in_dtype,
+            k_major,
+            k_major,
+            Float32,
+            atom_layout_mnk=(self.tile_m // 64, 1, 1),
+            tiler_mn=(64, self.tile_n),
+        )
         pv = sm90_utils_basic.make_trivial_tiled_mma(
-            self.in_dtype, self.in_dtype, k_major, k_major, Float32,
-            atom_layout_mnk=(self.tile_m // 64, 1, 1), tiler_mn=(64, self.tile_hdimv),
-            a_source=warpgroup.OperandSource.RMEM)
+            self.in_dtype,
+            self.in_dtype,
+            k_major,
+            k_major,
+            Float32,
+            atom_layout_mnk=(self.tile_m // 64, 1, 1),
+            tiler_mn=(64, self.tile_hdimv),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
         return qk, pv
 
     def _get_shared_storage_cls(self):
@@ -219,8 +301,18 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return SharedStorage
 
     @cute.jit
-    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mVt: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 mRow: cute.Tensor, mCol: cute.Tensor, mVScale: cute.Tensor, stream):
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mVt: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mRow: cute.Tensor,
+        mCol: cute.Tensor,
+        mVScale: cute.Tensor,
+        stream,
+    ):
         """mQ ``(B, Sq, Hq, D)`` E4M3, mK ``(B, Sk, Hkv, D)`` E4M3, mVt ``(B, Sk, Hkv, D)`` E4M3 with
         stride 1 along Sk (the permuted transposed V), mO ``(B, Sq, Hq, D)`` BF16, mLSE / mRow
         ``(B, Hq, Sq)`` FP32 (mRow = Q token scale * softmax_scale * log2 e), mCol ``(B, Hkv, Sk)``
@@ -236,55 +328,117 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.num_producer_threads = 32
         self.num_Q_load_threads = 128
         self.num_epilogue_threads = self.num_mma_threads
-        self.num_mma_regs, self.num_producer_regs = {1: (256, 56), 2: (240, 24), 3: (160, 32)}[self.num_wg_mma]
+        self.num_mma_regs, self.num_producer_regs = {1: (256, 56), 2: (240, 24), 3: (160, 32)}[
+            self.num_wg_mma
+        ]
         self.use_block_sparsity = False
         self.use_scheduler_barrier = self.num_wg_mma >= 2 and self.tile_hdim <= 128
         self.use_tma_Q = True
         self.use_tma_O = True
         self.rescale_O_before_gemm = False
         self._setup_attributes()
-        self.sQ_layout = sm90_utils.make_smem_layout(self.in_dtype, LayoutEnum.ROW_MAJOR,
-                                                     (self.tile_m, self.tile_hdim), None)
-        self.sK_layout = sm90_utils.make_smem_layout(self.in_dtype, LayoutEnum.ROW_MAJOR,
-                                                     (self.tile_n, self.tile_hdim), self.num_stages)
+        self.sQ_layout = sm90_utils.make_smem_layout(
+            self.in_dtype, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), None
+        )
+        self.sK_layout = sm90_utils.make_smem_layout(
+            self.in_dtype, LayoutEnum.ROW_MAJOR, (self.tile_n, self.tile_hdim), self.num_stages
+        )
         # keys contiguous in shared memory: the K-major B operand of the FP8 PV product
-        self.sV_layout = sm90_utils.make_smem_layout(self.in_dtype, LayoutEnum.COL_MAJOR,
-                                                     (self.tile_n, self.tile_hdimv), self.num_stages)
-        self.sO_layout = sm90_utils.make_smem_layout(self.dtype, LayoutEnum.ROW_MAJOR,
-                                                     (self.tile_m, self.tile_hdimv), None)
+        self.sV_layout = sm90_utils.make_smem_layout(
+            self.in_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
+        )
+        self.sO_layout = sm90_utils.make_smem_layout(
+            self.dtype, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdimv), None
+        )
         self.sP_layout = None
         SharedStorage = self._get_shared_storage_cls()
         self.tma_copy_bytes = {
             name: cute.size_in_bytes(self.in_dtype, cute.select(layout, mode=[0, 1]))
-            for name, layout in [("Q", self.sQ_layout), ("K", self.sK_layout), ("V", self.sV_layout)]}
+            for name, layout in [("Q", self.sQ_layout), ("K", self.sK_layout), ("V", self.sV_layout)]
+        }
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, self.sQ_layout, (self.tile_m, self.tile_hdim))
-        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(self.sK_layout, mode=[0, 1]),
-                                                        (self.tile_n, self.tile_hdim), 1)
-        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mVt, cute.select(self.sV_layout, mode=[0, 1]),
-                                                        (self.tile_n, self.tile_hdimv), 1)
-        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, self.sO_layout,
-                                                        (self.tile_m, self.tile_hdimv))
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            g2s, mQ, self.sQ_layout, (self.tile_m, self.tile_hdim)
+        )
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            g2s, mK, cute.select(self.sK_layout, mode=[0, 1]), (self.tile_n, self.tile_hdim), 1
+        )
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            g2s, mVt, cute.select(self.sV_layout, mode=[0, 1]), (self.tile_n, self.tile_hdimv), 1
+        )
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, self.sO_layout, (self.tile_m, self.tile_hdimv)
+        )
         TileScheduler = SingleTileLPTScheduler if const_expr(self.is_causal) else SingleTileScheduler
         sched_args = TileSchedulerArguments(
-            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]),
-            1, cute.size(mK.shape[0]), mQ.shape[1], mVt.shape[1],
-            total_q=cute.size(mQ.shape[0]) * cute.size(mQ.shape[3]), tile_shape_mn=(self.tile_m, self.tile_n),
-            element_size=1, is_persistent=False, lpt=self.is_causal)
+            cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
+            cute.size(mQ.shape[2]),
+            cute.size(mQ.shape[3]),
+            1,
+            cute.size(mK.shape[0]),
+            mQ.shape[1],
+            mVt.shape[1],
+            total_q=cute.size(mQ.shape[0]) * cute.size(mQ.shape[3]),
+            tile_shape_mn=(self.tile_m, self.tile_n),
+            element_size=1,
+            is_persistent=False,
+            lpt=self.is_causal,
+        )
         sched_params = TileScheduler.to_underlying_arguments(sched_args)
-        self.kernel(tma_Q, tma_K, tma_V, tma_O, mLSE, mRow, mCol, mVScale, tma_atom_Q, tma_atom_K, tma_atom_V,
-                    tma_atom_O, self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout, tiled_mma_qk,
-                    tiled_mma_pv, sched_params, TileScheduler, SharedStorage).launch(
-            grid=TileScheduler.get_grid_shape(sched_params), block=[self.num_threads, 1, 1], stream=stream,
-            min_blocks_per_mp=1)
+        self.kernel(
+            tma_Q,
+            tma_K,
+            tma_V,
+            tma_O,
+            mLSE,
+            mRow,
+            mCol,
+            mVScale,
+            tma_atom_Q,
+            tma_atom_K,
+            tma_atom_V,
+            tma_atom_O,
+            self.sQ_layout,
+            self.sK_layout,
+            self.sV_layout,
+            self.sO_layout,
+            tiled_mma_qk,
+            tiled_mma_pv,
+            sched_params,
+            TileScheduler,
+            SharedStorage,
+        ).launch(
+            grid=TileScheduler.get_grid_shape(sched_params),
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
 
     @cute.kernel
-    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               mRow: cute.Tensor, mCol: cute.Tensor, mVScale: cute.Tensor, tma_atom_Q: cute.CopyAtom,
-               tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom, tma_atom_O: cute.CopyAtom,
-               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               sched_params, TileScheduler: cutlass.Constexpr, SharedStorage: cutlass.Constexpr):
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mRow: cute.Tensor,
+        mCol: cute.Tensor,
+        mVScale: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        tma_atom_O: cute.CopyAtom,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        sched_params,
+        TileScheduler: cutlass.Constexpr,
+        SharedStorage: cutlass.Constexpr,
+    ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
@@ -293,14 +447,25 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         storage = smem.allocate(SharedStorage)
         tma_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        make_pipe = partial(pipeline_custom.PipelineTmaAsync.create, producer_group=tma_warp,
-                            consumer_group=mma_warps, defer_sync=True)
-        pipeline_q = make_pipe(barrier_storage=storage.mbar_ptr_Q.data_ptr(), num_stages=1,
-                               tx_count=self.tma_copy_bytes["Q"])
-        pipeline_k = make_pipe(barrier_storage=storage.mbar_ptr_K.data_ptr(), num_stages=self.num_stages,
-                               tx_count=self.tma_copy_bytes["K"])
-        pipeline_v = make_pipe(barrier_storage=storage.mbar_ptr_V.data_ptr(), num_stages=self.num_stages,
-                               tx_count=self.tma_copy_bytes["V"])
+        make_pipe = partial(
+            pipeline_custom.PipelineTmaAsync.create,
+            producer_group=tma_warp,
+            consumer_group=mma_warps,
+            defer_sync=True,
+        )
+        pipeline_q = make_pipe(
+            barrier_storage=storage.mbar_ptr_Q.data_ptr(), num_stages=1, tx_count=self.tma_copy_bytes["Q"]
+        )
+        pipeline_k = make_pipe(
+            barrier_storage=storage.mbar_ptr_K.data_ptr(),
+            num_stages=self.num_stages,
+            tx_count=self.tma_copy_bytes["K"],
+        )
+        pipeline_v = make_pipe(
+            barrier_storage=storage.mbar_ptr_V.data_ptr(),
+            num_stages=self.num_stages,
+            tx_count=self.tma_copy_bytes["V"],
+        )
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -312,31 +477,87 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
         if warp_idx < 4:  # producer warpgroup: warp 0 issues the TMA loads (FA4's loader)
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
-            self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipeline_k, pipeline_v,
-                      pipeline_q, self.gmem_tiled_copy_Q, None, None, block_info, SeqlenInfoCls, TileSchedulerCls)
+            self.load(
+                mQ,
+                mK,
+                mV,
+                sQ,
+                sK,
+                sV,
+                tma_atom_Q,
+                tma_atom_K,
+                tma_atom_V,
+                pipeline_k,
+                pipeline_v,
+                pipeline_q,
+                self.gmem_tiled_copy_Q,
+                None,
+                None,
+                block_info,
+                SeqlenInfoCls,
+                TileSchedulerCls,
+            )
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             tidx, _, _ = cute.arch.thread_idx()
-            self.mma_fp8(tiled_mma_qk, tiled_mma_pv, mO, mLSE, mRow, mCol, mVScale, sQ, sK,
-                         layout_utils.transpose_view(sV), sO, pipeline_k, pipeline_v, pipeline_q, tma_atom_O,
-                         tidx - 128, block_info, SeqlenInfoCls, TileSchedulerCls)
+            self.mma_fp8(
+                tiled_mma_qk,
+                tiled_mma_pv,
+                mO,
+                mLSE,
+                mRow,
+                mCol,
+                mVScale,
+                sQ,
+                sK,
+                layout_utils.transpose_view(sV),
+                sO,
+                pipeline_k,
+                pipeline_v,
+                pipeline_q,
+                tma_atom_O,
+                tidx - 128,
+                block_info,
+                SeqlenInfoCls,
+                TileSchedulerCls,
+            )
 
     # ---- consumer warpgroups -----------------------------------------------------------------
     @cute.jit
-    def mma_fp8(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, mO: cute.Tensor,
-                mLSE: cute.Tensor, mRow: cute.Tensor, mCol: cute.Tensor, mVScale: cute.Tensor, sQ: cute.Tensor,
-                sK: cute.Tensor, sVt: cute.Tensor, sO: cute.Tensor, pipeline_k, pipeline_v, pipeline_q,
-                tma_atom_O: cute.CopyAtom, tidx: Int32, block_info: BlockInfo, SeqlenInfoCls, TileSchedulerCls):
+    def mma_fp8(
+        self,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mRow: cute.Tensor,
+        mCol: cute.Tensor,
+        mVScale: cute.Tensor,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sVt: cute.Tensor,
+        sO: cute.Tensor,
+        pipeline_k,
+        pipeline_v,
+        pipeline_q,
+        tma_atom_O: cute.CopyAtom,
+        tidx: Int32,
+        block_info: BlockInfo,
+        SeqlenInfoCls,
+        TileSchedulerCls,
+    ):
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(self.num_wg_mma, stride=128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_layout(wg_idx))
         wg_mma_pv = tiled_mma_pv.get_slice(wg_layout(wg_idx))
-        _, tSrQ, tSrK = sm90_utils.partition_fragment_ABC(wg_mma_qk, (self.tile_m, self.tile_n, self.tile_hdim),
-                                                          sQ, sK)
+        _, tSrQ, tSrK = sm90_utils.partition_fragment_ABC(
+            wg_mma_qk, (self.tile_m, self.tile_n, self.tile_hdim), sQ, sK
+        )
         acc_O, tOrP, tOrVt = sm90_utils.partition_fragment_ABC(
-            wg_mma_pv, (self.tile_m, self.tile_hdimv, self.tile_n), None, sVt)
+            wg_mma_pv, (self.tile_m, self.tile_hdimv, self.tile_n), None, sVt
+        )
         acc_PV = cute.make_fragment_like(acc_O, Float32) if const_expr(self.promote_pv) else acc_O
         if const_expr(self.promote_qk):
             mma_qk = partial(self._qk_promoted, tiled_mma_qk, tSrQ, tSrK)
@@ -346,10 +567,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             mma_qk = partial(self._qk_chained, tiled_mma_qk, tSrQ, tSrK)
         mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_PV, tOrP, tOrVt, self.promote_pv)
         # coordinates of this thread's accumulator elements (rows, columns of the score tile)
-        tScS_mn = layout_utils.reshape_acc_to_mn(thr_mma_qk.partition_C(cute.make_identity_tensor(
-            (self.tile_m, self.tile_n))))
-        tOcO_mn = layout_utils.reshape_acc_to_mn(thr_mma_pv.partition_C(cute.make_identity_tensor(
-            (self.tile_m, self.tile_hdimv))))
+        tScS_mn = layout_utils.reshape_acc_to_mn(
+            thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        )
+        tOcO_mn = layout_utils.reshape_acc_to_mn(
+            thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_hdimv)))
+        )
         n_rows = cute.size(tScS_mn, mode=[0])
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
@@ -365,48 +588,117 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             kv_head = head_idx // self.qhead_per_kvhead
             mCol_cur = mCol[None, kv_head, batch_idx]
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen)
-            mask_fn = partial(mask.apply_mask, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block,
-                              thr_mma=thr_mma_qk, mask_causal=self.is_causal)
+            mask_fn = partial(
+                mask.apply_mask,
+                batch_idx=batch_idx,
+                head_idx=head_idx,
+                m_block=m_block,
+                thr_mma=thr_mma_qk,
+                mask_causal=self.is_causal,
+            )
             for r in cutlass.range(n_rows, unroll_full=True):
                 q_idx = m_block * self.tile_m + tScS_mn[r, 0][0]
                 row_r[r] = Float32(1.0)
                 if q_idx < seqlen.seqlen_q:
                     row_r[r] = mRow[q_idx, head_idx, batch_idx]
-            softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r, tScS_mn=tScS_mn,
-                              mCol=mCol_cur, seqlen_k=seqlen.seqlen_k)
+            softmax = partial(
+                self._softmax_tile,
+                row_max=row_max,
+                row_sum=row_sum,
+                row_r=row_r,
+                tScS_mn=tScS_mn,
+                mCol=mCol_cur,
+                seqlen_k=seqlen.seqlen_k,
+            )
             load_col = partial(self._load_col, mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             acc_O.fill(0.0)
             if const_expr(self.intra_wg_overlap):
-                kv_state = self._mainloop_overlapped(kv_state, n_block_min, n_block_max, seqlen, m_block, block_info,
-                                                     mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O, acc_PV, tOrP,
-                                                     softmax, mask_fn)
+                kv_state = self._mainloop_overlapped(
+                    kv_state,
+                    n_block_min,
+                    n_block_max,
+                    seqlen,
+                    m_block,
+                    block_info,
+                    mma_qk,
+                    mma_pv,
+                    pipeline_k,
+                    pipeline_v,
+                    acc_O,
+                    acc_PV,
+                    tOrP,
+                    softmax,
+                    mask_fn,
+                )
             else:
-                step = partial(self._tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
-                               pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax,
-                               load_col=load_col)
+                step = partial(
+                    self._tile,
+                    mma_qk=mma_qk,
+                    mma_pv=mma_pv,
+                    pipeline_k=pipeline_k,
+                    pipeline_v=pipeline_v,
+                    acc_O=acc_O,
+                    acc_PV=acc_PV,
+                    tOrP=tOrP,
+                    softmax=softmax,
+                    load_col=load_col,
+                )
                 # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
                 if const_expr(not self.pv_only_turn):
                     self.warp_scheduler_barrier_sync()
-                kv_state = step(kv_state, n_block=n_block_max - 1, mask_fn=partial(mask_fn, mask_seqlen=True),
-                                is_first=True)
-                kv_state = self._remaining_tiles(kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block,
-                                                 block_info, mask_fn)
+                kv_state = step(
+                    kv_state,
+                    n_block=n_block_max - 1,
+                    mask_fn=partial(mask_fn, mask_seqlen=True),
+                    is_first=True,
+                )
+                kv_state = self._remaining_tiles(
+                    kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
+                )
                 if const_expr(not self.pv_only_turn):
                     self.warp_scheduler_barrier_arrive()
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
-            self.epilogue(acc_O, row_sum, mO, mLSE, sO, seqlen, self.gmem_tiled_copy_O, tma_atom_O, tiled_mma_pv,
-                          tidx, m_block, head_idx, batch_idx)
+            self.epilogue(
+                acc_O,
+                row_sum,
+                mO,
+                mLSE,
+                sO,
+                seqlen,
+                self.gmem_tiled_copy_O,
+                tma_atom_O,
+                tiled_mma_pv,
+                tidx,
+                m_block,
+                head_idx,
+                batch_idx,
+            )
             tile_scheduler.advance_to_next_work()
             work_tile = tile_scheduler.get_current_work()
 
     @cute.jit
-    def _mainloop_overlapped(self, kv_state, n_block_min: Int32, n_block_max: Int32, seqlen, m_block: Int32,
-                             block_info: BlockInfo, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O: cute.Tensor,
-                             acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn):
+    def _mainloop_overlapped(
+        self,
+        kv_state,
+        n_block_min: Int32,
+        n_block_max: Int32,
+        seqlen,
+        m_block: Int32,
+        block_info: BlockInfo,
+        mma_qk,
+        mma_pv,
+        pipeline_k,
+        pipeline_v,
+        acc_O: cute.Tensor,
+        acc_PV: cute.Tensor,
+        tOrP: cute.Tensor,
+        softmax,
+        mask_fn,
+    ):
         """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together (the QK
         head-dim chain is not promoted in this mode)."""
         n_block = n_block_max - 1
@@ -416,10 +708,20 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
         softmax(acc_S, None, n_block=n_block, is_first=True)
         self._p_to_e4m3(acc_S, tOrP)
-        step = partial(self._overlapped_tile, mma_qk=mma_qk, mma_pv=mma_pv, pipeline_k=pipeline_k,
-                       pipeline_v=pipeline_v, acc_O=acc_O, acc_PV=acc_PV, tOrP=tOrP, softmax=softmax)
-        kv_state = self._remaining_tiles(kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info,
-                                         mask_fn)
+        step = partial(
+            self._overlapped_tile,
+            mma_qk=mma_qk,
+            mma_pv=mma_pv,
+            pipeline_k=pipeline_k,
+            pipeline_v=pipeline_v,
+            acc_O=acc_O,
+            acc_PV=acc_PV,
+            tOrP=tOrP,
+            softmax=softmax,
+        )
+        kv_state = self._remaining_tiles(
+            kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
+        )
         pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
         mma_pv(B_idx=kv_state.index, wg_wait=0)
         pipeline_v.consumer_release(kv_state)
@@ -429,23 +731,47 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return kv_state
 
     @cute.jit
-    def _remaining_tiles(self, kv_state, step, n_block_min: Int32, n_block_max: Int32, seqlen, m_block: Int32,
-                         block_info: BlockInfo, mask_fn):
+    def _remaining_tiles(
+        self,
+        kv_state,
+        step,
+        n_block_min: Int32,
+        n_block_max: Int32,
+        seqlen,
+        m_block: Int32,
+        block_info: BlockInfo,
+        mask_fn,
+    ):
         """``step`` over KV tiles ``[n_block_min, n_block_max)``, last to first: the causal band
         (causal mask) then the fully visible tiles (no mask). Both mainloops' tiles after the first."""
         if const_expr(self.is_causal):
             n_block_min_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
             for n_tile in cutlass.range(n_block_max - n_block_min_mask, unroll=1):
-                kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=partial(mask_fn, mask_seqlen=False))
+                kv_state = step(
+                    kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=partial(mask_fn, mask_seqlen=False)
+                )
             n_block_max = cutlass.min(n_block_max, n_block_min_mask)
         for n_tile in cutlass.range(n_block_max - n_block_min, unroll=1):
             kv_state = step(kv_state, n_block=n_block_max - 1 - n_tile, mask_fn=None)
         return kv_state
 
     @cute.jit
-    def _tile(self, kv_state, n_block: Int32, mma_qk, mma_pv, pipeline_k, pipeline_v, acc_O: cute.Tensor,
-              acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, load_col, mask_fn=None,
-              is_first: cutlass.Constexpr = False):
+    def _tile(
+        self,
+        kv_state,
+        n_block: Int32,
+        mma_qk,
+        mma_pv,
+        pipeline_k,
+        pipeline_v,
+        acc_O: cute.Tensor,
+        acc_PV: cute.Tensor,
+        tOrP: cute.Tensor,
+        softmax,
+        load_col,
+        mask_fn=None,
+        is_first: cutlass.Constexpr = False,
+    ):
         """One KV tile, QK -> softmax -> PV, while the other consumer warpgroup runs its own (FA3's
         ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
         leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
@@ -484,18 +810,22 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return kv_state
 
     @cute.jit
-    def _qk_chained(self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32,
-                    arrive=None) -> cute.Tensor:
+    def _qk_chained(
+        self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32, arrive=None
+    ) -> cute.Tensor:
         """S = Q K^T, the head-dim k-blocks chained inside the MMA (no promotion; measurement only)."""
-        acc = sm90_utils.gemm_zero_init(tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK, B_idx=B_idx, wg_wait=-1)
+        acc = sm90_utils.gemm_zero_init(
+            tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK, B_idx=B_idx, wg_wait=-1
+        )
         if const_expr(arrive is not None):
             arrive()
         warpgroup.wait_group(0)
         return acc
 
     @cute.jit
-    def _qk_promoted(self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32,
-                     arrive=None) -> cute.Tensor:
+    def _qk_promoted(
+        self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32, arrive=None
+    ) -> cute.Tensor:
         """S = Q K^T with FP32 promotion every ``qk_promote_k`` (32) elements of the head dim (each
         k32 wgmma, or chain of two for 64, into a zeroed accumulator, summed in FP32 registers), as
         the Triton kernels' max_num_imprecise_acc=32
@@ -528,8 +858,20 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return acc
 
     @cute.jit
-    def _overlapped_tile(self, kv_state, n_block: Int32, mma_qk, mma_pv, pipeline_k, pipeline_v,
-                         acc_O: cute.Tensor, acc_PV: cute.Tensor, tOrP: cute.Tensor, softmax, mask_fn=None):
+    def _overlapped_tile(
+        self,
+        kv_state,
+        n_block: Int32,
+        mma_qk,
+        mma_pv,
+        pipeline_k,
+        pipeline_v,
+        acc_O: cute.Tensor,
+        acc_PV: cute.Tensor,
+        tOrP: cute.Tensor,
+        softmax,
+        mask_fn=None,
+    ):
         """QK of tile ``n_block`` and PV of the previous tile in flight together; the softmax of this
         tile runs while PV finishes (FA3's intra-warpgroup overlap)."""
         kv_prev = kv_state.clone()
@@ -559,8 +901,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return kv_state
 
     @cute.jit
-    def _load_col(self, n_block: Int32, mCol: cute.Tensor, tScS_mn: cute.Tensor, seqlen_k: Int32,
-                  clamp: cutlass.Constexpr = False) -> cute.Tensor:
+    def _load_col(
+        self,
+        n_block: Int32,
+        mCol: cute.Tensor,
+        tScS_mn: cute.Tensor,
+        seqlen_k: Int32,
+        clamp: cutlass.Constexpr = False,
+    ) -> cute.Tensor:
         """This thread's K token scales for KV tile ``n_block``, one per accumulator column (see
         ``early_k_scales`` for where they are loaded). ``clamp``: keys past the last one, or below
         key 0 (the n_block < 0 tile of rows without keys), read the last or the first scale (their
@@ -575,9 +923,19 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return col
 
     @cute.jit
-    def _softmax_tile(self, acc_S: cute.Tensor, col, n_block: Int32, is_first: cutlass.Constexpr,
-                      row_max: cute.Tensor, row_sum: cute.Tensor, row_r: cute.Tensor, tScS_mn: cute.Tensor,
-                      mCol: cute.Tensor, seqlen_k: Int32) -> cute.Tensor:
+    def _softmax_tile(
+        self,
+        acc_S: cute.Tensor,
+        col,
+        n_block: Int32,
+        is_first: cutlass.Constexpr,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        row_r: cute.Tensor,
+        tScS_mn: cute.Tensor,
+        mCol: cute.Tensor,
+        seqlen_k: Int32,
+    ) -> cute.Tensor:
         """Online softmax of one score tile in place (acc_S becomes the lifted P); returns the
         per-row rescale factor alpha of the running output (contract §2, reference.py). ``col``:
         the tile's K token scales from :meth:`_load_col` (``early_k_scales``), or None: loaded here,
@@ -625,8 +983,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 alpha[r] = Float32(1.0)
                 row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)
             else:
-                alpha[r] = Float32(1.0) if m_new == row_max[r] else cute.math.exp2(row_max[r] - m_safe,
-                                                                                  fastmath=True)
+                alpha[r] = (
+                    Float32(1.0)
+                    if m_new == row_max[r]
+                    else cute.math.exp2(row_max[r] - m_safe, fastmath=True)
+                )
                 row_sum[r] = fa_utils.fadd_reduce(p, init_val=row_sum[r] * alpha[r], arch=90)
             row_max[r] = m_new
             acc_S_mn[r, None].store(p)
@@ -643,8 +1004,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
 
     @cute.jit
-    def _finalize(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, mVs: cute.Tensor,
-                  tOcO_mn: cute.Tensor):
+    def _finalize(
+        self,
+        acc_O: cute.Tensor,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        mVs: cute.Tensor,
+        tOcO_mn: cute.Tensor,
+    ):
         """O = acc / l * v_scale; row_sum becomes the natural-log LSE (-inf for rows without keys)."""
         row_sum.store(fa_utils.warp_reduce(row_sum.load(), operator.add, width=4))
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
@@ -656,4 +1023,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             empty = l == Float32(0.0)
             inv = Float32(0.0) if empty else Float32(1.0) / l
             acc_O_mn[r, None].store(acc_O_mn[r, None].load() * inv * vs.load())
-            row_sum[r] = -Float32.inf if empty else (row_max[r] + cute.math.log2(l, fastmath=False) - Float32(LIFT)) * Float32(LN2)
+            row_sum[r] = (
+                -Float32.inf
+                if empty
+                else (row_max[r] + cute.math.log2(l, fastmath=False) - Float32(LIFT)) * Float32(LN2)
+            )

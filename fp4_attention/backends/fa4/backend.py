@@ -18,8 +18,10 @@ from . import SPEC
 try:
     from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
-    raise ImportError(f"the fa4 backend needs flash-attn-4 ({err}); pip install 'fp4-attention-pretrain[cute]', "
-                      "or use backend='triton'") from err
+    raise ImportError(
+        f"the fa4 backend needs flash-attn-4 ({err}); pip install 'fp4-attention-pretrain[cute]', "
+        "or use backend='triton'"
+    ) from err
 
 __all__ = ["FA4Backend"]
 
@@ -35,13 +37,21 @@ class FA4Backend:
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float):
         q, k, v = (t.contiguous() for t in (q, k, v))
-        out, lse, *_ = _flash_attn_fwd(_bshd(q), _bshd(k), _bshd(v), softmax_scale=softmax_scale, causal=causal,
-                                       return_lse=True)
+        out, lse, *_ = _flash_attn_fwd(
+            _bshd(q), _bshd(k), _bshd(v), softmax_scale=softmax_scale, causal=causal, return_lse=True
+        )
         out = _bshd(out)
         return out, lse, SavedState(q=q, k=k, v=v, out=out, lse=lse)
 
     def backward(self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float):
-        dq, dk, dv = _flash_attn_bwd(_bshd(state.q), _bshd(state.k), _bshd(state.v), _bshd(state.out),
-                                     _bshd(dout.contiguous()), state.lse, softmax_scale, causal)
+        dq, dk, dv = _flash_attn_bwd(
+            _bshd(state.q),
+            _bshd(state.k),
+            _bshd(state.v),
+            _bshd(state.out),
+            _bshd(dout.contiguous()),
+            state.lse,
+            softmax_scale,
+            causal,
+        )
         return _bshd(dq), _bshd(dk), _bshd(dv)
-

@@ -82,8 +82,12 @@ def _qk_kernel_operands(q_s: Saved, k_s: Saved, recipe: Recipe, shape_q, shape_k
         else:
             q_op = q_s.scaled_payload().to(torch.bfloat16)
             k_op = k_s.scaled_payload().to(torch.bfloat16)
-        return q_op, k_op, q_s.global_scale.squeeze(-1).expand(b, hq, sq), k_s.global_scale.squeeze(-1).expand(
-            b, hkv, sk)
+        return (
+            q_op,
+            k_op,
+            q_s.global_scale.squeeze(-1).expand(b, hq, sq),
+            k_s.global_scale.squeeze(-1).expand(b, hkv, sk),
+        )
     raise UnsupportedError(f"triton backend: Q/K format {recipe.qk!r} not implemented")
 
 
@@ -110,10 +114,24 @@ def forward_operands(q_s: Saved, k_s: Saved, v_s: Saved, recipe: Recipe, shape_q
     return q_op, k_op, v_op, row, col, v_scale
 
 
-def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causal: bool, softmax_scale: float,
-                   seq_k: int, block_m: int | None = None, block_n: int | None = None,
-                   num_warps: int | None = None, num_stages: int | None = None,
-                   split: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def launch_forward(
+    q_op,
+    k_op,
+    v_op,
+    row,
+    col,
+    v_scale,
+    recipe: Recipe,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    seq_k: int,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    split: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel on prepared operands (see ``triton_kernels``): q_op ``[B, Hq, Sq, D]``,
     k_op ``[B, Hkv, Sk, D]``, v_op a ``[B, Hkv, >=Sk, D]`` view, row ``[B, Hq, Sq]``, col
     ``[B, Hkv, Sk]``, v_scale ``[B, Hkv, D]``. Returns BF16 out ``[B, Hq, Sq, D]`` and FP32 LSE.
@@ -127,14 +145,39 @@ def launch_forward(q_op, k_op, v_op, row, col, v_scale, recipe: Recipe, *, causa
     dp = recipe.direct_p
     direct_p = {} if dp is None else dict(DIRECT_P=True, DP_A=dp.a, DP_B=dp.b, DP_EXACT_EVERY=dp.exact_every)
     _fwd_kernel[(triton.cdiv(sq, block_m), b * hq)](
-        q_op, k_op, v_op, row, col, v_scale, out, lse,
-        *q_op.stride(), *k_op.stride(), *v_op.transpose(-1, -2).stride(), *row.stride(), *col.stride(),
-        *v_scale.stride(), *out.stride(), *lse.stride(),
-        hq, hq // hkv, sq, seq_k, softmax_scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n or default_block_n(d), CAUSAL=causal,
-        QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=recipe.p_lift_log2,
-        IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None, SPLIT=split, **direct_p,
-        num_warps=num_warps, num_stages=num_stages,
+        q_op,
+        k_op,
+        v_op,
+        row,
+        col,
+        v_scale,
+        out,
+        lse,
+        *q_op.stride(),
+        *k_op.stride(),
+        *v_op.transpose(-1, -2).stride(),
+        *row.stride(),
+        *col.stride(),
+        *v_scale.stride(),
+        *out.stride(),
+        *lse.stride(),
+        hq,
+        hq // hkv,
+        sq,
+        seq_k,
+        softmax_scale * LOG2E,
+        HEAD_DIM=d,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n or default_block_n(d),
+        CAUSAL=causal,
+        QK_FP8=recipe.qk == "fp8",
+        PV_FP8=recipe.pv == "fp8",
+        LIFT=recipe.p_lift_log2,
+        IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
+        SPLIT=split,
+        **direct_p,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out, lse
 
@@ -146,8 +189,20 @@ class TritonBackend:
 
     spec = SPEC
 
-    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, block_m: int | None = None,
-                block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        recipe: Recipe,
+        *,
+        causal: bool,
+        softmax_scale: float,
+        block_m: int | None = None,
+        block_n: int | None = None,
+        num_warps: int | None = None,
+        num_stages: int | None = None,
+    ):
         sk = k.shape[2]
         q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
         if recipe.pv == "fp8":  # V8 stored transposed: the K-major B operand of the FP8 PV product
@@ -155,13 +210,32 @@ class TritonBackend:
         else:
             v_s = quantize_v(v, recipe)
         ops = forward_operands(q_s, k_s, v_s, recipe, q.shape, k.shape, decoded)
-        out, lse = launch_forward(*ops, recipe, causal=causal, softmax_scale=softmax_scale, seq_k=sk,
-                                  block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+        out, lse = launch_forward(
+            *ops,
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            seq_k=sk,
+            block_m=block_m,
+            block_n=block_n,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
-    def backward(self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float,
-                 block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None):
+    def backward(
+        self,
+        state: SavedState,
+        dout,
+        recipe: Recipe,
+        *,
+        causal: bool,
+        softmax_scale: float,
+        block_m: int | None = None,
+        block_n: int | None = None,
+        num_warps: int | None = None,
+        num_stages: int | None = None,
+    ):
         """dQ, dK, dV (BF16) from the saved state. ``block_m``... are the forward's tile options (the
         attention options reach both passes); the backward tiles are ``BWD_DKDV_TILES`` / ``BWD_DQ_TILES``."""
         b, hq, sq, d = state.out.shape
@@ -182,33 +256,94 @@ class TritonBackend:
             v_scale = torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hkv, d)
             do_op, s_do = dout, torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hq)
             delta = (dout.float() * state.out.float()).sum(-1)
-        stat = torch.where(torch.isinf(state.lse), torch.full_like(state.lse, -torch.inf), lift - state.lse * LOG2E)
+        stat = torch.where(
+            torch.isinf(state.lse), torch.full_like(state.lse, -torch.inf), lift - state.lse * LOG2E
+        )
         stat, delta = stat.contiguous(), delta.contiguous()
         dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
         # dK/dV per query head: FP32 partials summed over the GQA group below (BF16 directly for MHA)
         dkv_dtype = torch.float32 if g > 1 else torch.bfloat16
         dk = torch.empty((b, hq, sk, d), dtype=dkv_dtype, device=dout.device)
         dv = torch.empty_like(dk)
-        common = dict(HEAD_DIM=d, CAUSAL=causal, QK_FP8=recipe.qk == "fp8", PV_FP8=recipe.pv == "fp8", LIFT=lift,
-                      IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None)
+        common = dict(
+            HEAD_DIM=d,
+            CAUSAL=causal,
+            QK_FP8=recipe.qk == "fp8",
+            PV_FP8=recipe.pv == "fp8",
+            LIFT=lift,
+            IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
+        )
         bm, bn, nw, ns = BWD_DKDV_TILES
         _bwd_dkdv_kernel[(triton.cdiv(sk, bn), b * hq)](
-            q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, v_scale, dk, dv,
-            *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
-            *stat.stride(), *s_do.stride(), *v_scale.stride(), *dk.stride(),
-            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
-            num_stages=ns, **common,
+            q_op,
+            k_op,
+            v_op,
+            row,
+            col,
+            do_op,
+            stat,
+            delta,
+            s_do,
+            v_scale,
+            dk,
+            dv,
+            *q_op.stride(),
+            *k_op.stride(),
+            *v_op.stride(),
+            *row.stride(),
+            *col.stride(),
+            *do_op.stride(),
+            *stat.stride(),
+            *s_do.stride(),
+            *v_scale.stride(),
+            *dk.stride(),
+            hq,
+            g,
+            sq,
+            sk,
+            softmax_scale * LOG2E,
+            softmax_scale,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            num_warps=nw,
+            num_stages=ns,
+            **common,
         )
         if g > 1:
             dk = dk.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
             dv = dv.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
         bm, bn, nw, ns = BWD_DQ_TILES
         _bwd_dq_kernel[(triton.cdiv(sq, bm), b * hq)](
-            q_op, k_op, v_op, row, col, do_op, stat, delta, s_do, dq,
-            *q_op.stride(), *k_op.stride(), *v_op.stride(), *row.stride(), *col.stride(), *do_op.stride(),
-            *stat.stride(), *s_do.stride(), *dq.stride(),
-            hq, g, sq, sk, softmax_scale * LOG2E, softmax_scale, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
-            num_stages=ns, **common,
+            q_op,
+            k_op,
+            v_op,
+            row,
+            col,
+            do_op,
+            stat,
+            delta,
+            s_do,
+            dq,
+            *q_op.stride(),
+            *k_op.stride(),
+            *v_op.stride(),
+            *row.stride(),
+            *col.stride(),
+            *do_op.stride(),
+            *stat.stride(),
+            *s_do.stride(),
+            *dq.stride(),
+            hq,
+            g,
+            sq,
+            sk,
+            softmax_scale * LOG2E,
+            softmax_scale,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            num_warps=nw,
+            num_stages=ns,
+            **common,
         )
         return dq, dk, dv
 
@@ -219,4 +354,3 @@ def _kv_shape(k_s: Saved, recipe: Recipe) -> tuple[int, int, int]:
     if isinstance(k_s, FP8Tensor):
         return tuple(k_s.data.shape[1:])
     return tuple(k_s.shape[1:])
-

@@ -46,11 +46,41 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs_d, offs_n0, start, stop,
-               skn, skd, svn, svd, scn, SEQ_K, shift,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               PER_TOKEN_SCALES: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr, IMPRECISE: tl.constexpr,
-               DIRECT_P: tl.constexpr, DP_A: tl.constexpr, DP_B: tl.constexpr, DP_EXACT_EVERY: tl.constexpr):
+def _fwd_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    row,
+    qk,
+    k_base,
+    v_base,
+    col_base,
+    offs_m,
+    offs_d,
+    offs_n0,
+    start,
+    stop,
+    skn,
+    skd,
+    svn,
+    svd,
+    scn,
+    SEQ_K,
+    shift,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PER_TOKEN_SCALES: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    LIFT: tl.constexpr,
+    IMPRECISE: tl.constexpr,
+    DIRECT_P: tl.constexpr,
+    DP_A: tl.constexpr,
+    DP_B: tl.constexpr,
+    DP_EXACT_EVERY: tl.constexpr,
+):
     """KV tiles ``[start, stop)`` of one query block (online softmax). ``MASKED`` tiles apply the
     key-range and causal masks; the others are whole tiles fully visible to every row of the block.
 
@@ -64,7 +94,9 @@ def _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs
         offs_n = start_n + offs_n0
         n_ok = offs_n < SEQ_K
         if MASKED:
-            kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=n_ok[None, :], other=0.0)
+            kt = tl.load(
+                k_base + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=n_ok[None, :], other=0.0
+            )
         else:
             kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd)
         t = tl.dot(q, kt, max_num_imprecise_acc=IMPRECISE)
@@ -89,8 +121,12 @@ def _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs
         else:
             v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd)
         if DIRECT_P:
-            p, l_tile, m_new = _direct_p_tile(t * r, m_i, start_n, BLOCK_M, BLOCK_N, DP_A, DP_B, DP_EXACT_EVERY)
-            alpha = tl.where(m_new == m_i, 1.0, tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new)))
+            p, l_tile, m_new = _direct_p_tile(
+                t * r, m_i, start_n, BLOCK_M, BLOCK_N, DP_A, DP_B, DP_EXACT_EVERY
+            )
+            alpha = tl.where(
+                m_new == m_i, 1.0, tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            )
             l_i = l_i * alpha + l_tile
             pv = tl.dot(p.to(tl.bfloat16), v)  # 2^rel q and alpha_V q_V are exact in BF16
         else:
@@ -114,20 +150,60 @@ def _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, ROW, COL, VSCALE, O, LSE,
-    sqb, sqh, sqm, sqd,
-    skb, skh, skn, skd,
-    svb, svh, svd, svn,
-    srb, srh, srm,
-    scb, sch, scn,
-    svsb, svsh, svsd,
-    sob, soh, som, sod,
-    slb, slh, slm,
-    H_Q, GROUP, SEQ_Q, SEQ_K, qk_scale_log2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
-    IMPRECISE: tl.constexpr, DIRECT_P: tl.constexpr = False, DP_A: tl.constexpr = 1.5, DP_B: tl.constexpr = 1.2,
-    DP_EXACT_EVERY: tl.constexpr = 0, SPLIT: tl.constexpr = True,
+    Q,
+    K,
+    V,
+    ROW,
+    COL,
+    VSCALE,
+    O,
+    LSE,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svd,
+    svn,
+    srb,
+    srh,
+    srm,
+    scb,
+    sch,
+    scn,
+    svsb,
+    svsh,
+    svsd,
+    sob,
+    soh,
+    som,
+    sod,
+    slb,
+    slh,
+    slm,
+    H_Q,
+    GROUP,
+    SEQ_Q,
+    SEQ_K,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK_FP8: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    LIFT: tl.constexpr,
+    IMPRECISE: tl.constexpr,
+    DIRECT_P: tl.constexpr = False,
+    DP_A: tl.constexpr = 1.5,
+    DP_B: tl.constexpr = 1.2,
+    DP_EXACT_EVERY: tl.constexpr = 0,
+    SPLIT: tl.constexpr = True,
 ):
     """One program per (query block, batch x query head). ``SPLIT``: the whole, fully visible KV
     tiles run without masks, the rest (causal diagonal band, ragged last tile) with them; the tiles
@@ -144,7 +220,9 @@ def _fwd_kernel(
     offs_n0 = tl.arange(0, BLOCK_N)
     m_ok = offs_m < SEQ_Q
 
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None], other=0.0)
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None], other=0.0
+    )
     col_base = COL + b * scb + hk * sch
     if QK_FP8:  # per-token row/col scales
         row = tl.load(ROW + b * srb + h * srh + offs_m * srm, mask=m_ok, other=0.0) * qk_scale_log2
@@ -169,12 +247,76 @@ def _fwd_kernel(
         lo = tl.minimum(lo, hi)
     if not SPLIT:
         lo = 0
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs_d, offs_n0, 0, lo,
-                               skn, skd, svn, svd, scn, SEQ_K, shift, BLOCK_M, BLOCK_N, False, CAUSAL, QK_FP8,
-                               PV_FP8, LIFT, IMPRECISE, DIRECT_P, DP_A, DP_B, DP_EXACT_EVERY)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, row, qk, k_base, v_base, col_base, offs_m, offs_d, offs_n0, lo, hi,
-                               skn, skd, svn, svd, scn, SEQ_K, shift, BLOCK_M, BLOCK_N, True, CAUSAL, QK_FP8,
-                               PV_FP8, LIFT, IMPRECISE, DIRECT_P, DP_A, DP_B, DP_EXACT_EVERY)
+    acc, l_i, m_i = _fwd_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        row,
+        qk,
+        k_base,
+        v_base,
+        col_base,
+        offs_m,
+        offs_d,
+        offs_n0,
+        0,
+        lo,
+        skn,
+        skd,
+        svn,
+        svd,
+        scn,
+        SEQ_K,
+        shift,
+        BLOCK_M,
+        BLOCK_N,
+        False,
+        CAUSAL,
+        QK_FP8,
+        PV_FP8,
+        LIFT,
+        IMPRECISE,
+        DIRECT_P,
+        DP_A,
+        DP_B,
+        DP_EXACT_EVERY,
+    )
+    acc, l_i, m_i = _fwd_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        row,
+        qk,
+        k_base,
+        v_base,
+        col_base,
+        offs_m,
+        offs_d,
+        offs_n0,
+        lo,
+        hi,
+        skn,
+        skd,
+        svn,
+        svd,
+        scn,
+        SEQ_K,
+        shift,
+        BLOCK_M,
+        BLOCK_N,
+        True,
+        CAUSAL,
+        QK_FP8,
+        PV_FP8,
+        LIFT,
+        IMPRECISE,
+        DIRECT_P,
+        DP_A,
+        DP_B,
+        DP_EXACT_EVERY,
+    )
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -184,8 +326,11 @@ def _fwd_kernel(
     out = acc / l_safe[:, None] * vs[None, :]
     out = tl.where(empty[:, None], 0.0, out)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe) - LIFT) * 0.6931471805599453)
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, out.to(tl.bfloat16),
-             mask=m_ok[:, None])
+    tl.store(
+        O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+        out.to(tl.bfloat16),
+        mask=m_ok[:, None],
+    )
     tl.store(LSE + b * slb + h * slh + offs_m * slm, lse, mask=m_ok)
 
 
@@ -199,8 +344,16 @@ def _pow2_int(e):
 
 
 @triton.jit
-def _direct_p_tile(z, m_i, start_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DP_A: tl.constexpr,
-                   DP_B: tl.constexpr, DP_EXACT_EVERY: tl.constexpr):
+def _direct_p_tile(
+    z,
+    m_i,
+    start_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DP_A: tl.constexpr,
+    DP_B: tl.constexpr,
+    DP_EXACT_EVERY: tl.constexpr,
+):
     """Direct-P on one tile of scores ``z`` (log2 units, masked = -inf), as ``direct_p.p_codes``:
     returns the represented P (2^(e_B - m) q, [M, N]), the tile's represented denominator
     sum_B 2^(e_B - m) (sum q / 6) and the new integer anchor m."""
@@ -226,20 +379,65 @@ def _direct_p_tile(z, m_i, start_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, ROW, COL, DO, STAT, DELTA, SDO, VSCALE, DK, DV,
-    sqb, sqh, sqm, sqd,
-    skb, skh, skn, skd,
-    svb, svh, svn, svd,
-    srb, srh, srm,
-    scb, sch, scn,
-    sdob, sdoh, sdom, sdod,
-    stb, sth, stm,
-    ssb, ssh,
-    svsb, svsh, svsd,
-    sdkb, sdkh, sdkn, sdkd,
-    H_Q, GROUP, SEQ_Q, SEQ_K, qk_scale_log2, sm_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
+    Q,
+    K,
+    V,
+    ROW,
+    COL,
+    DO,
+    STAT,
+    DELTA,
+    SDO,
+    VSCALE,
+    DK,
+    DV,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    srb,
+    srh,
+    srm,
+    scb,
+    sch,
+    scn,
+    sdob,
+    sdoh,
+    sdom,
+    sdod,
+    stb,
+    sth,
+    stm,
+    ssb,
+    ssh,
+    svsb,
+    svsh,
+    svsd,
+    sdkb,
+    sdkh,
+    sdkn,
+    sdkd,
+    H_Q,
+    GROUP,
+    SEQ_Q,
+    SEQ_K,
+    qk_scale_log2,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK_FP8: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    LIFT: tl.constexpr,
     IMPRECISE: tl.constexpr,
 ):
     """dK, dV of one KV block for ONE query head (program per KV block and batch x query head):
@@ -256,8 +454,12 @@ def _bwd_dkdv_kernel(
     n_ok = offs_n < SEQ_K
     shift = SEQ_K - SEQ_Q
 
-    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=n_ok[:, None], other=0.0)
-    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=n_ok[:, None], other=0.0)
+    k = tl.load(
+        K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=n_ok[:, None], other=0.0
+    )
+    v = tl.load(
+        V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=n_ok[:, None], other=0.0
+    )
     col = tl.load(COL + b * scb + hk * sch + offs_n * scn, mask=n_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -270,15 +472,25 @@ def _bwd_dkdv_kernel(
     for start_m in tl.range(lo, SEQ_Q, BLOCK_M):
         offs_m = start_m + offs_m0
         m_ok = offs_m < SEQ_Q
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None],
-                    other=0.0)
+        q = tl.load(
+            Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+            mask=m_ok[:, None],
+            other=0.0,
+        )
         row = tl.load(ROW + b * srb + h * srh + offs_m * srm, mask=m_ok, other=0.0)
         stat = tl.load(STAT + b * stb + h * sth + offs_m * stm, mask=m_ok, other=float("-inf"))
         delta = tl.load(DELTA + b * stb + h * sth + offs_m * stm, mask=m_ok, other=0.0)
-        do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
-                     mask=m_ok[:, None], other=0.0)
+        do = tl.load(
+            DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
+            mask=m_ok[:, None],
+            other=0.0,
+        )
         # scores transposed: [BLOCK_N, BLOCK_M]
-        st = tl.dot(k, tl.trans(q), max_num_imprecise_acc=IMPRECISE) * col[:, None] * (row * qk_scale_log2)[None, :]
+        st = (
+            tl.dot(k, tl.trans(q), max_num_imprecise_acc=IMPRECISE)
+            * col[:, None]
+            * (row * qk_scale_log2)[None, :]
+        )
         valid = n_ok[:, None] & m_ok[None, :]
         if CAUSAL:
             valid = valid & (offs_n[:, None] <= offs_m[None, :] + shift)
@@ -301,27 +513,74 @@ def _bwd_dkdv_kernel(
     # channel scale, which was folded into dO before its E5M2 quantization
     vs = tl.load(VSCALE + b * svsb + hk * svsh + offs_d * svsd)
     dv = dv * s_do * (1.0 / (1 << LIFT)) / vs[None, :]
-    tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
-             dk.to(DK.dtype.element_ty), mask=n_ok[:, None])
-    tl.store(DV + b * sdkb + h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
-             dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
+    tl.store(
+        DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+        dk.to(DK.dtype.element_ty),
+        mask=n_ok[:, None],
+    )
+    tl.store(
+        DV + b * sdkb + h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+        dv.to(DV.dtype.element_ty),
+        mask=n_ok[:, None],
+    )
 
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, ROW, COL, DO, STAT, DELTA, SDO, DQ,
-    sqb, sqh, sqm, sqd,
-    skb, skh, skn, skd,
-    svb, svh, svn, svd,
-    srb, srh, srm,
-    scb, sch, scn,
-    sdob, sdoh, sdom, sdod,
-    stb, sth, stm,
-    ssb, ssh,
-    sdqb, sdqh, sdqm, sdqd,
-    H_Q, GROUP, SEQ_Q, SEQ_K, qk_scale_log2, sm_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, QK_FP8: tl.constexpr, PV_FP8: tl.constexpr, LIFT: tl.constexpr,
+    Q,
+    K,
+    V,
+    ROW,
+    COL,
+    DO,
+    STAT,
+    DELTA,
+    SDO,
+    DQ,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    srb,
+    srh,
+    srm,
+    scb,
+    sch,
+    scn,
+    sdob,
+    sdoh,
+    sdom,
+    sdod,
+    stb,
+    sth,
+    stm,
+    ssb,
+    ssh,
+    sdqb,
+    sdqh,
+    sdqm,
+    sdqd,
+    H_Q,
+    GROUP,
+    SEQ_Q,
+    SEQ_K,
+    qk_scale_log2,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    QK_FP8: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    LIFT: tl.constexpr,
     IMPRECISE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -335,12 +594,17 @@ def _bwd_dq_kernel(
     m_ok = offs_m < SEQ_Q
     shift = SEQ_K - SEQ_Q
 
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None], other=0.0)
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=m_ok[:, None], other=0.0
+    )
     row = tl.load(ROW + b * srb + h * srh + offs_m * srm, mask=m_ok, other=0.0)
     stat = tl.load(STAT + b * stb + h * sth + offs_m * stm, mask=m_ok, other=float("-inf"))
     delta = tl.load(DELTA + b * stb + h * sth + offs_m * stm, mask=m_ok, other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod, mask=m_ok[:, None],
-                 other=0.0)
+    do = tl.load(
+        DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :] * sdod,
+        mask=m_ok[:, None],
+        other=0.0,
+    )
     s_do = tl.load(SDO + b * ssb + h * ssh)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     hi = SEQ_K
@@ -349,10 +613,16 @@ def _bwd_dq_kernel(
     for start_n in tl.range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         n_ok = offs_n < SEQ_K
-        kt = tl.load(K + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd, mask=n_ok[None, :],
-                     other=0.0)
-        vt = tl.load(V + b * svb + hk * svh + offs_n[None, :] * svn + offs_d[:, None] * svd, mask=n_ok[None, :],
-                     other=0.0)
+        kt = tl.load(
+            K + b * skb + hk * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            mask=n_ok[None, :],
+            other=0.0,
+        )
+        vt = tl.load(
+            V + b * svb + hk * svh + offs_n[None, :] * svn + offs_d[:, None] * svd,
+            mask=n_ok[None, :],
+            other=0.0,
+        )
         col = tl.load(COL + b * scb + hk * sch + offs_n * scn, mask=n_ok, other=0.0)
         s = tl.dot(q, kt, max_num_imprecise_acc=IMPRECISE) * (row * qk_scale_log2)[:, None] * col[None, :]
         valid = n_ok[None, :] & m_ok[:, None]
@@ -371,5 +641,8 @@ def _bwd_dq_kernel(
         else:
             dq += tl.dot((ds * col[None, :]).to(tl.bfloat16), tl.trans(kt))
     dq = dq * sm_scale
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd, dq.to(tl.bfloat16),
-             mask=m_ok[:, None])
+    tl.store(
+        DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
+        dq.to(tl.bfloat16),
+        mask=m_ok[:, None],
+    )

@@ -26,8 +26,9 @@ __all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_row
 
 
 @triton.jit
-def _fp8_rows_kernel(X, Y, S, n_rows, D: tl.constexpr, FMAX: tl.constexpr, E5M2: tl.constexpr,
-                     ROWS: tl.constexpr):
+def _fp8_rows_kernel(
+    X, Y, S, n_rows, D: tl.constexpr, FMAX: tl.constexpr, E5M2: tl.constexpr, ROWS: tl.constexpr
+):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, D)
     ok = r < n_rows
@@ -67,14 +68,29 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3") -> FP8Tensor:
     s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     n = x.numel() // d
     rows = max(1, 2048 // d)
-    _fp8_rows_kernel[(triton.cdiv(n, rows),)](x, y, s, n, D=d, FMAX=fmax, E5M2=fmt == "e5m2", ROWS=rows,
-                                               num_warps=4)
+    _fp8_rows_kernel[(triton.cdiv(n, rows),)](
+        x, y, s, n, D=d, FMAX=fmax, E5M2=fmt == "e5m2", ROWS=rows, num_warps=4
+    )
     return FP8Tensor(data=y.view(dtype), scale=s)
 
 
 @triton.jit
-def _fp8_v_t_kernel(X, SC, Y, H, S, SO, sxb, sxh, sxs, sxd, D: tl.constexpr, FMAX: tl.constexpr,
-                    BLOCK_S: tl.constexpr, PERM16: tl.constexpr = False):
+def _fp8_v_t_kernel(
+    X,
+    SC,
+    Y,
+    H,
+    S,
+    SO,
+    sxb,
+    sxh,
+    sxs,
+    sxd,
+    D: tl.constexpr,
+    FMAX: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PERM16: tl.constexpr = False,
+):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -94,7 +110,9 @@ def _fp8_v_t_kernel(X, SC, Y, H, S, SO, sxb, sxh, sxs, sxd, D: tl.constexpr, FMA
         # within each 16 keys, key j = 8h + 2q + c goes to slot 4q + 2h + c (pv_layout.V_PERM16): a
         # register permutation, then the same contiguous store; the slots of keys past S hold zeros
         # (masked loads), which is the padding up to SO (SO == S without PERM16)
-        yt = tl.reshape(tl.permute(tl.reshape(yt, [D, BLOCK_S // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK_S])
+        yt = tl.reshape(
+            tl.permute(tl.reshape(yt, [D, BLOCK_S // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK_S]
+        )
     tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=(s < SO)[None, :])
 
 
@@ -125,15 +143,21 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
     so = padded_keys(sk) if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
     block_s = 64
-    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](v, scale, y, h, sk, so, *v.stride(), D=d, FMAX=fmax,
-                                                        BLOCK_S=block_s, PERM16=perm16, num_warps=4)
+    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](
+        v, scale, y, h, sk, so, *v.stride(), D=d, FMAX=fmax, BLOCK_S=block_s, PERM16=perm16, num_warps=4
+    )
     return FP8Tensor(data=y.view(torch.float8_e4m3fn), scale=scale)
 
 
 @triton.jit
 def _e2m1_code(a):
     """|value| -> E2M1 magnitude code 0..7, round-to-nearest-even, saturating (a >= 0)."""
-    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
+    c = (
+        (a > 0.25).to(tl.int32)
+        + (a >= 0.75).to(tl.int32)
+        + (a > 1.25).to(tl.int32)
+        + (a >= 1.75).to(tl.int32)
+    )
     c += (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
     return c
 
