@@ -1,0 +1,88 @@
+"""The golden-loss check of the main job: the embedded default (``configs/default.yaml``, the job
+``python pretrain_llama.py`` runs) for :data:`STEPS` steps on a CPU, against the losses committed in
+``tests/assets/losses/default_cpu.json`` (torchtitan keeps its golden losses the same way, in
+``tests/assets/losses``).
+
+    .venv/bin/python -m tests.training.golden --write     # re-record after an intended change
+
+The run differs from the default job only where a test must: ``train_iters`` and ``warmup_iters``
+(a :data:`STEPS`-step run, to keep CI short; the first step's loss is the default job's), validation
+and checkpoints off, output under a temporary directory. The reference backend runs the attention on
+a CPU (``backend: auto``). The file also holds the same run with the ``bf16`` recipe, so that the
+test can show its tolerance resolves a change of the attention numerics (``test_golden_loss.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "losses" / "default_cpu.json"
+STEPS = 5
+
+
+def overrides(output_dir: str | Path, *extra: str) -> list[str]:
+    """The command-line overrides of the golden run (``extra`` last)."""
+    return [
+        f"training.train_iters={STEPS}",
+        "training.warmup_iters=2",
+        "validation.interval=0",
+        "checkpoint.save=false",
+        "checkpoint.load=none",
+        "logging.tensorboard=false",
+        "logging.progress_bar=false",
+        f"runtime.output_dir={output_dir}",
+        *extra,
+    ]
+
+
+def run_losses(*extra: str, log=lambda _msg: None) -> dict[int, float]:
+    """Train the golden run (with ``extra`` overrides) in this process; step -> training loss.
+
+    Raises:
+        RuntimeError: the run did not exit with code 0.
+    """
+    from training.config import load_config
+    from training.trainer import Trainer
+
+    with tempfile.TemporaryDirectory(prefix="golden_") as tmp:
+        code = Trainer(load_config(None, overrides(tmp, *extra)), log=log).run()
+        if code != 0:
+            raise RuntimeError(f"the golden run exited with code {code}")
+        with open(Path(tmp) / "metrics.jsonl") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+def read_golden() -> dict:
+    """The committed file, with integer step keys in ``losses`` and ``bf16_losses``."""
+    data = json.loads(GOLDEN.read_text())
+    for key in ("losses", "bf16_losses"):
+        data[key] = {int(k): v for k, v in data[key].items()}
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help=f"record the losses into {GOLDEN}")
+    args = p.parse_args(argv)
+    losses = run_losses(log=print)
+    print(json.dumps(losses, indent=1))
+    if args.write:
+        bf16 = run_losses("attention.recipe=bf16")
+        data = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+        data.update(
+            steps=STEPS,
+            overrides=overrides("<tmp>"),
+            losses={str(k): v for k, v in losses.items()},
+            bf16_losses={str(k): v for k, v in bf16.items()},
+        )
+        GOLDEN.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {GOLDEN}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
