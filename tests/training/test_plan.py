@@ -50,7 +50,7 @@ def test_plan_numbers():
     cfg = load_config("configs/llama3_1_8b_100b_fp8.yaml")
     plan = make_plan(cfg, 64)
     assert (plan.train_iters, plan.parameters, plan.accumulation, plan.data) == (23842, 8_030_261_248, 4, 64)
-    m = cfg.llama(backend="reference")
+    m = cfg.llama()
     assert flops_per_token(m, 4096) == 6 * (8_030_261_248 - 128256 * 4096) + 6 * 32 * 4096 * 4096
     assert make_plan(cfg, 8).accumulation == 32  # fewer GPUs keep the global batch
     assert "precision projection  te_fp8" in format_plan(plan)

@@ -92,7 +92,7 @@ def test_short_run_trains_and_writes_documented_outputs(make_cfg, train, tmp_pat
         ckpt.MARKER,
     ]  # keep_last 2
     assert ckpt.verify_checkpoint(root / "iter_0000024") is None
-    assert "backend reference (auto: no CUDA device)" in log.text()
+    assert "backend reference (auto: highest-priority backend for fp8 on CPU)" in log.text()
     assert "torch.optim.AdamW" in log.text()
 
 
