@@ -70,7 +70,7 @@ class CPUEngine:
                 "training.use_cpu_initialization=false initialises on a GPU, and this CPU run has "
                 "none; use null (the default) or true"
             )
-        self.model = build_gpt_model(llama_cfg, parallel=par.llama(), use_cpu_initialization=True)
+        self.model = build_gpt_model(llama_cfg, parallel=par, use_cpu_initialization=True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in self.params)
         self.grad_buf = torch.zeros(numel, dtype=torch.float32)

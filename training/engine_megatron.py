@@ -106,7 +106,7 @@ class MegatronEngine:
         torch.manual_seed(cfg.training.seed)
         self.model = build_gpt_model(
             llama_cfg,
-            parallel=cfg.parallel.llama(),
+            parallel=cfg.parallel,
             pre_process=parallel_state.is_pipeline_first_stage(),
             post_process=self.is_last_stage,
             use_cpu_initialization=cfg.training.use_cpu_initialization,
