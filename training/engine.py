@@ -32,13 +32,17 @@ rank is not applied (``StepResult.skipped``).
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["StepResult", "restore_rng_state", "rng_state"]
+from .checkpoint import rng_file
+
+__all__ = ["StepResult", "restore_rng_state", "rng_state", "save_rng_state"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,16 @@ def rng_state() -> dict:
         state["cuda"] = torch.cuda.get_rng_state()
         state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
     return state
+
+
+def save_rng_state(ckpt_dir: Path, rank: int) -> None:
+    """This rank's :func:`rng_state` into ``ckpt_dir`` (:func:`training.checkpoint.rng_file`), fsynced."""
+    path = rng_file(ckpt_dir, rank)
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "wb") as f:
+        torch.save(rng_state(), f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def restore_rng_state(state: dict) -> None:

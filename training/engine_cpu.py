@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .engine import StepResult, restore_rng_state, rng_state
+from .checkpoint import rng_file
+from .engine import StepResult, restore_rng_state, save_rng_state
 
 __all__ = ["CPUEngine", "batch_loss"]
 
@@ -152,8 +153,7 @@ class CPUEngine:
 
     # ----------------------------------------------------------------------- checkpoint
     def save(self, tmp: Path, finalize) -> None:
-        (tmp / "rng").mkdir(exist_ok=True)
-        _save(rng_state(), tmp / "rng" / f"rank_{self.env.rank:05d}.pt")
+        save_rng_state(tmp, self.env.rank)
         if self.env.is_main:
             state = {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)}
             _save(state, tmp / "model.pt")
@@ -178,7 +178,7 @@ class CPUEngine:
                 if main is not p:
                     p.copy_(main)
         self.optimizer.load_state_dict(opt["optimizer"])
-        rng = ckpt / "rng" / f"rank_{self.env.rank:05d}.pt"
+        rng = rng_file(ckpt, self.env.rank)
         if rng.is_file():
             restore_rng_state(torch.load(rng, weights_only=True))
 

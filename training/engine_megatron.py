@@ -30,14 +30,14 @@ Deterministic mode (``runtime.deterministic``): ``torch.use_deterministic_algori
 from __future__ import annotations
 
 import json
-import os
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .engine import StepResult, restore_rng_state, rng_state
+from .checkpoint import TRAINER_STATE_FILE, rng_file
+from .engine import StepResult, restore_rng_state, save_rng_state
 
 __all__ = ["MegatronEngine"]
 
@@ -272,7 +272,7 @@ class MegatronEngine:
                 sharded_strategy=strategy,
                 content_metadata=dict(CKPT_METADATA),
             )
-            self._save_rng(tmp)
+            save_rng_state(tmp, self.env.rank)
             finalize()
             return
         request = dist_checkpointing.save(
@@ -283,17 +283,9 @@ class MegatronEngine:
             async_sharded_save=True,
             async_strategy="mcore",
         )
-        self._save_rng(tmp)
+        save_rng_state(tmp, self.env.rank)
         request.finalize_fns.append(finalize)
         self.async_queue.schedule_async_request(request)
-
-    def _save_rng(self, tmp: Path) -> None:
-        """This rank's RNG states into ``tmp/rng/rank_XXXXX.pt`` (fsynced)."""
-        (tmp / "rng").mkdir(exist_ok=True)
-        with open(tmp / "rng" / f"rank_{self.env.rank:05d}.pt", "wb") as f:
-            torch.save(rng_state(), f)
-            f.flush()
-            os.fsync(f.fileno())
 
     def poll_saves(self, blocking: bool = False) -> None:
         if self.async_queue is not None:
@@ -343,9 +335,9 @@ class MegatronEngine:
         )
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
-        trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
+        trainer_state = json.loads((ckpt / TRAINER_STATE_FILE).read_text())
         self._restore_adam_step(trainer_state["iteration"] - trainer_state["nonfinite_count"])
-        rng = ckpt / "rng" / f"rank_{self.env.rank:05d}.pt"
+        rng = rng_file(ckpt, self.env.rank)
         saved_world = trainer_state.get("world_size")
         if rng.is_file() and saved_world == self.env.world_size:
             restore_rng_state(torch.load(rng, weights_only=True))

@@ -131,9 +131,9 @@ class Trainer:
 
         self.iteration, self.consumed_samples, self.consumed_tokens, self.nonfinite_count = 0, 0, 0, 0
         if self.resumed_from is not None:
-            state = ckpt.read_json(self.resumed_from / "trainer_state.json")
+            state = ckpt.read_json(self.resumed_from / ckpt.TRAINER_STATE_FILE)
             allowed = ckpt.check_resume_compatible(
-                ckpt.read_json(self.resumed_from / "config.json"),
+                ckpt.read_json(self.resumed_from / ckpt.CONFIG_FILE),
                 self.resolved,
                 allow=cfg.checkpoint.allow_config_change,
                 saved_data_identity=state.get("data_identity"),
@@ -156,7 +156,7 @@ class Trainer:
             found = ckpt.find_latest(self.ckpt_root, warn=self.log)
             return None if found is None else found[1]
         path = Path(load)
-        if (path / ckpt.MANIFEST).exists() or path.name.startswith("iter_"):
+        if (path / ckpt.MANIFEST).exists() or path.name.startswith(ckpt.ITER_PREFIX):
             reason = ckpt.verify_checkpoint(path)
             if reason:
                 raise ValueError(f"checkpoint.load={load}: not a complete checkpoint ({reason})")
@@ -324,7 +324,7 @@ class Trainer:
         if self.env.is_main:
             ckpt.prepare_tmp_dir(root, step)
         eng.barrier()
-        tmp = root / f"iter_{step:07d}.tmp"
+        tmp = ckpt.tmp_dir(root, step)
         state = {
             "iteration": step,
             "consumed_samples": self.consumed_samples,
