@@ -164,7 +164,9 @@ class CPUEngine:
         self.barrier()
         finalize()
 
-    def load(self, ckpt: Path) -> None:
+    def load(self, ckpt: Path, *, applied_updates: int, saved_world_size: int | None) -> None:
+        """Model, main weights, AdamW state (its ``step`` included, so ``applied_updates`` is not needed)
+        and this rank's RNG states where the checkpoint has them (at any ``saved_world_size``)."""
         state = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True)
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         bad = [k for k in list(missing) + list(unexpected) if not k.endswith("_extra_state")]

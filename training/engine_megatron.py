@@ -29,14 +29,13 @@ Deterministic mode (``runtime.deterministic``): ``torch.use_deterministic_algori
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .checkpoint import TRAINER_STATE_FILE, rng_file
+from .checkpoint import rng_file
 from .engine import StepResult, restore_rng_state, save_rng_state
 
 __all__ = ["MegatronEngine"]
@@ -326,7 +325,9 @@ class MegatronEngine:
                     if "step" in st:
                         st["step"] = torch.full_like(st["step"], float(applied_updates))
 
-    def load(self, ckpt: Path) -> None:
+    def load(self, ckpt: Path, *, applied_updates: int, saved_world_size: int | None) -> None:
+        """Model and optimizer (resharded over data-parallel ranks), Adam's ``step`` from
+        ``applied_updates``, and this rank's RNG states when ``saved_world_size`` is this world size."""
         from megatron.core import dist_checkpointing
 
         self._materialize_optimizer_state()
@@ -335,15 +336,13 @@ class MegatronEngine:
         )
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
-        trainer_state = json.loads((ckpt / TRAINER_STATE_FILE).read_text())
-        self._restore_adam_step(trainer_state["iteration"] - trainer_state["nonfinite_count"])
+        self._restore_adam_step(applied_updates)
         rng = rng_file(ckpt, self.env.rank)
-        saved_world = trainer_state.get("world_size")
-        if rng.is_file() and saved_world == self.env.world_size:
+        if rng.is_file() and saved_world_size == self.env.world_size:
             restore_rng_state(torch.load(rng, weights_only=True))
         else:
             self.log(
-                f"resume: RNG states not restored (saved with world size {saved_world}, now "
+                f"resume: RNG states not restored (saved with world size {saved_world_size}, now "
                 f"{self.env.world_size}); the model draws no random numbers while training (dropout 0)"
             )
 

@@ -145,7 +145,9 @@ class Trainer:
             )
             for line in allowed:
                 log(f"resume: allowed config change {line}")
-            self.engine.load(self.resumed_from)
+            self.engine.load(
+                self.resumed_from, applied_updates=saved.applied_updates, saved_world_size=saved.world_size
+            )
         # the counters go on from the checkpoint's; the data identity and the world size are this run's
         self.state = dataclasses.replace(saved, data_identity=self.data.identity, world_size=env.world_size)
 
