@@ -31,10 +31,10 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import TrainConfig, resolved_dict
-from .data_setup import build_data, micro_batches, validation_micro_batches
-from .distenv import init_distributed, init_model_parallel, shutdown
+from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
+from .distenv import DistEnv, init_distributed, init_model_parallel, shutdown
 from .metrics import MetricsLogger, run_meta
-from .plan import format_plan, make_plan
+from .plan import Plan, format_plan, make_plan
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 from .state import TrainerState
@@ -54,9 +54,26 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, *, log=print, inject_nan_steps: frozenset[int] = frozenset()):
-        self.cfg = cfg
+        self.cfg = cfg  # _setup replaces it with the one whose attention backend is resolved
         self._print = log
         self.inject_nan_steps = frozenset(inject_nan_steps)
+        # set by run()
+        self.env: DistEnv | None = None  # rank, world size, device
+        self.log = None  # ``log`` on rank 0, a no-op on the other ranks
+        # set by _setup(), in this order (a configuration error there leaves the later ones None)
+        self.plan: Plan | None = None
+        self.resolved: dict | None = None  # the resolved config (saved with the run and every checkpoint)
+        self.output_dir: Path | None = None
+        self.ckpt_root: Path | None = None  # checkpoint.dir, by default <output_dir>/checkpoints
+        self.metrics: MetricsLogger | None = None
+        self.resumed_from: Path | None = None  # the checkpoint this run resumed from (None: a fresh start)
+        self.engine = None  # MegatronEngine (CUDA) or CPUEngine, see training.engine
+        self.dp_rank: int | None = None  # this rank's place in the data-parallel group (its data shard)
+        self.dp_size: int | None = None
+        self.data: DataBundle | None = None
+        self.state = TrainerState()  # the counters a checkpoint saves, restored on resume
+        # set by the first _validate()
+        self._val_batches: list[dict] | None = None  # the same validation micro-batches every time
 
     # ----------------------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -67,7 +84,6 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.env = env = init_distributed(use_cuda=use_cuda)
         self.log = self._print if env.is_main else (lambda *_: None)
-        self.metrics = None
         try:
             return self._run(use_cuda)
         finally:
@@ -308,7 +324,7 @@ class Trainer:
                 telemetry.remove()
 
     def _validate(self, step: int) -> None:
-        if not hasattr(self, "_val_batches"):
+        if self._val_batches is None:
             self._val_batches = validation_micro_batches(
                 self.data, self.cfg, dp_rank=self.dp_rank, dp_size=self.dp_size
             )
