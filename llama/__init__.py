@@ -8,9 +8,14 @@ Modules: ``config`` (typed config, presets, parameter count), ``specs`` (layer s
 projections around our core attention), ``builder`` (TransformerConfig + GPTModel), ``cpu_compat``
 (megatron-core's CUDA assumptions on a machine without a GPU). The core-attention module itself is
 ``fp4_attention.megatron``; ``AttentionConfig`` is ``fp4_attention``'s, re-exported.
+
+``builder`` and ``specs`` import megatron-core (seconds, and its warnings about optional packages);
+their names here load them on first use, so that the config types (which ``training.config`` uses
+for its ``projection`` and ``parallel`` sections) come without megatron-core.
 """
 
-from .builder import build_gpt_model, transformer_config
+import importlib
+
 from .config import (
     PRESETS,
     AttentionConfig,
@@ -20,7 +25,8 @@ from .config import (
     parameter_count,
     preset,
 )
-from .specs import layer_spec
+
+_LAZY = {"build_gpt_model": "builder", "transformer_config": "builder", "layer_spec": "specs"}
 
 __all__ = [
     "PRESETS",
@@ -34,3 +40,11 @@ __all__ = [
     "preset",
     "transformer_config",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -49,11 +49,12 @@ def transformer_config(
     """megatron-core's TransformerConfig for ``config``.
 
     Args:
-        parallel: model-parallel sizes (default: all 1).
+        parallel: model-parallel sizes (default: all 1); sizes the model cannot run raise ValueError.
         use_cpu_initialization: default: True exactly when no GPU is available.
         perform_initialization: False skips weight init (e.g. before loading a checkpoint, or on meta).
     """
     parallel = parallel if parallel is not None else ParallelConfig()
+    parallel.check_supported()
     te = uses_transformer_engine(config)
     dtype = _DTYPES[config.params_dtype]
     if use_cpu_initialization is None:
@@ -77,9 +78,9 @@ def transformer_config(
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
         pipeline_dtype=dtype,
-        tensor_model_parallel_size=parallel.tensor_parallel,
-        pipeline_model_parallel_size=parallel.pipeline_parallel,
-        context_parallel_size=parallel.context_parallel,
+        tensor_model_parallel_size=parallel.tensor,
+        pipeline_model_parallel_size=parallel.pipeline,
+        context_parallel_size=parallel.context,
         sequence_parallel=parallel.sequence_parallel,
         use_cpu_initialization=use_cpu_initialization,
         perform_initialization=perform_initialization,
@@ -141,7 +142,8 @@ def build_gpt_model(
         use_cpu_initialization, perform_initialization: see :func:`transformer_config`.
         vp_stage: virtual pipeline stage, passed through.
     Raises:
-        ValueError: parallel sizes that disagree with the initialized groups, or precision/spec errors.
+        ValueError: parallel sizes the model cannot run or that disagree with the initialized groups,
+            or precision/spec errors.
     """
     parallel = parallel if parallel is not None else ParallelConfig()
     _check_parallel_state(parallel)
@@ -195,7 +197,7 @@ def _check_parallel_state(parallel: ParallelConfig) -> None:
         parallel_state.get_pipeline_model_parallel_world_size(),
         parallel_state.get_context_parallel_world_size(),
     )
-    want = (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.context_parallel)
+    want = (parallel.tensor, parallel.pipeline, parallel.context)
     if got != want:
         raise ValueError(
             f"ParallelConfig (tp, pp, cp)={want} but megatron-core was initialized with {got}; "

@@ -2,8 +2,11 @@
 
 One keyword-only dataclass describes the model (shapes, RoPE, init, dtype), the attention
 (:class:`fp4_attention.AttentionConfig`, carried unchanged to the core-attention module) and the
-projection precision; ``builder.py`` maps it onto megatron-core. Every ``__post_init__`` raises a
-``ValueError`` that says how to fix the value.
+projection precision; :class:`ParallelConfig` holds the model-parallel sizes; ``builder.py`` maps
+both onto megatron-core. :class:`ProjectionConfig` and :class:`ParallelConfig` are also the
+``projection`` and ``parallel`` sections of the training config (``training.config``), so their field
+names are the YAML keys and their messages name them. Every ``__post_init__`` raises a ``ValueError``
+that says how to fix the value.
 
 Presets (``PRESETS`` / :func:`preset`): ``llama3_1_8b`` (the published 8B shapes), ``small`` (117M,
 mostly embeddings, for GPU smoke runs) and ``tiny`` (a few M parameters for CPU tests).
@@ -78,25 +81,44 @@ class ProjectionConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
-    """Model-parallel sizes; must match ``megatron.core.parallel_state.initialize_model_parallel``."""
+    """Model-parallel sizes (the training config's ``parallel`` section, hence the field names).
 
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    context_parallel: int = 1
+    They must match ``megatron.core.parallel_state.initialize_model_parallel``; the data-parallel
+    size is the rest of the world, ``world_size / model_parallel_size``.
+
+    Attributes:
+        tensor / pipeline / context: tensor-, pipeline- and context-parallel sizes.
+        sequence_parallel: megatron's sequence parallelism (needs ``tensor > 1``).
+    """
+
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
     sequence_parallel: bool = False
 
     def __post_init__(self):
-        for name in ("tensor_parallel", "pipeline_parallel", "context_parallel"):
+        for name in ("tensor", "pipeline", "context"):
             if getattr(self, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
-        if self.context_parallel > 1:
+        if self.sequence_parallel and self.tensor == 1:
             raise ValueError(
-                f"parallel.context_parallel={self.context_parallel}: the FP4 core attention does not implement "
-                "context parallelism yet; use context_parallel=1 with tensor/pipeline/data parallelism"
+                "parallel.sequence_parallel needs parallel.tensor > 1; set sequence_parallel=false"
             )
-        if self.sequence_parallel and self.tensor_parallel == 1:
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor * self.pipeline * self.context
+
+    def check_supported(self) -> None:
+        """Raise ``ValueError`` for sizes the model cannot run yet (context parallelism).
+
+        Not a ``__post_init__`` check: a config may describe such a layout, so that a run plan can
+        report its other problems first (``training.plan``); the builder calls this.
+        """
+        if self.context > 1:
             raise ValueError(
-                "parallel.sequence_parallel needs tensor_parallel > 1; set sequence_parallel=False"
+                f"parallel.context={self.context}: the FP4 core attention does not implement context "
+                "parallelism yet; use parallel.context=1 with tensor/pipeline/data parallelism"
             )
 
 

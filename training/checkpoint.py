@@ -23,6 +23,9 @@ the new one key by key, except keys that do not change what is trained (:data:`F
 other difference, and a different dataset identity (key ``data.identity``), stops the job with a
 message naming each key, unless the key (or its section) is listed in
 ``checkpoint.allow_config_change``.
+
+The names above are spelled once, below (:data:`MARKER`, :func:`iter_dir`, :func:`tmp_dir`,
+:func:`rng_file`, ...); the trainer and the engines build their paths with them.
 """
 
 from __future__ import annotations
@@ -36,7 +39,11 @@ from pathlib import Path
 from .config import flatten, key_matches
 
 __all__ = [
+    "CONFIG_FILE",
+    "ITER_PREFIX",
+    "MANIFEST",
     "MARKER",
+    "TRAINER_STATE_FILE",
     "ConfigMismatchError",
     "check_resume_compatible",
     "find_latest",
@@ -45,12 +52,20 @@ __all__ = [
     "prepare_tmp_dir",
     "prune",
     "read_json",
+    "rng_file",
+    "tmp_dir",
     "verify_checkpoint",
 ]
 
-MARKER = "latest_checkpointed_iteration.txt"
+# ------------------------------------------------------------------- names (the layout above)
+ITER_PREFIX = "iter_"  # + the iteration in 7 digits: a checkpoint directory
+TMP_SUFFIX = ".tmp"  # a checkpoint directory being written
+CONFIG_FILE = "config.json"
+TRAINER_STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
-_ITER_RE = re.compile(r"^iter_(\d{7})$")
+MARKER = "latest_checkpointed_iteration.txt"
+RNG_DIR = "rng"
+_ITER_RE = re.compile(rf"^{ITER_PREFIX}(\d{{7}})$")
 # Resolved-config keys that may change freely between a checkpoint and its resume.
 FREE_KEYS = (
     "attention.backend",
@@ -69,7 +84,19 @@ class ConfigMismatchError(ValueError):
 
 
 def iter_dir(root: str | os.PathLike, iteration: int) -> Path:
-    return Path(root) / f"iter_{iteration:07d}"
+    """``<root>/iter_XXXXXXX``: the checkpoint of ``iteration``."""
+    return Path(root) / f"{ITER_PREFIX}{iteration:07d}"
+
+
+def tmp_dir(root: str | os.PathLike, iteration: int) -> Path:
+    """``<root>/iter_XXXXXXX.tmp``: where the save of ``iteration`` writes before the rename."""
+    final = iter_dir(root, iteration)
+    return final.with_name(final.name + TMP_SUFFIX)
+
+
+def rng_file(ckpt_dir: str | os.PathLike, rank: int) -> Path:
+    """``<ckpt_dir>/rng/rank_XXXXX.pt``: the RNG states of ``rank`` (written by the engines)."""
+    return Path(ckpt_dir) / RNG_DIR / f"rank_{rank:05d}.pt"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -112,9 +139,9 @@ def prepare_tmp_dir(root: str | os.PathLike, iteration: int) -> Path:
     """Create an empty ``iter_XXXXXXX.tmp/`` under ``root`` (call on one rank, then barrier)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob("iter_*.tmp"):
+    for stale in root.glob(f"{ITER_PREFIX}*{TMP_SUFFIX}"):
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = root / f"iter_{iteration:07d}.tmp"
+    tmp = tmp_dir(root, iteration)
     tmp.mkdir()
     return tmp
 
@@ -133,8 +160,8 @@ def finish_save(
     """Complete a save (one rank, after every rank has written into ``tmp``): config, trainer state,
     manifest (last), fsync, rename to ``iter_XXXXXXX/``, marker, prune. Returns the final directory."""
     root = Path(root)
-    write_json(tmp / "config.json", config)
-    write_json(tmp / "trainer_state.json", trainer_state)
+    write_json(tmp / CONFIG_FILE, config)
+    write_json(tmp / TRAINER_STATE_FILE, trainer_state)
     files = {}
     for sub, _, names in os.walk(tmp):
         for name in names:

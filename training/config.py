@@ -3,15 +3,16 @@
     cfg = load_config("configs/default.yaml", ["training.train_iters=50", "attention.recipe=bf16"])
     cfg = load_config(None)                     # the embedded default (same as configs/default.yaml)
 
-Sections (each a dataclass below; its ``__post_init__`` raises ``ValueError`` saying how to fix a
-value; an unknown section or key is an error that lists the valid ones):
+Sections (each a dataclass: below, or the model's and the attention's own config types; its
+``__post_init__`` raises ``ValueError`` saying how to fix a value; an unknown section or key is an
+error that lists the valid ones):
 
 | section | holds |
 |---|---|
 | ``model`` | ``preset`` + overrides of any :class:`llama.LlamaConfig` field (shapes, init_std, ...) |
 | ``attention`` | :class:`fp4_attention.AttentionConfig`: ``recipe`` (a training recipe), ``backend``, ``options`` |
-| ``projection`` | ``precision`` (bf16, te_fp8) and the TE FP8 fields of :class:`llama.ProjectionConfig` |
-| ``parallel`` | ``tensor``, ``pipeline``, ``context``, ``sequence_parallel``; data parallel = the rest |
+| ``projection`` | :class:`llama.ProjectionConfig`: ``precision`` (bf16, te_fp8 here) and the TE FP8 fields |
+| ``parallel`` | :class:`llama.ParallelConfig`: ``tensor``, ``pipeline``, ``context``, ``sequence_parallel`` |
 | ``data`` | ``corpus`` (``default`` or a list of ``{prefix, weight}``), tokenizer, seq_length, split, seed |
 | ``training`` | batch sizes, ``train_tokens`` or ``train_iters``, AdamW, LR schedule, clipping, init seed |
 | ``checkpoint`` | dir, save (false = never write one), save_interval, keep_last, async_save, load, allow_config_change |
@@ -43,6 +44,7 @@ from typing import Any
 import yaml
 
 from fp4_attention import TRAINING_RECIPES, AttentionConfig
+from llama import PRESETS, LlamaConfig, ParallelConfig, ProjectionConfig, preset
 
 __all__ = [
     "CONFIG_SECTIONS",
@@ -57,7 +59,11 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "default.yaml"
 
+# Values the trainer runs, fewer than the section's type accepts (llama.ProjectionConfig also knows
+# torchao_fp8, which the model builder rejects with the reason). A YAML value is checked before the
+# type's own checks, so that the message lists only these.
 PROJECTION_PRECISIONS = ("bf16", "te_fp8")
+TRAINER_CHOICES = {"projection": {"precision": PROJECTION_PRECISIONS}}
 NONFINITE_POLICIES = ("skip", "stop")
 WANDB_MODES = ("disabled", "offline", "online")
 TOKENIZER_KINDS = ("llama3", "hf")
@@ -74,8 +80,6 @@ class ModelSection:
     overrides: dict = field(default_factory=lambda: {"vocab_size": 128256})
 
     def __post_init__(self):
-        from llama import PRESETS, LlamaConfig
-
         if self.preset not in PRESETS:
             raise ValueError(f"model.preset={self.preset!r} is unknown; choose one of {', '.join(PRESETS)}")
         valid = model_override_keys()
@@ -92,77 +96,10 @@ class ModelSection:
 
     def llama_base(self):
         """The LlamaConfig of the preset with the overrides (attention/projection at their defaults)."""
-        from llama import preset
-
         try:
             return preset(self.preset, **self.overrides)
         except ValueError as err:
             raise ValueError(f"model: {err}") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProjectionSection:
-    """Projection precision (maps 1:1 onto :class:`llama.ProjectionConfig`)."""
-
-    precision: str = "bf16"
-    fp8_format: str = "hybrid"
-    fp8_scaling: str = "current"
-    fp8_bf16_first_layers: int = 0
-    fp8_bf16_last_layers: int = 0
-    fp8_amax_history_len: int = 1024
-    fp8_amax_compute_algo: str = "max"
-
-    def __post_init__(self):
-        if self.precision not in PROJECTION_PRECISIONS:
-            raise ValueError(
-                f"projection.precision={self.precision!r}; choose one of {', '.join(PROJECTION_PRECISIONS)}"
-            )
-        self.llama()
-
-    def llama(self):
-        from llama import ProjectionConfig
-
-        return ProjectionConfig(**dataclasses.asdict(self))
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParallelSection:
-    """Model-parallel sizes; the data-parallel size is world_size / (tensor * pipeline * context)."""
-
-    tensor: int = 1
-    pipeline: int = 1
-    context: int = 1
-    sequence_parallel: bool = False
-
-    def __post_init__(self):
-        for name in ("tensor", "pipeline", "context"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
-        if self.sequence_parallel and self.tensor == 1:
-            raise ValueError(
-                "parallel.sequence_parallel needs parallel.tensor > 1; set sequence_parallel=false"
-            )
-
-    @property
-    def model_parallel_size(self) -> int:
-        return self.tensor * self.pipeline * self.context
-
-    def llama(self):
-        from llama import ParallelConfig
-
-        try:
-            return ParallelConfig(
-                tensor_parallel=self.tensor,
-                pipeline_parallel=self.pipeline,
-                context_parallel=self.context,
-                sequence_parallel=self.sequence_parallel,
-            )
-        except ValueError as err:
-            raise ValueError(
-                str(err)
-                .replace("parallel.tensor_parallel", "parallel.tensor")
-                .replace("parallel.context_parallel", "parallel.context")
-            ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -400,8 +337,8 @@ class RuntimeSection:
 CONFIG_SECTIONS = {
     "model": ModelSection,
     "attention": AttentionConfig,
-    "projection": ProjectionSection,
-    "parallel": ParallelSection,
+    "projection": ProjectionConfig,
+    "parallel": ParallelConfig,
     "data": DataSection,
     "training": TrainingSection,
     "checkpoint": CheckpointSection,
@@ -417,8 +354,8 @@ class TrainConfig:
 
     model: ModelSection = field(default_factory=ModelSection)
     attention: AttentionConfig = field(default_factory=lambda: AttentionConfig(recipe="fp8"))
-    projection: ProjectionSection = field(default_factory=ProjectionSection)
-    parallel: ParallelSection = field(default_factory=ParallelSection)
+    projection: ProjectionConfig = field(default_factory=ProjectionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataSection = field(default_factory=DataSection)
     training: TrainingSection = field(default_factory=TrainingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
@@ -432,6 +369,8 @@ class TrainConfig:
                 f"attention.recipe={self.attention.recipe!r} cannot train; choose one of "
                 f"{', '.join(TRAINING_RECIPES)}"
             )
+        for name in TRAINER_CHOICES:
+            _check_trainer_choices(name, dataclasses.asdict(getattr(self, name)))
         llama = self.llama()
         if self.data.seq_length > llama.max_seq_length:
             raise ValueError(
@@ -462,7 +401,7 @@ class TrainConfig:
         """The :class:`llama.LlamaConfig` to build (its ``attention`` is this config's, unchanged)."""
         base = self.model.llama_base()
         try:
-            return base.replace(attention=self.attention, projection=self.projection.llama())
+            return base.replace(attention=self.attention, projection=self.projection)
         except ValueError as err:
             raise ValueError(f"model/projection: {err}") from None
 
@@ -474,8 +413,6 @@ class TrainConfig:
 
 
 def model_override_keys() -> list[str]:
-    from llama import LlamaConfig
-
     return [f.name for f in dataclasses.fields(LlamaConfig) if f.name not in ("attention", "projection")]
 
 
@@ -488,6 +425,9 @@ def _coerce(name: str, typ, value):
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(name, inner[0], value) if len(inner) == 1 else value
+    if origin is typing.Literal:  # checked as the type of its values; which value: the section says
+        kinds = {type(a) for a in args}
+        return _coerce(name, kinds.pop(), value) if len(kinds) == 1 else value
     if typ is Any or origin in (list, dict) or typ in (list, dict):
         return value
     if typ is bool:
@@ -534,8 +474,16 @@ def _build_section(name: str, cls, raw) -> Any:
     if bad:
         raise ValueError(f"{name}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
-    default = _default_section(name)
-    return dataclasses.replace(default, **{k: _coerce(f"{name}.{k}", hints[k], v) for k, v in raw.items()})
+    values = {k: _coerce(f"{name}.{k}", hints[k], v) for k, v in raw.items()}
+    _check_trainer_choices(name, values)
+    return dataclasses.replace(_default_section(name), **values)
+
+
+def _check_trainer_choices(name: str, values: dict) -> None:
+    """Raise ValueError for a value of section ``name`` outside :data:`TRAINER_CHOICES`."""
+    for key, choices in TRAINER_CHOICES.get(name, {}).items():
+        if key in values and values[key] not in choices:
+            raise ValueError(f"{name}.{key}={values[key]!r}; choose one of {', '.join(choices)}")
 
 
 def _default_section(name: str):

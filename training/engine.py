@@ -1,7 +1,9 @@
 """What the trainer needs from an engine, and the pieces both engines share.
 
 An engine owns the model, the optimizer and the engine-specific checkpoint files; the trainer owns
-the loop, the schedule, data, logging, signals and the checkpoint directory protocol. Two engines:
+the loop, the schedule, data, logging, signals and the checkpoint directory protocol, with its own
+files in it (``config.json``, ``trainer_state.json``), which engines do not read: what an engine
+needs from them comes as arguments of ``load``. Two engines:
 
 * ``engine_megatron.MegatronEngine`` (CUDA; the real one): megatron-core DDP + distributed
   optimizer + ``forward_backward_func`` + ``dist_checkpointing`` (torch_dist).
@@ -17,12 +19,17 @@ Interface (duck-typed)::
     engine.train_step(micro_batches, *, lr, inject_nan=False) -> StepResult
     engine.eval_loss(micro_batches) -> float     # token-weighted mean over all data-parallel ranks
     engine.save(tmp_dir, finalize)               # all ranks; calls finalize() (all ranks) when written
-    engine.load(ckpt_dir)                        # all ranks
+    engine.load(ckpt_dir, *, applied_updates, saved_world_size)  # all ranks; see below
     engine.poll_saves(blocking=False)            # async saves: run pending finalizations
     engine.params_finite() -> bool               # global
     engine.peak_mem_gib() -> float | None
     engine.all_reduce_max(int) -> int
     engine.barrier()
+
+``load``'s arguments, from the checkpoint's trainer state: ``applied_updates``, the optimizer
+updates applied up to it (steps minus skipped non-finite steps; the GPU engine restores torch Adam's
+``step`` from it), and ``saved_world_size``, the world size that saved it (None if unknown; the GPU
+engine restores the per-rank RNG states only at the same size).
 
 Loss: each micro-batch's loss is its token-mean (``sum(loss * mask) / sum(mask)``); the step loss
 and the gradient are the mean over the micro-batches and data-parallel ranks (megatron-core's
@@ -32,13 +39,17 @@ rank is not applied (``StepResult.skipped``).
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["StepResult", "restore_rng_state", "rng_state"]
+from .checkpoint import rng_file
+
+__all__ = ["StepResult", "restore_rng_state", "rng_state", "save_rng_state"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,16 @@ def rng_state() -> dict:
         state["cuda"] = torch.cuda.get_rng_state()
         state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
     return state
+
+
+def save_rng_state(ckpt_dir: Path, rank: int) -> None:
+    """This rank's :func:`rng_state` into ``ckpt_dir`` (:func:`training.checkpoint.rng_file`), fsynced."""
+    path = rng_file(ckpt_dir, rank)
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "wb") as f:
+        torch.save(rng_state(), f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def restore_rng_state(state: dict) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .engine import StepResult, restore_rng_state, rng_state
+from .checkpoint import rng_file
+from .engine import StepResult, restore_rng_state, save_rng_state
 
 __all__ = ["CPUEngine", "batch_loss"]
 
@@ -70,7 +71,7 @@ class CPUEngine:
                 "training.use_cpu_initialization=false initialises on a GPU, and this CPU run has "
                 "none; use null (the default) or true"
             )
-        self.model = build_gpt_model(llama_cfg, parallel=par.llama(), use_cpu_initialization=True)
+        self.model = build_gpt_model(llama_cfg, parallel=par, use_cpu_initialization=True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in self.params)
         self.grad_buf = torch.zeros(numel, dtype=torch.float32)
@@ -152,8 +153,7 @@ class CPUEngine:
 
     # ----------------------------------------------------------------------- checkpoint
     def save(self, tmp: Path, finalize) -> None:
-        (tmp / "rng").mkdir(exist_ok=True)
-        _save(rng_state(), tmp / "rng" / f"rank_{self.env.rank:05d}.pt")
+        save_rng_state(tmp, self.env.rank)
         if self.env.is_main:
             state = {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)}
             _save(state, tmp / "model.pt")
@@ -164,7 +164,9 @@ class CPUEngine:
         self.barrier()
         finalize()
 
-    def load(self, ckpt: Path) -> None:
+    def load(self, ckpt: Path, *, applied_updates: int, saved_world_size: int | None) -> None:
+        """Model, main weights, AdamW state (its ``step`` included, so ``applied_updates`` is not needed)
+        and this rank's RNG states where the checkpoint has them (at any ``saved_world_size``)."""
         state = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True)
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         bad = [k for k in list(missing) + list(unexpected) if not k.endswith("_extra_state")]
@@ -178,7 +180,7 @@ class CPUEngine:
                 if main is not p:
                     p.copy_(main)
         self.optimizer.load_state_dict(opt["optimizer"])
-        rng = ckpt / "rng" / f"rank_{self.env.rank:05d}.pt"
+        rng = rng_file(ckpt, self.env.rank)
         if rng.is_file():
             restore_rng_state(torch.load(rng, weights_only=True))
 

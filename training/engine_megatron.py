@@ -29,15 +29,14 @@ Deterministic mode (``runtime.deterministic``): ``torch.use_deterministic_algori
 
 from __future__ import annotations
 
-import json
-import os
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from .engine import StepResult, restore_rng_state, rng_state
+from .checkpoint import rng_file
+from .engine import StepResult, restore_rng_state, save_rng_state
 
 __all__ = ["MegatronEngine"]
 
@@ -106,7 +105,7 @@ class MegatronEngine:
         torch.manual_seed(cfg.training.seed)
         self.model = build_gpt_model(
             llama_cfg,
-            parallel=cfg.parallel.llama(),
+            parallel=cfg.parallel,
             pre_process=parallel_state.is_pipeline_first_stage(),
             post_process=self.is_last_stage,
             use_cpu_initialization=cfg.training.use_cpu_initialization,
@@ -272,7 +271,7 @@ class MegatronEngine:
                 sharded_strategy=strategy,
                 content_metadata=dict(CKPT_METADATA),
             )
-            self._save_rng(tmp)
+            save_rng_state(tmp, self.env.rank)
             finalize()
             return
         request = dist_checkpointing.save(
@@ -283,17 +282,9 @@ class MegatronEngine:
             async_sharded_save=True,
             async_strategy="mcore",
         )
-        self._save_rng(tmp)
+        save_rng_state(tmp, self.env.rank)
         request.finalize_fns.append(finalize)
         self.async_queue.schedule_async_request(request)
-
-    def _save_rng(self, tmp: Path) -> None:
-        """This rank's RNG states into ``tmp/rng/rank_XXXXX.pt`` (fsynced)."""
-        (tmp / "rng").mkdir(exist_ok=True)
-        with open(tmp / "rng" / f"rank_{self.env.rank:05d}.pt", "wb") as f:
-            torch.save(rng_state(), f)
-            f.flush()
-            os.fsync(f.fileno())
 
     def poll_saves(self, blocking: bool = False) -> None:
         if self.async_queue is not None:
@@ -334,7 +325,9 @@ class MegatronEngine:
                     if "step" in st:
                         st["step"] = torch.full_like(st["step"], float(applied_updates))
 
-    def load(self, ckpt: Path) -> None:
+    def load(self, ckpt: Path, *, applied_updates: int, saved_world_size: int | None) -> None:
+        """Model and optimizer (resharded over data-parallel ranks), Adam's ``step`` from
+        ``applied_updates``, and this rank's RNG states when ``saved_world_size`` is this world size."""
         from megatron.core import dist_checkpointing
 
         self._materialize_optimizer_state()
@@ -343,15 +336,13 @@ class MegatronEngine:
         )
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
-        trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
-        self._restore_adam_step(trainer_state["iteration"] - trainer_state["nonfinite_count"])
-        rng = ckpt / "rng" / f"rank_{self.env.rank:05d}.pt"
-        saved_world = trainer_state.get("world_size")
-        if rng.is_file() and saved_world == self.env.world_size:
+        self._restore_adam_step(applied_updates)
+        rng = rng_file(ckpt, self.env.rank)
+        if rng.is_file() and saved_world_size == self.env.world_size:
             restore_rng_state(torch.load(rng, weights_only=True))
         else:
             self.log(
-                f"resume: RNG states not restored (saved with world size {saved_world}, now "
+                f"resume: RNG states not restored (saved with world size {saved_world_size}, now "
                 f"{self.env.world_size}); the model draws no random numbers while training (dropout 0)"
             )
 

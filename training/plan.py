@@ -138,7 +138,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
             "projection.precision='te_fp8' needs micro_batch_size * seq_length / context to be a "
             "multiple of 16 (FP8 GEMM shapes)"
         )
-    par.llama()  # the model's own limits (e.g. context parallelism not implemented by the attention)
+    par.check_supported()  # the model's own limits (context parallelism: not in the attention)
     accumulation = tr.global_batch_size // (tr.micro_batch_size * dp)
 
     n = parameter_count(m)

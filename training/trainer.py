@@ -9,9 +9,10 @@ validates, saves, and checks the stop flags (signal, time budget) all-reduced ov
 
 Resume (``checkpoint.load: auto``): the newest complete checkpoint under ``checkpoint.dir`` is
 checked against the new config (:func:`training.checkpoint.check_resume_compatible`), then the
-engine state (model, optimizer, RNG) and the trainer state (iteration, consumed samples and tokens,
-non-finite count) are restored; the data loader restarts at ``consumed_samples`` of the identically
-rebuilt dataset, so the resumed run sees exactly the batches the uninterrupted run would have seen.
+engine state (model, optimizer, RNG) and the trainer state (:class:`training.state.TrainerState`:
+iteration, consumed samples and tokens, non-finite count) are restored; the data loader restarts
+at ``consumed_samples`` of the identically rebuilt dataset, so the resumed run sees exactly the
+batches the uninterrupted run would have seen.
 
 ``checkpoint.save: false`` (benchmarks): no checkpoint is ever written; the run must start fresh
 (``checkpoint.load`` ``none``, or ``auto`` finding nothing, else exit code 2 before the model is
@@ -21,6 +22,7 @@ says that nothing was saved.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -29,12 +31,13 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import TrainConfig, resolved_dict
-from .data_setup import build_data, micro_batches, validation_micro_batches
-from .distenv import init_distributed, init_model_parallel, shutdown
+from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
+from .distenv import DistEnv, init_distributed, init_model_parallel, shutdown
 from .metrics import MetricsLogger, run_meta
-from .plan import format_plan, make_plan
+from .plan import Plan, format_plan, make_plan
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
+from .state import TrainerState
 
 __all__ = ["Trainer"]
 
@@ -51,9 +54,26 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, *, log=print, inject_nan_steps: frozenset[int] = frozenset()):
-        self.cfg = cfg
+        self.cfg = cfg  # _setup replaces it with the one whose attention backend is resolved
         self._print = log
         self.inject_nan_steps = frozenset(inject_nan_steps)
+        # set by run()
+        self.env: DistEnv | None = None  # rank, world size, device
+        self.log = None  # ``log`` on rank 0, a no-op on the other ranks
+        # set by _setup(), in this order (a configuration error there leaves the later ones None)
+        self.plan: Plan | None = None
+        self.resolved: dict | None = None  # the resolved config (saved with the run and every checkpoint)
+        self.output_dir: Path | None = None
+        self.ckpt_root: Path | None = None  # checkpoint.dir, by default <output_dir>/checkpoints
+        self.metrics: MetricsLogger | None = None
+        self.resumed_from: Path | None = None  # the checkpoint this run resumed from (None: a fresh start)
+        self.engine = None  # MegatronEngine (CUDA) or CPUEngine, see training.engine
+        self.dp_rank: int | None = None  # this rank's place in the data-parallel group (its data shard)
+        self.dp_size: int | None = None
+        self.data: DataBundle | None = None
+        self.state = TrainerState()  # the counters a checkpoint saves, restored on resume
+        # set by the first _validate()
+        self._val_batches: list[dict] | None = None  # the same validation micro-batches every time
 
     # ----------------------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -64,7 +84,6 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.env = env = init_distributed(use_cuda=use_cuda)
         self.log = self._print if env.is_main else (lambda *_: None)
-        self.metrics = None
         try:
             return self._run(use_cuda)
         finally:
@@ -129,24 +148,24 @@ class Trainer:
         self.data = build_data(cfg, model_vocab_size=llama_cfg.vocab_size, log=log)
         log(f"data: {self.data.describe}; train identity {self.data.identity}")
 
-        self.iteration, self.consumed_samples, self.consumed_tokens, self.nonfinite_count = 0, 0, 0, 0
+        saved = TrainerState()  # a fresh start: every counter at 0
         if self.resumed_from is not None:
-            state = ckpt.read_json(self.resumed_from / "trainer_state.json")
+            saved = TrainerState.from_state_dict(ckpt.read_json(self.resumed_from / ckpt.TRAINER_STATE_FILE))
             allowed = ckpt.check_resume_compatible(
-                ckpt.read_json(self.resumed_from / "config.json"),
+                ckpt.read_json(self.resumed_from / ckpt.CONFIG_FILE),
                 self.resolved,
                 allow=cfg.checkpoint.allow_config_change,
-                saved_data_identity=state.get("data_identity"),
+                saved_data_identity=saved.data_identity,
                 data_identity=self.data.identity,
                 where=str(self.resumed_from),
             )
             for line in allowed:
                 log(f"resume: allowed config change {line}")
-            self.engine.load(self.resumed_from)
-            self.iteration = state["iteration"]
-            self.consumed_samples = state["consumed_samples"]
-            self.consumed_tokens = state["consumed_tokens"]
-            self.nonfinite_count = state["nonfinite_count"]
+            self.engine.load(
+                self.resumed_from, applied_updates=saved.applied_updates, saved_world_size=saved.world_size
+            )
+        # the counters go on from the checkpoint's; the data identity and the world size are this run's
+        self.state = dataclasses.replace(saved, data_identity=self.data.identity, world_size=env.world_size)
 
     def _find_checkpoint(self) -> Path | None:
         load = self.cfg.checkpoint.load
@@ -156,7 +175,7 @@ class Trainer:
             found = ckpt.find_latest(self.ckpt_root, warn=self.log)
             return None if found is None else found[1]
         path = Path(load)
-        if (path / ckpt.MANIFEST).exists() or path.name.startswith("iter_"):
+        if (path / ckpt.MANIFEST).exists() or path.name.startswith(ckpt.ITER_PREFIX):
             reason = ckpt.verify_checkpoint(path)
             if reason:
                 raise ValueError(f"checkpoint.load={load}: not a complete checkpoint ({reason})")
@@ -176,7 +195,7 @@ class Trainer:
         except ValueError as err:  # config, plan, data or resume-compatibility errors
             log(f"pretrain_llama: configuration error: {err}")
             return EXIT_CONFIG
-        m, eng, plan = self.metrics, self.engine, self.plan
+        m, eng, plan, st = self.metrics, self.engine, self.plan, self.state
         m.write_meta(
             run_meta(
                 resolved=self.resolved, dataset_identity=self.data.identity, world_size=self.env.world_size
@@ -184,18 +203,18 @@ class Trainer:
         )
         if self.resumed_from is not None:
             m.event(
-                self.iteration,
+                st.iteration,
                 "resume",
-                f"from {self.resumed_from} (consumed_samples {self.consumed_samples})",
+                f"from {self.resumed_from} (consumed_samples {st.consumed_samples})",
             )
         else:
             m.event(0, "start", f"fresh start, {cfg.train_iters} steps")
         total = cfg.train_iters
-        if self.iteration >= total:
+        if st.iteration >= total:
             m.event(
-                self.iteration,
+                st.iteration,
                 "exit",
-                f"done: already trained {self.iteration} of {total} steps (use another "
+                f"done: already trained {st.iteration} of {total} steps (use another "
                 "runtime.output_dir or checkpoint.load=none to train again)",
             )
             return EXIT_DONE
@@ -208,15 +227,15 @@ class Trainer:
         flags = StopFlags(exit_duration_mins=cfg.runtime.exit_duration_mins)
         flags.install()
         data_iter = micro_batches(
-            self.data, cfg, consumed_samples=self.consumed_samples, dp_rank=self.dp_rank, dp_size=self.dp_size
+            self.data, cfg, consumed_samples=st.consumed_samples, dp_rank=self.dp_rank, dp_size=self.dp_size
         )
         tr = cfg.training
         gbs, seq = tr.global_batch_size, cfg.data.seq_length
         saving = cfg.checkpoint.save
-        m.start_progress(self.iteration)
+        m.start_progress(st.iteration)
         try:
-            while self.iteration < total:
-                step = self.iteration + 1
+            while st.iteration < total:
+                step = st.iteration + 1
                 t0 = time.perf_counter()
                 batch = [next(data_iter) for _ in range(plan.accumulation)]
                 lr = lr_at(
@@ -229,15 +248,15 @@ class Trainer:
                 if use_cuda:
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
-                self.iteration = step
-                self.consumed_samples += gbs
-                self.consumed_tokens += gbs * seq
-                self.nonfinite_count += int(result.skipped)
+                st.iteration = step
+                st.consumed_samples += gbs
+                st.consumed_tokens += gbs * seq
+                st.nonfinite_count += int(result.skipped)
                 tps = gbs * seq / dt / self.env.world_size
                 m.train(
                     step=step,
-                    consumed_samples=self.consumed_samples,
-                    consumed_tokens=self.consumed_tokens,
+                    consumed_samples=st.consumed_samples,
+                    consumed_tokens=st.consumed_tokens,
                     loss=result.loss,
                     grad_norm=result.grad_norm,
                     lr=lr,
@@ -246,7 +265,7 @@ class Trainer:
                     mfu=tps * plan.flops_per_token / cfg.logging.peak_flops_per_gpu if use_cuda else None,
                     peak_mem_gib=eng.peak_mem_gib(),
                     skipped=result.skipped,
-                    nonfinite_count=self.nonfinite_count,
+                    nonfinite_count=st.nonfinite_count,
                 )
                 if sample:
                     for layer, (max_logit, zero_frac) in sorted(telemetry.collect().items()):
@@ -295,8 +314,8 @@ class Trainer:
             m.event(
                 total,
                 "exit",
-                f"done: {total} steps, {self.consumed_tokens:,} tokens, "
-                f"{self.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED),
+                f"done: {total} steps, {st.consumed_tokens:,} tokens, "
+                f"{st.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED),
             )
             return EXIT_DONE
         finally:
@@ -305,13 +324,13 @@ class Trainer:
                 telemetry.remove()
 
     def _validate(self, step: int) -> None:
-        if not hasattr(self, "_val_batches"):
+        if self._val_batches is None:
             self._val_batches = validation_micro_batches(
                 self.data, self.cfg, dp_rank=self.dp_rank, dp_size=self.dp_size
             )
         if not self._val_batches:
             return
-        self.metrics.valid(step, self.consumed_tokens, self.engine.eval_loss(self._val_batches))
+        self.metrics.valid(step, self.state.consumed_tokens, self.engine.eval_loss(self._val_batches))
 
     def _save(self, step: int) -> None:
         eng, root = self.engine, self.ckpt_root
@@ -324,15 +343,8 @@ class Trainer:
         if self.env.is_main:
             ckpt.prepare_tmp_dir(root, step)
         eng.barrier()
-        tmp = root / f"iter_{step:07d}.tmp"
-        state = {
-            "iteration": step,
-            "consumed_samples": self.consumed_samples,
-            "consumed_tokens": self.consumed_tokens,
-            "nonfinite_count": self.nonfinite_count,
-            "data_identity": self.data.identity,
-            "world_size": self.env.world_size,
-        }
+        tmp = ckpt.tmp_dir(root, step)
+        state = self.state.state_dict()  # a copy: an asynchronous save is finalized after later steps
         t0 = time.perf_counter()
 
         def finalize():

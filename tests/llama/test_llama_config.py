@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llama import AttentionConfig, ParallelConfig, ProjectionConfig, build_gpt_model, parameter_count, preset
+from llama import (
+    AttentionConfig,
+    ParallelConfig,
+    ProjectionConfig,
+    build_gpt_model,
+    parameter_count,
+    preset,
+    transformer_config,
+)
 from llama.config import PRESETS
 
 LLAMA31_8B_PARAMS = 8_030_261_248
@@ -88,8 +96,11 @@ def test_presets_build_configs():
             ),
             "lower fp8_bf16",
         ),
-        (lambda: ParallelConfig(context_parallel=2), "context parallelism"),
-        (lambda: ParallelConfig(sequence_parallel=True), "tensor_parallel > 1"),
+        (
+            lambda: transformer_config(preset("tiny"), parallel=ParallelConfig(context=2)),
+            "context parallelism",
+        ),
+        (lambda: ParallelConfig(sequence_parallel=True), "parallel.tensor > 1"),
     ],
 )
 def test_validation_says_how_to_fix(make, match):
@@ -99,13 +110,11 @@ def test_validation_says_how_to_fix(make, match):
 
 def test_builder_checks_parallel_state(mcore):
     with pytest.raises(ValueError, match=r"initialized with \(1, 1, 1\)"):
-        build_gpt_model(preset("tiny"), parallel=ParallelConfig(tensor_parallel=2))
+        build_gpt_model(preset("tiny"), parallel=ParallelConfig(tensor=2))
 
 
 def test_transformer_config_mapping(mcore):
     import torch.nn.functional as F
-
-    from llama import transformer_config
 
     tc = transformer_config(preset("llama3_1_8b"))
     assert (

@@ -52,7 +52,7 @@ def _worker(rank: int, port: int, path: str):
     try:
         saved = torch.load(path, weights_only=True)
         cfg = _config()
-        model = build_gpt_model(cfg, parallel=ParallelConfig(tensor_parallel=TP))
+        model = build_gpt_model(cfg, parallel=ParallelConfig(tensor=TP))
         core = model.decoder.layers[0].self_attention.core_attention
         model.load_state_dict({k: _shard(k, v, rank) for k, v in saved["state"].items()}, strict=True)
         ids, pos, labels = saved["batch"]

@@ -24,6 +24,21 @@ def test_save_protocol_and_retention(tmp_path):
     assert ckpt.read_json(tmp_path / "iter_0000040" / "manifest.json")["files"]["model.pt"] == 100
 
 
+def test_layout_names(tmp_path):
+    """The on-disk names behind the path helpers (Megatron-LM's; existing checkpoints use them)."""
+    assert ckpt.iter_dir(tmp_path, 40) == tmp_path / "iter_0000040"
+    assert ckpt.tmp_dir(tmp_path, 40) == tmp_path / "iter_0000040.tmp"
+    assert ckpt.rng_file(tmp_path / "iter_0000040", 3) == tmp_path / "iter_0000040" / "rng" / "rank_00003.pt"
+    final = fake_save(tmp_path, 40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000040", "latest_checkpointed_iteration.txt"]
+    assert sorted(p.name for p in final.iterdir()) == [
+        "config.json",
+        "manifest.json",
+        "model.pt",
+        "trainer_state.json",
+    ]
+
+
 def test_incomplete_saves_never_become_latest(tmp_path):
     fake_save(tmp_path, 10)
     fake_save(tmp_path, 20)

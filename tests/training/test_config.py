@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from llama import ParallelConfig, ProjectionConfig
 from training.config import (
+    CONFIG_SECTIONS,
     TrainConfig,
     apply_overrides,
     config_fingerprint,
@@ -83,6 +85,25 @@ def test_train_tokens_accepts_scientific_notation():
 def test_invalid_configs_say_what_to_fix(raw, match):
     with pytest.raises(ValueError, match=match):
         from_dict(raw)
+
+
+def test_projection_and_parallel_sections_are_the_model_config_types():
+    assert CONFIG_SECTIONS["projection"] is ProjectionConfig and CONFIG_SECTIONS["parallel"] is ParallelConfig
+    cfg = load_config(
+        None, ["parallel.tensor=2", "parallel.sequence_parallel=true", "projection.precision=te_fp8"]
+    )
+    assert (
+        cfg.parallel == ParallelConfig(tensor=2, sequence_parallel=True)
+        and cfg.parallel.model_parallel_size == 2
+    )
+    assert cfg.llama().projection is cfg.projection
+    # the trainer runs fewer projection precisions than ProjectionConfig knows; the message lists those
+    with pytest.raises(ValueError, match="^projection.precision='int8'; choose one of bf16, te_fp8$"):
+        load_config(None, ["projection.precision=int8"])
+    with pytest.raises(ValueError, match="^projection.precision='torchao_fp8'; choose one of bf16, te_fp8$"):
+        TrainConfig(projection=ProjectionConfig(precision="torchao_fp8"))
+    # a layout the model cannot run is a valid config (the plan reports it, see test_plan)
+    assert load_config(None, ["parallel.context=2"]).parallel.context == 2
 
 
 def test_single_recipe_backends_accept_their_recipe():

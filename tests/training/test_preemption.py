@@ -52,7 +52,7 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
     assert recs[-1]["kind"] == "event" and recs[-1]["event"] == "exit" and "SIGTERM" in recs[-1]["detail"]
     root = tmp_path / "run" / "checkpoints"
     assert (root / ckpt.MARKER).read_text().strip() == str(last)
-    assert ckpt.verify_checkpoint(root / f"iter_{last:07d}") is None
+    assert ckpt.verify_checkpoint(ckpt.iter_dir(root, last)) is None
 
     # resume in-process with a time budget already spent: one step, save, exit code 4
     code, log = train(

@@ -91,7 +91,7 @@ def test_short_run_trains_and_writes_documented_outputs(make_cfg, train, tmp_pat
         "iter_0000024",
         ckpt.MARKER,
     ]  # keep_last 2
-    assert ckpt.verify_checkpoint(root / "iter_0000024") is None
+    assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 24)) is None
     assert "backend reference (auto: highest-priority backend for fp8 on CPU)" in log.text()
     assert "torch.optim.AdamW" in log.text()
 
@@ -103,7 +103,7 @@ def test_resume_is_bitwise_exact(make_cfg, train, tmp_path):
     # "kill" after step 4: a fresh run directory holding only the step-4 checkpoint of the first run
     root = tmp_path / "half" / "checkpoints"
     root.mkdir(parents=True)
-    shutil.copytree(tmp_path / "full" / "checkpoints" / "iter_0000004", root / "iter_0000004")
+    shutil.copytree(ckpt.iter_dir(tmp_path / "full" / "checkpoints", 4), ckpt.iter_dir(root, 4))
     (root / ckpt.MARKER).write_text("4\n")
     code, log = train(make_cfg(run="half"))
     assert code == EXIT_DONE, log.text()
@@ -112,8 +112,8 @@ def test_resume_is_bitwise_exact(make_cfg, train, tmp_path):
     resumed = train_losses(recs)
     assert sorted(resumed) == [5, 6, 7, 8]
     assert all(resumed[s] == full[s] for s in resumed), (resumed, full)  # bitwise
-    a = torch.load(tmp_path / "full/checkpoints/iter_0000008/model.pt", weights_only=True)
-    b = torch.load(tmp_path / "half/checkpoints/iter_0000008/model.pt", weights_only=True)
+    a = torch.load(ckpt.iter_dir(tmp_path / "full/checkpoints", 8) / "model.pt", weights_only=True)
+    b = torch.load(ckpt.iter_dir(tmp_path / "half/checkpoints", 8) / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -121,10 +121,10 @@ def test_truncated_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
     code, log = train(make_cfg())
     assert code == EXIT_DONE
     root = tmp_path / "run" / "checkpoints"
-    opt = root / "iter_0000008" / "optimizer.pt"
+    opt = ckpt.iter_dir(root, 8) / "optimizer.pt"
     with open(opt, "r+b") as f:
         f.truncate(opt.stat().st_size // 2)
-    assert "truncated" in ckpt.verify_checkpoint(root / "iter_0000008")
+    assert "truncated" in ckpt.verify_checkpoint(ckpt.iter_dir(root, 8))
     code, log = train(make_cfg("training.train_iters=8"))
     assert code == EXIT_DONE, log.text()
     assert (
@@ -133,7 +133,7 @@ def test_truncated_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
     )
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert ("resume", 4) in events
-    assert ckpt.verify_checkpoint(root / "iter_0000008") is None  # re-saved complete
+    assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 8)) is None  # re-saved complete
 
 
 def test_changed_model_shape_stops_with_the_difference(make_cfg, train):
@@ -172,4 +172,4 @@ def test_nonfinite_stop_exits_without_saving(make_cfg, train, tmp_path):
     assert "non-finite loss" in log.text() and "runtime.nonfinite=skip" in log.text()
     root = tmp_path / "run" / "checkpoints"
     assert (root / ckpt.MARKER).read_text().strip() == "4"
-    assert not (root / "iter_0000006").exists() and not (root / "iter_0000008").exists()
+    assert not ckpt.iter_dir(root, 6).exists() and not ckpt.iter_dir(root, 8).exists()

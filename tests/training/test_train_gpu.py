@@ -74,7 +74,7 @@ def test_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path, recipe
     assert tele and all((t["zero_scale_block_frac"] is not None) == (recipe == "nvfp4qk_fp8pv") for t in tele)
     root = tmp_path / "half" / "checkpoints"
     root.mkdir(parents=True)
-    shutil.copytree(tmp_path / "full" / "checkpoints" / "iter_0000004", root / "iter_0000004")
+    shutil.copytree(ckpt.iter_dir(tmp_path / "full" / "checkpoints", 4), ckpt.iter_dir(root, 4))
     (root / ckpt.MARKER).write_text("4\n")
     code, log = train(make_cfg(*over, run="half"))
     assert code == EXIT_DONE, log.text()
@@ -88,7 +88,7 @@ def test_async_save_completes_and_resumes(make_cfg, train, tmp_path):
     code, log = train(make_cfg(*GPU_MODEL, "checkpoint.async_save=true"))
     assert code == EXIT_DONE, log.text()
     root = tmp_path / "run" / "checkpoints"
-    assert ckpt.find_latest(root)[0] == 8 and ckpt.verify_checkpoint(root / "iter_0000004") is None
+    assert ckpt.find_latest(root)[0] == 8 and ckpt.verify_checkpoint(ckpt.iter_dir(root, 4)) is None
     code, log = train(
         make_cfg(
             *GPU_MODEL,

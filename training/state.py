@@ -1,0 +1,70 @@
+"""The trainer's own state: the counters a checkpoint saves next to the engine's model and optimizer.
+
+    state = TrainerState(data_identity=data.identity, world_size=env.world_size)
+    state.iteration += 1                                  # ... the loop counts
+    finish_save(..., trainer_state=state.state_dict())   # trainer_state.json of the checkpoint
+    saved = TrainerState.from_state_dict(read_json(ckpt_dir / TRAINER_STATE_FILE))   # on resume
+
+``state_dict()`` / ``load_state_dict()`` follow torch's (and torchtitan's) convention. The dict is
+the ``trainer_state.json`` of a checkpoint, one key per field (the keys the trainer has always
+written); ``data_identity`` and ``world_size`` may be missing from a file (None), the counters may
+not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["TrainerState"]
+
+
+@dataclass(kw_only=True)
+class TrainerState:
+    """Where the run stands, and what it ran with.
+
+    Attributes:
+        iteration: optimizer steps done (applied or skipped).
+        consumed_samples / consumed_tokens: global samples and tokens consumed; the data loader
+            resumes at ``consumed_samples``.
+        nonfinite_count: steps skipped because the loss or the gradients were not finite.
+        data_identity: the training dataset's identity (compared on resume, ``data.identity``).
+        world_size: the number of processes that ran (the GPU engine restores the per-rank RNG
+            states only at the same size).
+    """
+
+    iteration: int = 0
+    consumed_samples: int = 0
+    consumed_tokens: int = 0
+    nonfinite_count: int = 0
+    data_identity: str | None = None
+    world_size: int | None = None
+
+    @property
+    def applied_updates(self) -> int:
+        """Optimizer updates applied: every step but the skipped non-finite ones."""
+        return self.iteration - self.nonfinite_count
+
+    def state_dict(self) -> dict:
+        """The fields as a JSON-able dict (the keys of ``trainer_state.json``)."""
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Set every field from ``state`` (a :meth:`state_dict`, e.g. a checkpoint's ``trainer_state.json``).
+
+        Raises:
+            KeyError: a counter is missing (``data_identity`` and ``world_size`` may be).
+        """
+        self.iteration = state["iteration"]
+        self.consumed_samples = state["consumed_samples"]
+        self.consumed_tokens = state["consumed_tokens"]
+        self.nonfinite_count = state["nonfinite_count"]
+        self.data_identity = state.get("data_identity")
+        self.world_size = state.get("world_size")
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> TrainerState:
+        """A new state loaded from ``state`` (see :meth:`load_state_dict`)."""
+        new = cls()
+        new.load_state_dict(state)
+        return new
