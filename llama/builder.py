@@ -9,11 +9,13 @@ What maps where:
 | RMSNorm ``norm_eps``                 | ``normalization="RMSNorm"``, ``layernorm_epsilon``             |
 | SwiGLU FFN                           | ``gated_linear_unit=True``, ``activation_func=F.silu``         |
 | no biases                            | ``add_bias_linear=False``, ``add_qkv_bias=False``              |
-| ``init_std``                         | ``init_method_std`` (block output projections: std/sqrt(2L), megatron's default) |
+| ``init_std``                         | ``init_method_std`` (output projections: std/sqrt(2L))         |
 | ``params_dtype``                     | ``bf16`` / ``params_dtype`` / ``pipeline_dtype``               |
-| RoPE                                 | GPTModel ``position_embedding_type="rope"``, ``rotary_base``, ``rope_scaling``, ``rope_scaling_factor`` |
+| RoPE                                 | GPTModel ``position_embedding_type="rope"``, ``rotary_base``,  |
+|                                      | ``rope_scaling``, ``rope_scaling_factor``                      |
 | untied embeddings                    | GPTModel ``share_embeddings_and_output_weights=False``         |
-| ``projection`` te_fp8                | ``fp8`` (format), ``fp8_recipe`` (delayed / tensorwise), ``first_last_layers_bf16`` ... |
+| ``projection`` te_fp8                | ``fp8`` (format), ``fp8_recipe`` (delayed / tensorwise),       |
+|                                      | ``first_last_layers_bf16`` ...                                 |
 
 Dropout is 0 everywhere (Llama pretraining; our attention has none). Fusions that need Apex or TE
 (RoPE, bias-activation, gradient-accumulation, persistent layer norm) are off unless TE is used.

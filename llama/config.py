@@ -207,7 +207,8 @@ class LlamaConfig:
             for name, value in fixed.items():
                 if getattr(self, name) != value:
                     raise ValueError(
-                        f"{name}={getattr(self, name)}: megatron-core's Llama-3.1 RoPE scaling hard-codes {value} "
+                        f"{name}={getattr(self, name)}: megatron-core's Llama-3.1 RoPE scaling hard-codes "
+                        f"{value} "
                         f"(only the factor is configurable); set {name}={value} or rope_scaling=False"
                     )
         if self.projection.precision == "te_fp8":

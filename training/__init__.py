@@ -7,7 +7,7 @@
 | ``schedule`` | the LR schedule (warmup, cosine, floor), used by both engines |
 | ``distenv`` | torchrun / Slurm ranks, process group, megatron-core parallel state |
 | ``data_setup`` | tokenizer, corpus, GPTDatasets, consumed-samples loaders |
-| ``engine`` / ``engine_megatron`` / ``engine_cpu`` | model + optimizer + engine checkpoint files (GPU / CPU) |
+| ``engine``, ``engine_megatron``, ``engine_cpu`` | model + optimizer + engine checkpoint files (GPU / CPU) |
 | ``checkpoint`` | iter_XXXXXXX/ layout and names, manifest, latest marker, retention, resume compatibility |
 | ``state`` | ``TrainerState``: the trainer's counters a checkpoint saves (``trainer_state.json``) |
 | ``metrics`` | metrics.jsonl, run_meta.json, terminal, TensorBoard, wandb |

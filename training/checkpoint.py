@@ -7,7 +7,8 @@ Layout (Megatron-LM's convention)::
             <engine files>                    CPU: model.pt, optimizer.pt; GPU: megatron-core torch_dist files
             rng/rank_00000.pt ...             per-rank RNG states (python, numpy, torch, CUDA)
             config.json                       the resolved config
-            trainer_state.json                iteration, consumed samples/tokens, non-finite count, data identity
+            trainer_state.json                iteration, consumed samples/tokens, non-finite count,
+                                              data identity
             manifest.json                     written last: every file above with its size
         latest_checkpointed_iteration.txt     "40", written (atomically) only after iter_0000040/ is complete
 

@@ -10,12 +10,12 @@ error that lists the valid ones):
 | section | holds |
 |---|---|
 | ``model`` | ``preset`` + overrides of any :class:`llama.LlamaConfig` field (shapes, init_std, ...) |
-| ``attention`` | :class:`fp4_attention.AttentionConfig`: ``recipe`` (a training recipe), ``backend``, ``options`` |
+| ``attention`` | :class:`fp4_attention.AttentionConfig`: ``recipe`` (training), ``backend``, ``options`` |
 | ``projection`` | :class:`llama.ProjectionConfig`: ``precision`` (bf16, te_fp8 here) and the TE FP8 fields |
 | ``parallel`` | :class:`llama.ParallelConfig`: ``tensor``, ``pipeline``, ``context``, ``sequence_parallel`` |
 | ``data`` | ``corpus`` (``default`` or a list of ``{prefix, weight}``), tokenizer, seq_length, split, seed |
 | ``training`` | batch sizes, ``train_tokens`` or ``train_iters``, AdamW, LR schedule, clipping, init seed |
-| ``checkpoint`` | dir, save (false = never write one), save_interval, keep_last, async_save, load, allow_config_change |
+| ``checkpoint`` | dir, save (false: never), save_interval, keep_last, async_save, load, allow_config_change |
 | ``logging`` | log_interval, metrics_file, tensorboard, wandb, telemetry_interval, peak FLOP/s for MFU |
 | ``validation`` | interval, iters |
 | ``runtime`` | exit_duration_mins, nonfinite (skip, stop), deterministic, output_dir |
@@ -25,9 +25,9 @@ Command-line overrides are dotted ``section.key=value``; the value is parsed wit
 for numeric fields, so ``training.lr=3e-4`` works.
 
 The *resolved* config (:func:`resolved_dict`) is the validated config as a plain dict with every
-model field spelled out, ``training.train_iters`` computed from ``train_tokens``, and (once
-the trainer has resolved it) ``attention.backend`` naming the backend that runs; it is saved with the run and in every
-checkpoint, and compared on resume (``training.checkpoint``).
+model field spelled out, ``training.train_iters`` computed from ``train_tokens``, and (once the
+trainer has resolved it) ``attention.backend`` naming the backend that runs; it is saved with the run
+and in every checkpoint, and compared on resume (``training.checkpoint``).
 """
 
 from __future__ import annotations

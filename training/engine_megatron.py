@@ -168,7 +168,8 @@ class MegatronEngine:
                     group["fused"], group["foreach"] = True, False
                 inner.defaults["fused"], inner.defaults["foreach"] = True, False
                 names.add(
-                    f"torch.optim.{type(inner).__name__}(fused=True) (Transformer Engine / Apex not installed)"
+                    f"torch.optim.{type(inner).__name__}(fused=True) (Transformer Engine / Apex not "
+                    "installed)"
                 )
             else:
                 names.add(f"{type(inner).__module__}.{type(inner).__name__}")

@@ -142,7 +142,8 @@ class MetricsLogger:
                 import wandb
             except ImportError:
                 log(
-                    f"logging: wandb skipped (wandb_mode={cfg.logging.wandb_mode} but the 'wandb' package is not "
+                    f"logging: wandb skipped (wandb_mode={cfg.logging.wandb_mode} but the 'wandb' package is "
+                    "not "
                     "installed: pip install -e '.[wandb]')"
                 )
             else:

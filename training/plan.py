@@ -208,7 +208,10 @@ def format_plan(plan: Plan) -> str:
             else f"rounded up: the last step completes the budget, overshooting by "
             f"{total_tokens - plan.train_tokens:,} tokens"
         )
-        steps = f"{plan.train_iters:,} (train_tokens {plan.train_tokens:,} / {tps:,} tokens per step = {exact:,.2f}; {rounding})"
+        steps = (
+            f"{plan.train_iters:,} (train_tokens {plan.train_tokens:,} / {tps:,} tokens per step = "
+            f"{exact:,.2f}; {rounding})"
+        )
     else:
         steps = f"{plan.train_iters:,} (training.train_iters)"
     mem = plan.memory_bytes

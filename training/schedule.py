@@ -3,9 +3,10 @@
 For the optimizer step ``step`` (1-based: the step about to be applied), with ``W`` warmup steps
 and ``T`` steps in total::
 
-    lr(step) = max_lr * step / W                                        step <= W
-    lr(step) = min_lr + (max_lr - min_lr) * 0.5 * (1 + cos(pi * r))      W < step <= T,  r = (step - W) / (T - W)
-    lr(step) = min_lr                                                   step > T
+    lr(step) = max_lr * step / W                                     step <= W
+    lr(step) = min_lr + (max_lr - min_lr) * 0.5 * (1 + cos(pi * r))   W < step <= T
+    lr(step) = min_lr                                                step > T
+    with r = (step - W) / (T - W)
 
 This is megatron-core's ``OptimizerParamScheduler`` cosine with ``init_lr = 0`` evaluated at the
 step being taken (megatron evaluates it at the number of steps already taken, so its first update

@@ -14,8 +14,8 @@ Exit codes of ``pretrain_llama.py``:
 | 0 | done: ``train_iters`` steps completed (final checkpoint saved) |
 | 1 | unexpected error (a Python traceback) |
 | 2 | configuration error or incompatible resume (the message names what to change) |
-| 3 | preempted by SIGTERM / SIGUSR1: the step finished, a checkpoint was saved (none with ``checkpoint.save=false``) |
-| 4 | time budget (``runtime.exit_duration_mins``) reached: a checkpoint was saved (none with ``checkpoint.save=false``) |
+| 3 | preempted by SIGTERM / SIGUSR1: the step finished, a checkpoint was saved (unless ``save=false``) |
+| 4 | time budget (``runtime.exit_duration_mins``) reached: a checkpoint was saved (unless ``save=false``) |
 | 5 | non-finite loss or gradients with ``runtime.nonfinite=stop``: nothing saved |
 """
 

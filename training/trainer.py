@@ -110,7 +110,8 @@ class Trainer:
         if use_cuda:
             log(
                 f"MFU = tokens/s/GPU x {self.plan.flops_per_token:.4e} FLOPs/token (6*N_matmul + 6*L*s*Hq*d: "
-                f"forward+backward, causal attention) / {cfg.logging.peak_flops_per_gpu / 1e12:.1f} TFLOP/s peak"
+                f"forward+backward, causal attention) / {cfg.logging.peak_flops_per_gpu / 1e12:.1f} TFLOP/s "
+                "peak"
             )
         else:
             log("MFU: not reported on CPU (null in metrics.jsonl)")
@@ -126,7 +127,8 @@ class Trainer:
                     "nothing) or use another runtime.output_dir / checkpoint.dir"
                 )
             log(
-                "checkpoints: disabled (checkpoint.save=false): nothing is written, neither every save_interval "
+                "checkpoints: disabled (checkpoint.save=false): nothing is written, neither every "
+                "save_interval "
                 "steps nor at the end, nor on SIGTERM/SIGUSR1 or the time budget"
             )
 
