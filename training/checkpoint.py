@@ -37,7 +37,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .config import flatten, key_matches
+from .resolved import flatten, key_matches
 
 __all__ = [
     "CONFIG_FILE",

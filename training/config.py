@@ -24,7 +24,7 @@ Command-line overrides are dotted ``section.key=value``; the value is parsed wit
 ``yaml.safe_load``. Numbers given as strings (YAML 1.1 reads ``3e-4`` as a string) are accepted
 for numeric fields, so ``training.lr=3e-4`` works.
 
-The *resolved* config (:func:`resolved_dict`) is the validated config as a plain dict with every
+The *resolved* config (``training.resolved.resolved_dict``) is the validated config as a plain dict with every
 model field spelled out, ``training.train_iters`` computed from ``train_tokens``, and (once the
 trainer has resolved it) ``attention.backend`` naming the backend that runs; it is saved with the run
 and in every checkpoint, and compared on resume (``training.checkpoint``).
@@ -33,8 +33,6 @@ and in every checkpoint, and compared on resume (``training.checkpoint``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import typing
 from dataclasses import dataclass, field
@@ -50,10 +48,8 @@ __all__ = [
     "CONFIG_SECTIONS",
     "TrainConfig",
     "apply_overrides",
-    "config_fingerprint",
     "from_dict",
     "load_config",
-    "resolved_dict",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -560,71 +556,3 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except yaml.YAMLError as err:
             raise ValueError(f"{path}: not valid YAML: {err}") from None
     return from_dict(apply_overrides(raw, list(overrides)))
-
-
-# --------------------------------------------------------------------------------- resolved form
-
-
-def resolved_dict(cfg: TrainConfig) -> dict:
-    """The resolved config as plain JSON-able data (see the module docstring)."""
-    out = {}
-    for name in CONFIG_SECTIONS:
-        section = getattr(cfg, name)
-        if name == "model":
-            base = dataclasses.asdict(section.llama_base())
-            base.pop("attention"), base.pop("projection")
-            out[name] = {"preset": section.preset, **base}
-        else:
-            out[name] = json.loads(json.dumps(dataclasses.asdict(section)))
-    out["training"]["train_iters"] = cfg.train_iters
-    return out
-
-
-# Keys that do not define *what* is trained (precision, seed of the init, bookkeeping): removed from
-# the config fingerprint so that runs differing only in precision (or seed) compare as the same job.
-FINGERPRINT_EXCLUDED = (
-    "attention.recipe",
-    "attention.backend",
-    "attention.options",
-    "projection.*",
-    "training.seed",
-    "checkpoint.*",
-    "logging.*",
-    "runtime.output_dir",
-    "runtime.exit_duration_mins",
-)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    flat = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            flat.update(_flatten(v, key + "."))
-        else:
-            flat[key] = v
-    return flat
-
-
-def flatten(d: dict) -> dict:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
-    return _flatten(d)
-
-
-def key_matches(key: str, pattern: str) -> bool:
-    """``pattern`` is a full key, ``section.*`` or a bare section name."""
-    if pattern.endswith(".*"):
-        return key.startswith(pattern[:-1])
-    return key == pattern or key.startswith(pattern + ".")
-
-
-def canonical_json(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True)
-
-
-def config_fingerprint(resolved: dict) -> str:
-    """sha256 hex of the canonical JSON of ``resolved`` without :data:`FINGERPRINT_EXCLUDED`."""
-    kept = {
-        k: v for k, v in flatten(resolved).items() if not any(key_matches(k, p) for p in FINGERPRINT_EXCLUDED)
-    }
-    return hashlib.sha256(canonical_json(kept).encode()).hexdigest()

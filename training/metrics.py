@@ -33,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .config import canonical_json, config_fingerprint
+from .resolved import canonical_json, config_fingerprint
 
 __all__ = ["MetricsLogger", "data_order_fingerprint", "git_commit", "read_metrics", "run_meta"]
 

@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 
 from . import checkpoint as ckpt
-from .config import TrainConfig, resolved_dict
+from .config import TrainConfig
 from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
 from .distenv import DistEnv, init_distributed, init_model_parallel, shutdown
 from .metrics import MetricsLogger, run_meta
 from .plan import Plan, format_plan, make_plan
+from .resolved import resolved_dict
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 from .state import TrainerState

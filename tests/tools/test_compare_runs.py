@@ -377,7 +377,8 @@ def test_markdown_escapes_untrusted_strings(make_run, tmp_path):
 def test_trainer_projection_section_gives_arm_labels(make_run):
     """run_meta.json written by the trainer holds the whole ``projection`` section (a dict): BF16
     projections label as ``bf16`` (the default baseline is found); FP8 projections keep their settings."""
-    from training.config import load_config, resolved_dict
+    from training.config import load_config
+    from training.resolved import resolved_dict
 
     proj = resolved_dict(load_config(None, []))["projection"]
     assert isinstance(proj, dict) and proj["precision"] == "bf16"

@@ -9,11 +9,10 @@ from training.config import (
     CONFIG_SECTIONS,
     TrainConfig,
     apply_overrides,
-    config_fingerprint,
     from_dict,
     load_config,
-    resolved_dict,
 )
+from training.resolved import config_fingerprint, resolved_dict
 
 
 def test_default_yaml_is_the_embedded_default():
