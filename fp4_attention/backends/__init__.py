@@ -106,7 +106,7 @@ def get_backend(name: str) -> Backend:
         module, _, cls = spec.impl.partition(":")
         try:
             impl = getattr(importlib.import_module(module), cls)
-        except ImportError as err:
+        except Exception as err:  # missing (ImportError) or installed but broken (RuntimeError, OSError)
             hint = f"; {spec.install_hint}" if spec.install_hint else ""
             raise ValueError(
                 f"attention backend {name!r} cannot be imported ({err}){hint}; or use "

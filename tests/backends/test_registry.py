@@ -119,3 +119,20 @@ def test_attention_config_validates_from_the_declarations():
         fa.AttentionConfig(recipe="fp8", options={"block_n": 64})
     resolved, why = fa.AttentionConfig(recipe="fp8").resolve("cpu")
     assert resolved == fa.AttentionConfig(recipe="fp8", backend="reference") and why.startswith("auto:")
+
+
+def test_a_backend_that_fails_to_import_is_passed_over_by_auto_and_named():
+    """Installed but broken (here: the class is missing; on the H200 a half-unpacked CUTLASS DSL
+    raised RuntimeError) counts as not importable, never as a crash of ``auto``."""
+    spec = BackendSpec(
+        name="broken_test", impl="json:NoSuchBackend", recipes=("fp8",), devices=("cpu",), priority=99
+    )
+    backends._load_builtin_specs()
+    backends._SPECS[spec.name] = spec
+    try:
+        name, why = fa.resolve_backend("auto", "fp8", "cpu")
+        assert name == "reference" and "passed over: broken_test not importable" in why
+        with pytest.raises(ValueError, match="attention backend 'broken_test' cannot be imported"):
+            fa.get_backend("broken_test")
+    finally:
+        backends._SPECS.pop(spec.name)

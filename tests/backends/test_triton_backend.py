@@ -173,7 +173,9 @@ def test_api_end_to_end_and_fidelity():
 
 def test_unsupported_raises():
     q, k, v = make_qkv(1, 2, 2, 64, 64, 96, device="cuda")
-    with pytest.raises(fa.UnsupportedError, match="head dim 96"):
+    with pytest.raises(
+        fa.UnsupportedError, match="triton backend runs head dims 64, 128, not 96; use backend=.reference."
+    ):
         fa.attention(q, k, v, recipe="fp8", backend="triton", layout="bhsd")
     q, k, v = make_qkv(1, 2, 2, 64, 64, 128, device="cuda")
     with pytest.raises(RuntimeError, match="forward-only"):
