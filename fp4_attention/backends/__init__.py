@@ -159,7 +159,7 @@ def _unsupported(
 ) -> UnsupportedError:
     others = alternatives(recipe, device, head_dim, training=training, exclude=spec.name)
     instead = (
-        f"use backend={' or '.join(repr(o) for o in others)}" if others else "no registered backend runs it"
+        f"use {' or '.join(f'backend={o!r}' for o in others)}" if others else "no registered backend runs it"
     )
     return UnsupportedError(f"{spec.name} backend {reason}; {instead}")
 
