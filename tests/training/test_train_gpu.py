@@ -52,7 +52,10 @@ def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):
     code, log = train(cfg)
     text = log.text()
     assert code == EXIT_DONE, text
-    assert "backend triton (auto: CUDA device" in text and "MFU = tokens/s/GPU x" in text
+    assert (
+        "backend triton (auto: highest-priority backend for fp8 on NVIDIA" in text
+        and "MFU = tokens/s/GPU x" in text
+    )
     assert "megatron-core" in text and "DistributedDataParallel" in text
     trains = [r for r in metrics(tmp_path / "default") if r["kind"] == "train"]
     assert len(trains) == 40
