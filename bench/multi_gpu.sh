@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-GPU validation of training and resume (issue 10), every run through launch/torchrun_node.sh:
+# Multi-GPU validation of training and resume, every run through launch/torchrun_node.sh:
 #
 #   ref      1 process   (DP=1, gradient accumulation = global / micro batch)
 #   dp       N processes (DP=N, same global batch)

@@ -1,4 +1,4 @@
-"""Compare a BF16 pretraining run with low-precision runs trained on identical data (issue 8).
+"""Compare a BF16 pretraining run with low-precision runs trained on identical data.
 
     python tools/compare_runs.py RUN [RUN ...] --out results/compare_x [--windows 10]
 

@@ -1,4 +1,4 @@
-"""Fidelity of every recipe against float64 attention (issue 2, contract §4 case 3).
+"""Fidelity of every recipe against float64 attention (contract §4 case 3).
 
 For each input family and recipe: cosine and relative L2 of the output (and of dQ/dK/dV for the
 training recipes) against float64 naive attention on the same BF16 inputs, computed by the chosen

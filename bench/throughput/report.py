@@ -218,7 +218,7 @@ def to_markdown(report: dict, *, terminal: bool = False) -> str:
     with their log tails, commands. ``terminal=True``: no log tails and no commands, the runs table last.
     """
     records = report["records"]
-    targets_ = ["## Targets (issue 9)", ""] + (
+    targets_ = ["## Targets", ""] + (
         [f"- {t['result']}: {t['target']}: {t['measured']}" for t in report["targets"]] or ["- no main runs"]
     )
     failed = []

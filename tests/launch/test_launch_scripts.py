@@ -1,4 +1,4 @@
-"""Launch scripts: static checks and a rendering under a fake Slurm (issue 7, item 2)."""
+"""Launch scripts: static checks and a rendering under a fake Slurm."""
 
 import os
 import shutil

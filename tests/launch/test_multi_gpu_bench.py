@@ -1,4 +1,4 @@
-"""bench/multi_gpu.sh (issue 10): static checks, usage errors, and the whole script on the CPU with
+"""bench/multi_gpu.sh: static checks, usage errors, and the whole script on the CPU with
 2 gloo processes and a tiny config, so that CI proves its wiring (every run through
 launch/torchrun_node.sh, SIGTERM -> exit 3 -> relaunch -> resume, the DP=2 checkpoint resumed at
 DP=1, the report) before it runs on the GPUs. The CPU engine's DP is bitwise (tests/training/

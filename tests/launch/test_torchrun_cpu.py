@@ -1,4 +1,4 @@
-"""Issue 7 acceptance: a 2-process torchrun run (gloo, CPU) of a tiny config through the launch path
+"""The launch path end to end: a 2-process torchrun run (gloo, CPU) of a tiny config through the launch path
 trains, is sent SIGTERM, exits with the requeue code, is relaunched (the requeue) and resumes."""
 
 import json

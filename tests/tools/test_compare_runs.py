@@ -1,4 +1,4 @@
-"""tools/compare_runs.py on synthetic run directories with a known gap (issue 8, item 1)."""
+"""tools/compare_runs.py on synthetic run directories with a known gap."""
 
 from __future__ import annotations
 

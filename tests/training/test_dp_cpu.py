@@ -1,4 +1,4 @@
-"""Multi-process wiring on CPU (gloo), the part of issue 10 that runs without GPUs:
+"""Multi-process wiring on CPU (gloo), the part of the multi-GPU checks that runs without GPUs:
 DP=2 with the same global batch gives bitwise the same per-step losses as one process, and a
 checkpoint written at DP=2 resumes at DP=1 with bitwise the same continuation."""
 

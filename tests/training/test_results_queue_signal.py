@@ -1,4 +1,4 @@
-"""The checkpoint writer's results queue survives the preemption SIGTERM (issue 10, found on 4 H200s).
+"""The checkpoint writer's results queue survives the preemption SIGTERM (found on 4 H200s).
 
 torchrun stops workers with os.killpg, which also reaches the multiprocessing manager process behind
 megatron-core's write-results queue; training.engine_megatron installs a queue whose manager ignores

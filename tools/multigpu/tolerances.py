@@ -50,7 +50,7 @@ class Tolerances:
         "head/KV-group shards, a missing all-reduce) makes another training, as far from ref as "
         "another init is: the seed run, {yard} max from ref in this bench. Bound: half that "
         "distance, at least the a-priori 2e-2 = {tol}. (The first H200 runs missed the a-priori "
-        "2e-2; this bound replaced it after them: see the note of issue 10.)"
+        "2e-2; this bound replaced it after them: see results/multi_gpu/.)"
     )
     TP_CPU_INIT_WHY = (
         "both runs initialise the full weights on the CPU from the same seed and then shard "
