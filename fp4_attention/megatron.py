@@ -9,8 +9,9 @@ It fills the ``core_attention`` slot of megatron-core's ``SelfAttention`` (0.16-
 ``attention`` (an :class:`~fp4_attention.AttentionConfig`, the one config type from the YAML section
 to the kernel) is the only extra constructor keyword: it does not collide with the ones
 ``Attention`` passes (``config, layer_number, attn_mask_type, attention_type, cp_comm_type,
-softmax_scale, pg_collection``). A backend ``auto`` is resolved on the first forward, from the
-query's device (a training job resolves it before building the model and logs why).
+softmax_scale, pg_collection``). A backend ``auto`` goes to :func:`~fp4_attention.attention`, which
+resolves it once per recipe and device (a training job resolves it before building the model and
+logs why).
 
 Contract (megatron-core's): query ``[sq, b, np, hn]``, key/value ``[sk, b, ng, hn]`` with the heads of
 this tensor-parallel rank only and GQA not expanded, possibly non-contiguous, RoPE already applied;
@@ -39,7 +40,6 @@ import torch
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
-from .backends import AUTO
 from .config import AttentionConfig
 from .interface import attention
 from .numerics.recipes import get_recipe
@@ -108,8 +108,6 @@ class FP4CoreAttention(MegatronModule):
             _check_mask(attention_mask, causal, query.shape[0], key.shape[0], query.shape[1])
         out_dtype = query.dtype
         q, k, v = (t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16) for t in (query, key, value))
-        if self.attention.backend == AUTO:
-            self.attention, _ = self.attention.resolve(q.device, training=self.recipe.trainable)
         out = attention(
             q,
             k,

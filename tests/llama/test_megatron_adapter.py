@@ -62,8 +62,7 @@ def _to_bshd(t):
 
 
 def _expected(q, k, v, recipe, causal):
-    to_bshd = _to_bshd
-    out = fa.attention(to_bshd(q), to_bshd(k), to_bshd(v), recipe=recipe, causal=causal, layout="bshd")
+    out = fa.attention(_to_bshd(q), _to_bshd(k), _to_bshd(v), recipe=recipe, causal=causal, layout="bshd")
     return out.transpose(0, 1).reshape(q.shape[0], q.shape[1], -1)
 
 
