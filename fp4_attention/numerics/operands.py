@@ -17,9 +17,9 @@ FP32. This is the contract's §2 product, recipe by recipe:
 so that the dequantized operands are ``q^ = q_op * row_scale`` and ``k^ = k_op * col_scale``.
 
 The value operand is ``v_op * v_scale`` with ``v_scale`` per (batch, kv-head, channel), applied after
-the PV product: BF16 values and scale 1 for ``bf16``; E4M3 values and the FP32 per-channel scale
-for ``fp8``; for ``mxfp4`` (Direct-P recipes), ``v_op = alpha_V * q_V`` per 32 tokens (exact in
-FP32; the paper's 1/6 of V is applied later, together with P's, as 1/36).
+the PV product: BF16 values and scale 1 for ``bf16``; E4M3 values and the FP32 per-channel scale, a
+power of two, for ``fp8``; for ``mxfp4`` (Direct-P recipes), ``v_op = alpha_V * q_V`` per 32 tokens
+(exact in FP32; the paper's 1/6 of V is applied later, together with P's, as 1/36).
 """
 
 from __future__ import annotations
@@ -134,14 +134,16 @@ def qk_operands(q_saved: Saved, k_saved: Saved, recipe: Recipe, softmax_scale: f
 def quantize_v(v: torch.Tensor, recipe: Recipe) -> Saved:
     """Quantize BF16 V ``[B, Hkv, Sk, D]``.
 
-    ``fp8``: E4M3 with an FP32 scale per (batch, kv-head, channel). ``mxfp4``: the paper's
+    ``fp8``: E4M3 with a power-of-two FP32 scale per (batch, kv-head, channel) (``quant.pow2_ceil``:
+    the BF16 output divided by it is exact, which keeps the backward's D consistent with dP;
+    ``reference.py``). ``mxfp4``: the paper's
     convention in blocks of 32 *tokens* per channel (the PV contraction dim), stored transposed as
     ``[B, Hkv, D, ceil(Sk / 32) * 32]`` with zero padding.
     """
     if recipe.pv == "bf16":
         return v
     if recipe.pv == "fp8":
-        return quantize_fp8(v, "e4m3", dims=(-2,))
+        return quantize_fp8(v, "e4m3", dims=(-2,), pow2=True)
     if recipe.pv == "mxfp4":
         sk = v.shape[-2]
         pad = (-sk) % MXFP4_BLOCK

@@ -29,6 +29,12 @@ Scaled FP8 (E4M3 or E5M2 payload, one FP32 scale per slice of the tensor)::
 
     s = amax_slice / FMT_MAX  (amax == 0 -> s = 1);  q = FMT(x / s);  x^ = q * s
 
+or, with ``pow2=True`` (V of the FP8-PV recipes), ``s`` rounded up to the next power of two
+(:func:`pow2_ceil`), so that the slice max maps into (FMT_MAX / 2, FMT_MAX]. The E4M3 grid is the same
+(3 mantissa bits at any scale); what a power of two buys is that multiplying by ``s`` commutes with
+rounding to BF16: ``bf16(y * s) / s == bf16(y)`` exactly. The backward needs that (``reference.py``:
+D from the BF16 output must equal dP where one key holds the row's mass).
+
 Non-finite input (documented behaviour): a NaN or +-Inf poisons the smallest unit whose scale it
 enters, so it can never be mistaken for a finite value. For NVFP4 the global scale of the group
 becomes NaN and every block of the group gets the E4M3 NaN scale code 0x7F (payload 0); for MXFP4
@@ -68,6 +74,7 @@ __all__ = [
     "NVFP4Tensor",
     "amax_scale",
     "nvfp4_global_scale",
+    "pow2_ceil",
     "quantize_fp8",
     "quantize_mxfp4",
     "quantize_mxfp4_paper",
@@ -202,6 +209,19 @@ def amax_scale(x: torch.Tensor, dims: tuple[int, ...], divisor: float) -> tuple[
     return torch.where(finite, scale, torch.full_like(scale, torch.nan)), finite
 
 
+def pow2_ceil(s: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two ``>= s``, elementwise, exactly (via ``frexp``, no ``log2``).
+
+    Args:
+        s: float32 scales, finite and > 0, or NaN (a poisoned slice).
+    Returns:
+        float32 powers of two (subnormal ones included, for subnormal ``s``); NaN stays NaN.
+    """
+    m, e = torch.frexp(s)  # s = m * 2^e, m in [0.5, 1)
+    up = torch.ldexp(torch.ones_like(s), torch.where(m == 0.5, e - 1, e))
+    return torch.where(torch.isnan(s), s, up)
+
+
 def nvfp4_global_scale(x: torch.Tensor, dims: tuple[int, ...] | None = None) -> torch.Tensor:
     """NVFP4 global scale ``g = amax / 2688`` over ``dims`` (keepdim), float32.
 
@@ -291,17 +311,18 @@ def quantize_mxfp4_paper(x: torch.Tensor) -> MXFP4Tensor:
     return _quantize_mx(x, paper=True, who="quantize_mxfp4_paper")
 
 
-def quantize_fp8(x: torch.Tensor, fmt: str, dims: tuple[int, ...]) -> FP8Tensor:
+def quantize_fp8(x: torch.Tensor, fmt: str, dims: tuple[int, ...], *, pow2: bool = False) -> FP8Tensor:
     """Scaled FP8: one FP32 scale ``amax / FMT_MAX`` per slice, the amax taken over ``dims``.
 
     Granularities used by the recipes on ``[B, H, S, D]`` tensors: per token ``dims=(-1,)``
-    (Q/K of the ``fp8`` recipe), per channel ``dims=(-2,)`` (V), per head ``dims=(-2, -1)``
-    (dO in backward).
+    (Q/K of the ``fp8`` recipe), per channel ``dims=(-2,)`` with ``pow2=True`` (V), per head
+    ``dims=(-2, -1)`` (dO in backward).
 
     Args:
         x: float tensor.
         fmt: "e4m3" or "e5m2".
         dims: dims reduced for the amax (kept with size 1 in ``scale``).
+        pow2: round each scale up to a power of two (:func:`pow2_ceil`; module docstring).
     Returns:
         :class:`FP8Tensor` with ``data`` of torch's float8 dtype and float32 ``scale``.
     Raises:
@@ -313,6 +334,8 @@ def quantize_fp8(x: torch.Tensor, fmt: str, dims: tuple[int, ...]) -> FP8Tensor:
         raise ValueError("quantize_fp8: dims must name at least one reduced dim")
     dtype, fmax = FP8_FORMATS[fmt]
     scale, finite = amax_scale(x, dims, fmax)
+    if pow2:
+        scale = pow2_ceil(scale)
     data = (x.float() / scale).clamp(-fmax, fmax).to(dtype)
     # non-finite slices: every element gets the canonical NaN code 0x7F (not a sign-dependent NaN)
     data = torch.where(finite, data.view(torch.uint8), torch.full_like(data.view(torch.uint8), 0x7F)).view(

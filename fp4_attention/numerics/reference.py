@@ -26,6 +26,14 @@ Conventions (contract §2, "facts from the paper's code release"):
       dP reads (``dO8 * s_dO / v_scale``): D must be consistent with dP, or dP - D, which cancels
       where one key takes most of the mass, is left with dO's rounding error (the attention-sink
       case of tools/fidelity.py: dQ cosine 0.75 with the BF16 dO, vs 0.99+ with this).
+      The same holds for O: where key j holds the row's mass, O is v_op_j * v_scale rounded to
+      BF16, and D equals dP_j only if that rounding loses nothing once divided by v_scale. V's
+      per-channel scale is therefore a power of two (``quant.pow2_ceil``): ``O / v_scale`` is then
+      exactly ``bf16(acc / l)``, which is ``v_op_j`` (E4M3 values are BF16 values). With an FP32
+      scale a logit gap of 30 left dQ with norm ~2 where the exact one is ~1e-8 and the ``bf16``
+      recipe's error ~1e-4 (tests/numerics/test_dominant_key.py sweeps gaps 5 to 40). What is left
+      is what the ``bf16`` recipe has too: O's BF16 rounding where the other keys hold between
+      about 2^-9 and 2^-20 of the mass (a relative error near 1 of a gradient that is itself tiny).
     - dS = P * (dP - D) with P = exp2(z + stat) / 256 in FP32 (unrounded), kept in BF16
       (contract: dS is the most error-sensitive tensor) for dQ = (bf16(dS * col) @ k_op) * scale and
       dK = (bf16(dS * row)^T @ q_op) * scale.

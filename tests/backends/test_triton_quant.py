@@ -51,8 +51,9 @@ def test_fp8_rows_bytes_equal_reference(fmt, d):
 @pytest.mark.parametrize("seq", [333, 4096])
 @pytest.mark.parametrize("layout", ["contiguous", "sbhd_view"])
 def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout):
-    """V per channel to E4M3, stored [B, H, D, S]: bytes and scales equal quantize_fp8(v, dims=(-2,))
-    on the CPU copy, also for the non-contiguous [B, H, S, D] view of megatron's [S, B, H, D]."""
+    """V per channel to E4M3, stored [B, H, D, S]: bytes and power-of-two scales equal
+    quantize_fp8(v, dims=(-2,), pow2=True) on the CPU copy, also for the non-contiguous
+    [B, H, S, D] view of megatron's [S, B, H, D]."""
     x = _inputs(d, seq)
     x[1, 3, 11, 2] = float("nan")  # poisons channel 2 of head (1, 3)
     x[1, 2, 12, 5] = float("-inf")
@@ -60,7 +61,7 @@ def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout):
     if layout == "sbhd_view":
         x = x.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
     got = quantize_fp8_v_transposed(x)
-    ref = quantize_fp8(x.cpu(), "e4m3", dims=(-2,))
+    ref = quantize_fp8(x.cpu(), "e4m3", dims=(-2,), pow2=True)
     assert got.data.shape == (2, 4, d, seq) and got.data.is_contiguous()
     assert torch.equal(got.data.cpu().view(torch.uint8).transpose(-1, -2), ref.data.view(torch.uint8))
     assert torch.equal(got.scale.cpu().isnan(), ref.scale.isnan())

@@ -6,6 +6,7 @@ import torch
 from fp4_attention.numerics import formats as F
 from fp4_attention.numerics.quant import (
     nvfp4_global_scale,
+    pow2_ceil,
     quantize_fp8,
     quantize_mxfp4,
     quantize_mxfp4_paper,
@@ -150,6 +151,36 @@ def test_fp8_granularities_bytes_equal_codec(fmt, dt, fmax, dims, scale_shape):
     assert torch.equal(
         t.data.float().abs().amax(dim=dims, keepdim=True)[amax > 0], torch.full_like(amax[amax > 0], fmax)
     )
+
+
+def test_pow2_ceil_is_the_next_power_of_two_exactly():
+    s = torch.tensor([1.0, 0.75, 0.5000001, 3.0, 4.0, 448.0, 1e-40, 2.0**-149, float("nan")])
+    got = pow2_ceil(s)
+    assert got[:-1].tolist() == [1.0, 1.0, 1.0, 4.0, 4.0, 512.0, 2.0**-132, 2.0**-149]
+    assert got[-1].isnan()
+    x = torch.rand(10000, generator=torch.Generator().manual_seed(1)) * 1e3 + 1e-30
+    p = pow2_ceil(x)
+    assert torch.equal(torch.frexp(p)[0], torch.full_like(p, 0.5))  # powers of two
+    assert (p >= x).all() and (p / 2 < x).all()
+
+
+def test_fp8_pow2_scale_maps_the_slice_max_into_the_top_binade():
+    """V's per-channel scale (pow2=True): a power of two with amax / s in (224, 448], so nothing
+    clips (the max is 224 or above); the payload is the E4M3 rounding of x / s; and
+    bf16(y * s) / s == bf16(y) exactly."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 3, 64, 16, generator=g) * torch.rand(1, 1, 1, 16, generator=g) * 50).bfloat16()
+    x[0, 0, :, 3] = 0  # an all-zero channel: scale 1
+    t = quantize_fp8(x, "e4m3", dims=(-2,), pow2=True)
+    plain = quantize_fp8(x, "e4m3", dims=(-2,))
+    assert torch.equal(t.scale, pow2_ceil(plain.scale)) and t.scale[0, 0, 0, 3] == 1.0
+    assert torch.equal(torch.frexp(t.scale)[0], torch.full_like(t.scale, 0.5))
+    top = t.data.float().abs().amax(dim=-2, keepdim=True)
+    nz = x.float().abs().amax(dim=-2, keepdim=True) > 0
+    assert ((top >= 224) & (top <= 448))[nz].all()  # 224.x rounds to 224 in E4M3
+    assert torch.equal(t.data.view(torch.uint8), F.encode_e4m3(x.float() / t.scale))
+    y = torch.randn(2, 3, 64, 16, generator=g)
+    assert torch.equal((y * t.scale).bfloat16().float() / t.scale, y.bfloat16().float())
 
 
 def test_fp8_non_finite_slice_is_nan():

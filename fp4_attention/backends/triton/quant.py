@@ -6,8 +6,9 @@ saturating FP8 conversion. ``tests/backends/test_triton_quant.py`` checks the by
 reference on the same GPU input, including zero rows, zero blocks and NaN/Inf.
 
 * :func:`quantize_fp8_rows`: one FP32 scale per row of the last dim (per token for ``[B, H, S, D]``).
-* :func:`quantize_fp8_v_transposed`: V per channel (amax over the sequence) to E4M3, written
-  transposed ``[B, H, D, S]`` in the same pass (the K-major B operand of the FP8 PV product).
+* :func:`quantize_fp8_v_transposed`: V per channel (amax over the sequence, the scale a power of
+  two) to E4M3, written transposed ``[B, H, D, S]`` in the same pass (the K-major B operand of the
+  FP8 PV product).
 * :func:`quantize_nvfp4_rows`: NVFP4 with the global scale given per row (the per-head scale
   broadcast over its rows); also returns ``s_b * q`` decoded to BF16, which is exact and is what
   the Hopper emulation of the NVFP4 QK product multiplies.
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale
+from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale, pow2_ceil
 from ..pv_layout import padded_keys
 
 __all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
@@ -117,15 +118,16 @@ def _fp8_v_t_kernel(
 
 
 def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Tensor:
-    """E4M3 V with one FP32 scale per (batch, head, channel), stored transposed.
+    """E4M3 V with one power-of-two FP32 scale per (batch, head, channel), stored transposed.
 
     Args:
         v: CUDA tensor ``[B, H, S, D]`` (BF16 or FP32, any strides), D a power of two <= 256.
     Returns:
         :class:`FP8Tensor` with ``data [B, H, D, S]`` (contiguous, E4M3) and ``scale [B, H, 1, D]``:
-        ``data.transpose(-1, -2)`` and ``scale`` equal ``quant.quantize_fp8(v, "e4m3", dims=(-2,))``
-        byte for byte (scale = amax/448 by IEEE division, 1 for an all-zero channel, NaN and code
-        0x7F for a channel holding a NaN or Inf; contract §1-2).
+        ``data.transpose(-1, -2)`` and ``scale`` equal ``quant.quantize_fp8(v, "e4m3", dims=(-2,),
+        pow2=True)`` byte for byte (scale = amax/448 by IEEE division rounded up to a power of two,
+        1 for an all-zero channel, NaN and code 0x7F for a channel holding a NaN or Inf; contract
+        §1-2; the power of two keeps the backward's D consistent, ``numerics/reference.py``).
         ``perm16=True`` (the ``cute`` backend's PV operand): ``data [B, H, D, S16]``, S rounded up
         to 16 (``pv_layout.padded_keys``) with padding keys (code 0; 0x7F in a non-finite channel,
         which is NaN anyway), the keys of each 16 permuted so that slot k holds key
@@ -139,7 +141,7 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
     if d & (d - 1) or d > 256:
         raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
     _, fmax = FP8_FORMATS["e4m3"]
-    scale = amax_scale(v, (2,), fmax)[0].contiguous()  # [B, H, 1, D]
+    scale = pow2_ceil(amax_scale(v, (2,), fmax)[0]).contiguous()  # [B, H, 1, D]
     so = padded_keys(sk) if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
     block_s = 64
