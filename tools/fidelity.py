@@ -12,6 +12,9 @@ Input families (B=1, Hq=8, Hkv=2, S=1024, D=128, causal unless noted; seed fixed
   outliers      N(0, 1) with 0.1% of entries replaced by N(0, 100^2)
   sink          N(0, 1) with key 0 aligned to every query so that it takes most of the mass
   std=X         q, k scaled so that the scores have standard deviation X (X = 0.5, 1, 2, 4)
+  gap=X         one dominant key: key 0's logit stands X above the mean of the others (whose
+                logits are N(0, 1)) for every query, so that it takes all but ~S e^-X of each
+                row's mass (an attention sink of a trained LLM; X = 30 exposed an inconsistent D)
 """
 
 from __future__ import annotations
@@ -55,6 +58,17 @@ def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: in
         direction = direction / direction.norm(dim=-1, keepdim=True)
         k[:, :, 0:1, :] = direction * 8.0 * math.sqrt(d)
         q = q + direction * 2.0
+    elif family.startswith("gap="):
+        gap = float(family.split("=")[1])
+        # q and k orthogonal to a unit direction u, then key 0 = c u and every query gets a u with
+        # a c / sqrt(d) = gap: key 0's logit is exactly `gap` (up to BF16 rounding), the others N(0, 1)
+        u = torch.randn(d, generator=g)
+        u = u / u.norm()
+        q = q - (q @ u).unsqueeze(-1) * u
+        k = k - (k @ u).unsqueeze(-1) * u
+        c = 4.0 * math.sqrt(d)
+        q = q + (gap * math.sqrt(d) / c) * u
+        k[:, :, 0] = c * u
     elif family.startswith("std="):
         target = float(family.split("=")[1])
         # scores q.k / sqrt(d) of unit normals have std 1; scale q and k by sqrt(target)
@@ -67,8 +81,6 @@ def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: in
 
 def run(args) -> list[dict]:
     device = torch.device(args.device)
-    if args.backend != "reference":
-        __import__(f"fp4_attention.{args.backend}_backend")
     records = []
     for family in args.families:
         q, k, v = make_inputs(family, args.batch, args.hq, args.hkv, args.seqlen, args.headdim, args.seed)
@@ -143,7 +155,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--recipes", nargs="+", default=list(fa.RECIPES))
     p.add_argument(
-        "--families", nargs="+", default=["normal", "outliers", "sink", "std=0.5", "std=1", "std=2", "std=4"]
+        "--families",
+        nargs="+",
+        default=["normal", "outliers", "sink", "gap=20", "std=0.5", "std=1", "std=2", "std=4"],
     )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--hq", type=int, default=8)
