@@ -71,14 +71,16 @@ def p_codes(
         key_index: int64 ``[nb, 32]`` absolute key indices (selects the exact-exp lanes).
     Returns:
         ``(q, e_B)``: q float32 E2M1 values ``[..., nb, 32]``; e_B float32 ``[..., nb]`` (integers,
-        -inf for a block with no visible key).
+        -inf for a block with no visible key, NaN for a block holding a NaN score: its codes are
+        0 and the NaN exponent poisons the row's anchor, denominator and output, as a NaN in Q/K
+        poisons its NVFP4 group in ``quant.py``).
     """
     if z_blocks.shape[-1] != MXFP4_BLOCK:
         raise ValueError(
             f"p_codes: last dim must be the MXFP4 block ({MXFP4_BLOCK}), got {z_blocks.shape[-1]}"
         )
-    e_b = block_exponent(z_blocks.amax(-1))
-    empty = torch.isinf(e_b)
+    e_b = block_exponent(z_blocks.amax(-1))  # amax propagates NaN
+    empty = torch.isinf(e_b) | torch.isnan(e_b)
     x = z_blocks - torch.where(empty, torch.zeros_like(e_b), e_b).unsqueeze(-1) + LOG2_6
     x = torch.where(empty.unsqueeze(-1), torch.full_like(x, -torch.inf), x)
     q = classifier_codes(x, cfg.a, cfg.b)

@@ -373,6 +373,10 @@ def _direct_p_tile(
     alpha = _pow2_int(e_b - anchor[:, None])
     csum = tl.sum(q, 2)
     l_tile = tl.sum(alpha * tl.math.div_rn(csum, tl.full([BLOCK_M, NB], 6.0, tl.float32)), 1)
+    # a NaN score (a NaN/Inf in Q or K poisons its NVFP4 group) poisons its row, as in the reference
+    # (direct_p.p_codes: a NaN block exponent); Triton's max drops NaN, so it is carried explicitly
+    nan_row = tl.max(tl.max((zb != zb).to(tl.int32), 2), 1) > 0
+    l_tile = tl.where(nan_row, float("nan"), l_tile)
     p = tl.reshape(alpha[:, :, None] * q, [BLOCK_M, BLOCK_N])
     return p, l_tile, m_new
 
