@@ -5,8 +5,8 @@ A recipe fixes the number formats of the two products of attention:
 | recipe                   | Q/K                       | P                   | V                   | trains |
 |--------------------------|---------------------------|---------------------|---------------------|--------|
 | `bf16`                   | BF16                      | FP32 -> BF16        | BF16                | yes    |
-| `fp8`                    | E4M3, FP32 per-token scale| E4M3, lifted 2^8    | E4M3, FP32/channel  | yes    |
-| `nvfp4qk_fp8pv`          | NVFP4, FP32 per-head scale| E4M3, lifted 2^8    | E4M3, FP32/channel  | yes    |
+| `fp8`                    | E4M3, FP32 per-token scale| E4M3, lifted 2^8    | E4M3, 2^k/channel   | yes    |
+| `nvfp4qk_fp8pv`          | NVFP4, FP32 per-head scale| E4M3, lifted 2^8    | E4M3, 2^k/channel   | yes    |
 | `nvfp4qk_mxfp4pv_fast`   | NVFP4                     | MXFP4, Direct-P     | MXFP4 (alpha q / 6) | no     |
 | `nvfp4qk_mxfp4pv_accurate`| NVFP4                     | MXFP4, Direct-P+exp | MXFP4 (alpha q / 6) | no     |
 
