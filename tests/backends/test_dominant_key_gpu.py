@@ -1,0 +1,80 @@
+"""The dominant-key sweep of tests/numerics/test_dominant_key.py on the GPU backends at real sizes,
+and the precision of their LSE there.
+
+Gradients: the same bound (``tests/numerics/dominant.py``). LSE: against float64 on the recipe's
+own dequantized Q/K (the quantizers' bytes equal the reference's, test_triton_quant.py), so that the
+difference is the kernel's arithmetic alone. The FP8 QK product is the one place where it is not
+FP32: Hopper's FP8 MMA adds the 32 products of one k32 instruction with a narrower accumulator
+(bench/qk_accumulation.py measures it); the bound is that measurement, scaled by the row's largest
+sum of |products|, ``A_i = max_j sum_d |q^_id k^_jd| * softmax_scale``:
+
+    |LSE - LSE*| <= LSE_REL * A_i + 1e-5
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp4_attention as fa
+from tests.numerics.dominant import bound_violations, dominant_inputs, exact_grads
+
+from ..conftest import have_module
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+RECIPES = ("bf16", "fp8", "nvfp4qk_fp8pv")
+# (S, Hq, Hkv, causal): the fidelity tool's shape, GQA 6 with a ragged tile, a long non-causal one
+SHAPES = [(1024, 8, 2, True), (1500, 6, 1, True), (4096, 8, 8, False)]
+# relative error of the accumulated score (bench/qk_accumulation.py, H200): the FP8 QK product
+# (QGMMA, promoted to FP32 after every k32 instruction) 2^-13.7 of sum |q8 k8| at most; the BF16
+# MMAs of the other recipes 2^-23; and the LSE of the Triton fp8 forward 7.6e-5 * A_i (gap=30)
+LSE_REL = {"fp8": 2.0**-12, "bf16": 2.0**-18, "nvfp4qk_fp8pv": 2.0**-18}
+
+
+def _run(q, k, v, dout, recipe, causal, backend):
+    qq, kk, vv = (t.detach().clone().cuda().requires_grad_() for t in (q, k, v))
+    out, lse = fa.attention(
+        qq, kk, vv, recipe=recipe, causal=causal, layout="bhsd", backend=backend, return_lse=True
+    )
+    out.backward(dout.cuda())
+    return tuple(t.grad.cpu() for t in (qq, kk, vv)) + (lse.detach().cpu(),)
+
+
+def _row_magnitude(q, k, recipe, causal):
+    """A_i = max over visible keys j of sum_d |q^_id k^_jd| * softmax_scale, float64 [B, Hq, S]."""
+    from fp4_attention.numerics.operands import quantize_qk
+    from fp4_attention.numerics.recipes import get_recipe
+
+    rec = get_recipe(recipe)
+    q_s, k_s = quantize_qk(q, k, rec)
+    qd = (q_s.float() if isinstance(q_s, torch.Tensor) else q_s.dequantize()).cuda().double().abs()
+    kd = (k_s.float() if isinstance(k_s, torch.Tensor) else k_s.dequantize()).cuda().double().abs()
+    kd = kd.repeat_interleave(qd.shape[1] // kd.shape[1], dim=1)
+    a = torch.matmul(qd, kd.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = a.shape[-1]
+        a = a.masked_fill(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), 0.0)
+    return a.amax(-1).cpu()
+
+
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+@pytest.mark.parametrize("gap", [5, 10, 20, 30, 40])
+@pytest.mark.parametrize("s, hq, hkv, causal", SHAPES)
+def test_dominant_key_gpu(backend, gap, s, hq, hkv, causal):
+    """``bf16`` (the yardstick) runs on the Triton backend; ``backend`` runs the FP8 recipes it has."""
+    if backend == "cute" and not have_module("cutlass.cute"):
+        pytest.skip("the cute backend needs the CUTLASS DSL (pip install '.[cute]')")
+    recipes = ["bf16"] + [r for r in RECIPES[1:] if r in fa.backend_spec(backend).recipes]
+    q, k, v, dout = dominant_inputs(gap, 1, hq, hkv, s, 128)
+    exact = {r: exact_grads(q, k, v, dout, r, causal, device="cuda") for r in recipes}
+    got = {r: _run(q, k, v, dout, r, causal, "triton" if r == "bf16" else backend) for r in recipes}
+    assert not bound_violations({r: g[:3] for r, g in got.items()}, {r: e[:3] for r, e in exact.items()})
+    for r in recipes:
+        lse, ref = got[r][3].double(), exact[r][3]
+        limit = LSE_REL[r] * _row_magnitude(q, k, r, causal) + 1e-5
+        worst = float(((lse - ref).abs() - limit).max())
+        assert worst <= 0, f"{r}: LSE off by more than the bound (by {worst:.3e})"
