@@ -955,6 +955,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 col_c = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)]
             else:
                 col_c = col[c]
+            # a key whose K held a NaN/Inf has a NaN scale and NaN payload codes: its visible scores
+            # are NaN through the product already, while its masked ones (-inf here) must stay -inf
+            col_c = Float32(1.0) if col_c != col_c else col_c
             for r in cutlass.range(cute.size(row_max), unroll_full=True):
                 if const_expr(is_first):
                     acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col_c

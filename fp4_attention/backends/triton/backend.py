@@ -235,7 +235,6 @@ class TritonBackend:
         block_n: int | None = None,
         num_warps: int | None = None,
         num_stages: int | None = None,
-        dp_mma: int = 2,
     ):
         """dQ, dK, dV (BF16) from the saved state. ``block_m``... are the forward's tile options (the
         attention options reach both passes); the backward tiles are ``BWD_DKDV_TILES`` / ``BWD_DQ_TILES``."""
@@ -273,7 +272,6 @@ class TritonBackend:
             PV_FP8=recipe.pv == "fp8",
             LIFT=lift,
             IMPRECISE=IMPRECISE_K if recipe.qk == "fp8" else None,
-            DP_MMA=dp_mma,
         )
         bm, bn, nw, ns = BWD_DKDV_TILES
         _bwd_dkdv_kernel[(triton.cdiv(sk, bn), b * hq)](

@@ -443,7 +443,6 @@ def _bwd_dkdv_kernel(
     PV_FP8: tl.constexpr,
     LIFT: tl.constexpr,
     IMPRECISE: tl.constexpr,
-    DP_MMA: tl.constexpr = 0,
 ):
     """dK, dV of one KV block for ONE query head (program per KV block and batch x query head):
     two FP32 accumulators, dO's per-head scale applied once at the end. DK/DV are indexed by the
@@ -503,12 +502,7 @@ def _bwd_dkdv_kernel(
         pt = tl.math.exp2(st + stat[None, :])  # 2^LIFT * P^T, in [0, 2^LIFT]
         if PV_FP8:
             dv += tl.dot(pt.to(tl.float8e4nv), do)
-            if DP_MMA == 0:
-                dpt = tl.dot(v, tl.trans(do)) * s_do
-            elif DP_MMA == 1:
-                dpt = tl.dot(v, tl.trans(do), max_num_imprecise_acc=32) * s_do
-            else:
-                dpt = tl.dot(v.to(tl.bfloat16), tl.trans(do).to(tl.bfloat16)) * s_do
+            dpt = tl.dot(v, tl.trans(do)) * s_do
         else:
             dv += tl.dot(pt.to(tl.bfloat16), do)
             dpt = tl.dot(v, tl.trans(do))
@@ -592,7 +586,6 @@ def _bwd_dq_kernel(
     PV_FP8: tl.constexpr,
     LIFT: tl.constexpr,
     IMPRECISE: tl.constexpr,
-    DP_MMA: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -642,12 +635,7 @@ def _bwd_dq_kernel(
         s = tl.where(valid, s, float("-inf"))
         p = tl.math.exp2(s + stat[:, None])
         if PV_FP8:
-            if DP_MMA == 0:
-                dp = tl.dot(do, vt) * s_do
-            elif DP_MMA == 1:
-                dp = tl.dot(do, vt, max_num_imprecise_acc=32) * s_do
-            else:
-                dp = tl.dot(do.to(tl.bfloat16), vt.to(tl.bfloat16)) * s_do
+            dp = tl.dot(do, vt) * s_do
         else:
             dp = tl.dot(do, vt)
         ds = p * (1.0 / (1 << LIFT)) * (dp - delta[:, None])
