@@ -14,6 +14,10 @@ iteration, consumed samples and tokens, non-finite count) are restored; the data
 at ``consumed_samples`` of the identically rebuilt dataset, so the resumed run sees exactly the
 batches the uninterrupted run would have seen.
 
+Start-up: ``runtime.output_dir`` and (when saving) ``checkpoint.dir`` are created and test-written
+(:func:`training.writable.check_writable_dir`) before the model, the data and the first step; one
+that cannot be written stops the job with exit code 2 and its path.
+
 ``checkpoint.save: false`` (benchmarks): no checkpoint is ever written; the run must start fresh
 (``checkpoint.load`` ``none``, or ``auto`` finding nothing, else exit code 2 before the model is
 built); a signal or the time budget still stops the loop with exit code 3 / 4, and the exit event
@@ -32,13 +36,14 @@ import torch
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
-from .distenv import DistEnv, init_distributed, init_model_parallel, shutdown
+from .distenv import DistEnv, all_gather_objects, init_distributed, init_model_parallel, shutdown
 from .metrics import MetricsLogger, run_meta
 from .plan import Plan, format_plan, make_plan
 from .resolved import resolved_dict
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 from .state import TrainerState
+from .writable import check_writable_dir
 
 __all__ = ["Trainer"]
 
@@ -101,6 +106,7 @@ class Trainer:
         self.resolved = resolved_dict(cfg)
         self.output_dir = Path(cfg.runtime.output_dir)
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
+        self._check_writable()
         self.metrics = MetricsLogger(self.output_dir, cfg=cfg, enabled=env.is_main, log=log)
         log(
             f"pretrain_llama: {'CUDA' if use_cuda else 'CPU'} run, {env.world_size} process(es), "
@@ -169,6 +175,25 @@ class Trainer:
             )
         # the counters go on from the checkpoint's; the data identity and the world size are this run's
         self.state = dataclasses.replace(saved, data_identity=self.data.identity, world_size=env.world_size)
+
+    def _check_writable(self) -> None:
+        """Exit code 2 (a ValueError) naming the directory, on every rank, when one cannot be written:
+        the output directory (rank 0 writes it), the checkpoint directory (every rank writes there)."""
+        dirs = [(self.output_dir, "runtime.output_dir")] if self.env.is_main else []
+        if self.cfg.checkpoint.save:
+            dirs.append((self.ckpt_root, "checkpoint.dir"))
+        error = None
+        for path, name in dirs:
+            try:
+                check_writable_dir(path, name)
+            except ValueError as err:
+                error = str(err)
+                break
+        errors = all_gather_objects(error, self.env)
+        for rank, error in enumerate(errors):
+            if error is not None:
+                on = f" (on rank {rank})" if self.env.world_size > 1 else ""
+                raise ValueError(f"{error}{on}; checked at start-up, before the first step")
 
     def _find_checkpoint(self) -> Path | None:
         load = self.cfg.checkpoint.load
