@@ -230,12 +230,15 @@ class Trainer:
                         f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto "
                         "or none"
                     )
-        if found is not None and not ckpt.has_checksums(found):
+        self._note_no_checksums(found)
+        return found
+
+    def _note_no_checksums(self, path: Path | None) -> None:
+        if path is not None and not ckpt.has_checksums(path):
             self.log(
-                f"checkpoint: {found} has no checksums in its manifest (saved before they were recorded): "
+                f"checkpoint: {path} has no checksums in its manifest (saved before they were recorded): "
                 "checked file sizes only"
             )
-        return found
 
     def _load(self, path: Path) -> TrainerState:
         """Trainer state, config check and engine state of checkpoint ``path``.
@@ -287,6 +290,7 @@ class Trainer:
                 f"checkpoint: WARNING: resuming from the previous complete checkpoint, "
                 f"{self.resumed_from.name}, instead of iteration {it}"
             )
+            self._note_no_checksums(self.resumed_from)
 
     # ------------------------------------------------------------------------------- loop
     def _run(self, use_cuda: bool) -> int:
