@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistEnv", "init_distributed", "shutdown"]
+__all__ = ["DistEnv", "all_gather_objects", "init_distributed", "shutdown"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,16 @@ def init_distributed(*, use_cuda: bool) -> DistEnv:
         device=device,
         created_group=created,
     )
+
+
+def all_gather_objects(obj, env: DistEnv) -> list:
+    """``obj`` of every rank, in rank order (picklable objects: messages, small dicts); every rank
+    must call it. One process: ``[obj]`` without a collective."""
+    if env.world_size == 1:
+        return [obj]
+    out = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def init_model_parallel(parallel, *, seed: int, use_cuda: bool) -> None:

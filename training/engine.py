@@ -29,7 +29,10 @@ Interface (duck-typed)::
 ``load``'s arguments, from the checkpoint's trainer state: ``applied_updates``, the optimizer
 updates applied up to it (steps minus skipped non-finite steps; the GPU engine restores torch Adam's
 ``step`` from it), and ``saved_world_size``, the world size that saved it (None if unknown; the GPU
-engine restores the per-rank RNG states only at the same size).
+engine restores the per-rank RNG states only at the same size). A checkpoint file that does not
+deserialize raises :class:`training.checkpoint.DamagedCheckpointError` (naming the file; the
+trainer then falls back to the previous checkpoint); files are only ever loaded with
+``weights_only=True`` (:func:`load_weights_only`).
 
 Loss: each micro-batch's loss is its token-mean (``sum(loss * mask) / sum(mask)``); the step loss
 and the gradient are the mean over the micro-batches and data-parallel ranks (megatron-core's
@@ -47,9 +50,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import rng_file
+from .checkpoint import DamagedCheckpointError, rng_file
 
-__all__ = ["StepResult", "restore_rng_state", "rng_state", "save_rng_state"]
+__all__ = [
+    "StepResult",
+    "describe_load_error",
+    "load_weights_only",
+    "restore_rng_state",
+    "rng_state",
+    "save_rng_state",
+]
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,30 @@ class StepResult:
     loss: float
     grad_norm: float | None
     skipped: bool
+
+
+def describe_load_error(err: BaseException) -> str:
+    """``Type: first sentence`` of a deserialization error, without torch's advice to retry with
+    ``weights_only=False`` (which would run code from the file): only the type when the sentence
+    mentions ``weights_only``."""
+    first = str(err).strip().split("\n")[0].split(". ")[0].rstrip(".")
+    if not first or "weights_only" in first:
+        return type(err).__name__
+    return f"{type(err).__name__}: {first[:200]}"
+
+
+def load_weights_only(path: Path):
+    """``torch.load(path, map_location="cpu", weights_only=True)``.
+
+    Raises:
+        DamagedCheckpointError: the file is missing or does not deserialize (names the file).
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError, RuntimeError (zip reader), UnicodeDecodeError, OSError, ...
+        raise DamagedCheckpointError(
+            f"{path} does not deserialize as a weights-only torch file ({describe_load_error(err)})"
+        ) from None
 
 
 def rng_state() -> dict:

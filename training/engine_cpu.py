@@ -10,7 +10,8 @@ as in megatron-core. Tensor/pipeline/context parallelism is not supported on CPU
 
 Checkpoint files (rank 0; data-parallel replicas are identical): ``model.pt`` (the model's
 tensors), ``optimizer.pt`` (FP32 main weights and the AdamW state); every rank its RNG state.
-All are plain tensors/containers, loaded with ``torch.load(weights_only=True)``.
+All are plain tensors/containers, loaded with ``torch.load(weights_only=True)``
+(:func:`training.engine.load_weights_only`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import rng_file
-from .engine import StepResult, restore_rng_state, save_rng_state
+from .engine import StepResult, load_weights_only, restore_rng_state, save_rng_state
 
 __all__ = ["CPUEngine", "batch_loss"]
 
@@ -166,13 +167,20 @@ class CPUEngine:
 
     def load(self, ckpt: Path, *, applied_updates: int, saved_world_size: int | None) -> None:
         """Model, main weights, AdamW state (its ``step`` included, so ``applied_updates`` is not needed)
-        and this rank's RNG states where the checkpoint has them (at any ``saved_world_size``)."""
-        state = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True)
+        and this rank's RNG states where the checkpoint has them (at any ``saved_world_size``).
+
+        Raises:
+            DamagedCheckpointError: a file does not deserialize (nothing has been changed then).
+        """
+        # every file is deserialized before anything is applied: a damaged one leaves the engine as it was
+        state = load_weights_only(ckpt / "model.pt")
+        opt = load_weights_only(ckpt / "optimizer.pt")
+        rng = rng_file(ckpt, self.env.rank)
+        rng_saved = load_weights_only(rng) if rng.is_file() else None
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         bad = [k for k in list(missing) + list(unexpected) if not k.endswith("_extra_state")]
         if bad:
             raise ValueError(f"checkpoint {ckpt} does not match the model: keys {bad[:8]}")
-        opt = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
         with torch.no_grad():
             for main, saved in zip(self.main, opt["main"], strict=True):
                 main.copy_(saved)
@@ -180,9 +188,8 @@ class CPUEngine:
                 if main is not p:
                     p.copy_(main)
         self.optimizer.load_state_dict(opt["optimizer"])
-        rng = rng_file(ckpt, self.env.rank)
-        if rng.is_file():
-            restore_rng_state(torch.load(rng, weights_only=True))
+        if rng_saved is not None:
+            restore_rng_state(rng_saved)
 
     def poll_saves(self, blocking: bool = False) -> None:
         return None

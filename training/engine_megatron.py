@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import rng_file
-from .engine import StepResult, restore_rng_state, save_rng_state
+from .checkpoint import DamagedCheckpointError, rng_file
+from .engine import StepResult, describe_load_error, load_weights_only, restore_rng_state, save_rng_state
 
 __all__ = ["MegatronEngine"]
 
@@ -328,19 +328,35 @@ class MegatronEngine:
 
     def load(self, ckpt: Path, *, applied_updates: int, saved_world_size: int | None) -> None:
         """Model and optimizer (resharded over data-parallel ranks), Adam's ``step`` from
-        ``applied_updates``, and this rank's RNG states when ``saved_world_size`` is this world size."""
+        ``applied_updates``, and this rank's RNG states when ``saved_world_size`` is this world size.
+
+        Raises:
+            DamagedCheckpointError: the RNG file does not deserialize (nothing changed yet), or
+                ``dist_checkpointing.load`` fails (the model may be partly overwritten: load another
+                checkpoint, which overwrites all of it, or stop).
+        """
         from megatron.core import dist_checkpointing
 
+        rng = rng_file(ckpt, self.env.rank)
+        same_world = rng.is_file() and saved_world_size == self.env.world_size
+        rng_saved = load_weights_only(rng) if same_world else None
         self._materialize_optimizer_state()
-        state = dist_checkpointing.load(
-            sharded_state_dict=self._sharded_state_dict(is_loading=True), checkpoint_dir=str(ckpt)
-        )
+        try:
+            state = dist_checkpointing.load(
+                sharded_state_dict=self._sharded_state_dict(is_loading=True), checkpoint_dir=str(ckpt)
+            )
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:  # torch DCP gathers every rank's read errors and raises them on all
+            raise DamagedCheckpointError(
+                f"{ckpt} cannot be loaded by megatron-core's dist_checkpointing.load "
+                f"({describe_load_error(err)}): a file is damaged, or it is not this model's checkpoint"
+            ) from None
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self._restore_adam_step(applied_updates)
-        rng = rng_file(ckpt, self.env.rank)
-        if rng.is_file() and saved_world_size == self.env.world_size:
-            restore_rng_state(torch.load(rng, weights_only=True))
+        if rng_saved is not None:
+            restore_rng_state(rng_saved)
         else:
             self.log(
                 f"resume: RNG states not restored (saved with world size {saved_world_size}, now "

@@ -13,10 +13,14 @@ Exit codes of ``pretrain_llama.py``:
 |---|---|
 | 0 | done: ``train_iters`` steps completed (final checkpoint saved) |
 | 1 | unexpected error (a Python traceback) |
-| 2 | configuration error or incompatible resume (the message names what to change) |
+| 2 | configuration error, incompatible resume, an unwritable output/checkpoint dir, no usable checkpoint |
 | 3 | preempted by SIGTERM / SIGUSR1: the step finished, a checkpoint was saved (unless ``save=false``) |
 | 4 | time budget (``runtime.exit_duration_mins``) reached: a checkpoint was saved (unless ``save=false``) |
 | 5 | non-finite loss or gradients with ``runtime.nonfinite=stop``: nothing saved |
+
+Code 2 always comes with a message naming what to change. The output and checkpoint directories are
+test-written at start-up, before the first step; "no usable checkpoint" means ``iter_*`` directories
+exist but every one is incomplete or damaged (a fresh start next to them is left to the user).
 """
 
 from __future__ import annotations

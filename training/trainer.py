@@ -12,7 +12,14 @@ checked against the new config (:func:`training.checkpoint.check_resume_compatib
 engine state (model, optimizer, RNG) and the trainer state (:class:`training.state.TrainerState`:
 iteration, consumed samples and tokens, non-finite count) are restored; the data loader restarts
 at ``consumed_samples`` of the identically rebuilt dataset, so the resumed run sees exactly the
-batches the uninterrupted run would have seen.
+batches the uninterrupted run would have seen. Every file's checksum is verified first (each rank
+a share); a checkpoint that is incomplete, fails its checksums or does not deserialize is skipped
+with a warning naming the file, for the previous complete one; when every ``iter_*`` directory is
+unusable the job stops (exit code 2) rather than start over next to them.
+
+Start-up: ``runtime.output_dir`` and (when saving) ``checkpoint.dir`` are created and test-written
+(:func:`training.writable.check_writable_dir`) before the model, the data and the first step; one
+that cannot be written stops the job with exit code 2 and its path.
 
 ``checkpoint.save: false`` (benchmarks): no checkpoint is ever written; the run must start fresh
 (``checkpoint.load`` ``none``, or ``auto`` finding nothing, else exit code 2 before the model is
@@ -32,13 +39,14 @@ import torch
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
-from .distenv import DistEnv, init_distributed, init_model_parallel, shutdown
+from .distenv import DistEnv, all_gather_objects, init_distributed, init_model_parallel, shutdown
 from .metrics import MetricsLogger, run_meta
 from .plan import Plan, format_plan, make_plan
 from .resolved import resolved_dict
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 from .state import TrainerState
+from .writable import check_writable_dir
 
 __all__ = ["Trainer"]
 
@@ -68,6 +76,7 @@ class Trainer:
         self.ckpt_root: Path | None = None  # checkpoint.dir, by default <output_dir>/checkpoints
         self.metrics: MetricsLogger | None = None
         self.resumed_from: Path | None = None  # the checkpoint this run resumed from (None: a fresh start)
+        self._resume_root: Path | None = None  # the directory a damaged checkpoint falls back in
         self.engine = None  # MegatronEngine (CUDA) or CPUEngine, see training.engine
         self.dp_rank: int | None = None  # this rank's place in the data-parallel group (its data shard)
         self.dp_size: int | None = None
@@ -101,6 +110,7 @@ class Trainer:
         self.resolved = resolved_dict(cfg)
         self.output_dir = Path(cfg.runtime.output_dir)
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
+        self._check_writable()
         self.metrics = MetricsLogger(self.output_dir, cfg=cfg, enabled=env.is_main, log=log)
         log(
             f"pretrain_llama: {'CUDA' if use_cuda else 'CPU'} run, {env.world_size} process(es), "
@@ -153,42 +163,134 @@ class Trainer:
 
         saved = TrainerState()  # a fresh start: every counter at 0
         if self.resumed_from is not None:
-            saved = TrainerState.from_state_dict(ckpt.read_json(self.resumed_from / ckpt.TRAINER_STATE_FILE))
-            allowed = ckpt.check_resume_compatible(
-                ckpt.read_json(self.resumed_from / ckpt.CONFIG_FILE),
-                self.resolved,
-                allow=cfg.checkpoint.allow_config_change,
-                saved_data_identity=saved.data_identity,
-                data_identity=self.data.identity,
-                where=str(self.resumed_from),
-            )
-            for line in allowed:
-                log(f"resume: allowed config change {line}")
-            self.engine.load(
-                self.resumed_from, applied_updates=saved.applied_updates, saved_world_size=saved.world_size
-            )
+            saved = self._resume()
         # the counters go on from the checkpoint's; the data identity and the world size are this run's
         self.state = dataclasses.replace(saved, data_identity=self.data.identity, world_size=env.world_size)
+
+    def _check_writable(self) -> None:
+        """Exit code 2 (a ValueError) naming the directory, on every rank, when one cannot be written:
+        the output directory (rank 0 writes it), the checkpoint directory (every rank writes there)."""
+        dirs = [(self.output_dir, "runtime.output_dir")] if self.env.is_main else []
+        if self.cfg.checkpoint.save:
+            dirs.append((self.ckpt_root, "checkpoint.dir"))
+        error = None
+        for path, name in dirs:
+            try:
+                check_writable_dir(path, name)
+            except ValueError as err:
+                error = str(err)
+                break
+        errors = all_gather_objects(error, self.env)
+        for rank, error in enumerate(errors):
+            if error is not None:
+                on = f" (on rank {rank})" if self.env.world_size > 1 else ""
+                raise ValueError(f"{error}{on}; checked at start-up, before the first step")
+
+    def _verify(self, path: Path) -> str | None:
+        """:func:`training.checkpoint.verify_checkpoint` with the checksums shared over the ranks:
+        the same answer on every rank (the first reason any rank found)."""
+        reason = ckpt.verify_checkpoint(path, shard=(self.env.rank, self.env.world_size))
+        return next((r for r in all_gather_objects(reason, self.env) if r is not None), None)
+
+    def _latest(self, root: Path, *, before: int | None = None) -> Path | None:
+        """The newest usable checkpoint under ``root`` (below ``before``), None when ``root`` has no
+        ``iter_*`` directory; a ValueError when it has some but none is usable."""
+        found = ckpt.find_latest(root, warn=self.log, verify=self._verify, before=before)
+        if found is not None:
+            return found[1]
+        tried = [it for it in ckpt.complete_iterations(root) if before is None or it <= before]
+        if not tried:
+            return None
+        raise ValueError(
+            f"no usable checkpoint under {root}: iteration(s) {', '.join(map(str, tried))} are incomplete "
+            "or damaged (the warnings above name the files); restore a copy, or start fresh with another "
+            "checkpoint.dir (or checkpoint.load=none); nothing was deleted"
+        )
 
     def _find_checkpoint(self) -> Path | None:
         load = self.cfg.checkpoint.load
         if load == "none":
             return None
+        self._resume_root = None  # where a damaged checkpoint may fall back to an older one
         if load == "auto":
-            found = ckpt.find_latest(self.ckpt_root, warn=self.log)
-            return None if found is None else found[1]
-        path = Path(load)
-        if (path / ckpt.MANIFEST).exists() or path.name.startswith(ckpt.ITER_PREFIX):
-            reason = ckpt.verify_checkpoint(path)
-            if reason:
-                raise ValueError(f"checkpoint.load={load}: not a complete checkpoint ({reason})")
-            return path
-        found = ckpt.find_latest(path, warn=self.log)
-        if found is None:
-            raise ValueError(
-                f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto or none"
+            self._resume_root = self.ckpt_root
+            found = self._latest(self.ckpt_root)
+        else:
+            path = Path(load)
+            if (path / ckpt.MANIFEST).exists() or path.name.startswith(ckpt.ITER_PREFIX):
+                reason = self._verify(path)
+                if reason:
+                    raise ValueError(f"checkpoint.load={load}: not a complete checkpoint ({reason})")
+                found = path
+            else:
+                self._resume_root = path
+                found = self._latest(path)
+                if found is None:
+                    raise ValueError(
+                        f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto "
+                        "or none"
+                    )
+        self._note_no_checksums(found)
+        return found
+
+    def _note_no_checksums(self, path: Path | None) -> None:
+        if path is not None and not ckpt.has_checksums(path):
+            self.log(
+                f"checkpoint: {path} has no checksums in its manifest (saved before they were recorded): "
+                "checked file sizes only"
             )
-        return found[1]
+
+    def _load(self, path: Path) -> TrainerState:
+        """Trainer state, config check and engine state of checkpoint ``path``.
+
+        Raises:
+            DamagedCheckpointError: a file of it does not deserialize.
+            ConfigMismatchError: the config differs (not a damage: no fall-back).
+        """
+        cfg = self.cfg
+        try:
+            saved = TrainerState.from_state_dict(ckpt.read_checkpoint_json(path / ckpt.TRAINER_STATE_FILE))
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ckpt.DamagedCheckpointError(
+                f"{path / ckpt.TRAINER_STATE_FILE} is not a trainer state ({type(err).__name__}: {err})"
+            ) from None
+        allowed = ckpt.check_resume_compatible(
+            ckpt.read_checkpoint_json(path / ckpt.CONFIG_FILE),
+            self.resolved,
+            allow=cfg.checkpoint.allow_config_change,
+            saved_data_identity=saved.data_identity,
+            data_identity=self.data.identity,
+            where=str(path),
+        )
+        for line in allowed:
+            self.log(f"resume: allowed config change {line}")
+        self.engine.load(path, applied_updates=saved.applied_updates, saved_world_size=saved.world_size)
+        return saved
+
+    def _resume(self) -> TrainerState:
+        """Load :attr:`resumed_from`; when it is damaged, warn and load the previous usable one."""
+        while True:
+            path = self.resumed_from
+            damage = None
+            try:
+                saved = self._load(path)
+            except ckpt.DamagedCheckpointError as err:
+                damage = str(err)
+            damages = [d for d in all_gather_objects(damage, self.env) if d is not None]
+            if not damages:
+                return saved
+            it = ckpt.iteration_of(path)
+            if self._resume_root is None or it is None:
+                raise ValueError(f"checkpoint.load={self.cfg.checkpoint.load}: {damages[0]}")
+            self.log(f"checkpoint: WARNING: iteration {it} is damaged: {damages[0]}")
+            self.resumed_from = self._latest(self._resume_root, before=it)
+            if self.resumed_from is None:  # its directory vanished meanwhile
+                raise ValueError(f"{path} cannot be loaded ({damages[0]}) and no older checkpoint exists")
+            self.log(
+                f"checkpoint: WARNING: resuming from the previous complete checkpoint, "
+                f"{self.resumed_from.name}, instead of iteration {it}"
+            )
+            self._note_no_checksums(self.resumed_from)
 
     # ------------------------------------------------------------------------------- loop
     def _run(self, use_cuda: bool) -> int:
@@ -282,7 +384,11 @@ class Trainer:
                             }
                         )
                 if result.skipped and cfg.runtime.nonfinite == "stop":
-                    last = ckpt.find_latest(self.ckpt_root, warn=lambda *_: None)
+                    last = ckpt.find_latest(
+                        self.ckpt_root,
+                        warn=lambda *_: None,
+                        verify=lambda p: ckpt.verify_checkpoint(p, checksums=False),
+                    )
                     m.event(
                         step,
                         "exit",
@@ -352,6 +458,9 @@ class Trainer:
 
         def finalize():
             eng.barrier()
+            t1 = time.perf_counter()
+            share = ckpt.checksum_shard(tmp, self.env.rank, self.env.world_size)
+            shares = all_gather_objects(share, self.env)
             if self.env.is_main:
                 final = ckpt.finish_save(
                     root,
@@ -360,8 +469,14 @@ class Trainer:
                     config=self.resolved,
                     trainer_state=state,
                     keep_last=self.cfg.checkpoint.keep_last,
+                    checksums={rel: crc for share in shares for rel, crc in share.items()},
                 )
-                self.metrics.event(step, "save", f"{final} ({time.perf_counter() - t0:.1f} s)")
+                self.metrics.event(
+                    step,
+                    "save",
+                    f"{final} ({time.perf_counter() - t0:.1f} s, of which {ckpt.CHECKSUM} checksums "
+                    f"{time.perf_counter() - t1:.1f} s)",
+                )
             eng.barrier()
 
         eng.save(tmp, finalize)

@@ -1,6 +1,8 @@
-"""Checkpoint directory protocol: completeness, latest marker, fall-back, retention, compatibility."""
+"""Checkpoint directory protocol: completeness, checksums, latest marker, fall-back, retention, resume."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -52,7 +54,7 @@ def test_incomplete_saves_never_become_latest(tmp_path):
     with open(tmp_path / "iter_0000020" / "model.pt", "r+b") as f:
         f.truncate(10)
     assert ckpt.find_latest(tmp_path, warn=warnings.append) == (10, tmp_path / "iter_0000010")
-    assert "truncated" in warnings[0] and "iteration 20) is incomplete" in warnings[1]
+    assert "truncated" in warnings[0] and "iteration 20) is incomplete or damaged" in warnings[1]
     # manifest missing
     (tmp_path / "iter_0000010" / "manifest.json").unlink()
     assert ckpt.find_latest(tmp_path, warn=warnings.append) is None
@@ -86,3 +88,128 @@ def test_compatibility_messages():
         data_identity="y",
     )
     assert len(allowed) == 3
+
+
+def _flip_byte(path, offset=None):
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_same_size_damage_fails_the_checksum_and_falls_back(tmp_path):
+    fake_save(tmp_path, 10)
+    final = fake_save(tmp_path, 20)
+    manifest = ckpt.read_json(final / ckpt.MANIFEST)
+    assert manifest["format"] == 2 and manifest["checksum"] == "crc32"
+    assert sorted(manifest["checksums"]) == sorted(manifest["files"])  # every file, the JSON ones too
+    assert manifest["checksums"]["model.pt"] == ckpt.file_checksum(final / "model.pt")
+    assert manifest["files"]["model.pt"] == 100  # sizes where they always were
+    _flip_byte(final / "model.pt")  # one bit, same size: bit rot, a bad copy
+    reason = ckpt.verify_checkpoint(final)
+    assert f"{final / 'model.pt'} is damaged: its crc32 is" in reason and "the manifest says" in reason
+    assert ckpt.verify_checkpoint(final, checksums=False) is None  # sizes alone cannot see it
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (10, tmp_path / "iter_0000010")
+    assert "skipping iteration 20" in warnings[0] and "model.pt is damaged" in warnings[0]
+    assert (
+        "iteration 20) is incomplete or damaged; resuming from the previous complete one, iteration 10"
+        in (warnings[1])
+    )
+
+
+def test_manifest_without_checksums_still_loads(tmp_path):
+    """Checkpoints saved before checksums were recorded (format 1: sizes only) stay loadable."""
+    final = fake_save(tmp_path, 10)
+    manifest = ckpt.read_json(final / ckpt.MANIFEST)
+    old = {"format": 1, "iteration": 10, "files": manifest["files"]}
+    (final / ckpt.MANIFEST).write_text(json.dumps(old))
+    assert ckpt.has_checksums(final) is False
+    _flip_byte(final / "model.pt")  # undetectable without checksums: loaded on sizes
+    assert ckpt.verify_checkpoint(final) is None
+    assert ckpt.find_latest(tmp_path) == (10, final)
+    assert ckpt.has_checksums(fake_save(tmp_path, 20)) is True
+
+
+def test_checksums_are_shared_over_ranks(tmp_path):
+    sizes = {f"f{i}": size for i, size in enumerate([900, 500, 400, 300, 300, 100, 50, 0])}
+    shares = [ckpt.shard_files(sizes, rank, 3) for rank in range(3)]
+    assert sorted(sum(shares, [])) == sorted(sizes)  # disjoint and complete
+    loads = [sum(sizes[f] for f in share) for share in shares]
+    assert max(loads) - min(loads) <= max(sizes.values())
+    assert shares == [ckpt.shard_files(sizes, rank, 3) for rank in range(3)]  # deterministic
+    assert ckpt.shard_files(sizes, 0, 1) == sorted(sizes)
+
+    # the ranks' shares of a save, merged, are what one process computes alone
+    tmp = ckpt.prepare_tmp_dir(tmp_path, 10)
+    for name, size in sizes.items():
+        (tmp / name).write_bytes(bytes(range(256)) * (size // 256) + b"z" * (size % 256))
+    merged = {k: v for rank in range(3) for k, v in ckpt.checksum_shard(tmp, rank, 3).items()}
+    assert sorted(merged) == sorted(sizes)
+    final = ckpt.finish_save(tmp_path, 10, tmp, config={}, trainer_state={}, keep_last=2, checksums=merged)
+    alone = fake_save(tmp_path / "alone", 10)
+    sums = ckpt.read_json(final / ckpt.MANIFEST)["checksums"]
+    assert all(sums[k] == ckpt.file_checksum(final / k) for k in sums)
+    assert ckpt.read_json(alone / ckpt.MANIFEST)["checksums"]["config.json"] == ckpt.file_checksum(
+        alone / "config.json"
+    )
+    # a rank verifies its share only: the damage is found by the rank that owns the file
+    _flip_byte(final / "f0")
+    found = [ckpt.verify_checkpoint(final, shard=(rank, 3)) for rank in range(3)]
+    owner = next(
+        r for r in range(3) if "f0" in ckpt.shard_files(ckpt.read_json(final / ckpt.MANIFEST)["files"], r, 3)
+    )
+    assert [f is not None for f in found] == [r == owner for r in range(3)]
+
+
+@pytest.mark.parametrize(
+    "content", [b"\x80\x04\x95\xff\x00garbage\xfe", b"", b"forty\n"], ids=["binary", "empty", "text"]
+)
+def test_damaged_marker_is_named_and_the_newest_complete_checkpoint_is_used(tmp_path, content):
+    fake_save(tmp_path, 10)
+    fake_save(tmp_path, 20)
+    marker = tmp_path / ckpt.MARKER
+    marker.write_bytes(content)
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (20, tmp_path / "iter_0000020")
+    assert len(warnings) == 1 and f"{marker} is damaged" in warnings[0]
+    assert "looking for the newest complete checkpoint" in warnings[0]
+    assert ckpt.read_marker(tmp_path, warn=lambda _: None) is None
+    fake_save(tmp_path, 30)  # the next save replaces it
+    assert ckpt.read_marker(tmp_path) == 30
+
+
+def test_marker_that_is_a_directory_is_named(tmp_path):
+    fake_save(tmp_path, 10)
+    marker = tmp_path / ckpt.MARKER
+    marker.unlink()
+    marker.mkdir()
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (10, tmp_path / "iter_0000010")
+    assert f"cannot read {marker} (IsADirectoryError" in warnings[0]
+
+
+@pytest.mark.parametrize("damage", ["random", "zeros", "flipped_header", "truncated"])
+def test_a_file_that_does_not_deserialize_names_itself_without_unsafe_advice(tmp_path, damage):
+    import os
+
+    import torch
+
+    from training.engine import load_weights_only
+
+    path = tmp_path / "optimizer.pt"
+    torch.save({"main": [torch.ones(64)]}, path)
+    data = path.read_bytes()
+    path.write_bytes(
+        {
+            "random": os.urandom(len(data)),
+            "zeros": bytes(len(data)),
+            "flipped_header": data[:100] + bytes([data[100] ^ 0xFF]) + data[101:],
+            "truncated": data[: len(data) // 2],
+        }[damage]
+    )
+    with pytest.raises(ckpt.DamagedCheckpointError) as err:
+        load_weights_only(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path} does not deserialize as a weights-only torch file (")
+    assert "weights_only" not in msg.replace("weights-only", "")

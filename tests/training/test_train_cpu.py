@@ -128,8 +128,8 @@ def test_truncated_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
     code, log = train(make_cfg("training.train_iters=8"))
     assert code == EXIT_DONE, log.text()
     assert (
-        "latest checkpoint (iteration 8) is incomplete; resuming from the previous complete one, iteration 4"
-        in log.text()
+        "latest checkpoint (iteration 8) is incomplete or damaged; resuming from the previous complete one, "
+        "iteration 4" in log.text()
     )
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert ("resume", 4) in events

@@ -4,11 +4,13 @@
   tokens/s/GPU, MFU and peak memory;
 * resume is exact in deterministic mode: 8 steps in one run vs 4 + resume + 4 (a copied step-4
   checkpoint); bitwise-equal losses are asserted, see RESUME_RTOL for the tolerance used otherwise;
-* an asynchronous save completes (manifest, marker) and resumes.
+* an asynchronous save completes (manifest, marker) and resumes;
+* a damaged newest checkpoint (a flipped bit in a torch_dist file; an unreadable .metadata) falls back.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -102,3 +104,37 @@ def test_async_save_completes_and_resumes(make_cfg, train, tmp_path):
     )
     assert code == EXIT_DONE, log.text()
     assert ckpt.find_latest(root)[0] == 10
+
+
+def test_damaged_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
+    """The torch_dist files are checksummed like the CPU engine's; a flipped bit fails the checksum,
+    and a file dist_checkpointing cannot read (an old, sizes-only manifest) falls back at load."""
+    code, log = train(make_cfg(*GPU_MODEL))
+    assert code == EXIT_DONE, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    final = ckpt.iter_dir(root, 8)
+    manifest = ckpt.read_json(final / ckpt.MANIFEST)
+    assert any(rel.endswith(".distcp") for rel in manifest["checksums"])
+    big = final / max(manifest["files"], key=manifest["files"].get)
+    data = bytearray(big.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    big.write_bytes(bytes(data))
+    code, log = train(make_cfg(*GPU_MODEL))
+    assert code == EXIT_DONE, log.text()
+    assert f"skipping iteration 8: {big} is damaged: its crc32 is" in log.text()
+    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
+    assert ("resume", 4) in events and ckpt.verify_checkpoint(final) is None
+
+    meta = final / ".metadata"
+    assert meta.is_file(), sorted(p.name for p in final.iterdir())
+    meta.write_bytes(b"\x80garbage" * (meta.stat().st_size // 8) + b"\x00" * (meta.stat().st_size % 8))
+    manifest = ckpt.read_json(final / ckpt.MANIFEST)
+    (final / ckpt.MANIFEST).write_text(json.dumps({"format": 1, "iteration": 8, "files": manifest["files"]}))
+    code, log = train(make_cfg(*GPU_MODEL))
+    assert code == EXIT_DONE, log.text()
+    text = log.text()
+    assert (
+        f"iteration 8 is damaged: {final} cannot be loaded by megatron-core's dist_checkpointing.load" in text
+    )
+    assert "resuming from the previous complete checkpoint, iter_0000004" in text
+    assert "weights_only=False" not in text
