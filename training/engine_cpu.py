@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import rng_file
-from .engine import StepResult, restore_rng_state, save_rng_state
+from .engine import StepResult, check_tensor_shapes, restore_rng_state, save_rng_state
 
 __all__ = ["CPUEngine", "batch_loss"]
 
@@ -36,6 +36,10 @@ def batch_loss(model, mb: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
     position_ids = mb["position_ids"].to(device, non_blocking=True)
     losses = model(input_ids=tokens, position_ids=position_ids, attention_mask=None, labels=labels)
     return (losses.float() * mask).sum(), mask.sum()
+
+
+def _shapes(state: dict) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def _save(obj, path: Path) -> None:
@@ -168,6 +172,7 @@ class CPUEngine:
         """Model, main weights, AdamW state (its ``step`` included, so ``applied_updates`` is not needed)
         and this rank's RNG states where the checkpoint has them (at any ``saved_world_size``)."""
         state = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True)
+        check_tensor_shapes(ckpt, _shapes(state), _shapes(self.model.state_dict()))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         bad = [k for k in list(missing) + list(unexpected) if not k.endswith("_extra_state")]
         if bad:
