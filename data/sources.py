@@ -160,6 +160,11 @@ class DatasetsSource:
                     "(--files-root; one document per file), which skips and counts undecodable "
                     "documents with on_invalid='skip'"
                 ) from err
+            if self.hub_name is not None and isinstance(err, ConnectionError):
+                raise DataError(
+                    f"cannot reach {self.hub_name!r} on the HuggingFace hub ({err}): --hub needs a "
+                    "network; download the data elsewhere and pass its files with --input"
+                ) from err
             if isinstance(err, StopIteration) or "corresponds to no data" in str(err):
                 # datasets' json builder ends its schema probe with StopIteration when no file yields
                 # a table, and its reader raises ValueError('Instruction "train" corresponds to no

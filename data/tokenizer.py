@@ -338,7 +338,8 @@ class HFTokenizer(Tokenizer):
         try:
             tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as err:
-            raise DataError(f"cannot load a HuggingFace tokenizer from {path}: {err}") from err
+            why = " ".join(str(err).split())  # transformers' message spans several lines
+            raise DataError(f"cannot load a HuggingFace tokenizer from {path}: {why}") from err
         if add_eos and tok.eos_token_id is None:
             raise DataError(
                 f"HF tokenizer at {path} has no eos_token; set one in its "

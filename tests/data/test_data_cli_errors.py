@@ -122,3 +122,22 @@ def test_tokenizer_pool_workers_ignore_sigint():
 
     with multiprocessing.get_context("spawn").Pool(1, _init_worker, (TokenizerSpec(kind="llama3"),)) as pool:
         assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+
+
+def test_hub_without_a_network_and_an_empty_hf_tokenizer_dir(tmp_path, capsys, write_jsonl):
+    # conftest.py sets HF_HUB_OFFLINE / HF_DATASETS_OFFLINE: the hub cannot be reached
+    code, err = prepare(capsys, "--hub", "nobody/nothing", "--output-prefix", str(tmp_path / "h"))
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("error: cannot reach 'nobody/nothing' on the HuggingFace hub (")
+    assert err.endswith(
+        "--hub needs a network; download the data elsewhere and pass its files with --input\n"
+    )
+    pytest.importorskip("transformers")
+    (tmp_path / "hf_tok").mkdir()
+    code, err = prepare(
+        capsys,
+        *("--input", str(write_jsonl(["one document"])), "--output-prefix", str(tmp_path / "x")),
+        *("--tokenizer", "hf", "--tokenizer-path", str(tmp_path / "hf_tok")),
+    )
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"error: cannot load a HuggingFace tokenizer from {tmp_path / 'hf_tok'}: ")
