@@ -8,8 +8,9 @@
 The default trains a small Llama-3.1-architecture model on the embedded corpus with the ``fp8``
 attention recipe (Triton backend on a GPU, the reference backend on a CPU). Every run resumes from
 the newest complete checkpoint in its run directory. Exit codes: see ``training/signals.py``
-(0 done, 2 config error, 3 preempted, 4 time budget, 5 non-finite stop). The loop lives in
-``training/``.
+(0 done, 2 config error, 3 preempted or a first Ctrl-C, 4 time budget, 5 non-finite stop, 130 a
+second Ctrl-C). A configuration, data or resume error is one message on stderr, no traceback. The
+loop lives in ``training/``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from training.signals import EXIT_INTERRUPTED
+
+    try:
+        return _main(args)
+    except KeyboardInterrupt:  # a second Ctrl-C in the loop, or one before it (training.signals)
+        print("pretrain_llama: stopped by Ctrl-C; nothing saved since the last checkpoint", file=sys.stderr)
+        if not args.dry_run:
+            _report_exit_code(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+
+
+def _main(args) -> int:
     # megatron-core warns at import about optional packages (TE, Apex); the log reports what is used
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
     from training.config import load_config
@@ -46,13 +59,22 @@ def main(argv=None) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         print(f"pretrain_llama: configuration error: {err}", file=sys.stderr)
         return EXIT_CONFIG
     if args.dry_run:
         from training.plan import format_plan, make_plan
 
-        world = args.world_size if args.world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+        world = args.world_size
+        if world is None:
+            text = os.environ.get("WORLD_SIZE", "1")
+            if not text.strip().isdigit():
+                print(
+                    f"pretrain_llama --dry-run: $WORLD_SIZE={text!r} is not a number; pass --world-size N",
+                    file=sys.stderr,
+                )
+                return EXIT_CONFIG
+            world = int(text)
         try:
             plan = make_plan(cfg, world)
         except ValueError as err:
@@ -62,7 +84,11 @@ def main(argv=None) -> int:
         return 0
     from training.trainer import Trainer
 
-    code = Trainer(cfg, log=lambda msg: print(msg, flush=True)).run()
+    code = Trainer(
+        cfg,
+        log=lambda msg: print(msg, flush=True),
+        log_error=lambda msg: print(msg, file=sys.stderr, flush=True),
+    ).run()
     _report_exit_code(code)
     return code
 

@@ -45,6 +45,7 @@ _EXPORTS = {
     "CorruptDatasetError": "data.errors",
     "VocabSizeError": "data.errors",
     "MissingDependencyError": "data.errors",
+    "MissingInputError": "data.errors",
 }
 __all__ = list(_EXPORTS)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.errors import DataError
+from data.errors import DataError, make_dirs
 from data.manifest import file_lock
 from data.preprocess import SPLIT_NAMES, PrepareResult, prepare_corpus
 from data.sources import KJVSource, stdlib_source
@@ -130,7 +130,7 @@ def ensure_default_corpus(
             ``megatron-core`` is missing (the message gives the pip command).
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    out = root / "default"
+    out = make_dirs(root / "default", what="the data cache directory")
     workers = workers if workers is not None else max(1, min(4, os.cpu_count() or 1))
     spec = TokenizerSpec(kind="llama3")
     sources = [KJVSource(name="kjv"), stdlib_source()]

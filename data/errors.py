@@ -5,6 +5,9 @@ Every error names what went wrong and what to do about it; nothing in ``data`` f
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 class DataError(ValueError):
     """Base class: bad user input (configuration, files, documents) for the data pipeline."""
@@ -20,6 +23,11 @@ class CorruptDatasetError(DataError):
 
 class VocabSizeError(DataError):
     """A tokenizer's vocabulary (or a token id in the data) does not fit the model's embedding."""
+
+
+class MissingInputError(DataError, FileNotFoundError):
+    """A file or directory the user named (data file, dataset prefix, tokenizer, source directory)
+    does not exist. Both a :class:`DataError` and a ``FileNotFoundError``."""
 
 
 class MissingDependencyError(ImportError):
@@ -71,3 +79,32 @@ def import_megatron(module: str, feature: str):
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"megatron\.core\..*")
         return require(module, "megatron-core==0.19.2", feature)
+
+
+def make_dirs(path: str | os.PathLike, *, what: str) -> Path:
+    """Create the directory ``path`` (and its parents) if needed, or say why it cannot be.
+
+    Args:
+        path: the directory.
+        what: what it is, for the message, e.g. ``"the data cache directory (data.cache_dir)"``.
+
+    Returns:
+        ``Path(path)``.
+
+    Raises:
+        DataError: ``path`` or one of its parents is a file, or the directory cannot be created
+            (permissions, read-only file system); the message names ``what`` and the path.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise DataError(
+            f"{what} {path} cannot be created: {blocker} is a file, not a directory; name another directory"
+        ) from None
+    except OSError as err:
+        raise DataError(
+            f"{what} {path} cannot be created ({err.strerror}: {err.filename}); name a writable directory"
+        ) from None
+    return path

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import CorruptDatasetError, DataError, VocabSizeError
+from data.errors import CorruptDatasetError, DataError, MissingInputError, VocabSizeError, make_dirs
 
 _INDEX_HEADER = b"MMIDIDX\x00\x00"
 _HEADER_BYTES = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence count, document count
@@ -83,14 +83,14 @@ def verify_indexed_dataset(
         :class:`IndexedSummary`.
 
     Raises:
-        FileNotFoundError: a file is missing.
+        MissingInputError (a FileNotFoundError): a file is missing.
         CorruptDatasetError: any mismatch (message names the file and what is wrong).
         VocabSizeError: a token id >= ``vocab_size`` (or negative).
     """
     ip, bp = idx_path(prefix), bin_path(prefix)
     for p in (ip, bp):
         if not os.path.isfile(p):
-            raise FileNotFoundError(
+            raise MissingInputError(
                 f"indexed dataset file missing: {p} (prepare the corpus first, e.g. "
                 "`python -m data.prepare --default`)"
             )
@@ -182,7 +182,7 @@ class IndexedDatasetWriter:
             "megatron.core.datasets.indexed_dataset", "Writing megatron-core indexed datasets"
         )
         self.prefix = os.fspath(prefix)
-        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(Path(self.prefix).parent, what="the output directory")
         tag = f".tmp-{os.getpid()}"
         self._tmp_prefix = self.prefix + tag
         self._builder = indexed.IndexedDatasetBuilder(bin_path(self._tmp_prefix), dtype=TOKEN_DTYPE)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from data.corpus import CorpusBlend, default_cache_dir
-from data.errors import DataError, import_megatron
+from data.errors import DataError, import_megatron, make_dirs
 from data.indexed import verify_indexed_dataset
 from data.tokenizer import Tokenizer, check_vocab_fits
 
@@ -98,7 +98,7 @@ def build_datasets(
 
     Raises:
         DataError: inconsistent arguments (both/neither of blend and prefixes, missing split, ...).
-        FileNotFoundError / CorruptDatasetError: a missing, truncated or mismatched .bin/.idx.
+        MissingInputError / CorruptDatasetError: a missing, truncated or mismatched .bin/.idx.
         VocabSizeError: the tokenizer or the data does not fit the model's vocabulary.
         MissingDependencyError: megatron-core is not installed.
     """
@@ -162,6 +162,7 @@ def build_datasets(
         "megatron.core.datasets.blended_megatron_dataset_builder", "Loading GPT datasets"
     )
     cache = Path(index_cache_dir) if index_cache_dir is not None else default_cache_dir() / "index_cache"
+    make_dirs(cache, what="the index cache directory")  # megatron-core's own error on this is generic
     config = gpt.GPTDatasetConfig(
         random_seed=seed,
         sequence_length=seq_length,

@@ -8,7 +8,8 @@ Examples::
     python -m data.prepare --files-root /usr/share/doc/python3-doc --glob '**/*.txt' --output-prefix ...
     python -m data.prepare --input a.parquet --tokenizer hf --tokenizer-path /models/llama3-hf ...
 
-Prints documents, tokens and elapsed time.  Exit status 2 on bad input (message on stderr).
+Prints documents, tokens and elapsed time.  Exit status 2 on bad input (message on stderr), 130 on
+Ctrl-C (the outputs being written are removed; complete ones stay and are reused).
 """
 
 from __future__ import annotations
@@ -129,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.output_prefix:
         raise DataError("--output-prefix is required (unless --default)")
     name = args.name or os.path.basename(args.output_prefix)
+    if (args.input or args.hub) and not progress:
+        from data.errors import require
+
+        require("datasets", "datasets", "Reading HuggingFace datasets sources").disable_progress_bars()
     if args.input:
         source = DatasetsSource(
             builder=_builder_for(args.input, args.format),
@@ -181,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, FileNotFoundError, MissingDependencyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the writers removed their temporary files on the way out
+        print("interrupted by Ctrl-C: the outputs being written were removed", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from data.errors import DataError, DocumentError
+from data.errors import DataError, DocumentError, make_dirs
 from data.indexed import IndexedDatasetWriter, bin_path, idx_path
 from data.manifest import (
     MANIFEST_FORMAT,
@@ -128,6 +128,9 @@ _WORKER_TOKENIZER: Tokenizer | None = None
 
 def _init_worker(spec: TokenizerSpec) -> None:
     global _WORKER_TOKENIZER
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops and terminates the pool
     _WORKER_TOKENIZER = spec.build()
 
 
@@ -266,7 +269,7 @@ def prepare_corpus(
         DataError: bad split/policy/workers, or a split that ends up with no document.
         DocumentError: an empty/invalid document under the ``"error"`` policy.
         VocabSizeError: the tokenizer does not fit ``model_vocab_size``.
-        FileNotFoundError / MissingDependencyError: from the source or tokenizer.
+        MissingInputError / MissingDependencyError: from the source or tokenizer.
         On any error no new output (and no manifest) is left behind.
     """
     if on_empty not in POLICIES or on_invalid not in POLICIES:
@@ -278,7 +281,7 @@ def prepare_corpus(
         check_vocab_fits(tok.vocab_size, model_vocab_size)
     output_prefix = os.path.abspath(os.fspath(output_prefix))
     base = os.path.dirname(output_prefix)
-    os.makedirs(base, exist_ok=True)
+    make_dirs(base, what="the output directory")
     settings = _settings(source, tok, split, split_seed, on_empty, on_invalid)
 
     with file_lock(output_prefix + ".lock"):

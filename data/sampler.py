@@ -104,7 +104,9 @@ def build_dataloader(
         dataset: a GPTDataset / BlendedDataset from :func:`data.loader.build_datasets`.
         consumed_samples: global samples already consumed (from the checkpoint).
         micro_batch_size, data_parallel_rank, data_parallel_size, drop_last: see the sampler.
-        num_workers: DataLoader worker processes (0 = in the training process).
+        num_workers: DataLoader worker processes (0 = in the training process). Workers ignore
+            SIGINT: Ctrl-C at a terminal reaches them too, and the training process, which finishes
+            its step and saves on a first Ctrl-C, still needs them for that step's batches.
         pin_memory: pin host memory for faster H2D copies (only useful with CUDA).
 
     Returns:
@@ -132,4 +134,12 @@ def build_dataloader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        worker_init_fn=ignore_sigint if num_workers > 0 else None,
     )
+
+
+def ignore_sigint(worker_id: int | None = None) -> None:
+    """DataLoader ``worker_init_fn``: the worker ignores SIGINT (the training process handles it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

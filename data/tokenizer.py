@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import DataError, MissingDependencyError, VocabSizeError, require
+from data.errors import DataError, MissingDependencyError, MissingInputError, VocabSizeError, require
 
 LLAMA3_NUM_BASE_TOKENS = 128000
 LLAMA3_NUM_SPECIAL_TOKENS = 256
@@ -79,7 +79,7 @@ def default_llama3_model_path() -> Path:
 
     Raises:
         MissingDependencyError: ``llama-models`` is not installed.
-        FileNotFoundError: the package is installed but has no ``llama3/tokenizer.model``.
+        MissingInputError: the package is installed but has no ``llama3/tokenizer.model``.
     """
     spec = importlib.util.find_spec("llama_models")
     if spec is None or not spec.submodule_search_locations:
@@ -90,7 +90,7 @@ def default_llama3_model_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "llama3" / "tokenizer.model"
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"llama-models is installed but {path} is missing; reinstall it with "
             "`pip install --force-reinstall --no-deps llama-models==0.3.0`."
         )
@@ -271,13 +271,13 @@ class Llama3Tokenizer(Tokenizer):
 
         Raises:
             MissingDependencyError: ``tiktoken`` or (path None) ``llama-models`` missing.
-            FileNotFoundError: ``path`` does not exist.
+            MissingInputError: ``path`` does not exist.
             DataError: the file is malformed or is not a 128000-token Llama-3 BPE.
         """
         tiktoken = require("tiktoken", "tiktoken", "The Llama-3 tokenizer")
         model_path = Path(path) if path is not None else default_llama3_model_path()
         if not model_path.is_file():
-            raise FileNotFoundError(f"Llama-3 tokenizer file not found: {model_path}")
+            raise MissingInputError(f"Llama-3 tokenizer file not found: {model_path}")
         ranks = _load_tiktoken_bpe(model_path)
         if len(ranks) != LLAMA3_NUM_BASE_TOKENS or sorted(ranks.values()) != list(range(len(ranks))):
             raise DataError(
@@ -326,11 +326,11 @@ class HFTokenizer(Tokenizer):
 
         Raises:
             MissingDependencyError: ``transformers`` is not installed.
-            FileNotFoundError: ``path`` is not an existing directory.
+            MissingInputError: ``path`` is not an existing directory.
             DataError: the tokenizer cannot be loaded, or lacks a BOS (with add_bos) or EOS token.
         """
         if path is None or not Path(path).is_dir():
-            raise FileNotFoundError(
+            raise MissingInputError(
                 f"HF tokenizer directory not found: {path!r} (kind='hf' needs a local directory; "
                 "hub names are not loaded at run time)"
             )
@@ -338,7 +338,8 @@ class HFTokenizer(Tokenizer):
         try:
             tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as err:
-            raise DataError(f"cannot load a HuggingFace tokenizer from {path}: {err}") from err
+            why = " ".join(str(err).split())  # transformers' message spans several lines
+            raise DataError(f"cannot load a HuggingFace tokenizer from {path}: {why}") from err
         if add_eos and tok.eos_token_id is None:
             raise DataError(
                 f"HF tokenizer at {path} has no eos_token; set one in its "
@@ -395,7 +396,7 @@ def build_tokenizer(
 
     Raises:
         DataError: unknown ``kind``, or a malformed tokenizer.
-        FileNotFoundError / MissingDependencyError: see the wrapper classes.
+        MissingInputError / MissingDependencyError: see the wrapper classes.
     """
     if kind == "llama3":
         return Llama3Tokenizer(path, add_bos=add_bos, add_eos=add_eos)

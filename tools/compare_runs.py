@@ -38,14 +38,20 @@ from runcompare.runs import CompareError
 
 
 def _positive_int(s: str) -> int:
-    v = int(s)
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {s!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
     return v
 
 
 def _ci_level(s: str) -> float:
-    v = float(s)
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), e.g. 0.95; got {s!r}") from None
     if not 0.0 < v < 1.0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1), e.g. 0.95; got {v}")
     return v
@@ -123,10 +129,23 @@ def _tool_commit() -> tuple[str | None, bool | None]:
         return None, None
 
 
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` that cannot become a writable directory, before the comparison runs."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise CompareError(f"--out {out}: {p} is a file, not a directory; name another --out")
+            if not os.access(p, os.W_OK):
+                raise CompareError(f"--out {out}: {p} is not writable; name another --out")
+            return
+
+
 def run(argv: list[str], *, prog: str = "tools/compare_runs.py") -> dict:
     """Run the comparison for the CLI arguments ``argv`` and write the outputs; returns the result
     dict (see runcompare.analysis.compare). Raises CompareError when the runs are refused."""
     args = build_parser().parse_args(argv)
+    if args.out is not None:
+        _check_out(args.out)
     opt = Options(
         windows=args.windows,
         window_tokens=args.window_tokens,
@@ -157,7 +176,10 @@ def run(argv: list[str], *, prog: str = "tools/compare_runs.py") -> dict:
     if args.out is None:
         sys.stdout.write(md)
         return res
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CompareError(f"--out {args.out}: cannot create the directory ({e.strerror})") from None
     if not args.no_plots:
         from runcompare.plots import plot_gaps, plot_losses
 

@@ -7,6 +7,9 @@ backend. Writes a markdown table (and JSON) with the command that produced it.
     python tools/fidelity.py --out results/fidelity            # reference backend, CPU
     python tools/fidelity.py --backend triton --device cuda    # a GPU backend, same table
 
+Arguments that cannot run (unknown recipe, backend or input family, no CUDA device, a head dim the
+backend does not run, ...) exit with status 2 and one line on stderr.
+
 Input families (B=1, Hq=8, Hkv=2, S=1024, D=128, causal unless noted; seed fixed):
   normal        q, k, v ~ N(0, 1)
   outliers      N(0, 1) with 0.1% of entries replaced by N(0, 100^2)
@@ -149,6 +152,44 @@ def to_markdown(records: list[dict], args, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+FAMILIES = ("normal", "outliers", "sink")  # and std=X, gap=X
+
+
+def check_args(args) -> str | None:
+    """Why the arguments cannot run (one sentence), or None; imports the backend to check it."""
+    for name in ("batch", "hq", "hkv", "seqlen", "headdim"):
+        if getattr(args, name) < 1:
+            return f"--{name} must be >= 1, got {getattr(args, name)}"
+    for family in args.families:
+        if family.startswith(("std=", "gap=")):
+            try:
+                ok = float(family[4:]) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                return f"--families {family}: {family[:3]}=X needs a number X > 0, e.g. {family[:3]}=2"
+        elif family not in FAMILIES:
+            return (
+                f"--families {family}: unknown input family; choose from {', '.join(FAMILIES)}, std=X, gap=X"
+            )
+    if args.hq % args.hkv:
+        return f"--hq {args.hq} must be a multiple of --hkv {args.hkv} (grouped-query attention)"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        return f"--device {args.device!r} is not a torch device; use cpu or cuda (cuda:N)"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {args.device}: no CUDA device here; use --device cpu (with --backend reference)"
+    try:
+        for name in args.recipes:
+            fa.get_recipe(name)
+        if args.backend != "auto":
+            fa.get_backend(args.backend)  # unknown name or not importable: says what to install
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="reference")
@@ -168,12 +209,24 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
-    records = run(args)
+    problem = check_args(args)
+    if problem is None and args.out:
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problem = f"--out {args.out}: cannot create {Path(args.out).parent} ({err.strerror})"
+    if problem is not None:
+        print(f"fidelity: {problem}", file=sys.stderr)
+        return 2
+    try:
+        records = run(args)
+    except fa.UnsupportedError as err:  # the backend does not run this recipe / head dim / device
+        print(f"fidelity: {err}", file=sys.stderr)
+        return 2
     command = "python tools/fidelity.py " + " ".join(sys.argv[1:] if argv is None else argv)
     md = to_markdown(records, args, command.strip())
     print(md)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out + ".md").write_text(md)
         Path(args.out + ".json").write_text(json.dumps({"command": command, "records": records}, indent=1))
     return 0

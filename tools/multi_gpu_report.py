@@ -27,7 +27,16 @@ import os
 import sys
 from pathlib import Path
 
-from multigpu.bench_dir import BenchRuns, per_step, read_bench_env, read_device, scaling, train_iters
+from multigpu.bench_dir import (
+    BenchDirError,
+    BenchRuns,
+    env_int,
+    per_step,
+    read_bench_env,
+    read_device,
+    scaling,
+    train_iters,
+)
 from multigpu.checks import run_checks
 from multigpu.render import json_safe, render_markdown
 
@@ -56,21 +65,26 @@ def _commit(env: dict[str, str]) -> tuple[str | None, str]:
 
 
 def build_report(out: str | os.PathLike) -> dict:
-    """Read a bench directory and return the report as a JSON-able dict (see the module docstring)."""
+    """Read a bench directory and return the report as a JSON-able dict (see the module docstring).
+
+    Raises:
+        BenchDirError: ``runs.tsv`` / ``bench.env`` is not UTF-8 text or a number in ``bench.env``
+            is not an integer.
+    """
     out = Path(out)
     env = read_bench_env(out)
     device = read_device(out)
     runs = BenchRuns(out)
     total = _total_steps(runs)
-    nproc = int(env.get("nproc", "0") or 0)
+    nproc = env_int(env, "nproc", out / "bench.env")
     is_cpu = env.get("device", device.get("device")) == "cpu"
     result = run_checks(
         runs,
         total=total,
         nproc=nproc,
         is_cpu=is_cpu,
-        preempt_at=int(env.get("preempt_at", "0") or 0),
-        reshard_step=int(env.get("reshard_step", "0") or 0),
+        preempt_at=env_int(env, "preempt_at", out / "bench.env"),
+        reshard_step=env_int(env, "reshard_step", out / "bench.env"),
     )
     checks = result["checks"]
     commit, commit_source = _commit(env)
@@ -111,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    rep = build_report(out)
+    try:
+        rep = build_report(out)
+    except BenchDirError as err:
+        print(f"multi_gpu_report: {err}", file=sys.stderr)
+        return 2
     (out / "multi_gpu_report.json").write_text(json.dumps(json_safe(rep), indent=1) + "\n")
     md = render_markdown(rep)
     (out / "multi_gpu_report.md").write_text(md)

@@ -25,14 +25,19 @@ def metrics_lines(run_dir: Path) -> Iterator[tuple[int, dict | None, str | None]
     """Parse ``run_dir/metrics.jsonl`` line by line.
 
     Yields ``(line number, record, None)`` for a line holding a JSON object and ``(line number, None,
-    problem)`` for any other non-blank line (``not valid JSON (...)``, ``not a JSON object``).
+    problem)`` for any other non-blank line (``not valid UTF-8``, ``not valid JSON (...)``, ``not a
+    JSON object``).
 
     Raises:
-        OSError: the file cannot be opened (FileNotFoundError: there is none).
-        UnicodeDecodeError: the file is not UTF-8.
+        OSError: the file cannot be opened or read (FileNotFoundError: there is none).
     """
-    with (run_dir / METRICS_FILE).open("r", encoding="utf-8", errors="strict") as f:
-        for lineno, line in enumerate(f, 1):
+    with (run_dir / METRICS_FILE).open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield lineno, None, "not valid UTF-8"
+                continue
             if not line.strip():
                 continue
             try:

@@ -516,8 +516,12 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Apply dotted ``section.key=value`` overrides (values parsed with ``yaml.safe_load``) to ``raw``.
 
     Raises:
-        ValueError: an override without ``=`` or without exactly one dot in its key.
+        ValueError: ``raw`` is not a mapping; an override without ``=``, without exactly one dot in
+            its key, of an unknown section, or whose value is not valid YAML or carries a YAML tag
+            (``!!python/...``: values are plain data, never constructed objects).
     """
+    if raw is not None and not isinstance(raw, dict):
+        raise ValueError(f"a config must be a mapping of sections, got {type(raw).__name__}")
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (raw or {}).items()}
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -532,8 +536,19 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
                 f"override {item!r}: unknown section {section!r}; valid sections: "
                 f"{', '.join(CONFIG_SECTIONS)}"
             )
-        value = yaml.safe_load(text) if text.strip() else None
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as err:
+            problem = _yaml_problem(err, lines=False)
+            hint = (
+                ""
+                if "tags are not allowed" in problem
+                else "; quote a string (section.key='...'), write a list as [a, b] and a mapping as {k: v}"
+            )
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({problem}){hint}") from None
         sec = raw.get(section)
+        if sec is not None and not isinstance(sec, dict):
+            raise ValueError(f"config section {section!r} must be a mapping, got {type(sec).__name__}")
         sec = dict(sec) if isinstance(sec, dict) else {}
         if section == "model" and "model" not in raw and name != "preset":
             sec = {"preset": ModelSection.preset, **ModelSection().overrides}
@@ -542,17 +557,55 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     return raw
 
 
+def _yaml_problem(err: yaml.YAMLError, *, lines: bool) -> str:
+    """One line saying where and what is wrong in a YAML text (PyYAML's own message spans lines)."""
+    problem = (getattr(err, "problem", None) or str(err).splitlines()[0]).replace("tag:yaml.org,2002:", "!!")
+    if "constructor for the tag" in problem:
+        problem += " (YAML tags are not allowed: a config holds plain numbers, strings, lists and mappings)"
+    mark = getattr(err, "problem_mark", None)
+    if mark is None:
+        return problem
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if lines else f"column {mark.column + 1}"
+    return f"{where}: {problem}"
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read a YAML config (None = the embedded default) and apply dotted overrides.
 
     Raises:
-        ValueError: see :func:`from_dict` / :func:`apply_overrides`; FileNotFoundError for a missing file.
+        ValueError: the file does not exist, is a directory, cannot be read, is not UTF-8, is not
+            valid YAML (or uses a YAML tag) or does not hold a mapping of sections (each message
+            names the file); and see :func:`from_dict` / :func:`apply_overrides`.
     """
     raw: dict = {}
     if path is not None:
-        text = Path(path).read_text()
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"{path}: not valid YAML: {err}") from None
+        raw = _read_config_file(Path(path))
     return from_dict(apply_overrides(raw, list(overrides)))
+
+
+def _read_config_file(path: Path) -> dict:
+    """The mapping of sections in the YAML file ``path`` (empty file: ``{}``); ValueError naming it."""
+    if not path.exists():
+        raise ValueError(f"config file {path} does not exist")
+    if path.is_dir():
+        raise ValueError(f"config file {path} is a directory, not a YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"config file {path} is not UTF-8 text (byte {err.start}); save it as UTF-8"
+        ) from None
+    except OSError as err:
+        raise ValueError(f"config file {path} cannot be read ({err.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path}: not valid YAML ({_yaml_problem(err, lines=True)})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"config file {path} must hold a mapping of sections (model:, training:, ...), "
+            f"not a {type(raw).__name__}"
+        )
+    return raw

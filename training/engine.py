@@ -50,10 +50,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import DamagedCheckpointError, rng_file
+from .checkpoint import ConfigMismatchError, DamagedCheckpointError, rng_file
 
 __all__ = [
     "StepResult",
+    "check_tensor_shapes",
     "describe_load_error",
     "load_weights_only",
     "restore_rng_state",
@@ -91,6 +92,46 @@ def load_weights_only(path: Path):
         raise DamagedCheckpointError(
             f"{path} does not deserialize as a weights-only torch file ({describe_load_error(err)})"
         ) from None
+
+
+def check_tensor_shapes(
+    ckpt: Path, saved: dict[str, tuple[int, ...]], model: dict[str, tuple[int, ...]]
+) -> None:
+    """Refuse to load a checkpoint whose tensors have other shapes than the model's.
+
+    A change of model shape (``model.hidden_size``, heads, ``ffn_hidden_size``, ``vocab_size``, ...)
+    that ``checkpoint.allow_config_change`` lets past the config comparison still cannot load into
+    the new model; this says so before any tensor is copied. Keys present on one side only are the
+    caller's to report; ``*_extra_state`` entries (bytes of varying size) are not compared.
+
+    Args:
+        ckpt: the checkpoint directory (for the message).
+        saved: tensor name -> shape, as stored in the checkpoint (global shapes for a sharded one).
+        model: tensor name -> shape, as the model built from this config has them.
+
+    Raises:
+        ConfigMismatchError: a shape differs; the message names the first tensor, both shapes,
+            how many more differ, and what to do.
+    """
+    diffs = [
+        (k, tuple(saved[k]), tuple(shape))
+        for k, shape in model.items()
+        if k in saved and not k.endswith("_extra_state") and tuple(saved[k]) != tuple(shape)
+    ]
+    if not diffs:
+        return
+    key, old, new = diffs[0]
+    more = f", and {len(diffs) - 1} more tensor(s)" if len(diffs) > 1 else ""
+
+    def fmt(shape):
+        return "x".join(map(str, shape)) or "scalar"
+
+    raise ConfigMismatchError(
+        f"cannot resume from {ckpt}: its weights do not fit the model of this config ({key} is "
+        f"{fmt(old)} in the checkpoint, {fmt(new)} now{more}); a change of model shape cannot continue "
+        "from a checkpoint: undo it, or start a fresh run with checkpoint.load=none or another "
+        "checkpoint.dir"
+    )
 
 
 def rng_state() -> dict:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import rng_file
-from .engine import StepResult, load_weights_only, restore_rng_state, save_rng_state
+from .engine import StepResult, check_tensor_shapes, load_weights_only, restore_rng_state, save_rng_state
 
 __all__ = ["CPUEngine", "batch_loss"]
 
@@ -37,6 +37,10 @@ def batch_loss(model, mb: dict, device) -> tuple[torch.Tensor, torch.Tensor]:
     position_ids = mb["position_ids"].to(device, non_blocking=True)
     losses = model(input_ids=tokens, position_ids=position_ids, attention_mask=None, labels=labels)
     return (losses.float() * mask).sum(), mask.sum()
+
+
+def _shapes(state: dict) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def _save(obj, path: Path) -> None:
@@ -174,6 +178,7 @@ class CPUEngine:
         """
         # every file is deserialized before anything is applied: a damaged one leaves the engine as it was
         state = load_weights_only(ckpt / "model.pt")
+        check_tensor_shapes(ckpt, _shapes(state), _shapes(self.model.state_dict()))
         opt = load_weights_only(ckpt / "optimizer.pt")
         rng = rng_file(ckpt, self.env.rank)
         rng_saved = load_weights_only(rng) if rng.is_file() else None

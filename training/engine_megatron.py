@@ -36,7 +36,14 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import DamagedCheckpointError, rng_file
-from .engine import StepResult, describe_load_error, load_weights_only, restore_rng_state, save_rng_state
+from .engine import (
+    StepResult,
+    check_tensor_shapes,
+    describe_load_error,
+    load_weights_only,
+    restore_rng_state,
+    save_rng_state,
+)
 
 __all__ = ["MegatronEngine"]
 
@@ -76,6 +83,30 @@ def _signal_proof_write_results_queue() -> None:
     _RESULTS_MANAGER = SyncManager(ctx=mp.get_context("spawn"))
     _RESULTS_MANAGER.start(initializer=_ignore_stop_signals)
     filesystem_async._results_queue = _RESULTS_MANAGER.Queue()
+
+
+def dcp_tensor_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
+    """Global shape of every tensor in a torch_dist checkpoint, from its ``.metadata`` (no tensor is read)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    return {k: tuple(m.size) for k, m in meta.items() if hasattr(m, "size")}
+
+
+def sharded_tensor_shapes(sharded_state_dict: dict) -> dict[str, tuple[int, ...]]:
+    """Global shape of every ``ShardedTensor`` of a megatron-core sharded state dict, by checkpoint key.
+
+    Factories (the SwiGLU ``linear_fc1`` of a tensor-parallel split) and objects are left out: a
+    change of model shape shows in the plain tensors (embedding, norms, projections) first.
+    """
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    return {
+        t.key: tuple(t.global_shape)
+        for t in nested_values(sharded_state_dict)
+        if isinstance(t, ShardedTensor)
+    }
 
 
 def _inner_optimizers(optimizer):
@@ -337,6 +368,11 @@ class MegatronEngine:
         """
         from megatron.core import dist_checkpointing
 
+        check_tensor_shapes(
+            ckpt,
+            dcp_tensor_shapes(ckpt),
+            sharded_tensor_shapes(self.model.sharded_state_dict(metadata=dict(CKPT_METADATA))),
+        )
         rng = rng_file(ckpt, self.env.rank)
         same_world = rng.is_file() and saved_world_size == self.env.world_size
         rng_saved = load_weights_only(rng) if same_world else None

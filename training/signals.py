@@ -1,4 +1,5 @@
-"""Preemption and time budget: a flag set by SIGTERM / SIGUSR1, checked by the loop after every step.
+"""Preemption, Ctrl-C and time budget: a flag set by SIGTERM / SIGUSR1 / SIGINT, checked by the loop
+after every step.
 
 The handler only sets a flag; the loop finishes the current step, all-reduces the flag (so every
 rank stops after the same step), saves a checkpoint and exits with :data:`EXIT_PREEMPTED`. The time
@@ -7,6 +8,13 @@ budget (``runtime.exit_duration_mins``, measured from process start, as Megatron
 signal with ``--signal=B:USR1@<seconds>`` and forward it from the batch shell (torchrun forwards
 SIGTERM to its workers, not SIGUSR1).
 
+Ctrl-C (SIGINT) in the loop: the first one is handled like SIGTERM (the step finishes, a checkpoint
+is saved, exit code 3) and says so on stderr; it also gives SIGINT back its default action, so a
+second Ctrl-C ends the process at once without saving, wherever it is (also inside a long CUDA or
+NCCL call, where no Python handler could run; the shell reports 130). The last complete checkpoint
+stays the one to resume from. A Ctrl-C before the loop stops the start-up (``pretrain_llama.py``
+prints one line and exits with :data:`EXIT_INTERRUPTED`).
+
 Exit codes of ``pretrain_llama.py``:
 
 | code | meaning |
@@ -14,9 +22,10 @@ Exit codes of ``pretrain_llama.py``:
 | 0 | done: ``train_iters`` steps completed (final checkpoint saved) |
 | 1 | unexpected error (a Python traceback) |
 | 2 | configuration error, incompatible resume, an unwritable output/checkpoint dir, no usable checkpoint |
-| 3 | preempted by SIGTERM / SIGUSR1: the step finished, a checkpoint was saved (unless ``save=false``) |
+| 3 | preempted (SIGTERM, SIGUSR1, a first Ctrl-C): step finished, checkpoint saved (unless ``save=false``) |
 | 4 | time budget (``runtime.exit_duration_mins``) reached: a checkpoint was saved (unless ``save=false``) |
 | 5 | non-finite loss or gradients with ``runtime.nonfinite=stop``: nothing saved |
+| 130 | stopped at once by a second Ctrl-C (killed by SIGINT) or by one before the loop: nothing saved |
 
 Code 2 always comes with a message naming what to change. The output and checkpoint directories are
 test-written at start-up, before the first step; "no usable checkpoint" means ``iter_*`` directories
@@ -25,6 +34,7 @@ exist but every one is incomplete or damaged (a fresh start next to them is left
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -32,6 +42,7 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_DONE",
     "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
     "EXIT_NONFINITE",
     "EXIT_PREEMPTED",
     "EXIT_TIME_BUDGET",
@@ -44,18 +55,41 @@ EXIT_CONFIG = 2
 EXIT_PREEMPTED = 3
 EXIT_TIME_BUDGET = 4
 EXIT_NONFINITE = 5
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process stopped by Ctrl-C
 
 PROCESS_START = time.time()
 
 
 class StopFlags:
-    """Installs the handlers; :meth:`local_reason` says why this rank wants to stop (0 = keep going)."""
+    """Installs the handlers; :meth:`local_reason` says why this rank wants to stop (0 = keep going).
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    Args:
+        exit_duration_mins: the time budget (None = none), counted from ``start_time``.
+        saving: whether the stop saves a checkpoint (for the Ctrl-C notice).
+        announce: write the Ctrl-C notice to stderr (rank 0 only).
+    """
 
-    def __init__(self, *, exit_duration_mins: float | None, start_time: float = PROCESS_START):
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(
+        self,
+        *,
+        exit_duration_mins: float | None,
+        start_time: float = PROCESS_START,
+        saving: bool = True,
+        announce: bool = True,
+    ):
         self.received: int | None = None
+        self.interrupted = False  # a first Ctrl-C came
         self.deadline = None if exit_duration_mins is None else start_time + 60.0 * exit_duration_mins
+        self.announce = announce
+        then = (
+            "saving a checkpoint and exiting" if saving else "exiting (checkpoint.save=false: nothing saved)"
+        )
+        self.notice = (
+            f"pretrain_llama: Ctrl-C: finishing this step, then {then} with code {EXIT_PREEMPTED}; "
+            "press Ctrl-C again to stop at once without saving\n"
+        ).encode()
         self._previous = {}
 
     def install(self) -> None:
@@ -63,11 +97,18 @@ class StopFlags:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
+        """Restore the handlers found by :meth:`install` (also SIGINT's, after a Ctrl-C)."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            # the next Ctrl-C ends the process at once, even inside a long C call (no handler runs)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            self.interrupted = True
+            if self.announce:
+                os.write(2, self.notice)  # not print(): a handler may run inside another write
         self.received = signum
 
     def local_reason(self) -> int:
@@ -80,6 +121,8 @@ class StopFlags:
 
     def describe(self, reason: int) -> str:
         if reason == EXIT_PREEMPTED:
+            if self.received == signal.SIGINT:
+                return "interrupted (SIGINT, Ctrl-C)"
             name = (
                 signal.Signals(self.received).name
                 if self.received is not None

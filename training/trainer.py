@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from data.errors import MissingDependencyError, make_dirs
+
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
@@ -59,12 +61,17 @@ class Trainer:
     Args:
         cfg: the validated config.
         log: receives human-readable lines (rank 0 only).
+        log_error: receives the one configuration-error message that comes with exit code 2 (rank 0
+            only; default: ``log``). The CLI passes a writer to stderr.
         inject_nan_steps: steps whose loss is multiplied by NaN (tests of the non-finite policy).
     """
 
-    def __init__(self, cfg: TrainConfig, *, log=print, inject_nan_steps: frozenset[int] = frozenset()):
+    def __init__(
+        self, cfg: TrainConfig, *, log=print, log_error=None, inject_nan_steps: frozenset[int] = frozenset()
+    ):
         self.cfg = cfg  # _setup replaces it with the one whose attention backend is resolved
         self._print = log
+        self._print_error = log if log_error is None else log_error
         self.inject_nan_steps = frozenset(inject_nan_steps)
         # set by run()
         self.env: DistEnv | None = None  # rank, world size, device
@@ -94,6 +101,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.env = env = init_distributed(use_cuda=use_cuda)
         self.log = self._print if env.is_main else (lambda *_: None)
+        self.log_error = self._print_error if env.is_main else (lambda *_: None)
         try:
             return self._run(use_cuda)
         finally:
@@ -102,13 +110,23 @@ class Trainer:
             shutdown(env)
 
     def _setup(self, use_cuda: bool):
-        """Everything that can fail because of the config; ValueErrors here mean exit code 2."""
+        """Everything that can fail because of the config, the data or the checkpoint to resume.
+
+        Such errors are ``ValueError`` (the config sections', :class:`data.errors.DataError`,
+        :class:`training.checkpoint.ConfigMismatchError`, a checkpoint whose shapes do not fit the
+        model) or :class:`data.errors.MissingDependencyError`: exit code 2 with the message.
+        """
         cfg, env, log = self.cfg, self.env, self.log
         self.plan = make_plan(cfg, env.world_size)
         attention, why = cfg.attention.resolve(torch.device("cuda" if use_cuda else "cpu"))
         self.cfg = cfg = cfg.replace(attention=attention)
         self.resolved = resolved_dict(cfg)
-        self.output_dir = Path(cfg.runtime.output_dir)
+        self.output_dir = make_dirs(cfg.runtime.output_dir, what="the run directory (runtime.output_dir)")
+        if (self.output_dir / cfg.logging.metrics_file).is_dir():
+            raise ValueError(
+                f"logging.metrics_file={cfg.logging.metrics_file!r} names the directory "
+                f"{self.output_dir / cfg.logging.metrics_file}; name a file, e.g. metrics.jsonl"
+            )
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
         self._check_writable()
         self.metrics = MetricsLogger(self.output_dir, cfg=cfg, enabled=env.is_main, log=log)
@@ -294,11 +312,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- loop
     def _run(self, use_cuda: bool) -> int:
-        cfg, log = self.cfg, self.log
+        cfg = self.cfg
         try:
             self._setup(use_cuda)
-        except ValueError as err:  # config, plan, data or resume-compatibility errors
-            log(f"pretrain_llama: configuration error: {err}")
+        except (ValueError, MissingDependencyError) as err:  # config, plan, data, resume (see _setup)
+            self.log_error(f"pretrain_llama: configuration error: {err}")
             return EXIT_CONFIG
         m, eng, plan, st = self.metrics, self.engine, self.plan, self.state
         m.write_meta(
@@ -329,7 +347,11 @@ class Trainer:
             from .telemetry import AttentionTelemetry
 
             telemetry = AttentionTelemetry(eng.model)
-        flags = StopFlags(exit_duration_mins=cfg.runtime.exit_duration_mins)
+        flags = StopFlags(
+            exit_duration_mins=cfg.runtime.exit_duration_mins,
+            saving=cfg.checkpoint.save,
+            announce=self.env.is_main,
+        )
         flags.install()
         data_iter = micro_batches(
             self.data, cfg, consumed_samples=st.consumed_samples, dp_rank=self.dp_rank, dp_size=self.dp_size

@@ -1,4 +1,4 @@
-"""SIGTERM in the middle of a real run (subprocess), then resume; the time budget."""
+"""SIGTERM and Ctrl-C in the middle of a real run (subprocess), then resume; the time budget."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from .conftest import metrics, tiny_raw
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_path):
+def _signal_a_run_at_step_3(tiny_corpus, tmp_path, sig, *, stderr=subprocess.STDOUT):
+    """Start a 400-step tiny run in a subprocess, send ``sig`` once step 3 is logged, wait for it."""
     raw = tiny_raw(tmp_path / "run", tiny_corpus)
     raw["training"]["train_iters"] = 400
     raw["checkpoint"]["save_interval"] = 0  # only the preemption save
@@ -33,7 +34,7 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=stderr,
         text=True,
     )
     metrics_file = tmp_path / "run" / "metrics.jsonl"
@@ -41,18 +42,31 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
     while time.time() < deadline:
         if metrics_file.exists() and '"kind": "train", "step": 3,' in metrics_file.read_text():
             break
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_PREEMPTED, out
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def _check_saved_at_exit(tmp_path, detail: str) -> int:
+    """The run stopped after a step >= 3 with an exit event naming ``detail`` and a complete
+    checkpoint of that step; returns the step."""
     recs = metrics(tmp_path / "run")
     last = max(r["step"] for r in recs if r["kind"] == "train")
     assert 3 <= last < 400
-    assert recs[-1]["kind"] == "event" and recs[-1]["event"] == "exit" and "SIGTERM" in recs[-1]["detail"]
+    assert recs[-1]["kind"] == "event" and recs[-1]["event"] == "exit" and detail in recs[-1]["detail"]
     root = tmp_path / "run" / "checkpoints"
     assert (root / ckpt.MARKER).read_text().strip() == str(last)
     assert ckpt.verify_checkpoint(ckpt.iter_dir(root, last)) is None
+    return last
+
+
+def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_path):
+    code, out, _ = _signal_a_run_at_step_3(tiny_corpus, tmp_path, signal.SIGTERM)
+    assert code == EXIT_PREEMPTED, out
+    last = _check_saved_at_exit(tmp_path, "preempted (SIGTERM)")
+    root = tmp_path / "run" / "checkpoints"
 
     # resume in-process with a time budget already spent: one step, save, exit code 4
     code, log = train(
@@ -66,3 +80,51 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
     assert (root / ckpt.MARKER).read_text().strip() == str(last + 1)
     steps = [r["step"] for r in recs if r["kind"] == "train"]
     assert steps[-1] == last + 1 and steps.count(last + 1) == 1
+
+
+def test_first_ctrl_c_finishes_the_step_saves_and_exits_3(tiny_corpus, tmp_path):
+    code, out, err = _signal_a_run_at_step_3(tiny_corpus, tmp_path, signal.SIGINT, stderr=subprocess.PIPE)
+    assert code == EXIT_PREEMPTED, out + err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    assert (
+        "pretrain_llama: Ctrl-C: finishing this step, then saving a checkpoint and exiting with code 3; "
+        "press Ctrl-C again to stop at once without saving\n"
+    ) in err
+    _check_saved_at_exit(tmp_path, "interrupted (SIGINT, Ctrl-C)")
+
+
+SECOND_CTRL_C = """
+import time
+from training.signals import StopFlags
+flags = StopFlags(exit_duration_mins=None)
+flags.install()
+print("ready", flush=True)
+while not flags.local_reason():
+    time.sleep(0.01)
+print("stopping with", flags.local_reason(), flags.describe(flags.local_reason()), flush=True)
+time.sleep(60)  # a long save; the second Ctrl-C must end it at once
+print("not reached", flush=True)
+"""
+
+
+def test_second_ctrl_c_stops_at_once():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SECOND_CTRL_C],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline() == "stopping with 3 interrupted (SIGINT, Ctrl-C)\n"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert time.monotonic() - t0 < 5
+    assert proc.returncode == -signal.SIGINT  # the shell reports 130
+    assert out == ""
+    assert err == (
+        "pretrain_llama: Ctrl-C: finishing this step, then saving a checkpoint and exiting with code 3; "
+        "press Ctrl-C again to stop at once without saving\n"
+    )

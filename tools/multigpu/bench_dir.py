@@ -21,12 +21,46 @@ from rundir import meta_value, read_records
 RUNS = ("ref", "dp", "tp", "seed", "preempt", "reshard")  # the run directories
 
 
+class BenchDirError(ValueError):
+    """``runs.tsv`` or ``bench.env`` cannot be read as the bench writes them (the report cannot start)."""
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise BenchDirError(
+            f"{path} is not UTF-8 text (byte {err.start}): not written by bench/multi_gpu.sh"
+        ) from None
+    except OSError as err:
+        raise BenchDirError(f"{path} cannot be read ({err.strerror})") from None
+
+
+def env_int(env: dict[str, str], key: str, path: Path) -> int:
+    """``env[key]`` as an int (missing or empty: 0).
+
+    Raises:
+        BenchDirError: the value is not an integer (names ``path`` and the key).
+    """
+    value = env.get(key, "").strip()
+    if not value:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise BenchDirError(f"{path}: {key}={value!r} is not an integer") from None
+
+
 def read_bench_env(out: Path) -> dict[str, str]:
-    """``bench.env`` as a dict (``key=value`` lines; a missing file gives an empty dict)."""
+    """``bench.env`` as a dict (``key=value`` lines; a missing file gives an empty dict).
+
+    Raises:
+        BenchDirError: the file is not UTF-8 text or cannot be read.
+    """
     env: dict[str, str] = {}
     path = out / "bench.env"
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for line in _read_lines(path):
             key, sep, value = line.partition("=")
             if sep:
                 env[key.strip()] = value
@@ -35,12 +69,16 @@ def read_bench_env(out: Path) -> dict[str, str]:
 
 def read_runs(out: Path) -> dict[str, dict]:
     """``runs.tsv`` rows by label: ``run_dir``, ``nproc``, ``rc`` (int or None), ``wall_s``, ``status``,
-    ``command``."""
+    ``command``.
+
+    Raises:
+        BenchDirError: the file is not UTF-8 text or cannot be read.
+    """
     rows: dict[str, dict] = {}
     path = out / "runs.tsv"
     if not path.is_file():
         return rows
-    lines = path.read_text().splitlines()
+    lines = _read_lines(path)
     for line in lines[1:]:
         parts = line.split("\t")
         if len(parts) < 7:

@@ -118,6 +118,8 @@ def read_meta(run_dir: Path) -> dict:
         meta = parse_meta(run_dir)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CompareError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise CompareError(f"{path}: cannot be read ({e.strerror})") from None
     if not isinstance(meta, dict):
         raise CompareError(f"{path}: top level is not an object")
     errs = []
@@ -160,7 +162,11 @@ def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
     events: Counter = Counter()
     counts: Counter = Counter()
     replaced = malformed = 0
-    for lineno, rec, problem in metrics_lines(run_dir):
+    try:
+        lines = list(metrics_lines(run_dir))
+    except OSError as e:
+        raise CompareError(f"{path}: cannot be read ({e.strerror})") from None
+    for lineno, rec, problem in lines:
         if problem is None:
             problem = _field_problem(rec)
         if problem is not None:
