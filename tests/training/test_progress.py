@@ -183,3 +183,21 @@ def test_step_line_units_elapsed_and_eta(tmp_path):
     assert "| 1,000 tok/s/GPU | MFU 40.00% | mem 80.0 GiB | elapsed " in lines[-1]
     assert lines[-1].endswith("ETA -")
     g.close()
+
+
+def test_default_config_writes_tensorboard_scalars(tmp_path):
+    """logging.tensorboard is on by default and the package is a dependency: the scalars arrive."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_config(None, [f"runtime.output_dir={tmp_path}"])
+    assert cfg.logging.tensorboard
+    lines = []
+    m = MetricsLogger(tmp_path, cfg=cfg, enabled=True, log=lines.append)
+    m.start_progress(0)
+    for s in (1, 2):
+        m.train(**{k: v for k, v in rec(s, loss=4.0 - s).items() if k != "kind"})
+    m.close()
+    assert f"logging: TensorBoard -> {tmp_path / 'tensorboard'}" in lines
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 3.0), (2, 2.0)]
