@@ -29,7 +29,8 @@ Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
   parallelism), times the micro-batch tokens, the layers of a stage and the micro-batches in
   flight on the first stage (min(PP, accumulation) under 1F1B), plus the logits (BF16 + FP32
   softmax, ``6 V / TP`` bytes per token). Quantized attention saves less than this BF16 figure.
-* checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v).
+* checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v), ``checkpoint.keep_last``
+  of them on disk, one more while the next is written (the oldest goes once the new one is complete).
 
 Time (``--dry-run``, :func:`estimate_time`): training FLOPs ``train_iters * tokens_per_step *
 flops_per_token`` over ``world_size * MFU * peak``, with a stated MFU assumption
@@ -91,6 +92,7 @@ class Plan:
     flops_per_token: float
     memory_bytes: dict
     checkpoint_bytes: int
+    checkpoints_kept: int  # checkpoint.keep_last, 0 with checkpoint.save=false
     precision: dict
 
     @property
@@ -212,6 +214,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         flops_per_token=flops_per_token(m, cfg.data.seq_length),
         memory_bytes=memory,
         checkpoint_bytes=14 * n,
+        checkpoints_kept=cfg.checkpoint.keep_last if cfg.checkpoint.save else 0,
         precision={
             "attention": f"{cfg.attention.recipe} (backend {cfg.attention.backend})",
             "projection": projection,
@@ -224,6 +227,17 @@ def format_plan(plan: Plan) -> str:
     rows = _plan_rows(plan)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _checkpoint_text(plan: Plan) -> str:
+    each = f"{plan.checkpoint_bytes / GIB:.2f} GiB each (BF16 model + FP32 main weights + Adam m, v)"
+    k = plan.checkpoints_kept
+    if not k:
+        return f"{each}; none written (checkpoint.save=false)"
+    return (
+        f"{each}; checkpoint.keep_last {k}: {k * plan.checkpoint_bytes / GIB:.2f} GiB on disk, "
+        f"{(k + 1) * plan.checkpoint_bytes / GIB:.2f} GiB while the next one is written"
+    )
 
 
 def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
@@ -272,7 +286,7 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ),
         ("activations/GPU", f"{mem['activations'] / GIB:.2f} GiB (estimate, BF16, no recomputation)"),
         ("total/GPU", f"{mem['total'] / GIB:.2f} GiB (estimate)"),
-        ("checkpoint", f"{plan.checkpoint_bytes / GIB:.1f} GiB (BF16 model + FP32 main weights + Adam m, v)"),
+        ("checkpoint", _checkpoint_text(plan)),
         ("precision attention", plan.precision["attention"]),
         ("precision projection", plan.precision["projection"]),
     ]

@@ -134,3 +134,14 @@ def test_dry_run_estimate_of_a_tiny_config_and_the_mfu_flag():
         estimate_time(plan, peak_flops_per_gpu=989.4e12, mfu=0.0)
     res = dry_run("configs/tiny_cpu.yaml", "--mfu", "1.5")
     assert res.returncode == 2 and "--mfu: must be a fraction in (0, 1]" in res.stderr
+
+
+def test_default_keeps_one_checkpoint_and_the_plan_says_its_disk_use():
+    plan = make_plan(load_config(None), 1)
+    assert plan.checkpoints_kept == 1 and plan.checkpoint_bytes == 14 * 67_241_216
+    assert (
+        "checkpoint            0.88 GiB each (BF16 model + FP32 main weights + Adam m, v); "
+        "checkpoint.keep_last 1: 0.88 GiB on disk, 1.75 GiB while the next one is written"
+    ) in format_plan(plan)
+    off = make_plan(load_config(None, ["checkpoint.save=false", "checkpoint.load=none"]), 1)
+    assert off.checkpoints_kept == 0 and "none written (checkpoint.save=false)" in format_plan(off)
