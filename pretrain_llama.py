@@ -3,7 +3,13 @@
     python pretrain_llama.py                                   # the embedded default (configs/default.yaml)
     python pretrain_llama.py --config configs/NAME.yaml [section.key=value ...]
     python pretrain_llama.py --config configs/llama3_1_8b_100b_fp8.yaml --dry-run --world-size 64
+    python pretrain_llama.py --config ... --dry-run --world-size 64 --mfu 0.35 --gpu-memory-gib 79.6
     torchrun --nproc-per-node 8 pretrain_llama.py --config ...   # or one srun task per GPU under Slurm
+
+``--dry-run`` prints the plan (layout, batch arithmetic, steps, memory and FLOPs per GPU), the
+wall-clock and GPU-hour estimate at a stated MFU (``--mfu``, default 0.40) of
+``logging.peak_flops_per_gpu``, and checks the memory estimate against one GPU's memory (a warning
+on stderr when it does not fit); it needs no GPU and no data.
 
 The default trains a small Llama-3.1-architecture model on the embedded corpus with the ``fp8``
 attention recipe (Triton backend on a GPU, the reference backend on a CPU). Every run resumes from
@@ -21,6 +27,20 @@ import sys
 import warnings
 
 
+def _fraction(text: str) -> float:
+    v = float(text)
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], e.g. 0.4; got {text}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -33,6 +53,20 @@ def parse_args(argv):
     )
     p.add_argument(
         "--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)"
+    )
+    p.add_argument(
+        "--mfu",
+        type=_fraction,
+        default=None,
+        help="MFU the --dry-run time estimate assumes, a fraction (default 0.40; measured on an H200: "
+        "0.44 for bf16)",
+    )
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=_positive_float,
+        default=None,
+        help="GPU memory the --dry-run memory estimate is checked against (default: the visible GPU's, "
+        "else an H200's 140.4 GiB)",
     )
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     return p.parse_args(argv)
@@ -81,6 +115,7 @@ def _main(args) -> int:
             print(f"pretrain_llama --dry-run: impossible plan: {err}", file=sys.stderr)
             return EXIT_CONFIG
         print(format_plan(plan))
+        _print_estimate(plan, cfg, mfu=args.mfu, gpu_memory_gib=args.gpu_memory_gib)
         return 0
     from training.trainer import Trainer
 
@@ -91,6 +126,29 @@ def _main(args) -> int:
     ).run()
     _report_exit_code(code)
     return code
+
+
+def _print_estimate(plan, cfg, *, mfu: float | None, gpu_memory_gib: float | None) -> None:
+    """The dry run's time estimate and memory check (stdout), and the memory warning (stderr)."""
+    from training.plan import ASSUMED_MFU, H200_MEMORY_BYTES, estimate_time, format_estimate
+
+    if gpu_memory_gib is not None:
+        memory, name = gpu_memory_gib * 1024**3, "the GPU of --gpu-memory-gib"
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            memory, name = props.total_memory, f"the visible {props.name}"
+        else:
+            memory, name = H200_MEMORY_BYTES, "an H200 (no GPU visible; --gpu-memory-gib sets another)"
+    est = estimate_time(
+        plan, peak_flops_per_gpu=cfg.logging.peak_flops_per_gpu, mfu=ASSUMED_MFU if mfu is None else mfu
+    )
+    lines, warnings = format_estimate(plan, est, gpu_memory_bytes=memory, gpu_name=name)
+    print("\n".join(lines))
+    for w in warnings:
+        print(f"pretrain_llama --dry-run: warning: {w}", file=sys.stderr)
 
 
 def _report_exit_code(code: int) -> None:

@@ -4,15 +4,19 @@
 
 Each RUN is a run directory with ``metrics.jsonl`` and ``run_meta.json``. Runs are grouped into
 arms by precision (attention recipe + projection); several seeds per arm are allowed. All runs must
-share the config fingerprint and the data-order fingerprint (else refused; ``--force`` compares
-anyway and says so) and log train/validation records at exactly the same consumed-token counts
-(else refused with the reason -- never interpolated, also with ``--force``; ``--max-tokens`` cuts
-every run to a common range).
+share the config fingerprint (else refused, naming the config keys that differ and their values)
+and the data-order fingerprint (``--force`` compares anyway and says so) and log train/validation
+records at exactly the same consumed-token counts (else refused with the reason -- never
+interpolated, also with ``--force``; ``--max-tokens`` cuts every run to a common range).
 
 Per token window and per non-baseline arm it reports the train-loss and validation-loss gap to the
 baseline (nats, arm - baseline) with percentile bootstrap intervals, the first window whose
-interval excludes 0, non-finite counts and the median tokens/s/GPU ratio; it writes
-``summary.md``, ``summary.json``, ``loss_vs_tokens.png`` and ``gap_vs_tokens.png`` to ``--out``.
+interval excludes 0, non-finite counts and the median tokens/s/GPU ratio; per arm with >= 2 seeds
+the seed spread (s.d. and range of the seeds' window means). Runs of one arm only (several seeds)
+give the seed spread alone. Runs that ran on a CPU (``mfu`` null) get their throughput flagged:
+on a CPU shared with other work a tokens/s ratio means nothing. It writes ``summary.md``,
+``summary.json``, ``loss_vs_tokens.png`` and (with two arms or more) ``gap_vs_tokens.png`` to
+``--out``; a loss point outside the zoomed axes is marked at the edge of the plot.
 
 Bootstrap (``--bootstrap``): ``auto`` = ``hier`` when both arms have >= 2 seeds (seeds resampled per
 arm plus paired circular blocks of steps), else ``blocks`` (paired circular blocks of steps, block
@@ -32,6 +36,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # training.fingerprint (no torch)
 
 from runcompare.analysis import Options, compare
 from runcompare.runs import CompareError
@@ -184,8 +189,10 @@ def run(argv: list[str], *, prog: str = "tools/compare_runs.py") -> dict:
         from runcompare.plots import plot_gaps, plot_losses
 
         plot_losses(res, args.out / "loss_vs_tokens.png")
-        plot_gaps(res, args.out / "gap_vs_tokens.png")
-        md += "\n## Plots\n\n![loss vs tokens](loss_vs_tokens.png)\n\n![gap vs tokens](gap_vs_tokens.png)\n"
+        md += "\n## Plots\n\n![loss vs tokens](loss_vs_tokens.png)\n"
+        if res["comparisons"]:
+            plot_gaps(res, args.out / "gap_vs_tokens.png")
+            md += "\n![gap vs tokens](gap_vs_tokens.png)\n"
     (args.out / "summary.md").write_text(md, encoding="utf-8")
     write_json(res, args.out / "summary.json")
     return res
@@ -200,12 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as e:
         print(f"compare_runs: {e}", file=sys.stderr)
         return 2
-    out = build_parser().parse_args(argv).out
-    if out is not None:
-        print(
-            f"compare_runs: wrote {out}/summary.md, summary.json"
-            + ("" if "--no-plots" in argv else ", loss_vs_tokens.png, gap_vs_tokens.png")
+    args = build_parser().parse_args(argv)
+    if args.out is not None:
+        plots = (
+            ""
+            if args.no_plots
+            else ", loss_vs_tokens.png" + (", gap_vs_tokens.png" if res["comparisons"] else "")
         )
+        print(f"compare_runs: wrote {args.out}/summary.md, summary.json{plots}")
     for w in res["warnings"]:
         print(f"compare_runs: warning: {w}", file=sys.stderr)
     return 0

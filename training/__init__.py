@@ -2,8 +2,9 @@
 
 | module | job |
 |---|---|
-| ``config`` | YAML sections -> validated dataclasses, overrides, resolved config, fingerprint |
-| ``plan`` | parallel layout, batch arithmetic, steps, memory, FLOPs (``--dry-run``, start-up checks) |
+| ``config`` | YAML sections -> validated dataclasses, overrides |
+| ``resolved`` | the resolved config (saved with the run and every checkpoint) |
+| ``plan`` | layout, batch arithmetic, steps, memory, FLOPs, time estimate (``--dry-run``, start-up checks) |
 | ``schedule`` | the LR schedule (warmup, cosine, floor), used by both engines |
 | ``distenv`` | torchrun / Slurm ranks, process group, megatron-core parallel state |
 | ``data_setup`` | tokenizer, corpus, GPTDatasets, consumed-samples loaders |
@@ -11,6 +12,8 @@
 | ``checkpoint`` | iter_XXXXXXX/ layout and names, manifest, latest marker, retention, resume compatibility |
 | ``state`` | ``TrainerState``: the trainer's counters a checkpoint saves (``trainer_state.json``) |
 | ``metrics`` | metrics.jsonl, run_meta.json, terminal, TensorBoard, wandb |
+| ``progress`` | elapsed time and ETA of the per-step line, throughput units, the run summary |
+| ``fingerprint`` | the config fingerprint's key list (no torch: ``tools/compare_runs.py`` reads it) |
 | ``telemetry`` | attention max logit and NVFP4 zero-scale-block fraction (sampled hook) |
 | ``signals`` | SIGTERM/SIGUSR1 and time budget flags; the exit codes |
 | ``trainer`` | the loop |

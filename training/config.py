@@ -241,7 +241,7 @@ class CheckpointSection:
     dir: str | None = None
     save: bool = True
     save_interval: int = 40
-    keep_last: int = 2
+    keep_last: int = 1
     async_save: bool = False
     load: str = "auto"
     allow_config_change: list = field(default_factory=list)

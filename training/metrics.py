@@ -1,11 +1,16 @@
 """Run-directory outputs: ``metrics.jsonl``, ``run_meta.json``, terminal lines, TensorBoard, wandb.
 
+Terminal lines: one per ``logging.log_interval`` steps (loss, grad norm, LR, step time, throughput,
+MFU and memory, elapsed and ETA), one per validation, one per event, and the run summary at the end
+of a launch (see :mod:`training.progress`).
+
 ``metrics.jsonl`` holds one JSON object per line, with a ``kind``:
 
 * ``train``: ``step`` (1-based, the step just finished), ``consumed_samples``, ``consumed_tokens``,
-  ``loss``, ``grad_norm`` (float or null), ``lr``, ``step_time_s``, ``tokens_per_s_per_gpu``,
-  ``mfu`` (float or null: null on CPU), ``peak_mem_gib`` (float or null: null on CPU), ``skipped``
-  (the update was not applied: non-finite loss or gradients), ``nonfinite_count`` (cumulative);
+  ``loss``, ``grad_norm`` (float or null), ``lr``, ``step_time_s``, ``tokens_per_s_per_gpu`` (per
+  process on a CPU), ``mfu`` (float or null: null on CPU), ``peak_mem_gib`` (CUDA max allocated on
+  a GPU, the process's max RSS on a CPU), ``skipped`` (the update was not applied: non-finite loss
+  or gradients), ``nonfinite_count`` (cumulative);
 * ``valid``: ``step``, ``consumed_tokens``, ``val_loss``;
 * ``telemetry``: ``step``, ``layer`` (1-based), ``max_logit``, ``zero_scale_block_frac`` (null for
   recipes without NVFP4 Q/K);
@@ -31,8 +36,10 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from .progress import LaunchProgress, Outputs, summary_lines
 from .resolved import canonical_json, config_fingerprint
 
 __all__ = ["MetricsLogger", "data_order_fingerprint", "git_commit", "read_metrics", "run_meta"]
@@ -122,8 +129,11 @@ class MetricsLogger:
         self.cfg = cfg
         self._file = None
         self._tb = None
+        self._tb_dir: Path | str = "off (logging.tensorboard=false)"  # the directory, or why there is none
         self._wandb = None
         self._bar = None
+        self._t_launch = time.perf_counter()  # the launch's clock: elapsed, ETA and the summary's wall time
+        self.progress: LaunchProgress | None = None  # set by start_progress()
         if not enabled:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -133,9 +143,11 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
-                log(f"logging: TensorBoard -> {output_dir / 'tensorboard'}")
+                self._tb_dir = output_dir / "tensorboard"
+                self._tb = SummaryWriter(log_dir=str(self._tb_dir))
+                log(f"logging: TensorBoard -> {self._tb_dir}")
             except ImportError:
+                self._tb_dir = "off: the 'tensorboard' package is not installed (bash scripts/bootstrap.sh)"
                 log("logging: TensorBoard skipped (the 'tensorboard' package is not installed)")
         if cfg.logging.wandb_mode != "disabled":
             try:
@@ -201,27 +213,111 @@ class MetricsLogger:
         self.record(rec)
         if not self.enabled:
             return
+        if self.progress is not None:
+            self.progress.step(rec)
         step = rec["step"]
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
             self._bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         if step % self.cfg.logging.log_interval == 0 or rec["skipped"] or step == self.cfg.train_iters:
-            gn = "-" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
-            mfu = "-" if rec["mfu"] is None else f"{100 * rec['mfu']:.2f}%"
-            mem = "-" if rec["peak_mem_gib"] is None else f"{rec['peak_mem_gib']:.1f} GiB"
-            self.info(
-                f"step {step:>6}/{self.cfg.train_iters} | loss {rec['loss']:.4f} | grad norm {gn} | "
-                f"lr {rec['lr']:.3e} | {rec['step_time_s']:.3f} s | "
-                f"{rec['tokens_per_s_per_gpu']:,.0f} tok/s/GPU | MFU {mfu} | mem {mem}"
-                + (f" | SKIPPED (non-finite, total {rec['nonfinite_count']})" if rec["skipped"] else "")
-            )
+            self.info(self.step_line(rec))
+
+    def step_line(self, rec: dict) -> str:
+        """The per-step line of a train record: loss, grad norm, LR, step time, throughput (tok/s/GPU
+        on a GPU, tok/s on a CPU), MFU and peak memory where measured, elapsed time and ETA
+        (:mod:`training.progress`)."""
+        gn = "-" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
+        p = self.progress
+        if p is not None:
+            rate = p.throughput(rec["tokens_per_s_per_gpu"])
+        else:
+            rate = f"{rec['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
+        parts = [
+            f"step {rec['step']:>6}/{self.cfg.train_iters}",
+            f"loss {rec['loss']:.4f}",
+            f"grad norm {gn}",
+            f"lr {rec['lr']:.3e}",
+            f"{rec['step_time_s']:.3f} s",
+            rate,
+        ]
+        if rec["mfu"] is not None:
+            parts.append(f"MFU {100 * rec['mfu']:.2f}%")
+        if rec["peak_mem_gib"] is not None:
+            parts.append(f"mem {rec['peak_mem_gib']:.1f} GiB")
+        if p is not None:
+            parts.append(p.tail())
+        if rec["skipped"]:
+            parts.append(f"SKIPPED (non-finite, total {rec['nonfinite_count']})")
+        return " | ".join(parts)
 
     def valid(self, step: int, consumed_tokens: int, val_loss: float) -> None:
         self.record({"kind": "valid", "step": step, "consumed_tokens": consumed_tokens, "val_loss": val_loss})
+        if self.progress is not None:
+            self.progress.valid(step, val_loss)
         self.info(f"step {step:>6}/{self.cfg.train_iters} | validation loss {val_loss:.4f}")
 
-    def start_progress(self, start_step: int) -> None:
-        if not (self.enabled and self.cfg.logging.progress_bar and sys.stderr.isatty()):
+    def exit(
+        self,
+        step: int,
+        code: int,
+        detail: str,
+        *,
+        checkpoints: Path | None,
+        newest_checkpoint: Path | None,
+    ) -> None:
+        """Record the ``exit`` event and, when this launch trained at least one step, print the run
+        summary (:func:`training.progress.summary_lines`).
+
+        Args:
+            code: the exit code (training.signals); detail: the event's text.
+            checkpoints: the checkpoint root (None with checkpoint.save=false).
+            newest_checkpoint: the newest complete checkpoint now (None: none).
+        """
+        self.event(step, "exit", detail)
+        if not self.enabled or self.progress is None or not self.progress.steps:
+            return
+        wandb = None
+        if self._wandb is not None:
+            where = getattr(self._wandb, "url", None) or getattr(self._wandb, "dir", None)
+            wandb = f"{self.cfg.logging.wandb_mode}, project {self.cfg.logging.wandb_project}" + (
+                f" ({where})" if where else ""
+            )
+        outputs = Outputs(
+            metrics=self.path,
+            checkpoints=checkpoints,
+            newest_checkpoint=newest_checkpoint,
+            tensorboard=self._tb_dir,
+            wandb=wandb,
+        )
+        for line in summary_lines(self.progress, code=code, detail=detail, outputs=outputs):
+            self.info(line)
+
+    def start_progress(
+        self,
+        start_step: int,
+        *,
+        start_tokens: int = 0,
+        on_gpu: bool = False,
+        world_size: int = 1,
+        flops_per_token: float | None = None,
+    ) -> None:
+        """Start this launch's progress (elapsed/ETA, the summary) at ``start_step`` /
+        ``start_tokens``, and the progress bar when stderr is a terminal (``logging.progress_bar``).
+        ``on_gpu``: units tokens/s/GPU and MFU (from ``flops_per_token``), else tokens/s."""
+        if not self.enabled:
+            return
+        self.progress = LaunchProgress(
+            start_step=start_step,
+            start_tokens=start_tokens,
+            total_steps=self.cfg.train_iters,
+            on_gpu=on_gpu,
+            world_size=world_size,
+            mfu_per_token_rate=(
+                flops_per_token / self.cfg.logging.peak_flops_per_gpu if on_gpu and flops_per_token else None
+            ),
+            t_launch=self._t_launch,
+        )
+        if not (self.cfg.logging.progress_bar and sys.stderr.isatty()):
             return
         try:
             from tqdm import tqdm

@@ -29,7 +29,14 @@ Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
   parallelism), times the micro-batch tokens, the layers of a stage and the micro-batches in
   flight on the first stage (min(PP, accumulation) under 1F1B), plus the logits (BF16 + FP32
   softmax, ``6 V / TP`` bytes per token). Quantized attention saves less than this BF16 figure.
-* checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v).
+* checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v), ``checkpoint.keep_last``
+  of them on disk, one more while the next is written (the oldest goes once the new one is complete).
+
+Time (``--dry-run``, :func:`estimate_time`): training FLOPs ``train_iters * tokens_per_step *
+flops_per_token`` over ``world_size * MFU * peak``, with a stated MFU assumption
+(:data:`ASSUMED_MFU`, ``--mfu``) and the config's peak; GPU-hours = wall clock x world size. The
+memory estimate is checked against one GPU's memory (:func:`format_estimate`: the visible GPU's,
+else an H200's, or ``--gpu-memory-gib``); above it the dry run warns.
 """
 
 from __future__ import annotations
@@ -38,9 +45,26 @@ from dataclasses import dataclass
 
 from .config import TrainConfig
 
-__all__ = ["Plan", "flops_per_token", "format_plan", "make_plan"]
+__all__ = [
+    "ASSUMED_MFU",
+    "H200_MEMORY_BYTES",
+    "Estimate",
+    "estimate_time",
+    "flops_per_token",
+    "format_estimate",
+    "format_plan",
+    "make_plan",
+]
 
 GIB = 1024**3
+# The MFU the time estimate assumes: the BF16 arm measured 44.0% (Llama-3.1-8B layer shape x 12,
+# micro-batch 4, one H200; fp8 41.1%, nvfp4qk_fp8pv 39.7%: results/train_throughput_h200.md); 40%
+# leaves some of it for the data-parallel gradient reduction of a multi-GPU run.
+ASSUMED_MFU = 0.40
+H200_MEMORY_BYTES = 143_771 * 1024**2  # nvidia-smi's memory.total of an H200 (140.4 GiB)
+# Device memory the plan's estimate leaves out (CUDA context, allocator reserve): nvidia-smi's peak
+# minus max_memory_allocated was 5.1-17.6 GiB in results/train_throughput_h200.md.
+UNCOUNTED_GIB = (5.1, 17.6)
 
 
 def flops_per_token(llama, seq_length: int) -> float:
@@ -68,6 +92,7 @@ class Plan:
     flops_per_token: float
     memory_bytes: dict
     checkpoint_bytes: int
+    checkpoints_kept: int  # checkpoint.keep_last, 0 with checkpoint.save=false
     precision: dict
 
     @property
@@ -189,6 +214,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         flops_per_token=flops_per_token(m, cfg.data.seq_length),
         memory_bytes=memory,
         checkpoint_bytes=14 * n,
+        checkpoints_kept=cfg.checkpoint.keep_last if cfg.checkpoint.save else 0,
         precision={
             "attention": f"{cfg.attention.recipe} (backend {cfg.attention.backend})",
             "projection": projection,
@@ -198,6 +224,23 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
 
 def format_plan(plan: Plan) -> str:
     """The plan as aligned text lines; only the lines starting with ``precision`` depend on precision."""
+    rows = _plan_rows(plan)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _checkpoint_text(plan: Plan) -> str:
+    each = f"{plan.checkpoint_bytes / GIB:.2f} GiB each (BF16 model + FP32 main weights + Adam m, v)"
+    k = plan.checkpoints_kept
+    if not k:
+        return f"{each}; none written (checkpoint.save=false)"
+    return (
+        f"{each}; checkpoint.keep_last {k}: {k * plan.checkpoint_bytes / GIB:.2f} GiB on disk, "
+        f"{(k + 1) * plan.checkpoint_bytes / GIB:.2f} GiB while the next one is written"
+    )
+
+
+def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
     tps = plan.tokens_per_step
     total_tokens = plan.train_iters * tps
     if plan.train_tokens is not None:
@@ -243,9 +286,88 @@ def format_plan(plan: Plan) -> str:
         ),
         ("activations/GPU", f"{mem['activations'] / GIB:.2f} GiB (estimate, BF16, no recomputation)"),
         ("total/GPU", f"{mem['total'] / GIB:.2f} GiB (estimate)"),
-        ("checkpoint", f"{plan.checkpoint_bytes / GIB:.1f} GiB (BF16 model + FP32 main weights + Adam m, v)"),
+        ("checkpoint", _checkpoint_text(plan)),
         ("precision attention", plan.precision["attention"]),
         ("precision projection", plan.precision["projection"]),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return rows
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Wall clock and GPU-hours of a plan's training steps (no start-up, validation or saves)."""
+
+    flops: float  # training FLOPs: steps x tokens per step x flops_per_token
+    seconds: float  # wall clock
+    gpu_hours: float
+    mfu: float  # the assumed MFU (fraction)
+    peak_flops_per_gpu: float  # FLOP/s
+
+
+def estimate_time(plan: Plan, *, peak_flops_per_gpu: float, mfu: float = ASSUMED_MFU) -> Estimate:
+    """Wall clock of ``plan`` on ``plan.world_size`` GPUs at ``mfu`` of ``peak_flops_per_gpu``.
+
+    Raises:
+        ValueError: ``mfu`` not in (0, 1] or a peak <= 0.
+    """
+    if not 0.0 < mfu <= 1.0:
+        raise ValueError(f"the assumed MFU must be in (0, 1], got {mfu}")
+    if not peak_flops_per_gpu > 0:
+        raise ValueError(f"the peak FLOP/s per GPU must be > 0, got {peak_flops_per_gpu}")
+    flops = plan.train_iters * plan.tokens_per_step * plan.flops_per_token
+    seconds = flops / (plan.world_size * mfu * peak_flops_per_gpu)
+    return Estimate(flops, seconds, seconds * plan.world_size / 3600.0, mfu, peak_flops_per_gpu)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:,.1f} h ({seconds / 86400:,.1f} days)"
+
+
+def _gpu_hours(h: float) -> str:
+    return f"{h:,.1f}" if h >= 1 else f"{h:.2g}"
+
+
+def format_estimate(
+    plan: Plan, est: Estimate, *, gpu_memory_bytes: float, gpu_name: str
+) -> tuple[list[str], list[str]]:
+    """The time estimate and the memory check as ``(lines, warnings)``: lines in the layout of
+    :func:`format_plan`; one warning when the memory estimate per GPU exceeds ``gpu_memory_bytes``
+    (the memory of ``gpu_name``, e.g. ``an H200``)."""
+    tokens = plan.train_iters * plan.tokens_per_step
+    gpus = f"{plan.world_size} GPU{'s' if plan.world_size > 1 else ''}"
+    total = plan.memory_bytes["total"]
+    mem = f"{total / GIB:.2f} GiB estimated per GPU, of the {gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}"
+    uncounted = f"{UNCOUNTED_GIB[0]}-{UNCOUNTED_GIB[1]} GiB"
+    warnings = []
+    if total > gpu_memory_bytes:
+        mem += ": DOES NOT FIT"
+        warnings.append(
+            f"the memory estimate per GPU, {total / GIB:.2f} GiB, exceeds the "
+            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}: lower training.micro_batch_size, raise "
+            "parallel.tensor or parallel.pipeline, or use more GPUs (the optimizer state is sharded over "
+            "data parallel)"
+        )
+    else:
+        mem += f": fits, {(gpu_memory_bytes - total) / GIB:.2f} GiB left"
+    mem += f" (the CUDA context and allocator reserve are not in it: {uncounted} on the H200)"
+    rows = [
+        (
+            "time estimate",
+            f"{_duration(est.seconds)} wall clock on {gpus} = {_gpu_hours(est.gpu_hours)} GPU-hours "
+            "(training steps only)",
+        ),
+        (
+            "time assumption",
+            f"{tokens:,} tokens x {plan.flops_per_token:.4e} FLOPs/token = {est.flops:.3e} FLOPs, assuming "
+            f"{100 * est.mfu:.0f}% MFU (--mfu) of {est.peak_flops_per_gpu / 1e12:.1f} TFLOP/s per GPU "
+            "(logging.peak_flops_per_gpu; 989.4 = H100/H200 dense BF16); measured on one H200: 44.0% "
+            "bf16, 39.7-41.1% low-precision attention (results/train_throughput_h200.md)",
+        ),
+        ("memory check", mem),
+    ]
+    width = max(len(k) for k, _ in _plan_rows(plan))
+    return [f"{k:<{width}}  {v}" for k, v in rows], warnings

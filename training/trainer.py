@@ -5,7 +5,9 @@
 One step = ``accumulation`` micro-batches per data-parallel rank (``global_batch_size`` samples in
 all), the LR of :func:`training.schedule.lr_at` for that step, one optimizer update (or none, if the
 loss or gradients are not finite). After every step the loop logs, samples attention telemetry,
-validates, saves, and checks the stop flags (signal, time budget) all-reduced over ranks.
+validates, saves, and checks the stop flags (signal, time budget) all-reduced over ranks. When the
+launch ends (done, a signal, the time budget, a non-finite stop) rank 0 prints the run summary
+(:mod:`training.progress`: wall time, steps, tokens, losses, throughput, where the files are).
 
 Resume (``checkpoint.load: auto``): the newest complete checkpoint under ``checkpoint.dir`` is
 checked against the new config (:func:`training.checkpoint.check_resume_compatible`), then the
@@ -359,7 +361,13 @@ class Trainer:
         tr = cfg.training
         gbs, seq = tr.global_batch_size, cfg.data.seq_length
         saving = cfg.checkpoint.save
-        m.start_progress(st.iteration)
+        m.start_progress(
+            st.iteration,
+            start_tokens=st.consumed_tokens,
+            on_gpu=use_cuda,
+            world_size=self.env.world_size,
+            flops_per_token=plan.flops_per_token,
+        )
         try:
             while st.iteration < total:
                 step = st.iteration + 1
@@ -406,17 +414,13 @@ class Trainer:
                             }
                         )
                 if result.skipped and cfg.runtime.nonfinite == "stop":
-                    last = ckpt.find_latest(
-                        self.ckpt_root,
-                        warn=lambda *_: None,
-                        verify=lambda p: ckpt.verify_checkpoint(p, checksums=False),
-                    )
-                    m.event(
+                    last = self._newest_checkpoint()
+                    self._exit(
                         step,
-                        "exit",
+                        EXIT_NONFINITE,
                         f"non-finite loss ({result.loss}) or gradients at step {step}; stopping "
                         "without saving (runtime.nonfinite=stop). Last complete checkpoint: "
-                        f"{last[1] if last else 'none'}. Set runtime.nonfinite=skip to skip such "
+                        f"{last or 'none'}. Set runtime.nonfinite=skip to skip such "
                         "steps instead",
                     )
                     return EXIT_NONFINITE
@@ -427,7 +431,7 @@ class Trainer:
                     if saving:
                         self._save(step)
                         eng.poll_saves(blocking=True)
-                    m.event(step, "exit", flags.describe(reason) + ("" if saving else NOT_SAVED))
+                    self._exit(step, reason, flags.describe(reason) + ("" if saving else NOT_SAVED))
                     return reason
                 if (
                     saving
@@ -442,9 +446,9 @@ class Trainer:
             if saving:
                 self._save(total)
                 eng.poll_saves(blocking=True)
-            m.event(
+            self._exit(
                 total,
-                "exit",
+                EXIT_DONE,
                 f"done: {total} steps, {st.consumed_tokens:,} tokens, "
                 f"{st.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED),
             )
@@ -453,6 +457,24 @@ class Trainer:
             flags.uninstall()
             if telemetry is not None:
                 telemetry.remove()
+
+    def _newest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint by sizes (no checksum pass: this only names it)."""
+        found = ckpt.find_latest(
+            self.ckpt_root, warn=lambda *_: None, verify=lambda p: ckpt.verify_checkpoint(p, checksums=False)
+        )
+        return None if found is None else found[1]
+
+    def _exit(self, step: int, code: int, detail: str) -> None:
+        """The exit event and the run summary (where the files are, how the run resumes)."""
+        saving = self.cfg.checkpoint.save and self.env.is_main
+        self.metrics.exit(
+            step,
+            code,
+            detail,
+            checkpoints=self.ckpt_root if saving else None,
+            newest_checkpoint=self._newest_checkpoint() if saving else None,
+        )
 
     def _validate(self, step: int) -> None:
         if self._val_batches is None:

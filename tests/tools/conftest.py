@@ -67,11 +67,15 @@ def write_run(
     extra_lines: list[str] | None = None,
     nan_steps: tuple[int, ...] = (),
     seed_offset_sd: float = 0.003,
+    config: dict | None = None,
+    device: str = "gpu",
 ) -> Path:
     """Write a run directory ``root/name`` and return it. Train records at steps 1..n (consumed
     tokens = step * tokens_per_step), a validation record every ``val_every`` steps (val loss =
     the train loss curve + 0.1), events start/save/exit. ``nan_steps``: steps whose loss is NaN
-    (skipped, nonfinite_count incremented)."""
+    (skipped, nonfinite_count incremented). ``config``: the resolved config of run_meta.json (default
+    a two-key stand-in). ``device``: ``gpu`` (backend triton, mfu logged) or ``cpu`` (backend
+    reference, mfu null, as the trainer writes on a CPU)."""
     d = root / name
     d.mkdir(parents=True)
     if losses is None:
@@ -86,11 +90,15 @@ def write_run(
     meta = {
         "config_fingerprint": config_fp,
         "data_order_fingerprint": data_fp,
-        "precision": {"attention_recipe": recipe, "attention_backend": "triton", "projection": projection},
+        "precision": {
+            "attention_recipe": recipe,
+            "attention_backend": "triton" if device == "gpu" else "reference",
+            "projection": projection,
+        },
         "seed": seed,
-        "world_size": 8,
+        "world_size": 8 if device == "gpu" else 1,
         "commit": commit,
-        "config": {"seq_length": SEQ, "global_batch_size": GLOBAL_BATCH},
+        "config": config if config is not None else {"seq_length": SEQ, "global_batch_size": GLOBAL_BATCH},
     }
     (d / "run_meta.json").write_text(json.dumps(meta))
     lines = [json.dumps({"kind": "event", "step": 0, "event": "start", "detail": "fresh"})]
@@ -112,7 +120,7 @@ def write_run(
                     "lr": 3e-4,
                     "step_time_s": 0.1,
                     "tokens_per_s_per_gpu": float(tps * (1 + 0.01 * rng.standard_normal())),
-                    "mfu": None,
+                    "mfu": 0.3 if device == "gpu" else None,
                     "peak_mem_gib": 40.0,
                     "skipped": bad,
                     "nonfinite_count": nonfinite,

@@ -109,13 +109,22 @@ def test_zero_gap_no_significant_window(make_run):
 
 # (d) fingerprints
 def test_config_fingerprint_mismatch_refused(make_run):
-    a = make_run("a", seed=0)
-    b = make_run("b", recipe=FP4, seed=0, config_fp="deadbeef")
+    cfg = {"training": {"lr": 3e-4, "seed": 0}, "data": {"seq_length": 1024}, "runtime": {"output_dir": "a"}}
+    other = {
+        "training": {"lr": 1e-3, "seed": 1},
+        "data": {"seq_length": 1024},
+        "runtime": {"output_dir": "b"},
+    }
+    a = make_run("a", seed=0, config=cfg)
+    b = make_run("b", recipe=FP4, seed=0, config_fp="deadbeef", config=other)
     with pytest.raises(CompareError) as e:
         compare([str(a), str(b)], _opt())
     msg = str(e.value)
     assert "config fingerprints differ" in msg and "c0ffee: a" in msg and "deadbeef: b" in msg
     assert "--force" in msg
+    # the keys that differ are named with their values; keys outside the fingerprint are not
+    assert "keys that differ: training.lr (0.0003 in a; 0.001 in b)" in msg
+    assert "training.seed" not in msg and "output_dir" not in msg and "seq_length" not in msg
     res = compare([str(a), str(b)], _opt(force=True))
     assert any("forced: config fingerprints differ" in w for w in res["warnings"])
 
@@ -135,10 +144,7 @@ def test_same_arm_same_seed_refused(make_run):
         compare([str(r) for r in runs], _opt())
 
 
-def test_single_arm_and_missing_baseline_refused(make_run):
-    a, b = make_run("a", seed=0), make_run("b", seed=1)
-    with pytest.raises(CompareError, match="at least two precision arms"):
-        compare([str(a), str(b)], _opt())
+def test_missing_baseline_refused(make_run):
     c = make_run("c", recipe=FP4, seed=0)
     d = make_run("d", recipe="fp8", projection={"kind": "te_fp8", "recipe": "delayed"}, seed=0)
     with pytest.raises(CompareError, match="no default baseline"):
@@ -392,3 +398,152 @@ def test_trainer_projection_section_gives_arm_labels(make_run):
     labels = sorted(c["arm"] for c in res["comparisons"])
     assert labels[0] == "attn=fp8,proj=bf16"
     assert labels[1].startswith("attn=fp8,proj=te_fp8{") and '"fp8_format":"hybrid"' in labels[1]
+
+
+def test_config_differences_without_differing_keys_or_without_config(make_run):
+    a = make_run("a", seed=0)
+    b = make_run("b", recipe=FP4, seed=0, config_fp="deadbeef")  # same config, another fingerprint
+    with pytest.raises(CompareError, match="no fingerprinted key of the configs differs"):
+        compare([str(a), str(b)], _opt())
+    meta = json.loads((b / "run_meta.json").read_text())
+    del meta["config"]
+    (b / "run_meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CompareError, match="run_meta.json of b holds no config"):
+        compare([str(a), str(b)], _opt())
+
+
+def test_cli_names_config_keys_from_another_directory(make_run, tmp_path):
+    """The script finds training.fingerprint from any working directory, without importing torch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(compare_runs.__file__)
+    a = make_run("a", seed=0, config={"training": {"lr": 3e-4}})
+    b = make_run("b", recipe=FP4, seed=0, config_fp="deadbeef", config={"training": {"lr": 1e-3}})
+    res = subprocess.run(
+        [sys.executable, str(tool), str(a), str(b), "--no-plots"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 2 and "training.lr (0.0003 in a; 0.001 in b)" in res.stderr, res.stderr
+    probe = (
+        f"import sys; sys.path.insert(0, {str(tool.parent)!r}); import compare_runs; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_one_arm_gives_the_seed_spread(make_run, tmp_path):
+    """Seeds of one arm alone: no gap, the seed spread per window and at the last evaluation."""
+    n = 200
+    runs = []
+    for s, offset in ((0, 0.0), (1, 0.1), (2, 0.2)):
+        losses = synth_losses(n, gap=offset, seed=0, salt=1, seed_offset_sd=0.0)  # identical noise
+        runs.append(str(make_run(f"bf16_s{s}", seed=s, losses=losses)))
+    res = compare(runs, _opt(windows=4))
+    assert res["comparisons"] == [] and res["baseline"] == "attn=bf16,proj=bf16"
+    assert any("one arm" in w and "seed spread only" in w for w in res["warnings"])
+    sp = res["seed_spread"]["attn=bf16,proj=bf16"]
+    assert sp["seeds"] == [0, 1, 2] and len(sp["train_windows"]) == 4
+    for row in sp["train_windows"]:
+        assert row["range"] == pytest.approx(0.2) and row["sd"] == pytest.approx(0.1)
+        assert row["per_seed"][1] - row["per_seed"][0] == pytest.approx(0.1)
+    assert sp["valid_final"]["range"] == pytest.approx(0.2) and sp["valid_final"]["tokens"] == n * 8192
+    out = tmp_path / "spread"
+    assert compare_runs.main([*runs, "--out", str(out), "--windows", "4", "--n-boot", "50"]) == 0
+    md = (out / "summary.md").read_text()
+    assert md.startswith("# Seed spread of `attn=bf16,proj=bf16` (one arm: no precision comparison)")
+    assert "## Seed spread: `attn=bf16,proj=bf16` (3 seeds)" in md and "| 0.1000 | 0.2000 |" in md
+    assert "## Headline" not in md and "Last validation loss" in md
+    assert (out / "loss_vs_tokens.png").is_file() and not (out / "gap_vs_tokens.png").exists()
+
+
+def test_seed_spread_beside_the_gaps(make_run):
+    res = compare(_two_by_two(make_run, 0.05), _opt(windows=4))
+    assert set(res["seed_spread"]) == {"attn=bf16,proj=bf16", f"attn={FP4},proj=bf16"}
+    assert all(r["sd"] is not None for r in res["seed_spread"]["attn=bf16,proj=bf16"]["train_windows"])
+
+
+def test_cpu_throughput_ratio_is_flagged(make_run, tmp_path):
+    runs = [
+        make_run("bf16", seed=0, device="cpu"),
+        make_run("fp4", recipe=FP4, seed=0, gap=0.05, device="cpu", tps=1300.0),
+    ]
+    res = compare([str(r) for r in runs], _opt())
+    assert any("ran on a CPU" in w and "mean nothing" in w for w in res["warnings"])
+    assert res["arms"][f"attn={FP4},proj=bf16"]["throughput_ratio_on_cpu"] is True
+    out = tmp_path / "o"
+    assert compare_runs.main([*map(str, runs), "--out", str(out), "--no-plots", "--n-boot", "50"]) == 0
+    md = (out / "summary.md").read_text()
+    assert "1.300 (CPU: meaningless)" in md and "measured on a CPU shared with other work" in md
+    gpu = compare([str(make_run("g_bf16", seed=0)), str(make_run("g_fp4", recipe=FP4, seed=0))], _opt())
+    assert not any("CPU" in w for w in gpu["warnings"])
+    assert gpu["arms"][f"attn={FP4},proj=bf16"]["throughput_ratio_on_cpu"] is False
+
+
+def _outside_points(ax):
+    """(x, y) of every data point of ``ax`` above / below its y limits."""
+    from runcompare.plots import DATA_GID
+
+    lo, hi = ax.get_ylim()
+    above, below = [], []
+    for line in ax.get_lines():
+        if line.get_gid() == DATA_GID:
+            for x, y in zip(line.get_xdata(), line.get_ydata()):
+                if np.isfinite(y) and y > hi:
+                    above.append((x, y))
+                elif np.isfinite(y) and y < lo:
+                    below.append((x, y))
+    return above, below
+
+
+def test_loss_plot_marks_every_point_outside_the_axes(make_run):
+    """The zoomed loss panels leave the first points (loss ~11) and the first validation point off
+    the axes: each such point has a mark at the edge at its x, and the note gives their count."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from runcompare.plots import loss_figure
+
+    runs = []
+    for s in (0, 1):
+        runs.append(str(make_run(f"b{s}", seed=s, val_every=10)))
+        runs.append(str(make_run(f"f{s}", recipe=FP4, seed=s, gap=0.05, val_every=10)))
+    res = compare(runs, _opt(windows=4))
+    fig = loss_figure(res)
+    try:
+        train_ax, val_ax = fig.axes
+        for ax in (train_ax, val_ax):
+            above, below = _outside_points(ax)
+            marks = {
+                side: [ln for ln in ax.get_lines() if ln.get_gid() == f"clipped-{side}"]
+                for side in ("above", "below")
+            }
+            notes = {t.get_gid(): t.get_text() for t in ax.texts}
+            for side, pts in (("above", above), ("below", below)):
+                if not pts:
+                    assert not marks[side] and f"clipped-{side}-note" not in notes
+                    continue
+                (mark,) = marks[side]
+                assert {x for x, _ in pts} <= set(mark.get_xdata())
+                edge = ax.get_ylim()[1 if side == "above" else 0]
+                assert np.allclose(mark.get_ydata(), edge) and not mark.get_clip_on()
+                assert notes[f"clipped-{side}-note"].startswith(
+                    f"{'^' if side == 'above' else 'v'} {len(pts)} point(s) {side}"
+                )
+        above, _ = _outside_points(train_ax)
+        assert above and min(x for x, _ in above) == 8192  # step 1 is off the zoomed axes, and marked
+        above, _ = _outside_points(val_ax)
+        assert (10 * 8192) in {x for x, _ in above}  # the first validation point likewise
+        assert (
+            f"{max(y for _, y in above):.3f}"
+            in {t.get_gid(): t.get_text() for t in val_ax.texts}["clipped-above-note"]
+        )
+    finally:
+        plt.close(fig)

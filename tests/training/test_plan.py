@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from training.config import load_config
-from training.plan import flops_per_token, format_plan, make_plan
+from training.plan import ASSUMED_MFU, estimate_time, flops_per_token, format_estimate, format_plan, make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,3 +88,60 @@ def test_dry_run_cli_reports_impossible_plans():
     assert res.returncode == 2 and "impossible plan" in res.stderr and "not divisible" in res.stderr
     res = dry_run("configs/llama3_1_8b_100b_bf16.yaml", "training.nope=1")
     assert res.returncode == 2 and "unknown key(s) nope" in res.stderr
+
+
+def test_dry_run_time_estimate_and_memory_check_8b():
+    plan = make_plan(load_config("configs/llama3_1_8b_100b_fp8.yaml"), 64)
+    est = estimate_time(plan, peak_flops_per_gpu=989.4e12)
+    tokens = 23_842 * 1024 * 4096
+    assert est.flops == tokens * plan.flops_per_token and est.mfu == ASSUMED_MFU == 0.40
+    assert est.seconds == pytest.approx(tokens * plan.flops_per_token / (64 * 0.40 * 989.4e12))
+    assert est.gpu_hours == pytest.approx(est.seconds * 64 / 3600)
+    res = dry_run("configs/llama3_1_8b_100b_fp8.yaml", "--world-size", "64", "--gpu-memory-gib", "140.4")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    hours = est.seconds / 3600
+    assert (
+        f"time estimate         {hours:,.1f} h ({hours / 24:,.1f} days) wall clock on 64 GPUs = "
+        f"{est.gpu_hours:,.1f} GPU-hours" in res.stdout
+    )
+    assert "assuming 40% MFU (--mfu) of 989.4 TFLOP/s per GPU" in res.stdout
+    assert "memory check          126.08 GiB estimated per GPU, of the 140.4 GiB" in res.stdout
+    assert ": fits, 14.32 GiB left" in res.stdout
+
+
+def test_dry_run_warns_when_the_memory_estimate_exceeds_the_gpu():
+    # one GPU: the optimizer state is not sharded (214 GiB per GPU); an 80 GB H100 at 64 GPUs likewise
+    res = dry_run("configs/llama3_1_8b_100b_bf16.yaml", "--world-size", "1", "--gpu-memory-gib", "140.4")
+    assert res.returncode == 0 and "DOES NOT FIT" in res.stdout
+    assert res.stderr.startswith("pretrain_llama --dry-run: warning: the memory estimate per GPU, 214.42 GiB")
+    assert "lower training.micro_batch_size" in res.stderr
+    plan = make_plan(load_config("configs/llama3_1_8b_100b_bf16.yaml"), 64)
+    est = estimate_time(plan, peak_flops_per_gpu=989.4e12)
+    lines, warnings = format_estimate(plan, est, gpu_memory_bytes=79.6 * 1024**3, gpu_name="an H100")
+    assert "DOES NOT FIT" in lines[-1] and "exceeds the 79.6 GiB of an H100" in warnings[0]
+
+
+def test_dry_run_estimate_of_a_tiny_config_and_the_mfu_flag():
+    cfg = load_config("configs/tiny_cpu.yaml")
+    plan = make_plan(cfg, 1)
+    a = estimate_time(plan, peak_flops_per_gpu=cfg.logging.peak_flops_per_gpu, mfu=0.4)
+    b = estimate_time(plan, peak_flops_per_gpu=cfg.logging.peak_flops_per_gpu, mfu=0.2)
+    assert b.seconds == pytest.approx(2 * a.seconds) and a.seconds < 120
+    lines, warnings = format_estimate(plan, b, gpu_memory_bytes=140.4 * 1024**3, gpu_name="an H200")
+    assert warnings == [] and f"{b.seconds:.3g} s wall clock on 1 GPU" in lines[0]
+    assert "assuming 20% MFU" in lines[1]
+    with pytest.raises(ValueError, match="must be in"):
+        estimate_time(plan, peak_flops_per_gpu=989.4e12, mfu=0.0)
+    res = dry_run("configs/tiny_cpu.yaml", "--mfu", "1.5")
+    assert res.returncode == 2 and "--mfu: must be a fraction in (0, 1]" in res.stderr
+
+
+def test_default_keeps_one_checkpoint_and_the_plan_says_its_disk_use():
+    plan = make_plan(load_config(None), 1)
+    assert plan.checkpoints_kept == 1 and plan.checkpoint_bytes == 14 * 67_241_216
+    assert (
+        "checkpoint            0.88 GiB each (BF16 model + FP32 main weights + Adam m, v); "
+        "checkpoint.keep_last 1: 0.88 GiB on disk, 1.75 GiB while the next one is written"
+    ) in format_plan(plan)
+    off = make_plan(load_config(None, ["checkpoint.save=false", "checkpoint.load=none"]), 1)
+    assert off.checkpoints_kept == 0 and "none written (checkpoint.save=false)" in format_plan(off)

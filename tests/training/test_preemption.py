@@ -67,6 +67,12 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
     assert code == EXIT_PREEMPTED, out
     last = _check_saved_at_exit(tmp_path, "preempted (SIGTERM)")
     root = tmp_path / "run" / "checkpoints"
+    summary = out.split("run summary:\n", 1)[1]
+    assert (
+        f"status       stopped at step {last} of 400 (preempted (SIGTERM)); it will resume: the same "
+        f"command relaunched continues from {ckpt.iter_dir(root, last)}"
+    ) in summary
+    assert f"{last} this launch (steps 1-{last})" in summary
 
     # resume in-process with a time budget already spent: one step, save, exit code 4
     code, log = train(
@@ -77,6 +83,12 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
     events = [(r["event"], r["step"]) for r in recs if r["kind"] == "event"]
     assert ("resume", last) in events and events[-1] == ("exit", last + 1)
     assert recs[-1]["detail"].startswith("time budget")
+    assert (
+        f"stopped at step {last + 1} of 400 (time budget runtime.exit_duration_mins reached); it will "
+        f"resume: the same command relaunched continues from {ckpt.iter_dir(root, last + 1)}"
+    ) in log.text()
+    assert f"1 this launch (steps {last + 1}-{last + 1}); {last + 1} of 400 done" in log.text()
+    assert "throughput   - (one step this launch" in log.text()
     assert (root / ckpt.MARKER).read_text().strip() == str(last + 1)
     steps = [r["step"] for r in recs if r["kind"] == "train"]
     assert steps[-1] == last + 1 and steps.count(last + 1) == 1

@@ -94,6 +94,19 @@ def test_short_run_trains_and_writes_documented_outputs(make_cfg, train, tmp_pat
     assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 24)) is None
     assert "backend reference (auto: highest-priority backend for fp8 on CPU)" in log.text()
     assert "torch.optim.AdamW" in log.text()
+    # the per-step line: CPU units, elapsed and ETA; the run summary at the end
+    step_lines = [line for line in log if line.startswith("step ") and "| loss " in line]
+    assert len(step_lines) == 24 and all(" tok/s | " in line and "/GPU" not in line for line in step_lines)
+    assert step_lines[0].endswith("ETA -") and step_lines[-1].endswith("| ETA 0:00:00")
+    assert all("| elapsed " in line for line in step_lines)
+    summary = log.text().split("run summary:\n", 1)[1]
+    assert "status       done: 24 of 24 steps" in summary
+    assert "24 this launch (steps 1-24); 24 of 24 done" in summary and "3,072 in all" in summary
+    assert f"{trains[-1]['loss']:.4f} at step 24; mean " in summary
+    assert f"valid loss   {valid[-1]['val_loss']:.4f} at step 24" in summary
+    assert " tokens/s (mean of steps 2-24, step time only)" in summary and "MFU" not in summary
+    assert f"metrics      {run / 'metrics.jsonl'}" in summary
+    assert f"checkpoints  {root} (newest: iter_0000024)" in summary
 
 
 def test_resume_is_bitwise_exact(make_cfg, train, tmp_path):
@@ -171,5 +184,9 @@ def test_nonfinite_stop_exits_without_saving(make_cfg, train, tmp_path):
     assert code == EXIT_NONFINITE
     assert "non-finite loss" in log.text() and "runtime.nonfinite=skip" in log.text()
     root = tmp_path / "run" / "checkpoints"
+    assert (
+        "status       stopped at step 6 of 8: non-finite loss or gradients (runtime.nonfinite=stop), "
+        f"nothing saved; a relaunch continues from {ckpt.iter_dir(root, 4)}"
+    ) in log.text()
     assert (root / ckpt.MARKER).read_text().strip() == "4"
     assert not ckpt.iter_dir(root, 6).exists() and not ckpt.iter_dir(root, 8).exists()

@@ -59,6 +59,11 @@ def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):
         and "MFU = tokens/s/GPU x" in text
     )
     assert "megatron-core" in text and "DistributedDataParallel" in text
+    step_lines = [line for line in log if line.startswith("step ") and "| loss " in line]
+    assert all(" tok/s/GPU | MFU " in line and "| elapsed " in line for line in step_lines)
+    summary = text.split("run summary:\n", 1)[1]
+    assert "status       done: 40 of 40 steps" in summary
+    assert " tokens/s/GPU (mean of steps 2-40, step time only), MFU " in summary
     trains = [r for r in metrics(tmp_path / "default") if r["kind"] == "train"]
     assert len(trains) == 40
     for r in trains[1:]:

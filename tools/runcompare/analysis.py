@@ -24,6 +24,7 @@ from .runs import (
     pick_baseline,
     unique_names,
 )
+from .spread import seed_spread, spread_row
 from .stats import (
     GapEstimate,
     assign_windows,
@@ -217,6 +218,13 @@ def _group_and_align(
     world = {r.world_size for r in runs}
     if len(world) > 1:
         warnings.append(f"world sizes differ ({sorted(world)}); throughput is per GPU")
+    cpu = [r.name for r in runs if not r.on_gpu]
+    if cpu:
+        warnings.append(
+            f"{', '.join(cpu)} ran on a CPU (mfu null in metrics.jsonl): their tokens/s, and any "
+            "throughput ratio with them, mean nothing on a CPU shared with other work; measure "
+            "throughput on dedicated GPUs (bench/train_throughput.py)"
+        )
     return arms, base, aligned, warnings
 
 
@@ -281,6 +289,7 @@ def _arm_summaries(arms: dict[str, list[RunData]], base: str, aligned: Aligned, 
             "runs": [r.name for r in members],
             "seeds": [r.seed for r in members],
             "is_baseline": label == base,
+            "on_cpu": any(not r.on_gpu for r in members),
             "median_tokens_per_s_per_gpu": _f(np.median(tps)) if tps.size else None,
             "nonfinite_train_loss": sum(by_name[r.name]["nonfinite"]["train_loss"] for r in members),
             "nonfinite_val_loss": sum(by_name[r.name]["nonfinite"]["val_loss"] for r in members),
@@ -290,6 +299,7 @@ def _arm_summaries(arms: dict[str, list[RunData]], base: str, aligned: Aligned, 
     for row in arm_rows.values():
         a = row["median_tokens_per_s_per_gpu"]
         row["throughput_ratio_vs_baseline"] = _f(a / b_tps) if (a is not None and b_tps) else None
+        row["throughput_ratio_on_cpu"] = row["on_cpu"] or arm_rows[base]["on_cpu"]
     return arm_rows
 
 
@@ -364,6 +374,26 @@ def _compare_arm(
     return cmp
 
 
+def _seed_spreads(arms: dict[str, list[RunData]], aligned: Aligned, win: _Windows) -> dict:
+    """Per arm with >= 2 seeds: the seed spread of the train loss per window, of the validation loss
+    per window and at the last evaluation (``valid_final``, with its ``tokens``)."""
+    out = {}
+    for label, members in arms.items():
+        if len(members) < 2:
+            continue
+        names = [r.name for r in members]
+        row = {"runs": names, "seeds": [r.seed for r in members]}
+        row["train_windows"] = seed_spread(names, aligned.loss, win.train, win.n)
+        row["valid_windows"], row["valid_final"] = [], None
+        if aligned.val_tokens.size:
+            row["valid_windows"] = seed_spread(names, aligned.val_loss, win.valid, win.n)
+            last = np.array([[aligned.val_loss[n][-1]] for n in names], dtype=np.float64)
+            last[~np.isfinite(last)] = np.nan
+            row["valid_final"] = {**spread_row(last), "tokens": int(aligned.val_tokens[-1])}
+        out[label] = row
+    return out
+
+
 def compare(run_dirs: list[str], opt: Options) -> dict:
     """Load, check, align and compare the runs in ``run_dirs``.
 
@@ -372,7 +402,8 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     ``runs`` (per-run facts: seed, commit, precision, non-finite counts, throughput),
     ``arms`` (members, median tokens/s/GPU, ratio vs baseline), ``comparisons`` (per non-baseline
     arm: per-window train and validation gaps with intervals, first significant window, final
-    and overall gaps), ``series`` (aligned per-run curves, for plots).
+    and overall gaps; empty when all runs are of one arm), ``seed_spread`` (per arm with >= 2
+    seeds, see :mod:`.spread`), ``series`` (aligned per-run curves, for plots).
     """
     runs = _load(run_dirs, opt)
     arms, base, aligned, warnings = _group_and_align(runs, opt)
@@ -384,6 +415,10 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
         for label, members in arms.items()
         if label != base
     ]
+    if len(arms) == 1:
+        warnings.append(
+            f"one arm ({base}, {len(base_names)} seeds): no precision comparison, seed spread only"
+        )
     return {
         "warnings": warnings,
         "baseline": base,
@@ -396,6 +431,7 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
         "runs": run_rows,
         "arms": _arm_summaries(arms, base, aligned, run_rows),
         "comparisons": comparisons,
+        "seed_spread": _seed_spreads(arms, aligned, win),
         "series": {
             "tokens": aligned.tokens,
             "loss": aligned.loss,

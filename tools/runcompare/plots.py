@@ -1,4 +1,10 @@
-"""PNG plots of a comparison (matplotlib, Agg backend): loss vs tokens per arm, gap vs tokens."""
+"""PNG plots of a comparison (matplotlib, Agg backend): loss vs tokens per arm, gap vs tokens.
+
+The loss panels zoom in on the part of the run where gaps are visible (the y limits leave out the
+first 5% of the tokens, where the loss falls from ~12 nats). No point is dropped silently: every
+point of a curve that falls above or below the axes is marked at that edge (``^`` / ``v`` at its
+x) and a note in the panel says how many there are and how far they go.
+"""
 
 from __future__ import annotations
 
@@ -50,8 +56,58 @@ def _ylim(curves: list[np.ndarray], tokens: np.ndarray):
     return lo - pad, hi + pad
 
 
-def plot_losses(res: dict, path: Path) -> None:
-    """Train (and validation) loss vs consumed tokens: each seed a thin line, the arm mean thick."""
+DATA_GID = "data"  # the curves' artists; the edge marks are "clipped-above" / "clipped-below"
+
+
+def mark_clipped(ax, lo: float, hi: float) -> dict[str, int]:
+    """Mark the points of the data curves of ``ax`` outside ``[lo, hi]`` (the y limits about to be
+    set): a marker at the top (``^``) or bottom (``v``) edge at each such x, and a note naming the
+    count and the extreme value. Returns ``{"above": n, "below": n}`` (points counted per curve)."""
+    xs = {"above": [], "below": []}
+    ext = {"above": -np.inf, "below": np.inf}
+    for line in ax.get_lines():
+        if line.get_gid() != DATA_GID:
+            continue
+        x = np.asarray(line.get_xdata(), dtype=np.float64)
+        y = np.asarray(line.get_ydata(), dtype=np.float64)
+        ok = np.isfinite(y)
+        for side, sel in (("above", ok & (y > hi)), ("below", ok & (y < lo))):
+            if sel.any():
+                xs[side].append(x[sel])
+                ext[side] = max(ext[side], y[sel].max()) if side == "above" else min(ext[side], y[sel].min())
+    counts = {}
+    for side, edge, marker, va, ypos in (("above", hi, "^", "top", 0.98), ("below", lo, "v", "bottom", 0.02)):
+        pts = np.concatenate(xs[side]) if xs[side] else np.zeros(0)
+        counts[side] = int(pts.size)
+        if not pts.size:
+            continue
+        ux = np.unique(pts)
+        ax.plot(
+            ux,
+            np.full(ux.shape, edge),
+            ls="none",
+            marker=marker,
+            color="black",
+            ms=6,
+            clip_on=False,
+            gid=f"clipped-{side}",
+        )
+        word = "largest" if side == "above" else "smallest"
+        ax.text(
+            0.99,
+            ypos,
+            f"{marker} {pts.size} point(s) {side} the axis ({word} {ext[side]:.3f}), marked at the edge",
+            transform=ax.transAxes,
+            ha="right",
+            va=va,
+            fontsize=8,
+            gid=f"clipped-{side}-note",
+        )
+    return counts
+
+
+def loss_figure(res: dict):
+    """The figure of :func:`plot_losses` (matplotlib Figure; the caller closes it)."""
     plt, Eng = _plt()
     s = res["series"]
     has_val = s["val_tokens"].size > 0
@@ -66,10 +122,12 @@ def plot_losses(res: dict, path: Path) -> None:
             c = colors[i % len(colors)]
             marker = "o" if tok.size < 50 else None
             for n in arm["runs"]:
-                ax.plot(tok, _finite(series[n]), color=c, lw=0.6, alpha=0.35, marker=marker, ms=2)
+                ax.plot(
+                    tok, _finite(series[n]), color=c, lw=0.6, alpha=0.35, marker=marker, ms=2, gid=DATA_GID
+                )
             m = _arm_mean(series, arm["runs"])
             means.append(m)
-            tag = " (baseline)" if arm["is_baseline"] else ""
+            tag = " (baseline)" if arm["is_baseline"] and res["comparisons"] else ""
             ax.plot(
                 tok,
                 m,
@@ -78,9 +136,11 @@ def plot_losses(res: dict, path: Path) -> None:
                 marker=marker,
                 ms=3,
                 label=f"{label}{tag}, {len(arm['runs'])} seed(s)",
+                gid=DATA_GID,
             )
         lim = _ylim(means, tok)
         if lim:
+            mark_clipped(ax, *lim)
             ax.set_ylim(*lim)
         ax.set_ylabel(ylabel)
         ax.xaxis.set_major_formatter(Eng())
@@ -89,6 +149,14 @@ def plot_losses(res: dict, path: Path) -> None:
     axes[-1, 0].set_xlabel("consumed tokens")
     axes[0, 0].set_title("Loss vs tokens (thin: seeds, thick: arm mean)")
     fig.tight_layout()
+    return fig
+
+
+def plot_losses(res: dict, path: Path) -> None:
+    """Train (and validation) loss vs consumed tokens: each seed a thin line, the arm mean thick;
+    points outside the zoomed y range are marked at the edge (:func:`mark_clipped`)."""
+    plt, _ = _plt()
+    fig = loss_figure(res)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -56,29 +56,31 @@ def _window_label(res: dict, w: int | None) -> str:
     return f"window {w} ({_tok(win['lo_tokens'])}-{_tok(win['hi_tokens'])} tokens)"
 
 
-def _gap_table(res: dict, rows: list[dict], pct: str, kind: str) -> list[str]:
+def _window_table(res: dict, rows: list[dict], kind: str, header: list[str], cells) -> list[str]:
+    """A markdown table with one row per window: window, tokens, points, then ``cells(row)``."""
     pts = "n_train_points" if kind == "train" else "n_val_points"
-    out = [
-        _row(["window", "tokens", "points", "gap (nats)", f"{pct} CI", "significant", "method", "note"]),
-        _row(["---"] * 8),
-    ]
+    out = [_row(["window", "tokens", "points", *header]), _row(["---"] * (3 + len(header)))]
     for r in rows:
         win = res["windows"][r["window"]]
-        out.append(
-            _row(
-                [
-                    str(r["window"]),
-                    f"{_tok(win['lo_tokens'])}-{_tok(win['hi_tokens'])}",
-                    str(win[pts]),
-                    _g(r["gap"]),
-                    _ci(r),
-                    "**yes**" if r["significant"] else "no",
-                    _cell(r["method"]),
-                    _cell(r["note"]),
-                ]
-            )
-        )
+        span = f"{_tok(win['lo_tokens'])}-{_tok(win['hi_tokens'])}"
+        out.append(_row([str(r["window"]), span, str(win[pts]), *cells(r)]))
     return out
+
+
+def _gap_table(res: dict, rows: list[dict], pct: str, kind: str) -> list[str]:
+    return _window_table(
+        res,
+        rows,
+        kind,
+        ["gap (nats)", f"{pct} CI", "significant", "method", "note"],
+        lambda r: [
+            _g(r["gap"]),
+            _ci(r),
+            "**yes**" if r["significant"] else "no",
+            _cell(r["method"]),
+            _cell(r["note"]),
+        ],
+    )
 
 
 def render_markdown(res: dict) -> str:
@@ -86,8 +88,10 @@ def render_markdown(res: dict) -> str:
     per-window tables, non-finite counts, throughput and the statistics method."""
     opt, tool = res["options"], res["tool"]
     pct = f"{round(100 * opt['ci'], 2):g}%"
-    arms = res["arms"]
-    L = [f"# Precision comparison vs `{_cell(res['baseline'])}`", ""]
+    if res["comparisons"]:
+        L = [f"# Precision comparison vs `{_cell(res['baseline'])}`", ""]
+    else:
+        L = [f"# Seed spread of `{_cell(res['baseline'])}` (one arm: no precision comparison)", ""]
     commit = tool["commit"] or "unknown"
     if tool.get("dirty"):
         commit += " (working tree had uncommitted changes)"
@@ -158,7 +162,20 @@ def render_markdown(res: dict) -> str:
         )
     L.append("")
 
-    L += ["## Headline", ""]
+    if res["comparisons"]:
+        L += _headline(res, pct)
+    for c in res["comparisons"]:
+        L += _arm_sections(res, c, pct)
+    for label, sp in res["seed_spread"].items():
+        L += _spread_sections(res, label, sp)
+    L += _nonfinite_and_throughput(res)
+    L += _method(res, opt, pct)
+    return "\n".join(L)
+
+
+def _headline(res: dict, pct: str) -> list[str]:
+    arms = res["arms"]
+    L = ["## Headline", ""]
     L.append(
         _row(
             [
@@ -194,40 +211,77 @@ def render_markdown(res: dict) -> str:
                     (_g(vf["gap"]) + f" @ {_tok(vf['tokens'])}") if vf else "no validation records",
                     _ci(vf),
                     _window_label(res, c["valid_first_significant_window"]) if vf else "-",
-                    _f3(arms[c["arm"]]["throughput_ratio_vs_baseline"]),
+                    _ratio(arms[c["arm"]]),
                 ]
             )
         )
     L.append("")
+    return L
 
-    for c in res["comparisons"]:
-        L += [f"## Train-loss gap per window: `{_cell(c['arm'])}` - `{_cell(c['baseline'])}`", ""]
-        L += _gap_table(res, c["train_windows"], pct, "train")
-        first = _window_label(res, c["train_first_significant_window"])
+
+def _arm_sections(res: dict, c: dict, pct: str) -> list[str]:
+    """The per-window train and validation gap tables of one arm vs the baseline."""
+    L = []
+    L += [f"## Train-loss gap per window: `{_cell(c['arm'])}` - `{_cell(c['baseline'])}`", ""]
+    L += _gap_table(res, c["train_windows"], pct, "train")
+    first = _window_label(res, c["train_first_significant_window"])
+    L += [
+        "",
+        (
+            f"First significant window: {first}. "
+            f"Significant windows: {c['train_significant_windows'] or 'none'}."
+        ),
+        "",
+    ]
+    L += [f"### Validation-loss gap per window: `{_cell(c['arm'])}` - `{_cell(c['baseline'])}`", ""]
+    if c["valid_final"] is None:
+        L += ["No validation records.", ""]
+    else:
+        L += _gap_table(res, c["valid_windows"], pct, "valid")
+        vf, vo = c["valid_final"], c["valid_overall"]
         L += [
             "",
-            (
-                f"First significant window: {first}. "
-                f"Significant windows: {c['train_significant_windows'] or 'none'}."
-            ),
+            f"Final validation gap (at {_tok(vf['tokens'])} tokens): {_g(vf['gap'])} nats, "
+            f"{pct} CI {_ci(vf)}" + (f" ({_cell(vf['note'])})" if vf["note"] else "") + ". "
+            f"Mean over all evaluations: {_g(vo['gap'])}, CI {_ci(vo)}. "
+            f"First significant window: {_window_label(res, c['valid_first_significant_window'])}.",
             "",
         ]
-        L += [f"### Validation-loss gap per window: `{_cell(c['arm'])}` - `{_cell(c['baseline'])}`", ""]
-        if c["valid_final"] is None:
-            L += ["No validation records.", ""]
-        else:
-            L += _gap_table(res, c["valid_windows"], pct, "valid")
-            vf, vo = c["valid_final"], c["valid_overall"]
-            L += [
-                "",
-                f"Final validation gap (at {_tok(vf['tokens'])} tokens): {_g(vf['gap'])} nats, "
-                f"{pct} CI {_ci(vf)}" + (f" ({_cell(vf['note'])})" if vf["note"] else "") + ". "
-                f"Mean over all evaluations: {_g(vo['gap'])}, CI {_ci(vo)}. "
-                f"First significant window: {_window_label(res, c['valid_first_significant_window'])}.",
-                "",
-            ]
+    return L
 
-    L += ["## Non-finite counts", ""]
+
+def _spread_table(res: dict, rows: list[dict], seeds: list, kind: str) -> list[str]:
+    return _window_table(
+        res,
+        rows,
+        kind,
+        ["mean loss", "seed s.d.", "range (max-min)", *(f"seed {s}" for s in seeds)],
+        lambda r: [_l4(r["mean"]), _l4(r["sd"]), _l4(r["range"]), *(_l4(v) for v in r["per_seed"])],
+    )
+
+
+def _spread_sections(res: dict, label: str, sp: dict) -> list[str]:
+    """Seed spread of one arm: per-window train (and validation) loss of each seed, s.d. and range."""
+    seeds = sp["seeds"]
+    L = [f"## Seed spread: `{_cell(label)}` ({len(seeds)} seeds)", ""]
+    L += ["Train loss per window (each seed's mean over the window; s.d. across seeds, ddof=1):", ""]
+    L += _spread_table(res, sp["train_windows"], seeds, "train") + [""]
+    vf = sp["valid_final"]
+    if vf is not None:
+        L += ["Validation loss per window:", ""]
+        L += _spread_table(res, sp["valid_windows"], seeds, "valid") + [""]
+        per = ", ".join(f"seed {s}: {_l4(v)}" for s, v in zip(seeds, vf["per_seed"]))
+        L += [
+            f"Last validation loss (at {_tok(vf['tokens'])} tokens): {per}; s.d. {_l4(vf['sd'])}, "
+            f"range {_l4(vf['range'])} nats.",
+            "",
+        ]
+    return L
+
+
+def _nonfinite_and_throughput(res: dict) -> list[str]:
+    arms = res["arms"]
+    L = ["## Non-finite counts", ""]
     L.append(
         _row(
             [
@@ -270,14 +324,23 @@ def render_markdown(res: dict) -> str:
                 [
                     f"`{_cell(label)}`" + (" (baseline)" if a["is_baseline"] else ""),
                     str(len(a["runs"])),
-                    _f1(a["median_tokens_per_s_per_gpu"]),
-                    _f3(a["throughput_ratio_vs_baseline"]),
+                    _f1(a["median_tokens_per_s_per_gpu"]) + (" (CPU)" if a["on_cpu"] else ""),
+                    _ratio(a),
                 ]
             )
         )
-    L += ["", "Median over every logged train step of the arm's runs in the compared range.", ""]
+    L += ["", "Median over every logged train step of the arm's runs in the compared range."]
+    if any(a["on_cpu"] for a in arms.values()):
+        L.append(
+            "Runs marked CPU ran on a CPU: a tokens/s ratio measured on a CPU shared with other work "
+            "means nothing (other processes take the cores); measure throughput on dedicated GPUs."
+        )
+    L.append("")
+    return L
 
-    L += ["## Method", ""]
+
+def _method(res: dict, opt: dict, pct: str) -> list[str]:
+    L = ["## Method", ""]
     L += [
         (
             "- Runs are aligned on `consumed_tokens`: every run must log train (and validation) records "
@@ -302,9 +365,24 @@ def render_markdown(res: dict) -> str:
             "- A window is significant when its interval excludes 0. Intervals are pointwise: over many "
             "windows some may exclude 0 by chance (about 5% each at 95% under no gap)."
         ),
+        (
+            "- Seed spread (arms with >= 2 seeds): per window, each seed's mean loss over the points "
+            "finite in every run of the arm; s.d. (ddof=1) and range across seeds. A gap smaller than "
+            "the spread cannot be told from seed noise."
+        ),
         "",
     ]
-    return "\n".join(L)
+    return L
+
+
+def _ratio(arm: dict) -> str:
+    """The arm's tokens/s/GPU ratio vs the baseline, marked when either ran on a CPU."""
+    text = _f3(arm["throughput_ratio_vs_baseline"])
+    return f"{text} (CPU: meaningless)" if arm["throughput_ratio_on_cpu"] and text != "-" else text
+
+
+def _l4(x) -> str:
+    return "-" if x is None else f"{x:.4f}"
 
 
 def _f1(x) -> str:

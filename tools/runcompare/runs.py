@@ -17,6 +17,10 @@ from pathlib import Path
 import numpy as np
 from rundir import META_FILE, METRICS_FILE, metrics_lines, parse_meta
 
+from training.fingerprint import fingerprinted_keys
+
+MAX_KEYS_LISTED = 12  # differing config keys named in a refusal
+
 
 class CompareError(Exception):
     """The runs cannot be compared (or a file cannot be read); ``reasons`` lists why, one per item."""
@@ -77,12 +81,14 @@ class RunData:
     seed: int
     world_size: int
     commit: str | None
+    config: dict | None  # the resolved config of run_meta.json (None when it holds none)
     train: dict[str, np.ndarray]
     valid: dict[str, np.ndarray]
     events: Counter = field(default_factory=Counter)
     record_counts: Counter = field(default_factory=Counter)  # lines read per kind (before de-dup)
     n_replaced: int = 0  # records superseded by a later record of the same (kind, step)
     n_malformed: int = 0  # lines skipped with --skip-malformed
+    on_gpu: bool = True  # some train record has a numeric mfu (the trainer logs MFU only on a GPU)
 
     @property
     def arm(self) -> str:
@@ -236,12 +242,14 @@ def load_run(run_dir: str | Path, *, skip_malformed: bool = False) -> RunData:
         seed=meta["seed"],
         world_size=meta["world_size"],
         commit=meta["commit"],
+        config=meta["config"] if isinstance(meta.get("config"), dict) else None,
         train=_as_arrays(train, _TRAIN_FIELDS),
         valid=_as_arrays(valid, _VALID_FIELDS),
         events=events,
         record_counts=counts,
         n_replaced=replaced,
         n_malformed=malformed,
+        on_gpu=any(_is_num(rec.get("mfu")) for rec in train.values()),
     )
 
 
@@ -269,16 +277,50 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
             groups.setdefault(getattr(r, attr), []).append(r.name)
         if len(groups) > 1:
             detail = "; ".join(f"{fp}: {', '.join(names)}" for fp, names in groups.items())
-            reasons.append(f"{what} fingerprints differ ({detail})")
+            keys = f"; {config_differences(runs)}" if attr == "config_fingerprint" else ""
+            reasons.append(f"{what} fingerprints differ ({detail}){keys}")
     if reasons and not force:
         raise CompareError([f"{r} (pass --force to compare anyway)" for r in reasons])
     return [f"forced: {r}" for r in reasons]
 
 
+def _value_text(v) -> str:
+    text = json.dumps(v, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def config_differences(runs: list[RunData]) -> str:
+    """Which fingerprinted keys of the runs' resolved configs (``run_meta.json``) differ, with the
+    value in each run: ``keys that differ: training.lr (0.0003 in a, c; 0.001 in b), ...``."""
+    missing = [r.name for r in runs if r.config is None]
+    if missing:
+        return f"run_meta.json of {', '.join(missing)} holds no config, so the differing keys cannot be named"
+    flat = {r.name: fingerprinted_keys(r.config) for r in runs}
+    absent = object()
+    diffs = []
+    for key in sorted(set().union(*flat.values())):
+        by_value: dict[str, list[str]] = {}
+        for r in runs:
+            v = flat[r.name].get(key, absent)
+            by_value.setdefault("(absent)" if v is absent else _value_text(v), []).append(r.name)
+        if len(by_value) > 1:
+            values = "; ".join(f"{v} in {', '.join(names)}" for v, names in by_value.items())
+            diffs.append(f"{key} ({values})")
+    if not diffs:
+        return (
+            "no fingerprinted key of the configs differs: the fingerprints were computed with another "
+            "key list (training/fingerprint.py of another commit); compare the configs in run_meta.json"
+        )
+    more = f", and {len(diffs) - MAX_KEYS_LISTED} more" if len(diffs) > MAX_KEYS_LISTED else ""
+    return "keys that differ: " + ", ".join(diffs[:MAX_KEYS_LISTED]) + more
+
+
 def group_arms(runs: list[RunData], *, force: bool) -> tuple[dict[str, list[RunData]], list[str]]:
     """Group runs by precision arm (attention recipe + projection), sorted by seed within an arm.
 
-    Two runs of one arm with the same seed are refused unless ``force``. Returns ``(arms, warnings)``.
+    Two runs of one arm with the same seed are refused unless ``force``. One arm (all runs of one
+    precision, several seeds) is allowed: the comparison then reports the seed spread alone.
+    Returns ``(arms, warnings)``.
     """
     arms: dict[str, list[RunData]] = {}
     for r in runs:
@@ -293,15 +335,16 @@ def group_arms(runs: list[RunData], *, force: bool) -> tuple[dict[str, list[RunD
             (warnings if force else reasons).append(f"forced: {msg}" if force else f"{msg} (pass --force)")
     if reasons:
         raise CompareError(reasons)
-    if len(arms) < 2:
-        raise CompareError(f"need at least two precision arms, all runs are {next(iter(arms))}")
     return arms, warnings
 
 
 def pick_baseline(arms: dict[str, list[RunData]], baseline: str | None) -> str:
     """Label of the baseline arm: ``baseline`` (an arm label, or an attention recipe naming exactly
-    one arm), or by default the arm with attention recipe ``bf16`` and projection ``bf16``."""
+    one arm), or by default the arm with attention recipe ``bf16`` and projection ``bf16`` (the only
+    arm, when there is one)."""
     labels = list(arms)
+    if baseline is None and len(arms) == 1:
+        return labels[0]
     if baseline is None:
         want = arm_label("bf16", "bf16")
         if want not in arms:
