@@ -26,6 +26,7 @@ import argparse
 import datetime as _dt
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -128,6 +129,8 @@ def to_markdown(records: list[dict], args, command: str) -> str:
         commit += "+dirty" if dirty else ""
     except Exception:  # noqa: BLE001 - running outside a checkout
         commit = "unknown"
+    # the GPU machine's copy of the tree carries stale git metadata: the session names the commit
+    commit = os.environ.get("BENCH_COMMIT") or commit
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     lines = [
         "# Attention fidelity vs float64",
