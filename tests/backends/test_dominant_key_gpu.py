@@ -30,6 +30,8 @@ import pytest
 import torch
 
 import fp4_attention as fa
+from fp4_attention.numerics.operands import quantize_qk, quantize_v
+from fp4_attention.numerics.recipes import get_recipe
 from tests.numerics.dominant import bound_violations, dominant_inputs, exact_grads
 
 from ..conftest import have_module
@@ -62,9 +64,6 @@ DP_RMS = 2.0**-14
 
 def _dp_slack(q, k, v, dout, recipe, causal) -> tuple[float, float]:
     """(dQ, dK) slack of the FP8 dP accumulation (module docstring), float64 on the GPU."""
-    from fp4_attention.numerics.operands import quantize_qk, quantize_v
-    from fp4_attention.numerics.recipes import get_recipe
-
     rec = get_recipe(recipe)
     q_s, k_s = quantize_qk(q, k, rec)
     qd, kd, vd = (
@@ -87,9 +86,6 @@ def _dp_slack(q, k, v, dout, recipe, causal) -> tuple[float, float]:
 
 def _row_magnitude(q, k, recipe, causal):
     """A_i = max over visible keys j of sum_d |q^_id k^_jd| * softmax_scale, float64 [B, Hq, S]."""
-    from fp4_attention.numerics.operands import quantize_qk
-    from fp4_attention.numerics.recipes import get_recipe
-
     rec = get_recipe(recipe)
     q_s, k_s = quantize_qk(q, k, rec)
     qd = (q_s.float() if isinstance(q_s, torch.Tensor) else q_s.dequantize()).cuda().double().abs()
