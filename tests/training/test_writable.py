@@ -95,7 +95,10 @@ def test_the_run_stops_before_the_model_data_and_first_step(make_cfg, train, tmp
     code, log = train(make_cfg(f"{key}={bad}"))
     assert code == EXIT_CONFIG, log.text()
     text = log.text()
-    assert f"configuration error: {key} {bad} is under {tmp_path / 'blocker'}, which is a file" in text
-    assert "checked at start-up, before the first step" in text
+    if key == "runtime.output_dir":  # the run directory is created first (data.errors.make_dirs)
+        assert f"(runtime.output_dir) {bad} cannot be created: {tmp_path / 'blocker'} is a file" in text
+    else:
+        assert f"configuration error: {key} {bad} is under {tmp_path / 'blocker'}, which is a file" in text
+        assert "checked at start-up, before the first step" in text
     assert "engine:" not in text and "data:" not in text  # neither the model nor the data was built
     assert not list(tmp_path.glob("**/metrics.jsonl"))  # not a step, not a metrics line
