@@ -86,10 +86,20 @@ def _signal_proof_write_results_queue() -> None:
 
 
 def dcp_tensor_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
-    """Global shape of every tensor in a torch_dist checkpoint, from its ``.metadata`` (no tensor is read)."""
+    """Global shape of every tensor in a torch_dist checkpoint, from its ``.metadata`` (no tensor is read).
+
+    Raises:
+        DamagedCheckpointError: ``.metadata`` is missing or does not deserialize (names the file), so
+            that the trainer falls back to the previous checkpoint as for any other damaged file.
+    """
     from torch.distributed.checkpoint import FileSystemReader
 
-    meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    try:
+        meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    except Exception as err:  # UnpicklingError, ValueError (pickle protocol), EOFError, OSError, ...
+        raise DamagedCheckpointError(
+            f"{ckpt / '.metadata'} does not deserialize as torch_dist metadata ({describe_load_error(err)})"
+        ) from None
     return {k: tuple(m.size) for k, m in meta.items() if hasattr(m, "size")}
 
 

@@ -210,3 +210,23 @@ def test_sharded_checkpoint_shapes_are_checked_before_loading(tmp_path):
         f"cannot resume from {tmp_path}: its weights do not fit the model of this config "
         "(embedding.word_embeddings.weight is 16x4 in the checkpoint, 16x6 now, and 2 more tensor(s))"
     )
+
+
+def test_unreadable_torch_dist_metadata_is_a_damaged_checkpoint(tmp_path):
+    """A ``.metadata`` that does not deserialize is damage (the trainer falls back to the previous
+    checkpoint), not a configuration error: the shape check reads it before megatron's load does.
+    Seen on the H200: garbage bytes there gave 'configuration error: unsupported pickle protocol'."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from training.checkpoint import DamagedCheckpointError
+    from training.engine_megatron import dcp_tensor_shapes
+
+    dcp.save({"w": torch.zeros(4, 4)}, checkpoint_id=str(tmp_path), no_dist=True)
+    meta = tmp_path / ".metadata"
+    meta.write_bytes(b"\x80garbage" * 8)
+    with pytest.raises(DamagedCheckpointError, match=r"\.metadata does not deserialize as torch_dist"):
+        dcp_tensor_shapes(tmp_path)
+    meta.unlink()
+    with pytest.raises(DamagedCheckpointError, match=r"\.metadata does not deserialize"):
+        dcp_tensor_shapes(tmp_path)
