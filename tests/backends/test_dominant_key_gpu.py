@@ -30,9 +30,7 @@ import pytest
 import torch
 
 import fp4_attention as fa
-from fp4_attention.numerics.operands import quantize_qk, quantize_v
-from fp4_attention.numerics.recipes import get_recipe
-from tests.numerics.dominant import bound_violations, dominant_inputs, exact_grads
+from tests.numerics.dominant import bound_violations, dequantized_operands, dominant_inputs, exact_grads
 
 from ..conftest import have_module
 
@@ -62,39 +60,36 @@ def _run(q, k, v, dout, recipe, causal, backend):
 DP_RMS = 2.0**-14
 
 
-def _dp_slack(q, k, v, dout, recipe, causal) -> tuple[float, float]:
-    """(dQ, dK) slack of the FP8 dP accumulation (module docstring), float64 on the GPU."""
-    rec = get_recipe(recipe)
-    q_s, k_s = quantize_qk(q, k, rec)
-    qd, kd, vd = (
-        (t.float() if isinstance(t, torch.Tensor) else t.dequantize()).cuda().double()
-        for t in (q_s, k_s, quantize_v(v, rec))
-    )
+def _causal_fill(t: torch.Tensor, value: float) -> torch.Tensor:
+    """``t [..., S, S]`` with the keys a query cannot see (j > i) set to ``value``."""
+    n = t.shape[-1]
+    return t.masked_fill(torch.ones(n, n, dtype=torch.bool, device=t.device).triu(1), value)
+
+
+def _dp_slack(ops, dout, causal) -> tuple[float, float]:
+    """(dQ, dK) slack of the FP8 dP accumulation (module docstring) from the
+    :func:`dequantized_operands` ``ops``, float64 on their device."""
+    qd, kd, vd = ops
     hq, hkv = qd.shape[1], kd.shape[1]
     kd, vd = (t.repeat_interleave(hq // hkv, dim=1) for t in (kd, vd))
-    sc = q.shape[-1] ** -0.5
+    sc = qd.shape[-1] ** -0.5
     s = torch.matmul(qd, kd.transpose(-1, -2)) * sc
     if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), -torch.inf)
-    pa2 = (torch.softmax(s, -1) * (dout.cuda().double().abs() @ vd.abs().transpose(-1, -2))) ** 2
+        s = _causal_fill(s, -torch.inf)
+    pa2 = (torch.softmax(s, -1) * (dout.to(qd.device).double().abs() @ vd.abs().transpose(-1, -2))) ** 2
     bq = sc * (pa2 @ kd.norm(dim=-1, keepdim=True) ** 2).sqrt()
     bk = sc * (pa2.transpose(-1, -2) @ qd.norm(dim=-1, keepdim=True) ** 2).sqrt()
     bk = bk.unflatten(1, (hkv, hq // hkv)).pow(2).sum(2).sqrt()
     return DP_RMS * float(bq.norm()), DP_RMS * float(bk.norm())
 
 
-def _row_magnitude(q, k, recipe, causal):
+def _row_magnitude(ops, causal):
     """A_i = max over visible keys j of sum_d |q^_id k^_jd| * softmax_scale, float64 [B, Hq, S]."""
-    rec = get_recipe(recipe)
-    q_s, k_s = quantize_qk(q, k, rec)
-    qd = (q_s.float() if isinstance(q_s, torch.Tensor) else q_s.dequantize()).cuda().double().abs()
-    kd = (k_s.float() if isinstance(k_s, torch.Tensor) else k_s.dequantize()).cuda().double().abs()
+    qd, kd = ops[0].abs(), ops[1].abs()
     kd = kd.repeat_interleave(qd.shape[1] // kd.shape[1], dim=1)
-    a = torch.matmul(qd, kd.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    a = torch.matmul(qd, kd.transpose(-1, -2)) * qd.shape[-1] ** -0.5
     if causal:
-        s = a.shape[-1]
-        a = a.masked_fill(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), 0.0)
+        a = _causal_fill(a, 0.0)
     return a.amax(-1).cpu()
 
 
@@ -107,13 +102,14 @@ def test_dominant_key_gpu(backend, gap, s, hq, hkv, causal):
         pytest.skip("the cute backend needs the CUTLASS DSL (pip install '.[cute]')")
     recipes = ["bf16"] + [r for r in RECIPES[1:] if r in fa.backend_spec(backend).recipes]
     q, k, v, dout = dominant_inputs(gap, 1, hq, hkv, s, 128)
-    exact = {r: exact_grads(q, k, v, dout, r, causal, device="cuda") for r in recipes}
+    ops = {r: dequantized_operands(q, k, v, r, device="cuda") for r in recipes}
+    exact = {r: exact_grads(ops[r], dout, causal) for r in recipes}
     got = {r: _run(q, k, v, dout, r, causal, "triton" if r == "bf16" else backend) for r in recipes}
-    slack = {r: _dp_slack(q, k, v, dout, r, causal) for r in recipes if r != "bf16"}
+    slack = {r: _dp_slack(ops[r], dout, causal) for r in recipes if r != "bf16"}
     bad = bound_violations({r: g[:3] for r, g in got.items()}, {r: e[:3] for r, e in exact.items()}, slack)
     assert not bad
     for r in recipes:
         lse, ref = got[r][3].double(), exact[r][3]
-        limit = LSE_REL[r] * _row_magnitude(q, k, r, causal) + 1e-5
+        limit = LSE_REL[r] * _row_magnitude(ops[r], causal) + 1e-5
         worst = float(((lse - ref).abs() - limit).max())
         assert worst <= 0, f"{r}: LSE off by more than the bound (by {worst:.3e})"

@@ -38,21 +38,23 @@ def dominant_inputs(gap: float, b: int, hq: int, hkv: int, s: int, d: int, seed:
     return q, k, v, dout
 
 
-def _dequantized(t) -> torch.Tensor:
-    return t.float() if isinstance(t, torch.Tensor) else t.dequantize()
-
-
-def exact_grads(q, k, v, dout, recipe: str, causal: bool, device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    """float64 CPU (dQ, dK, dV, LSE) of attention on ``recipe``'s dequantized Q/K/V (the reference
-    quantizers on the CPU copies; float64 arithmetic on ``device``)."""
+def dequantized_operands(q, k, v, recipe: str, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """float64 ``(q^, k^, v^)`` on ``device``: ``recipe``'s Q/K/V through the reference quantizers
+    (on the CPU copies; the GPU quantizers' bytes equal theirs) and dequantized."""
     rec = get_recipe(recipe)
     q_s, k_s = quantize_qk(q.cpu(), k.cpu(), rec)
-    ops = [
-        _dequantized(t).detach().to(device, torch.float64).requires_grad_()
+    return tuple(
+        (t.float() if isinstance(t, torch.Tensor) else t.dequantize()).detach().to(device, torch.float64)
         for t in (q_s, k_s, quantize_v(v.cpu(), rec))
-    ]
-    out, lse = naive_attention(*ops, causal=causal, softmax_scale=q.shape[-1] ** -0.5)
-    out.backward(dout.to(device, torch.float64))
+    )
+
+
+def exact_grads(ops: tuple[torch.Tensor, ...], dout, causal: bool) -> tuple[torch.Tensor, ...]:
+    """float64 CPU (dQ, dK, dV, LSE) of attention on the :func:`dequantized_operands` ``ops``
+    (float64 arithmetic on their device)."""
+    ops = [t.detach().clone().requires_grad_() for t in ops]
+    out, lse = naive_attention(*ops, causal=causal, softmax_scale=ops[0].shape[-1] ** -0.5)
+    out.backward(dout.to(ops[0].device, torch.float64))
     return tuple(t.grad.cpu() for t in ops) + (lse.detach().cpu(),)
 
 

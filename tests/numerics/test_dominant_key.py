@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import fp4_attention as fa
-from tests.numerics.dominant import bound_violations, dominant_inputs, exact_grads
+from tests.numerics.dominant import bound_violations, dequantized_operands, dominant_inputs, exact_grads
 
 RECIPES = ("bf16", "fp8", "nvfp4qk_fp8pv")
 # (S, Hq, Hkv, causal): several lengths (a ragged last KV tile included), GQA 1 and 6, both masks
@@ -28,6 +28,6 @@ def _grads(q, k, v, dout, recipe, causal, backend="reference", device="cpu"):
 @pytest.mark.parametrize("s, hq, hkv, causal", SHAPES)
 def test_dominant_key_gradients_reference(gap, s, hq, hkv, causal):
     q, k, v, dout = dominant_inputs(gap, 1, hq, hkv, s, 128)
-    exact = {r: exact_grads(q, k, v, dout, r, causal) for r in RECIPES}
+    exact = {r: exact_grads(dequantized_operands(q, k, v, r), dout, causal) for r in RECIPES}
     grads = {r: _grads(q, k, v, dout, r, causal) for r in RECIPES}
     assert not bound_violations(grads, exact)
