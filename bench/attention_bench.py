@@ -2,7 +2,9 @@
 
     python bench/attention_bench.py --out results/attention_bench_h200     # writes .json and .md
 
-FLOPs = 4 * B * Hq * S^2 * D, halved for causal; forward + backward counts 3.5x the forward FLOPs.
+FLOPs = 4 * B * Hq * S^2 * D, halved for causal; forward + backward counts 3.5x the forward FLOPs,
+the backward alone ("bwd": the forward run once outside the timed region, then
+``out.backward(dout, retain_graph=True)``, or the cuDNN FP8 backward graph) 2.5x.
 Times are medians of ``triton.testing.do_bench`` (CUDA events) after warm-up, on inputs drawn
 N(0, 1). Our forward times include the quantization of the BF16 Q/K/V (what a layer pays); the
 "kernel only" column times the attention kernel on already-quantized operands, the fair
@@ -34,8 +36,8 @@ from fp4_attention.backends.triton import backend as triton_backend
 
 SHAPES = [  # (B, Hq, Hkv, S, causal, passes)
     (1, 32, 8, 4096, True, ("fwd", "fwd_bwd")),
-    (4, 32, 8, 4096, True, ("fwd", "fwd_bwd")),
-    (2, 32, 32, 8192, False, ("fwd",)),
+    (4, 32, 8, 4096, True, ("fwd", "fwd_bwd", "bwd")),
+    (2, 32, 32, 8192, False, ("fwd", "fwd_bwd", "bwd")),
     (1, 24, 24, 32768, False, ("fwd",)),
 ]
 D = 128
@@ -47,7 +49,7 @@ def bench(fn, warmup=100, rep=400) -> float:
 
 def flops(b, hq, s, causal, pass_):
     f = 4 * b * hq * s * s * D / (2 if causal else 1)
-    return f * (3.5 if pass_ == "fwd_bwd" else 1.0)
+    return f * {"fwd": 1.0, "fwd_bwd": 3.5, "bwd": 2.5}[pass_]
 
 
 def sdpa_fn(backend, q, k, v, causal, pass_):
@@ -70,10 +72,12 @@ def sdpa_fn(backend, q, k, v, causal, pass_):
     def fb():
         with sdpa_kernel(be):
             o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+        if pass_ == "bwd":
+            return lambda: o.backward(dout, retain_graph=True)
         o.backward(dout)
 
-    fb()
-    return fb
+    bwd = fb()
+    return bwd if pass_ == "bwd" else fb
 
 
 def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
@@ -89,6 +93,9 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 
         return f
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    if pass_ == "bwd":
+        o = fa.attention(qg, kg, vg, recipe=rec, causal=causal, layout="bhsd", backend=backend, **options)
+        return lambda: o.backward(dout, retain_graph=True)
 
     def fb():
         fa.attention(
@@ -110,6 +117,17 @@ def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
     return f
 
 
+def cute_bwd_operands_only(q, k, v, causal):
+    """The cute backward's host-side operand preparation alone (``backend.backward_operands``: dO's
+    E5M2 quantization and D, dO^T, the BF16 Q/K images, V in key order), on one forward's state."""
+    from fp4_attention.backends.cute import backend as cute_backend
+
+    rec = fa.get_recipe("fp8")
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
+    dout = torch.randn_like(q)
+    return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
+
+
 def ours_kernel_only(recipe, q, k, v, causal):
     """Forward kernel alone on operands quantized once outside the timed region."""
     be = triton_backend.TritonBackend()
@@ -124,151 +142,28 @@ def ours_kernel_only(recipe, q, k, v, causal):
 
 
 def cudnn_fp8_fn(q, k, v, causal, pass_):
-    """cuDNN FP8 attention via cudnn-frontend: E4M3 Q/K/V/O, per-tensor unit scales, S scaled by 256."""
-    import cudnn
+    """cuDNN FP8 attention via cudnn-frontend (``tools/cudnn_fp8.py``): E4M3 Q/K/V/O, E5M2 dO and
+    gradients, per-tensor unit scales, P scaled by 256."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from cudnn_fp8 import CudnnFP8Attention
 
     b, hq, s, d = q.shape
-    f8 = torch.float8_e4m3fn
-    q8, k8, v8 = (t.to(f8) for t in (q, k, v))
-    one = torch.ones(1, 1, 1, 1, dtype=torch.float32, device=q.device)
-    s256 = torch.full((1, 1, 1, 1), 256.0, device=q.device)
-    ds256 = torch.full((1, 1, 1, 1), 1 / 256.0, device=q.device)
-    g = cudnn.pygraph(
-        io_data_type=cudnn.data_type.FP8_E4M3,
-        intermediate_data_type=cudnn.data_type.FLOAT,
-        compute_data_type=cudnn.data_type.FLOAT,
-    )
-    tq, tk, tv = g.tensor_like(q8), g.tensor_like(k8), g.tensor_like(v8)
-    t_one = {n: g.tensor_like(one) for n in ("dq", "dk", "dv", "so")}
-    t_ds, t_s = g.tensor_like(ds256), g.tensor_like(s256)
-    o, stats, amax_s, amax_o = g.sdpa_fp8(
-        tq,
-        tk,
-        tv,
-        t_one["dq"],
-        t_one["dk"],
-        t_one["dv"],
-        t_ds,
-        t_s,
-        t_one["so"],
-        is_inference=pass_ == "fwd",
-        attn_scale=d**-0.5,
-        use_causal_mask=causal,
-    )
-    o8 = torch.empty_like(q8)
-    o.set_output(True).set_dim(list(o8.shape)).set_stride(list(o8.stride())).set_data_type(
-        cudnn.data_type.FP8_E4M3
-    )
-    amax_s.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(
-        cudnn.data_type.FLOAT
-    )
-    amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(
-        cudnn.data_type.FLOAT
-    )
-    stats_t = None
-    if pass_ != "fwd":
-        stats_t = torch.empty(b, hq, s, 1, dtype=torch.float32, device=q.device)
-        stats.set_output(True).set_dim(list(stats_t.shape)).set_stride(list(stats_t.stride())).set_data_type(
-            cudnn.data_type.FLOAT
-        )
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
-    amax_buf = [torch.empty(1, 1, 1, 1, device=q.device) for _ in range(2)]
-    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=q.device)
-    pack = {
-        tq: q8,
-        tk: k8,
-        tv: v8,
-        t_ds: ds256,
-        t_s: s256,
-        o: o8,
-        amax_s: amax_buf[0],
-        amax_o: amax_buf[1],
-        **{t: one for t in t_one.values()},
-    }
-    if stats_t is not None:
-        pack[stats] = stats_t
-
-    def fwd():
-        g.execute(pack, ws)
-
-    fwd()
+    att = CudnnFP8Attention(b, hq, k.shape[1], s, d, causal, training=pass_ != "fwd")
+    for name, t in (("q8", q), ("k8", k), ("v8", v)):
+        getattr(att, name).copy_(t.to(torch.float8_e4m3fn))
+    att.set_scales(scale_s=256.0, descale_s=1 / 256.0)
+    att.forward()
     if pass_ == "fwd":
-        return fwd
-    # backward graph
-    gb = cudnn.pygraph(
-        io_data_type=cudnn.data_type.FP8_E4M3,
-        intermediate_data_type=cudnn.data_type.FLOAT,
-        compute_data_type=cudnn.data_type.FLOAT,
-    )
-    do8 = torch.randn_like(q).to(torch.float8_e5m2)
-    bq, bk, bv, bo = gb.tensor_like(q8), gb.tensor_like(k8), gb.tensor_like(v8), gb.tensor_like(o8)
-    bdo, bst = gb.tensor_like(do8), gb.tensor_like(stats_t)
-    sc = {n: gb.tensor_like(one) for n in ("dq", "dk", "dv", "do", "ddo", "ddp", "sdq", "sdk", "sdv", "sdp")}
-    bds, bs = gb.tensor_like(ds256), gb.tensor_like(s256)
-    dq, dk, dv, a1, a2, a3, a4 = gb.sdpa_fp8_backward(
-        bq,
-        bk,
-        bv,
-        bo,
-        bdo,
-        bst,
-        sc["dq"],
-        sc["dk"],
-        sc["dv"],
-        sc["do"],
-        sc["ddo"],
-        bds,
-        sc["ddp"],
-        bs,
-        sc["sdq"],
-        sc["sdk"],
-        sc["sdv"],
-        sc["sdp"],
-        attn_scale=d**-0.5,
-        use_causal_mask=causal,
-    )
-    outs = {
-        dq: torch.empty_like(q, dtype=torch.float8_e5m2),
-        dk: torch.empty_like(k, dtype=torch.float8_e5m2),
-        dv: torch.empty_like(v, dtype=torch.float8_e5m2),
-    }
-    for t, buf in outs.items():
-        t.set_output(True).set_dim(list(buf.shape)).set_stride(list(buf.stride())).set_data_type(
-            cudnn.data_type.FP8_E5M2
-        )
-    amaxes = {}
-    for a in (a1, a2, a3, a4):
-        a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
-        amaxes[a] = torch.empty(1, 1, 1, 1, device=q.device)
-    gb.validate()
-    gb.build_operation_graph()
-    gb.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    gb.check_support()
-    gb.build_plans()
-    wsb = torch.empty(gb.get_workspace_size(), dtype=torch.uint8, device=q.device)
-    packb = {
-        bq: q8,
-        bk: k8,
-        bv: v8,
-        bo: o8,
-        bdo: do8,
-        bst: stats_t,
-        bds: ds256,
-        bs: s256,
-        **outs,
-        **amaxes,
-        **{t: one for t in sc.values()},
-    }
+        return att.forward
+    att.do8.copy_(torch.randn_like(q).to(torch.float8_e5m2))
+    att.backward()
+    if pass_ == "bwd":
+        return att.backward
 
     def fb():
-        g.execute(pack, ws)
-        gb.execute(packb, wsb)
+        att.forward()
+        att.backward()
 
-    fb()
     return fb
 
 
@@ -278,6 +173,9 @@ def main(argv=None) -> int:
     p.add_argument("--recipes", nargs="+", default=list(fa.TRAINING_RECIPES))
     p.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into SHAPES")
     p.add_argument("--cute", action="store_true", help="add the cute fp8 backend and the FA4 BF16 control")
+    p.add_argument(
+        "--cute-fwd-options", action="store_true", help="also time the cute forward's measurement options"
+    )
     p.add_argument(
         "--cute-tiles",
         nargs="*",
@@ -333,6 +231,10 @@ def main(argv=None) -> int:
                         lambda: ours_fn("fp8", q, k, v, causal, pass_, backend="cute", tiles=tiles[0]),
                     ),
                 ]
+                if pass_ == "bwd":
+                    cands.append(
+                        ("cute_fp8_bwd_operands_only", lambda: cute_bwd_operands_only(q, k, v, causal))
+                    )
                 if pass_ == "fwd":
                     cands += [
                         (
@@ -341,7 +243,8 @@ def main(argv=None) -> int:
                         )
                         for t in tiles
                     ]
-                    # measurement options of the kernel (cute_fwd_sm90.FP8ForwardSm90): "early" = the
+                if pass_ == "fwd" and args.cute_fwd_options:
+                    # measurement options of the forward kernel (FP8ForwardSm90): "early" = the
                     # K scales loaded before the QK product and the first two k32 QK products in
                     # flight together (same numerics as the default); then the warp-scheduler turn
                     # for the PV issue only; Direct-P (2^x of one column in 4 on the FMA pipe);

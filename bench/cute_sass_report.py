@@ -1,8 +1,10 @@
-"""Compile the CuTe fp8 forward for sm_90a on any machine (no GPU) and count its SASS instructions.
+"""Compile the CuTe fp8 forward (or, with --backward, the backward) for sm_90a on any machine (no GPU) and
+count its SASS instructions.
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
         python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-qk] [--no-promote-pv]
             [--qk-promote-k 64] [--pv-only-turn] [--early-k-scales] [--qk-pair-issue] [--exp2-fma-every 4]
+        python bench/cute_sass_report.py --backward [--group 4] [--head-dim 128] [--non-causal]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
 module, which must come before the first import of ``cutlass``); Triton's bundled
@@ -111,6 +113,59 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
+def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
+    """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
+    import cutlass
+    from cutlass import cute
+    from quack.compile_utils import make_fake_tensor as fake
+
+    from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
+
+    for old in Path(DUMP_DIR).rglob("*.cubin"):
+        old.unlink()
+    b, hkv, s, d = 1, 2, 512, head_dim
+    hq = hkv * group
+    e4, e5, bf, f32 = cutlass.Float8E4M3FN, cutlass.Float8E5M2, cutlass.BFloat16, cutlass.Float32
+
+    def bshd(h, dt):
+        return fake(dt, (b, s, h, d), divisibility=16)
+
+    args = [bshd(hq, e4), bshd(hq, bf), bshd(hkv, e4), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
+    args.append(fake(e5, (b, s, hq, d), divisibility=16, leading_dim=1))  # dO^T, queries contiguous
+    args += [fake(f32, (b, hq, s), divisibility=4) for _ in range(4)]
+    args += [fake(f32, (b, hkv, s), divisibility=4) for _ in range(2)]
+    args += [
+        fake(f32, (b, hq)),
+        fake(f32, (b, hkv, d), divisibility=4),
+        fake(f32, (b, hq, s * d), divisibility=4),
+    ]
+    if group == 1:
+        args += [bshd(hkv, bf), bshd(hkv, bf)]
+    else:
+        args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    cute.compile(FP8BackwardSm90(d, group, causal), *args, f32(0.1), stream, options="--enable-tvm-ffi")
+    cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
+    if len(cubins) != 1:
+        raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
+    sass, res = disassemble(cubins[0])
+    ins = _instructions(sass)
+    usage = dict(re.findall(r"(REG|STACK):(\d+)", res))
+    counts = {
+        k: sum(op.startswith(k) for _, op, _ in ins)
+        for k in ("STL", "LDL", "QGMMA", "HGMMA", "MUFU.EX2", "F2FP")
+    }
+    return {
+        "causal": causal,
+        "group": group,
+        "head_dim": head_dim,
+        "reg": int(usage.get("REG", -1)),
+        "stack": int(usage.get("STACK", -1)),
+        **counts,
+        "instructions": len(ins),
+    }
+
+
 def _instructions(sass: str) -> list[tuple[int, str, str]]:
     """(address, opcode, operands) of every instruction, predicates dropped."""
     return [
@@ -183,6 +238,9 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backward", action="store_true", help="the backward kernel (FP8BackwardSm90)")
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--tiles", default="128,128,2")
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True (needs --no-promote-qk)")
@@ -196,6 +254,9 @@ def main(argv=None) -> int:
         "--exp2-fma-every", type=int, default=0, help="Direct-P: one column in k from the FMA path"
     )
     a = p.parse_args(argv)
+    if a.backward:
+        print(json.dumps(compile_bwd_report(not a.non_causal, a.group, a.head_dim)))
+        return 0
     rep = compile_report(
         tuple(int(x) for x in a.tiles.split(",")),
         causal=not a.non_causal,

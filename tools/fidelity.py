@@ -6,6 +6,7 @@ backend. Writes a markdown table (and JSON) with the command that produced it.
 
     python tools/fidelity.py --out results/fidelity            # reference backend, CPU
     python tools/fidelity.py --backend triton --device cuda    # a GPU backend, same table
+    python tools/fidelity.py --backend cute --device cuda --recipes fp8 --peers cudnn_fp8  # with the peer
 
 Arguments that cannot run (unknown recipe, backend or input family, no CUDA device, a head dim the
 backend does not run, ...) exit with status 2 and one line on stderr.
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # tools/cudnn_fp8.py, the FP8 peer
 
 import fp4_attention as fa
 from fp4_attention.numerics.exact import naive_attention
@@ -112,6 +114,15 @@ def run(args) -> list[dict]:
                     rec_row[gname] = _metrics(mine.cpu(), ref)
             records.append(rec_row)
             print(json.dumps(rec_row), flush=True)
+        for peer in args.peers:  # the FP8 peer, its scales calibrated on these inputs (tools/cudnn_fp8.py)
+            from cudnn_fp8 import calibrated_attention
+
+            got = calibrated_attention(*(t.cuda() for t in (q, k, v, dout)), causal=args.causal)
+            rec_row = {"family": family, "recipe": f"{peer} (peer)"}
+            for gname, mine, ref in zip(("out", "dq", "dk", "dv"), got, (ref_out, qd.grad, kd.grad, vd.grad)):
+                rec_row[gname] = _metrics(mine.cpu(), ref.detach())
+            records.append(rec_row)
+            print(json.dumps(rec_row), flush=True)
     return records
 
 
@@ -183,6 +194,13 @@ def check_args(args) -> str | None:
         return f"--device {args.device!r} is not a torch device; use cpu or cuda (cuda:N)"
     if device.type == "cuda" and not torch.cuda.is_available():
         return f"--device {args.device}: no CUDA device here; use --device cpu (with --backend reference)"
+    if args.peers and not torch.cuda.is_available():
+        return "--peers cudnn_fp8 needs a CUDA device (cuDNN's FP8 attention); drop --peers on this machine"
+    if args.peers:
+        try:
+            import cudnn_fp8  # noqa: F401
+        except ImportError as err:
+            return str(err)
     try:
         for name in args.recipes:
             fa.get_recipe(name)
@@ -202,6 +220,13 @@ def main(argv=None) -> int:
         "--families",
         nargs="+",
         default=["normal", "outliers", "sink", "gap=20", "std=0.5", "std=1", "std=2", "std=4"],
+    )
+    p.add_argument(
+        "--peers",
+        nargs="*",
+        default=[],
+        choices=["cudnn_fp8"],
+        help="also the FP8 peer: cudnn_fp8 = cuDNN's FP8 attention with calibrated per-tensor scales (CUDA)",
     )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--hq", type=int, default=8)

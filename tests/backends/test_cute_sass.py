@@ -177,3 +177,21 @@ def test_direct_p_columns_leave_the_exp2_unit():
     assert rep["STL"] == 0 and rep["LDL"] == 0, rep
     assert base["MUFU"] - loop["MUFU"] == 16, (base, loop)
     assert loop["FFMA"] - base["FFMA"] == 16 * 4, (base, loop)
+
+
+@pytest.mark.parametrize(
+    "group, head_dim, causal", [(4, 128, True), (4, 128, False), (4, 64, True), (1, 128, True)]
+)
+def test_backward_compiles_with_its_five_products(group, head_dim, causal):
+    """The CuTe fp8 backward compiles for sm_90a. Per query block and warpgroup (the loop body appears
+    twice: the first block peeled): S^T in k32 QGMMAs over the head dim, dP^T likewise, dV in k32
+    QGMMAs over the 64 queries; dQ (128 keys) and dK (64 queries) in k16 HGMMAs; one exp2 per score."""
+    from cute_sass_report import compile_bwd_report
+
+    rep = compile_bwd_report(causal, group, head_dim)
+    per_block_qgmma = 2 * (head_dim // 32) + 64 // 32
+    assert rep["QGMMA"] == 2 * per_block_qgmma, rep
+    assert rep["HGMMA"] == 2 * (128 // 16 + 64 // 16), rep
+    assert rep["MUFU.EX2"] == 2 * 32, rep  # 64 keys x 64 queries per warpgroup / 128 threads
+    if group > 1:  # the MHA epilogue (BF16 dK/dV through shared memory) spills a few registers today
+        assert rep["STL"] == 0 and rep["LDL"] == 0, rep

@@ -6,9 +6,11 @@ Its declaration is ``SPEC`` in this package's ``__init__``; this module (importe
 Scope, said plainly:
 * Forward of recipe ``fp8`` on sm_90 (``fwd_sm90.FP8ForwardSm90``), head dims 64 and 128, any
   sequence lengths, causal (bottom-right) or not, GQA.
-* Backward: the Triton backward kernels (``TritonBackend.backward``) on the same saved state, V put
-  back in key order. There is no CuTe backward yet; this is the documented composition, not a
-  fallback.
+* Backward of recipe ``fp8`` on sm_90 (``bwd_sm90.FP8BackwardSm90``) on the forward's saved state
+  (no re-quantization of Q/K): same head dims, lengths, masks and GQA. Its operands are prepared
+  here with torch (:func:`backward_operands`: dO in E5M2 and D, dO^T in the kernel's query order,
+  BF16 images of the E4M3 Q/K payloads for the dQ/dK products, V back in key order); FA4's
+  postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV) accumulators into BF16.
 * Quantization of Q/K/V: the Triton quantizers (bytes equal ``numerics.quant``'s). The V quantizer
   writes V transposed with its keys permuted within each 16
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
@@ -26,17 +28,19 @@ import torch
 from ...numerics.operands import SavedState
 from ...numerics.quant import FP8Tensor
 from ...numerics.recipes import Recipe
-from ..pv_layout import padded_keys, unpermute_v_keys
-from ..triton.backend import TritonBackend
-from ..triton.kernels import LOG2E
+from ..dout import LOG2E, lse_stat, quantize_dout
+from ..pv_layout import padded_keys, permute_v_for_pv, unpermute_v_keys
 from ..triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed
 from . import SPEC
 
 try:
+    import cutlass
     from cutlass import cute
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
+    from flash_attn.cute.interface import _bwd_postprocess_convert
 
-    from .fwd_sm90 import FP8ForwardSm90
+    from .bwd_sm90 import FP8BackwardSm90
+    from .fwd_sm90 import LIFT, FP8ForwardSm90
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
     raise ImportError(
         f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
@@ -44,9 +48,12 @@ except ImportError as err:  # re-raised by backends.get_backend with the alterna
     ) from err
 
 __all__ = [
+    "BWD_TILES",
     "COMPILE_SECONDS",
     "DEFAULT_TILES",
     "CuteBackend",
+    "backward_fp8",
+    "backward_operands",
     "forward_fp8",
     "kernel_operands",
     "triton_state",
@@ -57,6 +64,7 @@ __all__ = [
 # Tested against the reference on the H200: (128, 128, 2) and (128, 96, 2); timed also (128, 64, 2).
 DEFAULT_TILES = (128, 128, 2)
 SUPPORTED_TILES = ((128, 128, 2), (128, 96, 2), (128, 64, 2))
+BWD_TILES = (64, 128)  # (query rows per step, keys per CTA) of the backward: FA4's head-dim-128 tiles
 _CACHE: dict = {}
 COMPILE_SECONDS: dict = {}
 
@@ -188,8 +196,128 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
     return out, lse
 
 
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
+    """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
+    ``[B, Hq, Sq, D]`` (torch on the device): ``[B, H, S, D]`` tensors, per-query vectors padded to a
+    multiple of the backward's ``tile_m`` (stat -inf, the others 0), zeroed FP32 accumulators."""
+    tile_m, tile_n = BWD_TILES
+    q_s, k_s, v_s = state.q, state.k, state.v
+    b, hq, sq, d = dout.shape
+    hkv, sk = k_s.data.shape[1], k_s.data.shape[2]
+    v_scale = v_s.scale.squeeze(2).contiguous()  # [B, Hkv, D]
+    do_q, s_do, delta = quantize_dout(dout, state.out, v_scale)
+    sq_pad = _round_up(sq, tile_m)
+
+    def vec(t, fill):
+        return torch.nn.functional.pad(t.float(), (0, sq_pad - sq), value=fill).contiguous()
+
+    q_scale, k_scale = q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+    dev = dout.device
+    ops = dict(
+        q8=q_s.data,
+        qb=q_s.data.to(torch.bfloat16),
+        k8=k_s.data,
+        kb=k_s.data.to(torch.bfloat16),
+        v8=unpermute_v(v_s, sk).data.transpose(-1, -2).contiguous(),  # [B, Hkv, Sk, D], key order
+        do8=do_q.data,
+        dot8=permute_v_for_pv(do_q.data.transpose(-1, -2)),  # [B, Hq, D, Sq16], queries permuted
+        stat=vec(lse_stat(state.lse, LIFT), -torch.inf),
+        r=vec(q_scale * (softmax_scale * LOG2E), 0.0),
+        row=vec(q_scale * 2.0**-LIFT, 0.0),
+        delta=vec(delta, 0.0),
+        col=k_scale.contiguous(),
+        col2=(k_scale * 2.0**-LIFT).contiguous(),
+        s_do=s_do.contiguous(),
+        v_scale=v_scale,
+        dq_accum=torch.zeros((b, hq, sq_pad * d), dtype=torch.float32, device=dev),
+    )
+    if hq == hkv:
+        ops["dk"] = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dev)
+        ops["dv"] = torch.empty_like(ops["dk"])
+    else:
+        sk_pad = _round_up(sk, tile_n)
+        ops["dk"] = torch.zeros((b, hkv, sk_pad * d), dtype=torch.float32, device=dev)
+        ops["dv"] = torch.zeros_like(ops["dk"])
+    return ops
+
+
+def _bwd_args(ops: dict) -> list:
+    """The kernel's arguments in ``FP8BackwardSm90.__call__`` order: (B, S, H, D) views of the
+    ``[B, H, S, D]`` tensors, the rest as they are."""
+    bshd = [ops[n].permute(0, 2, 1, 3) for n in ("q8", "qb", "k8", "kb", "v8", "do8")]
+    args = [*bshd, ops["dot8"].permute(0, 3, 1, 2)]
+    args += [ops[n] for n in ("stat", "r", "row", "delta", "col", "col2", "s_do", "v_scale", "dq_accum")]
+    mha = ops["dk"].dim() == 4
+    args += [ops[n].permute(0, 2, 1, 3) if mha else ops[n] for n in ("dk", "dv")]
+    return args
+
+
+def _compiled_bwd(d: int, group: int, causal: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal)
+    if key not in _CACHE:
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES)
+        cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
+        cute_args.append(to_cute_tensor(args[6], leading_dim=1))
+        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in args[7:15]]
+        cute_args.append(to_cute_tensor(args[15], leading_dim=2))
+        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[16:]]
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        t0 = time.perf_counter()
+        _CACHE[key] = cute.compile(
+            kernel, *cute_args, cutlass.Float32(softmax_scale), stream, options="--enable-tvm-ffi"
+        )
+        COMPILE_SECONDS[key] = time.perf_counter() - t0
+    return _CACHE[key]
+
+
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
+    """CuTe ``fp8`` backward: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this backend's forward state
+    (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``.
+
+    Raises:
+        ValueError: head dim other than 64/128, or a state of another recipe (not E4M3 Q/K).
+    """
+    b, hq, sq, d = dout.shape
+    if d not in (64, 128):
+        raise ValueError(f"cute backward: head dim must be 64 or 128, got {d}; use backend='triton'")
+    if not isinstance(state.q, FP8Tensor) or state.q.data.dtype != torch.float8_e4m3fn:
+        raise ValueError("cute backward: needs the fp8 recipe's saved state (E4M3 Q/K from the cute forward)")
+    hkv = state.k.data.shape[1]
+    ops = backward_operands(state, dout.contiguous(), softmax_scale)
+    args = _bwd_args(ops)
+    fn = _compiled_bwd(d, hq // hkv, causal, args, softmax_scale)
+    fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
+    tile_m, tile_n = BWD_TILES
+    post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
+    dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
+    _bwd_postprocess_convert(
+        ops["dq_accum"],
+        dq.permute(0, 2, 1, 3),
+        softmax_scale,
+        None,
+        None,
+        block_size=tile_m,
+        atom_layout=1,
+        **post,
+    )
+    if hq == hkv:
+        return dq, ops["dk"], ops["dv"]
+    sk = state.k.data.shape[2]
+    dk = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dout.device)
+    dv = torch.empty_like(dk)
+    for acc, t in ((ops["dk"], dk), (ops["dv"], dv)):
+        _bwd_postprocess_convert(
+            acc, t.permute(0, 2, 1, 3), 1.0, None, None, block_size=tile_n, atom_layout=2, **post
+        )
+    return dq, dk, dv
+
+
 class CuteBackend:
-    """CuTe DSL forward (sm_90, recipe ``fp8``) + Triton backward; options ``tiles`` =
+    """CuTe DSL forward and backward (sm_90, recipe ``fp8``); options ``tiles`` =
     ``(tile_m, tile_n, stages)`` for benchmarks and tests."""
 
     spec = SPEC
@@ -206,8 +334,5 @@ class CuteBackend:
     def backward(
         self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None
     ):
-        """The Triton backward kernels on this backend's forward state, V back in key order (module
-        docstring)."""
-        return TritonBackend().backward(
-            triton_state(state), dout, recipe, causal=causal, softmax_scale=softmax_scale
-        )
+        """The CuTe ``fp8`` backward (:func:`backward_fp8`) on this backend's forward state."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

@@ -63,7 +63,7 @@ from quack import layout_utils, sm90_utils
 
 from ...numerics.direct_p_e4m3 import EXP2_MIN_X, exp2_poly_coeffs
 
-__all__ = ["EXP2_FMA_DEGREE", "LIFT", "FP8ForwardSm90"]
+__all__ = ["EXP2_FMA_DEGREE", "LIFT", "FP8ForwardSm90", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
@@ -147,6 +147,18 @@ def _cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+@cute.jit
+def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor):
+    """FP32 wgmma accumulator (P, lifted) -> the E4M3 A operand of the next wgmma, registers in place
+    (see ``pv_layout.V_PERM16``): per 32 accumulator columns the A fragment's 4 words are accumulator
+    values (0,1,4,5) (2,3,6,7) (8,9,12,13) (10,11,14,15); the B operand's K order is permuted to match."""
+    src = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
+    dst = cute.recast_tensor(frag, Int32)
+    for w in cutlass.range_constexpr(cute.size(dst)):
+        base = (w // 4) * 16 + (w % 2) * 2 + ((w // 2) % 2) * 8
+        dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
 
 
 class FP8ForwardSm90(FlashAttentionForwardSm90):
@@ -998,13 +1010,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
 
     @cute.jit
     def _p_to_e4m3(self, acc_S: cute.Tensor, tOrP: cute.Tensor):
-        """FP32 P accumulator -> E4M3 A operand, registers in place (see ``pv_layout.V_PERM16``): per 32 keys
-        the A fragment's 4 words are accumulator values (0,1,4,5) (2,3,6,7) (8,9,12,13) (10,11,14,15)."""
-        src = cute.make_tensor(acc_S.iterator, cute.make_layout(cute.size(acc_S)))
-        dst = cute.recast_tensor(tOrP, Int32)
-        for w in cutlass.range_constexpr(cute.size(dst)):
-            base = (w // 4) * 16 + (w % 2) * 2 + ((w // 2) % 2) * 8
-            dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
+        p_to_e4m3_operand(acc_S, tOrP)
 
     @cute.jit
     def _finalize(

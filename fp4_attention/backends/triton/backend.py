@@ -19,9 +19,10 @@ import torch
 import triton
 
 from ...numerics.operands import Saved, SavedState, quantize_qk, quantize_v, v_operand
-from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale, quantize_fp8
+from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale
 from ...numerics.recipes import Recipe
 from ..base import UnsupportedError
+from ..dout import lse_stat, quantize_dout
 from . import SPEC
 from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
 from .quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
@@ -247,19 +248,14 @@ class TritonBackend:
         if recipe.pv == "fp8":
             v_scale = state.v.scale.squeeze(2)  # [B, Hkv, D]
             v_op = state.v.data.transpose(-1, -2).contiguous()  # [B, Hkv, Sk, D] K-major for dP
-            v_scale_q = v_scale.repeat_interleave(g, dim=1).unsqueeze(2)  # [B, Hq, 1, D]
-            do_q = quantize_fp8(dout.float() * v_scale_q, "e5m2", dims=(-2, -1))
-            do_op, s_do = do_q.data, do_q.scale.reshape(b, hq)
-            delta = ((do_q.data.float() * do_q.scale) * state.out.float() / v_scale_q).sum(-1)
+            do_q, s_do, delta = quantize_dout(dout, state.out, v_scale)
+            do_op = do_q.data
         else:
             v_op = state.v
             v_scale = torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hkv, d)
             do_op, s_do = dout, torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hq)
             delta = (dout.float() * state.out.float()).sum(-1)
-        stat = torch.where(
-            torch.isinf(state.lse), torch.full_like(state.lse, -torch.inf), lift - state.lse * LOG2E
-        )
-        stat, delta = stat.contiguous(), delta.contiguous()
+        stat, delta = lse_stat(state.lse, lift), delta.contiguous()
         dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
         # dK/dV per query head: FP32 partials summed over the GQA group below (BF16 directly for MHA)
         dkv_dtype = torch.float32 if g > 1 else torch.bfloat16
