@@ -10,6 +10,11 @@ N(0, 1). Our forward times include the quantization of the BF16 Q/K/V (what a la
 "kernel only" column times the attention kernel on already-quantized operands, the fair
 comparison with cuDNN's FP8 attention, which takes FP8 inputs with per-tensor scales.
 
+``--qk-rotation`` adds, for ``fp8`` and ``nvfp4qk_fp8pv``, rows with the random-sign Hadamard
+rotation of Q/K (``ours_<recipe>+hadamard``, forward and forward+backward) and the Q/K
+quantization alone without and with it (``quant_qk_<recipe>``, ``quant_qk_<recipe>+hadamard``):
+the rotation's cost is the difference of the ``ours_`` rows (or of the ``quant_qk_`` rows).
+
 Baselines measured in the same run: cuDNN BF16 and FlashAttention-2 through torch SDPA backends
 (GQA through ``enable_gqa``), and cuDNN FP8 attention through ``nvidia-cudnn-frontend``
 (``sdpa_fp8`` / ``sdpa_fp8_backward``, per-tensor unit scales, P scaled by 256) when importable.
@@ -33,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa
 from fp4_attention.backends.triton import backend as triton_backend
+from fp4_attention.numerics.recipes import ROTATION_RECIPES, with_qk_rotation
 
 SHAPES = [  # (B, Hq, Hkv, S, causal, passes)
     (1, 32, 8, 4096, True, ("fwd", "fwd_bwd")),
@@ -78,6 +84,11 @@ def sdpa_fn(backend, q, k, v, causal, pass_):
 
     bwd = fb()
     return bwd if pass_ == "bwd" else fb
+
+
+def quant_qk_fn(recipe, q, k):
+    """The Triton backend's Q/K quantization alone (with the recipe's rotation, if any)."""
+    return lambda: triton_backend._quantize_qk_fast(q, k, recipe)
 
 
 def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
@@ -177,6 +188,11 @@ def main(argv=None) -> int:
         "--cute-fwd-options", action="store_true", help="also time the cute forward's measurement options"
     )
     p.add_argument(
+        "--qk-rotation",
+        action="store_true",
+        help="add the rows with the Hadamard Q/K rotation and the Q/K quantization cost with and without it",
+    )
+    p.add_argument(
         "--cute-tiles",
         nargs="*",
         default=["128,128,2"],
@@ -216,6 +232,19 @@ def main(argv=None) -> int:
                 ("cudnn_fp8", lambda: cudnn_fp8_fn(q, k, v, causal, pass_)),
             ]
             cands += [(f"ours_{r}", (lambda r=r: ours_fn(r, q, k, v, causal, pass_))) for r in args.recipes]
+            if args.qk_rotation:
+                rotated = [with_qk_rotation(r, "hadamard") for r in args.recipes if r in ROTATION_RECIPES]
+                cands += [
+                    (f"ours_{r.name}+hadamard", (lambda r=r: ours_fn(r, q, k, v, causal, pass_)))
+                    for r in rotated
+                ]
+                if pass_ == "fwd":
+                    for r in rotated:
+                        plain = fa.get_recipe(r.name)
+                        cands += [
+                            (f"quant_qk_{plain.name}", (lambda p=plain: quant_qk_fn(p, q, k))),
+                            (f"quant_qk_{r.name}+hadamard", (lambda r=r: quant_qk_fn(r, q, k))),
+                        ]
             if pass_ == "fwd":
                 cands += [
                     (f"ours_{r}_kernel_only", (lambda r=r: ours_kernel_only(r, q, k, v, causal)))
@@ -285,7 +314,9 @@ def main(argv=None) -> int:
                 try:
                     fn = make()
                     ms = bench(fn)
-                    rec.update(ms=ms, tflops=flops(b, hq, s, causal, pass_) / ms / 1e9)
+                    rec.update(ms=ms)
+                    if not name.startswith("quant_qk_"):  # a quantization alone has no attention FLOPs
+                        rec.update(tflops=flops(b, hq, s, causal, pass_) / ms / 1e9)
                 except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
                     rec.update(error=f"{type(e).__name__}: {str(e)[:300]}")
                     traceback.print_exc(limit=2)
@@ -344,7 +375,9 @@ def to_markdown(records, meta) -> str:
             )
         else:
             lines.append(
-                f"| {r['shape']} | {r['pass']} | {r['impl']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
+                f"| {r['shape']} | {r['pass']} | {r['impl']} | {r['ms']:.3f} | "
+                + (f"{r['tflops']:.0f}" if "tflops" in r else "-")
+                + " | "
                 + " | ".join(
                     f"{r[k]:.2f}x" if k in r else "-"
                     for k in ("vs_cudnn_bf16", "vs_fa4_bf16", "vs_cudnn_fp8")

@@ -57,6 +57,12 @@ def _compile(fn, ptrs: dict, consts: dict, num_warps: int, num_stages: int):
     )
 
 
+def compile_kernel(fn, ptrs: dict, consts: dict, *, num_warps: int = 4, num_stages: int = 1):
+    """``triton.compile`` of any of our kernels for sm_90 (launch-like specialisation, see
+    ``_compile``): ``ptrs`` maps pointer arguments to element types, ``consts`` the constexprs."""
+    return _compile(fn, ptrs, consts, num_warps, num_stages)
+
+
 def compile_forward(
     *,
     qk_fp8: bool,

@@ -18,7 +18,8 @@ from .backends import (
     resolve_backend,
     restore_state,
 )
-from .numerics.recipes import Recipe, get_recipe
+from .numerics.recipes import Recipe, get_recipe, with_qk_rotation
+from .numerics.rotation import check_rotation_head_dim
 
 __all__ = ["LAYOUTS", "FP4Attention", "attention"]
 
@@ -76,10 +77,19 @@ def _resolve(backend: str, recipe: Recipe, device: torch.device) -> str:
     """``backend``, or for ``auto`` the registry's choice for (recipe, device), resolved once."""
     if backend != AUTO:
         return backend
-    key = (recipe.name, str(device))
+    key = (recipe.name, recipe.qk_rotation and recipe.qk_rotation.kind, str(device))
     if key not in _AUTO_CACHE:
         _AUTO_CACHE[key] = resolve_backend(AUTO, recipe, device, training=recipe.trainable)[0]
     return _AUTO_CACHE[key]
+
+
+def _with_rotation(rec: Recipe, qk_rotation: str | None, seed: int) -> Recipe:
+    """``rec`` with the rotation asked for (None: ``rec``'s own, and then ``seed`` must be 0)."""
+    if qk_rotation is not None:
+        return with_qk_rotation(rec, qk_rotation, seed)
+    if seed != 0:
+        raise ValueError(f"qk_rotation_seed={seed!r} needs qk_rotation='hadamard'")
+    return rec
 
 
 class _AttentionFunction(torch.autograd.Function):
@@ -119,6 +129,8 @@ def attention(
     layout: str = "bshd",
     backend: str = "reference",
     return_lse: bool = False,
+    qk_rotation: str | None = None,
+    qk_rotation_seed: int = 0,
     **options,
 ):
     """Scaled dot-product attention in one of the low-precision recipes.
@@ -136,6 +148,11 @@ def attention(
             runs), or ``auto``: the highest-priority backend that runs the recipe on q's device
             (``fp4_attention.backends.resolve_backend``).
         return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``.
+        qk_rotation: ``"hadamard"``: rotate the head dim of Q and K by a random-sign Hadamard
+            transform before quantizing them (``numerics/rotation.py``; recipes ``fp8`` and
+            ``nvfp4qk_fp8pv``, head dim a power of two); ``"none"``: no rotation; None (default):
+            as ``recipe`` says (a name: none; a :class:`Recipe`: its ``qk_rotation``).
+        qk_rotation_seed: the seed of the rotation's sign vector (an integer in [0, 2^63)).
         options: the backend's options (its ``spec.options``; reference: ``block_n``,
             ``rescale_threshold``; triton: forward tiles; cute: ``tiles``).
     Returns:
@@ -147,7 +164,9 @@ def attention(
         RuntimeError: a forward-only recipe called with gradients enabled.
     """
     qb, kb, vb = _validate(q, k, v, layout)
-    rec = get_recipe(recipe)
+    rec = _with_rotation(get_recipe(recipe), qk_rotation, qk_rotation_seed)
+    if rec.qk_rotation is not None:
+        check_rotation_head_dim(qb.shape[-1])
     backend = _resolve(backend, rec, qb.device)
     spec = backend_spec(backend)
     if softmax_scale is None:
@@ -183,7 +202,8 @@ def attention(
 class FP4Attention(torch.nn.Module):
     """``nn.Module`` wrapper of :func:`attention` with a fixed recipe, mask, layout and backend.
 
-    ``forward(q, k, v)`` takes and returns tensors in ``layout`` (see :func:`attention`).
+    ``forward(q, k, v)`` takes and returns tensors in ``layout`` (see :func:`attention`);
+    ``qk_rotation`` / ``qk_rotation_seed`` as there.
     """
 
     def __init__(
@@ -194,10 +214,12 @@ class FP4Attention(torch.nn.Module):
         softmax_scale: float | None = None,
         layout: str = "bshd",
         backend: str = "reference",
+        qk_rotation: str | None = None,
+        qk_rotation_seed: int = 0,
         **options,
     ):
         super().__init__()
-        self.recipe = get_recipe(recipe)
+        self.recipe = _with_rotation(get_recipe(recipe), qk_rotation, qk_rotation_seed)
         if backend != AUTO:
             get_backend(backend)
         if layout not in LAYOUTS:
@@ -225,5 +247,5 @@ class FP4Attention(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"recipe={self.recipe.name}, causal={self.causal}, layout={self.layout}, backend={self.backend}"
+            f"recipe={self.recipe.label}, causal={self.causal}, layout={self.layout}, backend={self.backend}"
         )

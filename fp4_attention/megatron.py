@@ -42,7 +42,6 @@ from megatron.core.transformer.module import MegatronModule
 
 from .config import AttentionConfig
 from .interface import attention
-from .numerics.recipes import get_recipe
 
 __all__ = ["FP4CoreAttention"]
 
@@ -77,7 +76,7 @@ class FP4CoreAttention(MegatronModule):
                 f"FP4CoreAttention supports self-attention only, got attention_type={attention_type!r}"
             )
         self.attention = attention
-        self.recipe = get_recipe(attention.recipe)
+        self.recipe = attention.get_recipe()  # with the config's Q/K rotation, if any
         self.layer_number = layer_number
         self.attn_mask_type = attn_mask_type
         self.softmax_scale = softmax_scale  # None: D ** -0.5 (the library's default, and megatron's)
@@ -124,7 +123,7 @@ class FP4CoreAttention(MegatronModule):
 
     def extra_repr(self) -> str:
         return (
-            f"recipe={self.recipe.name}, backend={self.attention.backend}, "
+            f"recipe={self.recipe.label}, backend={self.attention.backend}, "
             f"attn_mask_type={self.attn_mask_type.name}, layer={self.layer_number}"
         )
 

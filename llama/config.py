@@ -184,6 +184,7 @@ class LlamaConfig:
             raise ValueError(
                 f"head_dim={self.head_dim}: the attention kernels need a multiple of 16 up to 256"
             )
+        self.attention.check_head_dim(self.head_dim)  # a Q/K rotation needs a power of two
         if not (self.norm_eps > 0):
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
         if not (self.rope_theta > 0):

@@ -7,6 +7,11 @@ backend. Writes a markdown table (and JSON) with the command that produced it.
     python tools/fidelity.py --out results/fidelity            # reference backend, CPU
     python tools/fidelity.py --backend triton --device cuda    # a GPU backend, same table
     python tools/fidelity.py --backend cute --device cuda --recipes fp8 --peers cudnn_fp8  # with the peer
+    python tools/fidelity.py --recipes nvfp4qk_fp8pv nvfp4qk_fp8pv+hadamard   # with the Q/K rotation
+
+A recipe written ``NAME+hadamard`` runs ``NAME`` with ``qk_rotation="hadamard"`` (the random-sign
+Hadamard rotation of Q/K's head dim, ``fp4_attention/numerics/rotation.py``; seed
+``--qk-rotation-seed``).
 
 Arguments that cannot run (unknown recipe, backend or input family, no CUDA device, a head dim the
 backend does not run, ...) exit with status 2 and one line on stderr.
@@ -19,6 +24,8 @@ Input families (B=1, Hq=8, Hkv=2, S=1024, D=128, causal unless noted; seed fixed
   gap=X         one dominant key: key 0's logit stands X above the mean of the others (whose
                 logits are N(0, 1)) for every query, so that it takes all but ~S e^-X of each
                 row's mass (an attention sink of a trained LLM; X = 30 exposed an inconsistent D)
+  channels=X    N(0, 1) with 4 fixed channels (the same for every token and head) of q and k
+                multiplied by X: structured outlier channels, as LLM queries and keys have them
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # tools/cudnn_fp8.py, 
 
 import fp4_attention as fa
 from fp4_attention.numerics.exact import naive_attention
+from fp4_attention.numerics.recipes import with_qk_rotation
 
 
 def _metrics(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -75,6 +83,11 @@ def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: in
         c = 4.0 * math.sqrt(d)
         q = q + (gap * math.sqrt(d) / c) * u
         k[:, :, 0] = c * u
+    elif family.startswith("channels="):
+        scale = float(family.split("=")[1])
+        channels = torch.randperm(d, generator=g)[:4]
+        q[..., channels] *= scale
+        k[..., channels] *= scale
     elif family.startswith("std="):
         target = float(family.split("=")[1])
         # scores q.k / sqrt(d) of unit normals have std 1; scale q and k by sqrt(target)
@@ -83,6 +96,20 @@ def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: in
     elif family != "normal":
         raise ValueError(f"unknown input family {family!r}")
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+ROTATION_SUFFIX = "+hadamard"
+
+
+def parse_recipe(name: str, seed: int) -> fa.Recipe:
+    """``NAME`` or ``NAME+hadamard`` (NAME with the Q/K rotation of ``seed``) as a :class:`Recipe`.
+
+    Raises:
+        ValueError: unknown recipe, or a rotation the recipe does not take.
+    """
+    if name.endswith(ROTATION_SUFFIX):
+        return with_qk_rotation(name[: -len(ROTATION_SUFFIX)], "hadamard", seed)
+    return fa.get_recipe(name)
 
 
 def run(args) -> list[dict]:
@@ -96,7 +123,7 @@ def run(args) -> list[dict]:
         ref_out, _ = naive_attention(qd, kd, vd, causal=args.causal, softmax_scale=args.headdim**-0.5)
         ref_out.backward(dout.double())
         for name in args.recipes:
-            rec = fa.get_recipe(name)
+            rec = parse_recipe(name, args.qk_rotation_seed)
             qq, kk, vv = (t.detach().clone().to(device).requires_grad_(rec.trainable) for t in (q, k, v))
             ctx = torch.enable_grad() if rec.trainable else torch.no_grad()
             with ctx:
@@ -155,7 +182,8 @@ def to_markdown(records: list[dict], args, command: str) -> str:
             f"- shape: B={args.batch}, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, "
             f"causal={args.causal}; inputs BF16; reference = float64 naive attention on the same BF16 inputs"
         ),
-        "- cells: cosine / relative L2. Gradients only for the training recipes.",
+        "- cells: cosine / relative L2. Gradients only for the training recipes. "
+        f"`NAME+hadamard`: NAME with qk_rotation=hadamard, qk_rotation_seed={args.qk_rotation_seed}.",
         "",
         "| inputs | recipe | out | dQ | dK | dV |",
         "|---|---|---|---|---|---|",
@@ -166,7 +194,8 @@ def to_markdown(records: list[dict], args, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-FAMILIES = ("normal", "outliers", "sink")  # and std=X, gap=X
+FAMILIES = ("normal", "outliers", "sink")
+SCALED_FAMILIES = ("std", "gap", "channels")  # std=X, gap=X, channels=X
 
 
 def check_args(args) -> str | None:
@@ -175,16 +204,18 @@ def check_args(args) -> str | None:
         if getattr(args, name) < 1:
             return f"--{name} must be >= 1, got {getattr(args, name)}"
     for family in args.families:
-        if family.startswith(("std=", "gap=")):
+        kind, eq, value = family.partition("=")
+        if eq and kind in SCALED_FAMILIES:
             try:
-                ok = float(family[4:]) > 0
+                ok = float(value) > 0
             except ValueError:
                 ok = False
             if not ok:
-                return f"--families {family}: {family[:3]}=X needs a number X > 0, e.g. {family[:3]}=2"
+                return f"--families {family}: {kind}=X needs a number X > 0, e.g. {kind}=2"
         elif family not in FAMILIES:
             return (
-                f"--families {family}: unknown input family; choose from {', '.join(FAMILIES)}, std=X, gap=X"
+                f"--families {family}: unknown input family; choose from {', '.join(FAMILIES)}, "
+                + ", ".join(f"{k}=X" for k in SCALED_FAMILIES)
             )
     if args.hq % args.hkv:
         return f"--hq {args.hq} must be a multiple of --hkv {args.hkv} (grouped-query attention)"
@@ -201,9 +232,13 @@ def check_args(args) -> str | None:
             import cudnn_fp8  # noqa: F401
         except ImportError as err:
             return str(err)
+    if not 0 <= args.qk_rotation_seed < 2**63:
+        return f"--qk-rotation-seed must be an integer in [0, 2^63), got {args.qk_rotation_seed}"
     try:
         for name in args.recipes:
-            fa.get_recipe(name)
+            rec = parse_recipe(name, args.qk_rotation_seed)
+            if rec.qk_rotation is not None and args.headdim & (args.headdim - 1):
+                return f"--headdim {args.headdim}: {name} needs a head dim that is a power of two"
         if args.backend != "auto":
             fa.get_backend(args.backend)  # unknown name or not importable: says what to install
     except ValueError as err:
@@ -235,6 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--headdim", type=int, default=128)
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--qk-rotation-seed", type=int, default=0, help="sign seed of the NAME+hadamard recipes")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
     problem = check_args(args)

@@ -216,7 +216,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         checkpoint_bytes=14 * n,
         checkpoints_kept=cfg.checkpoint.keep_last if cfg.checkpoint.save else 0,
         precision={
-            "attention": f"{cfg.attention.recipe} (backend {cfg.attention.backend})",
+            "attention": f"{cfg.attention.get_recipe().label} (backend {cfg.attention.backend})",
             "projection": projection,
         },
     )

@@ -137,7 +137,7 @@ class Trainer:
             f"output {self.output_dir}"
         )
         log(format_plan(self.plan))
-        log(f"attention: recipe {attention.recipe}, backend {attention.backend} ({why})")
+        log(f"attention: recipe {attention.get_recipe().label}, backend {attention.backend} ({why})")
         if use_cuda:
             log(
                 f"MFU = tokens/s/GPU x {self.plan.flops_per_token:.4e} FLOPs/token (6*N_matmul + 6*L*s*Hq*d: "

@@ -123,6 +123,8 @@ def _runs(
     device or head dim is not checked)."""
     if recipe.name not in spec.recipes:
         return f"runs recipes {', '.join(spec.recipes)}, not {recipe.name!r}"
+    if recipe.qk_rotation is not None and recipe.qk_rotation.kind not in spec.qk_rotations:
+        return f"does not implement qk_rotation={recipe.qk_rotation.kind!r}"
     if device is None:
         pass
     elif device.type not in spec.devices:

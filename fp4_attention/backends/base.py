@@ -45,6 +45,8 @@ class BackendSpec:
             capabilities; None = any.
         head_dims: supported head dims; None = any multiple of 16 up to 256.
         options: keyword options its ``forward`` / ``backward`` accept (benchmarks and tests).
+        qk_rotations: the Q/K rotations it implements (``Recipe.qk_rotation.kind``, e.g.
+            ``"hadamard"``); a recipe with another rotation is refused by the registry.
         priority: rank for ``backend="auto"``: among the backends that run the recipe on the
             device, the highest priority wins (ordered by measured forward+backward speed).
         install_hint: what to install when ``impl`` cannot be imported.
@@ -59,6 +61,7 @@ class BackendSpec:
     cuda_capability: tuple[tuple[int, int], tuple[int, int]] | None = None
     head_dims: tuple[int, ...] | None = None
     options: tuple[str, ...] = ()
+    qk_rotations: tuple[str, ...] = ()
     priority: int = 0
     install_hint: str = ""
     summary: str = ""

@@ -14,6 +14,7 @@ SPEC = BackendSpec(
     recipes=("bf16", "fp8", "nvfp4qk_fp8pv", "nvfp4qk_mxfp4pv_fast", "nvfp4qk_mxfp4pv_accurate"),
     devices=("cpu", "cuda"),
     options=("block_n", "rescale_threshold"),
+    qk_rotations=("hadamard",),
     priority=0,
     summary="plain torch, tiled like the kernels; defines the numerics of every recipe",
 )

@@ -98,10 +98,13 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, recipe: Recipe) -> tuple[Saved
 
     Returns what forward saves for backward: the BF16 tensors (``bf16``), :class:`FP8Tensor` with a
     per-token FP32 scale (``fp8``), or :class:`NVFP4Tensor` with a per-(batch, head) global scale
-    (``nvfp4``).
+    (``nvfp4``). With ``recipe.qk_rotation`` the quantizers see the FP32 rotated ``Q H`` and ``K H``
+    (``rotation.py``; no BF16 rounding in between), and the saved Q/K are those of the rotated basis.
     """
     if recipe.qk == "bf16":
         return q, k
+    if recipe.qk_rotation is not None:
+        q, k = recipe.qk_rotation.rotate(q), recipe.qk_rotation.rotate(k)
     if recipe.qk == "fp8":
         return quantize_fp8(q, "e4m3", dims=(-1,)), quantize_fp8(k, "e4m3", dims=(-1,))
     if recipe.qk == "nvfp4":

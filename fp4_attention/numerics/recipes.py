@@ -12,22 +12,31 @@ A recipe fixes the number formats of the two products of attention:
 
 The Direct-P recipes are forward-only: every MXFP4 P/V training run of the paper diverged
 (seed §7.6, contract §2).
+
+Option: ``qk_rotation`` (``rotation.py``), a random-sign Hadamard rotation of the head dim of Q
+and K before their quantization, for the training recipes with quantized Q/K (``fp8``,
+``nvfp4qk_fp8pv``): :func:`with_qk_rotation` returns the recipe with it. Off by default.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .rotation import QK_ROTATIONS, QKRotation
 
 __all__ = [
     "E4M3_MAX_LOG2",
     "P_LIFT_LOG2",
     "RECIPES",
+    "ROTATION_RECIPES",
     "TRAINING_RECIPES",
     "DirectP",
+    "QKRotation",
     "Recipe",
     "check_saturation_invariant",
     "get_recipe",
+    "with_qk_rotation",
 ]
 
 P_LIFT_LOG2 = 8  # P is lifted by 2^8 = 256 into E4M3's range (FA3/FA4 do the same; contract §2)
@@ -83,6 +92,8 @@ class Recipe:
         p_lift_log2: 8 for FP8 P, 0 otherwise.
         direct_p: the classifier for MXFP4 P, else None.
         trainable: whether a backward exists.
+        qk_rotation: the rotation of Q/K's head dim before quantization (``rotation.py``), or None
+            (the registered recipes; :func:`with_qk_rotation` sets it).
     """
 
     name: str
@@ -92,6 +103,25 @@ class Recipe:
     direct_p: DirectP | None
     trainable: bool
     summary: str
+    qk_rotation: QKRotation | None = None
+
+    def __post_init__(self):
+        if self.qk_rotation is not None and not self.takes_qk_rotation:
+            raise ValueError(
+                f"recipe {self.name}: a Q/K rotation needs quantized Q/K and a backward (the recipes "
+                "fp8 and nvfp4qk_fp8pv)"
+            )
+
+    @property
+    def takes_qk_rotation(self) -> bool:
+        """Whether a Q/K rotation applies: quantized Q/K (a rotation only changes what a quantizer
+        sees) and a backward (the forward-only Direct-P recipes are out of scope)."""
+        return self.trainable and self.qk != "bf16"
+
+    @property
+    def label(self) -> str:
+        """The name, with ``+hadamard(seed N)`` when a rotation is set (for tables and logs)."""
+        return self.name if self.qk_rotation is None else f"{self.name}+{self.qk_rotation.label}"
 
 
 RECIPES: dict[str, Recipe] = {
@@ -137,6 +167,7 @@ RECIPES: dict[str, Recipe] = {
     )
 }
 TRAINING_RECIPES = tuple(name for name, r in RECIPES.items() if r.trainable)
+ROTATION_RECIPES = tuple(name for name, r in RECIPES.items() if r.takes_qk_rotation)
 
 
 def get_recipe(name: str | Recipe) -> Recipe:
@@ -151,3 +182,32 @@ def get_recipe(name: str | Recipe) -> Recipe:
         return RECIPES[name]
     except KeyError:
         raise ValueError(f"unknown attention recipe {name!r}; known recipes: {', '.join(RECIPES)}") from None
+
+
+def with_qk_rotation(recipe: str | Recipe, kind: str, seed: int = 0) -> Recipe:
+    """``recipe`` with the Q/K rotation ``kind`` (``"none"`` or ``"hadamard"``) and sign ``seed``.
+
+    Args:
+        recipe: a name or a :class:`Recipe`; a rotation it already has is replaced.
+        kind: one of ``rotation.QK_ROTATIONS``; ``"none"`` removes the rotation (``seed`` must be 0).
+        seed: the sign vector's seed, an integer in [0, 2^63).
+    Raises:
+        ValueError: unknown recipe or kind, a bad seed, a seed without a rotation, or a recipe that
+            takes no rotation (only ``ROTATION_RECIPES`` do).
+    """
+    rec = get_recipe(recipe)
+    if kind not in QK_ROTATIONS:
+        raise ValueError(f"qk_rotation={kind!r} is unknown; choose one of {', '.join(QK_ROTATIONS)}")
+    if kind == "none":
+        if seed != 0:
+            raise ValueError(
+                f"qk_rotation_seed={seed!r} has no effect with qk_rotation='none'; set qk_rotation="
+                "'hadamard' or leave the seed at 0"
+            )
+        return replace(rec, qk_rotation=None)
+    if rec.name not in ROTATION_RECIPES:
+        raise ValueError(
+            f"qk_rotation={kind!r} applies to the training recipes with quantized Q/K "
+            f"({', '.join(ROTATION_RECIPES)}), not {rec.name!r}; use qk_rotation='none' with {rec.name}"
+        )
+    return replace(rec, qk_rotation=QKRotation(kind, seed))

@@ -37,6 +37,9 @@ Conventions (contract §2, "facts from the paper's code release"):
     - dS = P * (dP - D) with P = exp2(z + stat) / 256 in FP32 (unrounded), kept in BF16
       (contract: dS is the most error-sensitive tensor) for dQ = (bf16(dS * col) @ k_op) * scale and
       dK = (bf16(dS * row)^T @ q_op) * scale.
+    - With a Q/K rotation (``recipe.qk_rotation``, ``rotation.py``) the saved Q/K are those of
+      ``Q H``, ``K H``; dQ and dK above are then gradients in the rotated basis, and are returned
+      as ``unrotate(dQ) = dQ H^T`` (same for dK), in FP32 before the final BF16 rounding.
   For ``bf16`` the same loop runs with lift 0, P and dS rounded to BF16 and dO/V unscaled, which is
   FlashAttention-2's backward.
 * Direct-P recipes: see ``direct_p.py``.
@@ -307,4 +310,6 @@ def reference_backward(
     dq = (dq * ops.softmax_scale).flatten(1, 2)
     dk = dk * ops.softmax_scale
     dv = dv * (2.0**-lift) / vo.v_scale
+    if recipe.qk_rotation is not None:  # dQ/dK of the rotated Q H, K H -> of Q, K: g H^T, in FP32
+        dq, dk = recipe.qk_rotation.unrotate(dq), recipe.qk_rotation.unrotate(dk)
     return dq.bfloat16(), dk.bfloat16(), dv.bfloat16()

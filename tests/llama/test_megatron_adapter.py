@@ -203,3 +203,25 @@ def test_forward_only_recipe_runs_without_grad_and_refuses_training():
             attention_bias=None,
             packed_seq_params=None,
         )
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
+def test_config_qk_rotation_reaches_the_attention(recipe):
+    """attention.qk_rotation / qk_rotation_seed of the config run in the core attention (forward
+    and backward), as fa.attention with the same rotation does, and not as the unrotated recipe."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in _qkv())
+    mod = _module(recipe, qk_rotation="hadamard", qk_rotation_seed=4)
+    assert f"recipe={recipe}+hadamard(seed 4)" in repr(mod)
+    out = mod(q, k, v, None, attn_mask_type=AttnMaskType.causal, attention_bias=None, packed_seq_params=None)
+    want = fa.attention(
+        *(_to_bshd(t.detach()) for t in (q, k, v)),
+        recipe=recipe,
+        causal=True,
+        layout="bshd",
+        qk_rotation="hadamard",
+        qk_rotation_seed=4,
+    )
+    assert torch.equal(out, want.transpose(0, 1).reshape(48, 2, -1))
+    assert not torch.equal(out, _expected(q.detach(), k.detach(), v.detach(), recipe, causal=True))
+    out.float().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))

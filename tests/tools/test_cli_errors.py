@@ -74,6 +74,13 @@ FIDELITY_SMALL = ["--seqlen", "32", "--headdim", "16", "--families", "normal", "
         (["--hq", "3", "--hkv", "2"], "--hq 3 must be a multiple of --hkv 2"),
         (["--seqlen", "0"], "--seqlen must be >= 1, got 0"),
         (["--headdim", "8"], "reference backend runs head dims multiples of 16 up to 256, not 8"),
+        (["--recipes", "bf16+hadamard"], "applies to the training recipes with quantized Q/K"),
+        (
+            ["--recipes", "fp8+hadamard", "--headdim", "48"],
+            "--headdim 48: fp8+hadamard needs a head dim that is a power of two",
+        ),
+        (["--families", "channels=x"], "--families channels=x: channels=X needs a number X > 0"),
+        (["--qk-rotation-seed", "-1"], "--qk-rotation-seed must be an integer in [0, 2^63), got -1"),
     ],
 )
 def test_fidelity_arguments_that_cannot_run(capsys, args, message):

@@ -11,6 +11,7 @@ SPEC = BackendSpec(
     cuda_capability=((8, 9), (99, 99)),  # FP8 tensor cores (Ada, Hopper, Blackwell)
     head_dims=(64, 128),
     options=("block_m", "block_n", "num_warps", "num_stages"),
+    qk_rotations=("hadamard",),  # rotated in the Q/K quantizer kernels (quant.py)
     # fp8 forward+backward, B4 H32/8 S4096 causal on the H200: 12.32 ms, cute (CuTe forward, these
     # backward kernels) 12.71 ms (results/cute/attention_bench_cute_h200.md)
     priority=20,

@@ -2,7 +2,9 @@
 with FP8 tensor cores (sm_89+); its declaration is ``SPEC`` in this package's ``__init__``.
 
 Quantization of Q/K/V runs in the Triton quantizers of ``quant.py`` (their bytes equal
-``numerics.quant``'s; ``tests/backends/test_triton_quant.py``); dO is quantized to E5M2 with
+``numerics.quant``'s; ``tests/backends/test_triton_quant.py``), with the recipe's Q/K rotation
+(``numerics/rotation.py``) applied inside them; the backward's dQ/dK are then unrotated from FP32
+by ``rotation.unrotate_rows``; dO is quantized to E5M2 with
 ``numerics.quant.quantize_fp8`` on the GPU. The attention products run in ``kernels.py``. Forward
 saves the quantized payloads and scales, the output and the LSE, never BF16 Q/K/V (for the FP8
 recipes); its :class:`SavedState` holds V8 transposed, ``[B, Hkv, D, Sk]`` (the K-major B operand
@@ -26,6 +28,7 @@ from ..dout import lse_stat, quantize_dout
 from . import SPEC
 from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
 from .quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
+from .rotation import rotated_row_amax, unrotate_rows
 
 __all__ = ["TritonBackend", "forward_operands", "launch_forward"]
 
@@ -52,15 +55,28 @@ def default_block_n(head_dim: int) -> int:
 
 
 def _quantize_qk_fast(q, k, recipe: Recipe):
-    """Quantize Q/K with the Triton quantizers (bytes equal ``operands.quantize_qk``).
+    """Quantize Q/K with the Triton quantizers (bytes equal ``operands.quantize_qk``, the recipe's
+    Q/K rotation included: rotated inside the quantizer kernels).
 
     Returns ``(q_saved, k_saved, decoded)`` where ``decoded`` is the BF16 ``s_b * q`` pair for NVFP4.
     """
+    rot = recipe.qk_rotation
+    signs = None if rot is None else rot.signs(q.shape[-1], q.device)
     if recipe.qk == "fp8":
-        return quantize_fp8_rows(q.contiguous()), quantize_fp8_rows(k.contiguous()), None
+        return (
+            quantize_fp8_rows(q.contiguous(), signs=signs),
+            quantize_fp8_rows(k.contiguous(), signs=signs),
+            None,
+        )
     if recipe.qk == "nvfp4":
-        q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
-        k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
+        q, k = q.contiguous(), k.contiguous()
+        if signs is None:
+            g_q, g_k = nvfp4_global_scale(q, dims=(2, 3)), nvfp4_global_scale(k, dims=(2, 3))
+        else:  # the per-head scale of the rotated tensor: amax over its rows' rotated amaxes
+            g_q = nvfp4_global_scale(rotated_row_amax(q, signs), dims=(2, 3))
+            g_k = nvfp4_global_scale(rotated_row_amax(k, signs), dims=(2, 3))
+        q_s, q_dec = quantize_nvfp4_rows(q, g_q, signs=signs)
+        k_s, k_dec = quantize_nvfp4_rows(k, g_k, signs=signs)
         return q_s, k_s, (q_dec, k_dec)
     q_s, k_s = quantize_qk(q, k, recipe)
     return q_s, k_s, None
@@ -256,11 +272,17 @@ class TritonBackend:
             do_op, s_do = dout, torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hq)
             delta = (dout.float() * state.out.float()).sum(-1)
         stat, delta = lse_stat(state.lse, lift), delta.contiguous()
-        dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
+        rot = recipe.qk_rotation
+        # with a Q/K rotation the kernels write dQ/dK of the rotated basis in FP32; unrotated below
+        dq = torch.empty(
+            (b, hq, sq, d), dtype=torch.bfloat16 if rot is None else torch.float32, device=dout.device
+        )
         # dK/dV per query head: FP32 partials summed over the GQA group below (BF16 directly for MHA)
         dkv_dtype = torch.float32 if g > 1 else torch.bfloat16
-        dk = torch.empty((b, hq, sk, d), dtype=dkv_dtype, device=dout.device)
-        dv = torch.empty_like(dk)
+        dk = torch.empty(
+            (b, hq, sk, d), dtype=torch.float32 if rot is not None else dkv_dtype, device=dout.device
+        )
+        dv = torch.empty((b, hq, sk, d), dtype=dkv_dtype, device=dout.device)  # same strides as dk
         common = dict(
             HEAD_DIM=d,
             CAUSAL=causal,
@@ -306,7 +328,8 @@ class TritonBackend:
             **common,
         )
         if g > 1:
-            dk = dk.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
+            dk = dk.view(b, hkv, g, sk, d).sum(2)
+            dk = dk if rot is not None else dk.to(torch.bfloat16)
             dv = dv.view(b, hkv, g, sk, d).sum(2).to(torch.bfloat16)
         bm, bn, nw, ns = BWD_DQ_TILES
         _bwd_dq_kernel[(triton.cdiv(sq, bm), b * hq)](
@@ -341,6 +364,9 @@ class TritonBackend:
             num_stages=ns,
             **common,
         )
+        if rot is not None:  # dQ H^T, dK H^T from FP32, written as BF16 (one small kernel each)
+            signs = rot.signs(d, dout.device)
+            dq, dk = unrotate_rows(dq, signs), unrotate_rows(dk.contiguous(), signs)
         return dq, dk, dv
 
 

@@ -647,6 +647,6 @@ def _bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(
         DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
-        dq.to(tl.bfloat16),
+        dq.to(DQ.dtype.element_ty),
         mask=m_ok[:, None],
     )

@@ -12,6 +12,12 @@ reference on the same GPU input, including zero rows, zero blocks and NaN/Inf.
 * :func:`quantize_nvfp4_rows`: NVFP4 with the global scale given per row (the per-head scale
   broadcast over its rows); also returns ``s_b * q`` decoded to BF16, which is exact and is what
   the Hopper emulation of the NVFP4 QK product multiplies.
+
+With ``signs`` (a Q/K rotation, ``numerics/rotation.py``), :func:`quantize_fp8_rows` and
+:func:`quantize_nvfp4_rows` rotate each row they load (``rotation.rotate_rows``: the FWHT
+butterfly in registers, bit-equal to the reference's FP32 rotation) before forming the scales, so
+the rotation adds no pass over memory; the NVFP4 per-head global scale of the rotated tensor comes
+from ``rotation.rotated_row_amax``.
 """
 
 from __future__ import annotations
@@ -22,18 +28,32 @@ import triton.language as tl
 
 from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale, pow2_ceil
 from ..pv_layout import padded_keys
+from .rotation import rotate_rows, rotation_args
 
 __all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
 
 
 @triton.jit
 def _fp8_rows_kernel(
-    X, Y, S, n_rows, D: tl.constexpr, FMAX: tl.constexpr, E5M2: tl.constexpr, ROWS: tl.constexpr
+    X,
+    Y,
+    S,
+    n_rows,
+    D: tl.constexpr,
+    FMAX: tl.constexpr,
+    E5M2: tl.constexpr,
+    ROWS: tl.constexpr,
+    SIGNS=None,
+    ROTATE: tl.constexpr = False,
+    LOG2_D: tl.constexpr = 0,
+    INV_SQRT_D: tl.constexpr = 1.0,
 ):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     d = tl.arange(0, D)
     ok = r < n_rows
     x = tl.load(X + r[:, None] * D + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    if ROTATE:  # x H in registers, before the row's scale is formed
+        x = rotate_rows(x, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D)
     ax = tl.abs(x)
     bad = tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 1) > 0
     amax = tl.max(tl.where(ax == ax, ax, 0.0), 1)
@@ -51,11 +71,13 @@ def _fp8_rows_kernel(
     tl.store(S + r, scale, mask=ok)
 
 
-def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3") -> FP8Tensor:
+def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor | None = None) -> FP8Tensor:
     """FP8 with one FP32 scale per row of the last dim; bytes equal ``quant.quantize_fp8(x, fmt, (-1,))``.
 
     Args:
         x: contiguous CUDA tensor ``[..., D]`` (BF16 or FP32), D a power of two <= 256.
+        signs: FP32 ``[D]`` signs of a Q/K rotation (``numerics.rotation``): quantize ``x H``,
+            rotated in the kernel; bytes equal ``quantize_fp8(rotation.rotate(x, signs), fmt, (-1,))``.
     Returns:
         :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``.
     """
@@ -70,9 +92,14 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3") -> FP8Tensor:
     n = x.numel() // d
     rows = max(1, 2048 // d)
     _fp8_rows_kernel[(triton.cdiv(n, rows),)](
-        x, y, s, n, D=d, FMAX=fmax, E5M2=fmt == "e5m2", ROWS=rows, num_warps=4
+        x, y, s, n, D=d, FMAX=fmax, E5M2=fmt == "e5m2", ROWS=rows, num_warps=4, **_rotation_args(x, signs)
     )
     return FP8Tensor(data=y.view(dtype), scale=s)
+
+
+def _rotation_args(x: torch.Tensor, signs: torch.Tensor | None) -> dict:
+    """The rotation's kernel arguments (none without ``signs``)."""
+    return {} if signs is None else {**rotation_args(x, signs), "ROTATE": True}
 
 
 @triton.jit
@@ -175,12 +202,32 @@ def _e2m1_value(c):
 
 
 @triton.jit
-def _nvfp4_rows_kernel(X, G, P, SC, DEC, n_rows, D: tl.constexpr, ROWS: tl.constexpr):
+def _nvfp4_rows_kernel(
+    X,
+    G,
+    P,
+    SC,
+    DEC,
+    n_rows,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    SIGNS=None,
+    ROTATE: tl.constexpr = False,
+    LOG2_D: tl.constexpr = 0,
+    INV_SQRT_D: tl.constexpr = 1.0,
+):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = r < n_rows
     NB: tl.constexpr = D // 16
     offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
-    x = tl.load(X + r[:, None, None] * D + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(tl.float32)
+    if ROTATE:  # x H in registers, before the block scales are formed
+        d = tl.arange(0, D)
+        xr = tl.load(X + r[:, None] * D + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        x = tl.reshape(rotate_rows(xr, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D), [ROWS, NB, 16])
+    else:
+        x = tl.load(X + r[:, None, None] * D + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(
+            tl.float32
+        )
     g = tl.load(G + r, mask=ok, other=1.0)
     ax = tl.abs(x)
     bad = (tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 2) > 0) | (g != g)[:, None]  # [ROWS, NB]
@@ -213,12 +260,18 @@ def _nvfp4_rows_kernel(X, G, P, SC, DEC, n_rows, D: tl.constexpr, ROWS: tl.const
     tl.store(DEC + r[:, None, None] * D + offs[None, :, :], dec.to(tl.bfloat16), mask=ok[:, None, None])
 
 
-def quantize_nvfp4_rows(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor]:
+def quantize_nvfp4_rows(
+    x: torch.Tensor, global_scale: torch.Tensor, *, signs: torch.Tensor | None = None
+) -> tuple[NVFP4Tensor, torch.Tensor]:
     """NVFP4 of a contiguous CUDA ``x [..., D]`` with ``global_scale`` broadcastable to ``x[..., :1]``.
 
+    ``signs``: FP32 ``[D]`` signs of a Q/K rotation: quantize ``x H``, rotated in the kernel (the
+    global scale must then be the rotated tensor's: ``rotation.rotated_row_amax``).
+
     Returns:
-        ``(NVFP4Tensor, decoded)``: bytes equal ``quant.quantize_nvfp4(x, global_scale)``; ``decoded``
-        is ``s_b * q`` in BF16 (exact), NaN for a poisoned block.
+        ``(NVFP4Tensor, decoded)``: bytes equal ``quant.quantize_nvfp4(x, global_scale)`` (of
+        ``rotation.rotate(x, signs)`` with ``signs``); ``decoded`` is ``s_b * q`` in BF16 (exact),
+        NaN for a poisoned block.
     """
     if not x.is_cuda or not x.is_contiguous():
         raise ValueError("quantize_nvfp4_rows: needs a contiguous CUDA tensor")
@@ -231,5 +284,7 @@ def quantize_nvfp4_rows(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[NV
     dec = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     n = x.numel() // d
     rows = max(1, 1024 // d)
-    _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](x, g, payload, scales, dec, n, D=d, ROWS=rows, num_warps=4)
+    _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](
+        x, g, payload, scales, dec, n, D=d, ROWS=rows, num_warps=4, **_rotation_args(x, signs)
+    )
     return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=global_scale.float()), dec
