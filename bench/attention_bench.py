@@ -338,7 +338,11 @@ def main(argv=None) -> int:
 
         meta["versions"] = {p: version(p) for p in ("nvidia-cutlass-dsl", "flash-attn-4", "quack-kernels")}
         meta["cute_first_call_compile_s"] = {
-            f"d{k[0]} g{k[1]} {'causal' if k[2] else 'non-causal'} tiles{k[3]}": round(v, 2)
+            (
+                f"bwd d{k[1]} g{k[2]} {'causal' if k[3] else 'non-causal'}"
+                if k[0] == "bwd"
+                else f"fwd d{k[0]} g{k[1]} {'causal' if k[2] else 'non-causal'} tiles{k[3]}"
+            ): round(v, 2)
             for k, v in cute_backend.COMPILE_SECONDS.items()
         }
     md = to_markdown(records, meta)

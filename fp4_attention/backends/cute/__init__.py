@@ -1,5 +1,5 @@
 """The ``cute`` backend's declaration (the CuTe DSL kernel is imported on first use:
-``backend.py``, ``fwd_sm90.py``)."""
+``backend.py``, ``fwd_sm90.py``, ``bwd_sm90.py``)."""
 
 from ..base import BackendSpec
 
@@ -11,7 +11,7 @@ SPEC = BackendSpec(
     cuda_capability=((9, 0), (9, 0)),  # wgmma / TMA kernels for Hopper
     head_dims=(64, 128),
     options=("tiles",),
-    priority=10,  # forward faster than triton's, forward+backward slower (triton/__init__.py)
+    priority=10,  # fwd+bwd faster than triton's, but not deterministic (triton/__init__.py)
     install_hint="pip install 'fp4-attention-pretrain[cute]' (nvidia-cutlass-dsl, flash-attn-4)",
-    summary="CuTe DSL fp8 forward for sm_90, Triton backward",
+    summary="CuTe DSL fp8 forward and backward for sm_90 (dQ by FP32 atomics: not bitwise reproducible)",
 )

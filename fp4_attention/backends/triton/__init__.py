@@ -12,8 +12,10 @@ SPEC = BackendSpec(
     head_dims=(64, 128),
     options=("block_m", "block_n", "num_warps", "num_stages"),
     qk_rotations=("hadamard",),  # rotated in the Q/K quantizer kernels (quant.py)
-    # fp8 forward+backward, B4 H32/8 S4096 causal on the H200: 12.32 ms, cute (CuTe forward, these
-    # backward kernels) 12.71 ms (results/cute/attention_bench_cute_h200.md)
+    # fp8 forward+backward, B4 H32/8 S4096 causal on the H200: 12.33 ms, cute 7.88 ms
+    # (results/cute_bwd_h200/attention_bench_bwd_h200.md). auto still prefers this backend: its
+    # backward is deterministic (no atomics), which bitwise resume in deterministic mode needs; the
+    # cute backward accumulates dQ (and GQA dK/dV) with FP32 atomics.
     priority=20,
     install_hint="needs a CUDA build of torch with Triton",
     summary="Triton kernels: every recipe's forward, the training recipes' backward",
