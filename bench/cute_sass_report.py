@@ -113,17 +113,16 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
-    """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512):
+    """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
+    the compiled function (its cubin is in the dump directory)."""
     import cutlass
     from cutlass import cute
     from quack.compile_utils import make_fake_tensor as fake
 
     from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
 
-    for old in Path(DUMP_DIR).rglob("*.cubin"):
-        old.unlink()
-    b, hkv, s, d = 1, 2, 512, head_dim
+    b, hkv, s, d = 1, 2, seq, head_dim
     hq = hkv * group
     e4, e5, bf, f32 = cutlass.Float8E4M3FN, cutlass.Float8E5M2, cutlass.BFloat16, cutlass.Float32
 
@@ -144,7 +143,16 @@ def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
     else:
         args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    cute.compile(FP8BackwardSm90(d, group, causal), *args, f32(0.1), stream, options="--enable-tvm-ffi")
+    return cute.compile(
+        FP8BackwardSm90(d, group, causal), *args, f32(0.1), stream, options="--enable-tvm-ffi"
+    )
+
+
+def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
+    """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
+    for old in Path(DUMP_DIR).rglob("*.cubin"):
+        old.unlink()
+    compile_bwd(causal, group, head_dim)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")

@@ -16,7 +16,9 @@ Scope, said plainly:
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
   kernel's operand; that is the ``v`` of the :class:`SavedState` this backend writes.
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
-  compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time).
+  compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
+  ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them
+  (``compile_cache.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ try:
     from flash_attn.cute.interface import _bwd_postprocess_convert
 
     from .bwd_sm90 import FP8BackwardSm90
+    from .compile_cache import make_cache
     from .fwd_sm90 import LIFT, FP8ForwardSm90
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
     raise ImportError(
@@ -65,7 +68,7 @@ __all__ = [
 DEFAULT_TILES = (128, 128, 2)
 SUPPORTED_TILES = ((128, 128, 2), (128, 96, 2), (128, 64, 2))
 BWD_TILES = (64, 128)  # (query rows per step, keys per CTA) of the backward: FA4's head-dim-128 tiles
-_CACHE: dict = {}
+_CACHE = make_cache()  # in memory; also on disk with $FP4_ATTENTION_CUTE_CACHE_DIR (compile_cache.py)
 COMPILE_SECONDS: dict = {}
 
 

@@ -1,0 +1,77 @@
+"""Compiled CuTe kernels reused across processes (opt-in): a 64-GPU job need not compile the same
+kernel on every rank at every restart.
+
+With ``FP4_ATTENTION_CUTE_CACHE_DIR`` set, the cute backend's compiled kernels are exported with
+the CUTLASS DSL's ahead-of-time export (``export_to_c``: an object file per kernel) into
+``$FP4_ATTENTION_CUTE_CACHE_DIR/<fingerprint>/``, and loaded from there by later processes
+instead of compiled. flash-attn-4's persistent JIT cache (``flash_attn.cute.cache_utils``) does the
+export, the load and the file locking. It writes to a temporary name and renames it into place; a
+damaged entry counts as a miss and is replaced.
+
+The fingerprint changes with any of these, so a changed kernel is never loaded stale:
+- the source of this package;
+- the numerics modules the kernels' constants come from;
+- flash-attn-4's own source fingerprint (its CuTe sources, the CUTLASS DSL and TVM-FFI versions, Python);
+- the target architecture (``CUTE_DSL_ARCH``, or the GPU's compute capability).
+
+The cache stays off unless the variable is set, because the load path has not run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+__all__ = ["ENV", "make_cache", "source_fingerprint"]
+
+ENV = "FP4_ATTENTION_CUTE_CACHE_DIR"
+_PACKAGE = Path(__file__).resolve().parent
+_NUMERICS = _PACKAGE.parents[1] / "numerics"
+_SOURCES = (*sorted(_PACKAGE.glob("*.py")), _PACKAGE.parent / "pv_layout.py", _NUMERICS / "direct_p_e4m3.py")
+
+
+def _target() -> str:
+    arch = os.environ.get("CUTE_DSL_ARCH")
+    if arch:
+        return arch
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}"
+    return "no-gpu"
+
+
+def source_fingerprint() -> str:
+    """SHA-256 (hex, 16 characters) of the kernels' sources, flash-attn-4's fingerprint and the
+    target architecture (module docstring)."""
+    from flash_attn.cute.cache_utils import _compute_source_fingerprint
+
+    h = hashlib.sha256()
+    for src in _SOURCES:
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+    h.update(_compute_source_fingerprint().encode())
+    h.update(_target().encode())
+    return h.hexdigest()[:16]
+
+
+def make_cache():
+    """The compiled-kernel cache of the cute backend: in memory only, or also on disk under
+    ``$FP4_ATTENTION_CUTE_CACHE_DIR/<fingerprint>`` when the variable is set. ``key in cache``
+    loads a kernel from disk; ``cache[key] = compiled`` also exports it. Keys are tuples of Python
+    scalars and tuples (pickled and hashed for the file name).
+
+    Raises:
+        ValueError: the variable names an existing path that is not a directory.
+    """
+    from flash_attn.cute.cache_utils import JITCache, JITPersistentCache
+
+    root = os.environ.get(ENV)
+    if not root:
+        return JITCache()
+    path = Path(root).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{ENV}={root} is not a directory; unset it or point it at a directory")
+    return JITPersistentCache(path / source_fingerprint())
