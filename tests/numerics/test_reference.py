@@ -5,8 +5,9 @@ import torch
 
 import fp4_attention as fa
 from fp4_attention.numerics.exact import naive_attention
-from fp4_attention.numerics.operands import qk_operands, quantize_qk, quantize_v, v_operand
+from fp4_attention.numerics.operands import SavedState, qk_operands, quantize_qk, quantize_v, v_operand
 from fp4_attention.numerics.recipes import check_saturation_invariant
+from fp4_attention.numerics.reference import reference_backward, reference_forward
 
 from ..conftest import cosine, make_qkv, rel_l2
 
@@ -279,3 +280,33 @@ def test_wide_logits_outliers_and_sink(recipe, family):
     assert cosine(out, naive64(q, k, v, True)[0]) >= CASE3_FLOORS[recipe][family]
     if grads is not None:
         assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_ds_round_hook_replaces_the_bf16_rounding_of_the_ds_operands():
+    """``ds_round`` (a kernel option's numerics, e.g. FP8 dS) gets both dS operands, tagged, and only
+    they change: an identity that rounds to BF16 gives the definition's bytes; zeroing the dK
+    operand zeroes dK alone."""
+    rec = fa.get_recipe("fp8")
+    q, k, v = make_qkv(1, 4, 2, 200, 200, 64, seed=3)
+    out, lse, st = reference_forward(q, k, v, rec, causal=True, softmax_scale=0.125)
+    state = SavedState(q=st.q, k=st.k, v=st.v, out=out, lse=lse)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).bfloat16()
+    base = reference_backward(state, dout, rec, causal=True, softmax_scale=0.125)
+    seen = []
+
+    def as_bf16(t, product):
+        seen.append(product)
+        return t.bfloat16().float()
+
+    same = reference_backward(state, dout, rec, causal=True, softmax_scale=0.125, ds_round=as_bf16)
+    assert all(torch.equal(a, b) for a, b in zip(base, same)) and set(seen) == {"dq", "dk"}
+    no_dk = reference_backward(
+        state,
+        dout,
+        rec,
+        causal=True,
+        softmax_scale=0.125,
+        ds_round=lambda t, p: torch.zeros_like(t) if p == "dk" else t.bfloat16().float(),
+    )
+    assert torch.equal(no_dk[0], base[0]) and torch.equal(no_dk[2], base[2])
+    assert not no_dk[1].any() and base[1].any()

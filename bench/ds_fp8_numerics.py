@@ -1,0 +1,133 @@
+"""What FP8 dS would cost in gradient fidelity (the CuTe backward's "dS in FP8" option), on the CPU.
+
+    python bench/ds_fp8_numerics.py --out results/ds_fp8_numerics_cpu     # writes .md and .json
+
+Today the dQ and dK products read dS in BF16 (``reference_backward``: ``bf16(dS * col) @ K`` and
+``bf16(dS * row)^T @ Q``). In FP8 they would run at FP8 rate: all five backward products on the
+FP8 tensor cores. This script runs the reference backward of the ``fp8`` recipe with those two
+operands rounded to FP8 instead (the ``ds_round`` hook). It reports the dQ/dK cosines against
+float64 on the input families of ``tools/fidelity.py``, beside the BF16 definition, in the same run.
+
+Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
+- ``tile``: one scale per tile, amax / FMAX, for both operands.
+- ``outer``: one scale per row of each product's M dimension: per query for dQ (folded into the
+  tile's dQ partial before it is accumulated) and per key for dK (needs dK's FP32 promotion per
+  query block).
+
+E4M3 (more mantissa) and E5M2 (more range) are both measured. Rounding is to nearest even with
+saturation (torch's conversion after a clamp, as the Triton quantizers do). The dV product and the
+forward are unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from fidelity import _metrics, make_inputs  # noqa: E402
+
+import fp4_attention as fa  # noqa: E402
+from fp4_attention.numerics.exact import naive_attention  # noqa: E402
+from fp4_attention.numerics.reference import reference_backward, reference_forward  # noqa: E402
+
+FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
+TILE_M = 64  # the CuTe backward's query rows per step (its keys per tile are the reference's block_n)
+FAMILIES = ["normal", "outliers", "sink", "std=0.5", "std=2", "std=4"]
+
+
+def fp8_round(fmt: str, granularity: str):
+    """A ``ds_round`` for ``reference_backward``: FP8 ``fmt`` with per-``granularity`` scales."""
+    dtype, fmax = FORMATS[fmt]
+
+    def rnd(t: torch.Tensor, product: str) -> torch.Tensor:
+        sq, bn = t.shape[-2:]
+        pad = (-sq) % TILE_M
+        x = torch.nn.functional.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, TILE_M))  # [..., tiles, 64, bn]
+        a = x.abs()
+        if granularity == "tile":
+            amax = a.amax(dim=(-2, -1), keepdim=True)
+        elif product == "dq":  # per query (row of dS, the dQ product's M)
+            amax = a.amax(dim=-1, keepdim=True)
+        else:  # per key (row of dS^T, the dK product's M)
+            amax = a.amax(dim=-2, keepdim=True)
+        scale = amax / fmax
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all zero, or amax / FMAX underflows
+        q = (x / scale).clamp(-fmax, fmax).to(dtype).float() * scale
+        return q.flatten(-3, -2)[..., :sq, :]
+
+    return rnd
+
+
+def run(args) -> list[dict]:
+    rec = fa.get_recipe("fp8")
+    sm = args.headdim**-0.5
+    rows = []
+    variants = [("bf16 (definition)", None)] + [
+        (f"{fmt}/{gran}", fp8_round(fmt, gran)) for fmt in ("e4m3", "e5m2") for gran in ("tile", "outer")
+    ]
+    for family in args.families:
+        q, k, v = make_inputs(family, 1, args.hq, args.hkv, args.seqlen, args.headdim, args.seed)
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(args.seed + 1)).bfloat16()
+        qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+        ref, _ = naive_attention(qd, kd, vd, causal=True, softmax_scale=sm)
+        ref.backward(dout.double())
+        out, lse, st = reference_forward(q, k, v, rec, causal=True, softmax_scale=sm)
+        state = type(st)(q=st.q, k=st.k, v=st.v, out=out, lse=lse)
+        for name, rnd in variants:
+            dq, dk, _ = reference_backward(state, dout, rec, causal=True, softmax_scale=sm, ds_round=rnd)
+            row = {"family": family, "dS": name, "dq": _metrics(dq, qd.grad), "dk": _metrics(dk, kd.grad)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def to_markdown(rows: list[dict], args, command: str) -> str:
+    lines = [
+        "# FP8 dS in the fp8 backward: gradient fidelity (reference backward, CPU)",
+        "",
+        f"- command: `{command}`",
+        f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; "
+        f"machine {platform.machine()} CPU; torch {torch.__version__}",
+        f"- shape: B=1, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, causal; recipe fp8; "
+        "cells: cosine / relative L2 against float64 on the same BF16 inputs",
+        "",
+        "| inputs | dS operand | dQ | dK |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [f"{r[k][0]:.5f} / {r[k][1]:.4f}" for k in ("dq", "dk")]
+        lines.append(f"| {r['family']} | {r['dS']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--families", nargs="+", default=FAMILIES)
+    p.add_argument("--hq", type=int, default=8)
+    p.add_argument("--hkv", type=int, default=2)
+    p.add_argument("--seqlen", type=int, default=1024)
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    args = p.parse_args(argv)
+    rows = run(args)
+    md = to_markdown(rows, args, "python bench/ds_fp8_numerics.py " + " ".join(argv or sys.argv[1:]))
+    print(md)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out + ".md").write_text(md)
+        Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
