@@ -13,6 +13,13 @@ Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
 - ``outer``: one scale per row of each product's M dimension: per query for dQ (folded into the
   tile's dQ partial before it is accumulated) and per key for dK (needs dK's FP32 promotion per
   query block).
+- ``bound`` (E4M3 only): dQ per tile as ``tile``; dK with one *static* scale per key and query head,
+  known before the loop, so that dK can keep accumulating inside the MMA (no promotion, no extra
+  registers): ``|dS_ij row_i| <= A ||v_j|| + B`` with ``A = max_i row_i s_dO ||dO8_i||`` and
+  ``B = max_i row_i |D_i|`` (P <= 1, Cauchy-Schwarz on dP), the bound over 448.
+- ``bounds`` (E4M3): dK as ``bound``, and dQ with a static scale per query as well (no amax
+  reduction across the tile's two warpgroups): ``|dS_ij col_j| <= s_dO ||dO8_i|| max_j col_j ||v_j||
+  + |D_i| max_j col_j``.
 
 E4M3 (more mantissa) and E5M2 (more range) are both measured. Rounding is to nearest even with
 saturation (torch's conversion after a clamp, as the Triton quantizers do). The dV product and the
@@ -48,7 +55,7 @@ def fp8_round(fmt: str, granularity: str):
     """A ``ds_round`` for ``reference_backward``: FP8 ``fmt`` with per-``granularity`` scales."""
     dtype, fmax = FORMATS[fmt]
 
-    def rnd(t: torch.Tensor, product: str) -> torch.Tensor:
+    def rnd(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
         sq, bn = t.shape[-2:]
         pad = (-sq) % TILE_M
         x = torch.nn.functional.pad(t, (0, 0, 0, pad)).unflatten(-2, (-1, TILE_M))  # [..., tiles, 64, bn]
@@ -63,6 +70,42 @@ def fp8_round(fmt: str, granularity: str):
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all zero, or amax / FMAX underflows
         q = (x / scale).clamp(-fmax, fmax).to(dtype).float() * scale
         return q.flatten(-3, -2)[..., :sq, :]
+
+    return rnd
+
+
+def bound_round(state, dout: torch.Tensor, recipe, softmax_scale: float, static_dq: bool = False):
+    """The ``bound`` (``static_dq``: ``bounds``) variant's ``ds_round`` for this state and dO
+    (module docstring)."""
+    from fp4_attention.numerics.operands import qk_operands, v_operand
+    from fp4_attention.numerics.quant import quantize_fp8
+
+    ops = qk_operands(state.q, state.k, recipe, softmax_scale)
+    vo = v_operand(state.v, recipe)
+    hkv = ops.k_op.shape[1]
+    group = lambda x: x.unflatten(1, (hkv, x.shape[1] // hkv))  # noqa: E731
+    v_scale = vo.v_scale.unsqueeze(2)  # [B, Hkv, 1, 1, D]
+    do_q = quantize_fp8(group(dout.float()) * v_scale, "e5m2", dims=(-2, -1))
+    delta = ((do_q.data.float() * do_q.scale) * group(state.out.float()) / v_scale).sum(-1)  # [B, Hkv, G, Sq]
+    row = group(ops.row_scale).squeeze(-1)
+    a = (row * do_q.scale.squeeze(-1) * do_q.data.float().norm(dim=-1)).amax(-1, keepdim=True)
+    b = (row * delta.abs()).amax(-1, keepdim=True)
+    bound = a * vo.v_op.norm(dim=-1).unsqueeze(2) + b  # [B, Hkv, G, Sk]
+    dk_scale = torch.where(bound > 0, bound / FORMATS["e4m3"][1], torch.ones_like(bound)).unsqueeze(-2)
+    per_tile = fp8_round("e4m3", "tile")
+    col = ops.col_scale.unsqueeze(2).squeeze(-2)  # [B, Hkv, 1, Sk] (1 for a scalar scale)
+    cv = (col * vo.v_op.norm(dim=-1).unsqueeze(2)).amax(-1, keepdim=True)
+    cmax = col.amax(-1, keepdim=True)
+    dq_bound = do_q.scale.squeeze(-1) * do_q.data.float().norm(dim=-1) * cv + delta.abs() * cmax
+    dq_scale = torch.where(dq_bound > 0, dq_bound / FORMATS["e4m3"][1], torch.ones_like(dq_bound)).unsqueeze(
+        -1
+    )
+
+    def rnd(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
+        if product == "dq" and not static_dq:
+            return per_tile(t, product, j0)
+        s = dq_scale if product == "dq" else dk_scale[..., j0 : j0 + t.shape[-1]]
+        return (t / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * s
 
     return rnd
 
@@ -82,7 +125,10 @@ def run(args) -> list[dict]:
         ref.backward(dout.double())
         out, lse, st = reference_forward(q, k, v, rec, causal=True, softmax_scale=sm)
         state = type(st)(q=st.q, k=st.k, v=st.v, out=out, lse=lse)
-        for name, rnd in variants:
+        static = [
+            (f"e4m3/{n}", bound_round(state, dout, rec, sm, n == "bounds")) for n in ("bound", "bounds")
+        ]
+        for name, rnd in (*variants, *static):
             dq, dk, _ = reference_backward(state, dout, rec, causal=True, softmax_scale=sm, ds_round=rnd)
             row = {"family": family, "dS": name, "dq": _metrics(dq, qd.grad), "dk": _metrics(dk, kd.grad)}
             rows.append(row)

@@ -262,9 +262,9 @@ def reference_backward(
         state: from :func:`reference_forward` with the same recipe.
         dout: BF16 ``[B, Hq, Sq, D]``.
         ds_round: how the dQ/dK products' dS operands are rounded: called as
-            ``ds_round(t, "dq")`` with ``t = dS * col`` and ``ds_round(t, "dk")`` with
-            ``t = dS * row``, FP32 ``[B, Hkv, G, Sq, keys of the tile]``; returns the rounded values
-            in FP32, the same shape. None = BF16, the recipes' definition. Another rounding (FP8
+            ``ds_round(t, "dq", j0)`` with ``t = dS * col`` and ``ds_round(t, "dk", j0)`` with
+            ``t = dS * row``, FP32 ``[B, Hkv, G, Sq, keys of the tile]`` (its first key ``j0``);
+            returns the rounded values in FP32, the same shape. None = BF16, the recipes' definition. Another rounding (FP8
             with a per-tile scale, ``bench/ds_fp8_numerics.py``) measures a kernel option's numerics.
     Returns:
         ``(dq, dk, dv)`` in BF16, shaped like q, k, v (straight-through to the BF16 inputs).
@@ -298,7 +298,7 @@ def reference_backward(
 
     if ds_round is None:
 
-        def ds_round(t, product):
+        def ds_round(t, product, j0):
             return t.bfloat16().float()
 
     dq = torch.zeros(qg.shape, dtype=torch.float32, device=qg.device)
@@ -316,8 +316,8 @@ def reference_backward(
         col = ops.col_scale.unsqueeze(2)
         col = col[..., j0:j1] if col.shape[-1] != 1 else col
         k_t = ops.k_op[:, :, j0:j1].unsqueeze(2)
-        dq += torch.matmul(ds_round(ds * col, "dq"), k_t)
-        dk[:, :, j0:j1] = torch.matmul(ds_round(ds * row_g, "dk").transpose(-1, -2), qg).sum(2)
+        dq += torch.matmul(ds_round(ds * col, "dq", j0), k_t)
+        dk[:, :, j0:j1] = torch.matmul(ds_round(ds * row_g, "dk", j0).transpose(-1, -2), qg).sum(2)
     dq = (dq * ops.softmax_scale).flatten(1, 2)
     dk = dk * ops.softmax_scale
     dv = dv * (2.0**-lift) / vo.v_scale

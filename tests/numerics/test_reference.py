@@ -294,19 +294,19 @@ def test_ds_round_hook_replaces_the_bf16_rounding_of_the_ds_operands():
     base = reference_backward(state, dout, rec, causal=True, softmax_scale=0.125)
     seen = []
 
-    def as_bf16(t, product):
-        seen.append(product)
+    def as_bf16(t, product, j0):
+        seen.append((product, j0))
         return t.bfloat16().float()
 
     same = reference_backward(state, dout, rec, causal=True, softmax_scale=0.125, ds_round=as_bf16)
-    assert all(torch.equal(a, b) for a, b in zip(base, same)) and set(seen) == {"dq", "dk"}
+    assert all(torch.equal(a, b) for a, b in zip(base, same)) and set(seen) == {(p, j0) for p in ("dq", "dk") for j0 in (0, 128)}
     no_dk = reference_backward(
         state,
         dout,
         rec,
         causal=True,
         softmax_scale=0.125,
-        ds_round=lambda t, p: torch.zeros_like(t) if p == "dk" else t.bfloat16().float(),
+        ds_round=lambda t, p, j0: torch.zeros_like(t) if p == "dk" else t.bfloat16().float(),
     )
     assert torch.equal(no_dk[0], base[0]) and torch.equal(no_dk[2], base[2])
     assert not no_dk[1].any() and base[1].any()
