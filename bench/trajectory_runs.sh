@@ -21,9 +21,12 @@
 #       apt-get download python3.11-doc && dpkg -x python3.11-doc_*.deb root &&
 #       PYDOCS_SOURCES=root/usr/share/doc/python3.11/html/_sources).
 # Exit status: 0 when every run finished (exit 0) and the comparison was written; 1 otherwise.
+#
+# Runs of >= 200M tokens do not fit one device call: bench/trajectory_session.py sizes them to the
+# device budget, runs them detached, one per GPU, across back-to-back calls (see its header).
 set -uo pipefail
 if [ $# -lt 1 ]; then
-    sed -n '2,22p' "$0" >&2
+    sed -n '2,25p' "$0" >&2
     exit 2
 fi
 root="$1"; shift
@@ -39,21 +42,8 @@ py="${PYTHON:-python3}"
 config=configs/trajectory_small_s2048.yaml
 mkdir -p "$root"
 
-"$py" -m data.prepare --default --no-progress || exit 1
-docs=cache/data/python_docs
-if [ ! -f "$docs/pydocs.bin" ]; then
-    mkdir -p "$docs"
-    if [ -n "${PYDOCS_PREPARED:-}" ]; then
-        cp "$PYDOCS_PREPARED"/pydocs.bin "$PYDOCS_PREPARED"/pydocs.idx "$PYDOCS_PREPARED"/pydocs.manifest.json \
-            "$docs"/ || exit 1
-    elif [ -n "${PYDOCS_SOURCES:-}" ]; then
-        "$py" -m data.prepare --files-root "$PYDOCS_SOURCES" --glob '**/*.rst.txt' --output-prefix "$docs/pydocs" \
-            --name python_docs --no-progress || exit 1
-    else
-        echo "trajectory_runs.sh: $docs/pydocs.bin is missing; set PYDOCS_PREPARED or PYDOCS_SOURCES (see the header)" >&2
-        exit 2
-    fi
-fi
+# the data (bench/trajectory/setup.py, shared with bench/trajectory_session.py)
+"$py" bench/trajectory_session.py --prepare-data committed || exit $?
 
 read -ra gpu_list <<<"$gpus"
 read -ra seed_list <<<"$seeds"

@@ -3,16 +3,20 @@
     python tools/compare_runs.py RUN [RUN ...] --out results/compare_x [--windows 10]
 
 Each RUN is a run directory with ``metrics.jsonl`` and ``run_meta.json``. Runs are grouped into
-arms by precision (attention recipe + projection); several seeds per arm are allowed. All runs must
-share the config fingerprint (else refused, naming the config keys that differ and their values)
-and the data-order fingerprint (``--force`` compares anyway and says so) and log train/validation
-records at exactly the same consumed-token counts (else refused with the reason -- never
-interpolated, also with ``--force``; ``--max-tokens`` cuts every run to a common range).
+arms by precision (attention recipe, its Q/K rotation, projection); several seeds per arm are
+allowed. All runs must share the config fingerprint (else refused, naming the config keys that
+differ and their values) and the data-order fingerprint (``--force`` compares anyway and says so)
+and log train/validation records at exactly the same consumed-token counts (else refused with the
+reason -- never interpolated, also with ``--force``; ``--max-tokens`` cuts every run to a common
+range).
 
 Per token window and per non-baseline arm it reports the train-loss and validation-loss gap to the
 baseline (nats, arm - baseline) with percentile bootstrap intervals, the first window whose
 interval excludes 0, non-finite counts and the median tokens/s/GPU ratio; per arm with >= 2 seeds
-the seed spread (s.d. and range of the seeds' window means). Runs of one arm only (several seeds)
+the seed spread (s.d. and range of the seeds' window means); per non-baseline arm with >= 2 seeds on
+both sides, the resolution of the design: Welch's t interval of the final validation gap over the
+seeds (its half-width is the smallest gap those seeds resolve) and whether the arm is statistically
+indistinguishable from the baseline (tools/runcompare/welch.py). Runs of one arm only (several seeds)
 give the seed spread alone. Runs that ran on a CPU (``mfu`` null) get their throughput flagged:
 on a CPU shared with other work a tokens/s ratio means nothing. It writes ``summary.md``,
 ``summary.json``, ``loss_vs_tokens.png`` and (with two arms or more) ``gap_vs_tokens.png`` to

@@ -34,6 +34,7 @@ from .stats import (
     point_gap,
     window_edges,
 )
+from .welch import welch_interval
 
 MIN_POINTS_STEP_RESAMPLING = 5  # fewer points in a window: no step (block) resampling there
 FEW_SEEDS = 5
@@ -362,6 +363,7 @@ def _compare_arm(
         "warnings": _method_warnings(method, len(names), len(base_names)),
         **_gap_summary("train", train, train[-1], overall),
         **_gap_summary("valid", [], None, None),
+        "valid_final_welch": None,
     }
     if aligned.val_tokens.size:
         valid = _windowed(names, base_names, aligned.val_loss, win.valid, win.n, method, opt, label, "valid")
@@ -371,7 +373,16 @@ def _compare_arm(
         final["tokens"] = int(aligned.val_tokens[-1])
         overall = estimate(aligned.val_loss, np.ones(aligned.val_tokens.shape, bool), "valid-overall")
         cmp.update(_gap_summary("valid", valid, final, overall))
+        cmp["valid_final_welch"] = {
+            **welch_interval(_last(names, aligned.val_loss), _last(base_names, aligned.val_loss), ci=opt.ci),
+            "tokens": int(aligned.val_tokens[-1]),
+        }
     return cmp
+
+
+def _last(names: list[str], series: dict[str, np.ndarray]) -> np.ndarray:
+    """Each run's last value on the aligned grid (one per seed; NaN where not finite)."""
+    return np.array([float(series[n][-1]) for n in names], dtype=np.float64)
 
 
 def _seed_spreads(arms: dict[str, list[RunData]], aligned: Aligned, win: _Windows) -> dict:
@@ -402,7 +413,8 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     ``runs`` (per-run facts: seed, commit, precision, non-finite counts, throughput),
     ``arms`` (members, median tokens/s/GPU, ratio vs baseline), ``comparisons`` (per non-baseline
     arm: per-window train and validation gaps with intervals, first significant window, final
-    and overall gaps; empty when all runs are of one arm), ``seed_spread`` (per arm with >= 2
+    and overall gaps, ``valid_final_welch``: the Welch interval of the final validation gap over the
+    seeds, see :mod:`.welch`; empty when all runs are of one arm), ``seed_spread`` (per arm with >= 2
     seeds, see :mod:`.spread`), ``series`` (aligned per-run curves, for plots).
     """
     runs = _load(run_dirs, opt)

@@ -164,6 +164,7 @@ def render_markdown(res: dict) -> str:
 
     if res["comparisons"]:
         L += _headline(res, pct)
+        L += _resolution(res, pct)
     for c in res["comparisons"]:
         L += _arm_sections(res, c, pct)
     for label, sp in res["seed_spread"].items():
@@ -216,6 +217,68 @@ def _headline(res: dict, pct: str) -> list[str]:
             )
         )
     L.append("")
+    return L
+
+
+def _resolution(res: dict, pct: str) -> list[str]:
+    """What the design can resolve: per arm, the Welch interval of the final validation gap over the
+    seeds, its half-width (the smallest gap told from seed noise) and the verdict."""
+    rows = [c for c in res["comparisons"] if c.get("valid_final_welch")]
+    if not rows:
+        return []
+    L = ["## Resolution of the design (final validation loss)", ""]
+    L.append(
+        _row(
+            [
+                "arm",
+                "seeds (arm/base)",
+                "final val gap",
+                f"Welch {pct} CI",
+                "smallest resolvable gap (half-width)",
+                "df",
+                "seed s.d. (arm/base)",
+                "verdict",
+            ]
+        )
+    )
+    L.append(_row(["---"] * 8))
+    for c in rows:
+        w = c["valid_final_welch"]
+        if w["half_width"] is None:
+            verdict = _cell(w["note"])
+        elif w["indistinguishable"]:
+            verdict = "statistically indistinguishable from the baseline (the interval covers 0)"
+        else:
+            verdict = "**differs** from the baseline (the interval excludes 0)"
+        L.append(
+            _row(
+                [
+                    f"`{_cell(c['arm'])}`",
+                    f"{w['n_arm']}/{w['n_base']}",
+                    _g(w["gap"]) + f" @ {_tok(w['tokens'])}",
+                    "n/a" if w["lo"] is None else f"[{w['lo']:+.4f}, {w['hi']:+.4f}]",
+                    "n/a" if w["half_width"] is None else f"{w['half_width']:.4f} nats",
+                    "-" if w["df"] is None else f"{w['df']:.2f}",
+                    f"{_l4(w['sd_arm'])}/{_l4(w['sd_base'])}",
+                    verdict,
+                ]
+            )
+        )
+    method = rows[0]["valid_final_welch"]["method"]
+    L += [
+        "",
+        (
+            f"Method: {method}, {pct}, on each seed's last validation loss (one value per run; the "
+            "bootstrap above resamples steps as well). The half-width is the smallest gap this many seeds "
+            "resolve: a true gap smaller than it cannot be told from seed-to-seed noise. Indistinguishable "
+            "is not equivalent: the interval bounds are the gaps the data still allow."
+        ),
+        "",
+    ]
+    notes = [f"`{_cell(c['arm'])}`: {_cell(c['valid_final_welch']['note'])}" for c in rows]
+    notes = [n for n, c in zip(notes, rows) if c["valid_final_welch"]["note"]]
+    if notes:
+        L += [f"- {n}" for n in notes] + [""]
     return L
 
 

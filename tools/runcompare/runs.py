@@ -89,16 +89,26 @@ class RunData:
     n_replaced: int = 0  # records superseded by a later record of the same (kind, step)
     n_malformed: int = 0  # lines skipped with --skip-malformed
     on_gpu: bool = True  # some train record has a numeric mfu (the trainer logs MFU only on a GPU)
+    qk_rotation: str = "none"  # the resolved config's attention.qk_rotation ("none" when absent)
 
     @property
     def arm(self) -> str:
-        """Arm label: the precision of the run, ``attn=<recipe>,proj=<projection>``."""
-        return arm_label(self.attention_recipe, self.projection)
+        """Arm label: the precision of the run, ``attn=<recipe>[+<qk rotation>],proj=<projection>``."""
+        return arm_label(self.attention_recipe, self.projection, self.qk_rotation)
 
 
-def arm_label(recipe: str, projection: str) -> str:
-    """Label of the arm with attention recipe ``recipe`` and canonical projection text."""
-    return f"attn={recipe},proj={projection}"
+def arm_label(recipe: str, projection: str, qk_rotation: str = "none") -> str:
+    """Label of the arm with attention recipe ``recipe``, canonical projection text and Q/K rotation
+    (``none`` adds nothing; ``hadamard`` gives ``attn=<recipe>+hadamard,...``)."""
+    rot = "" if qk_rotation in (None, "none") else f"+{qk_rotation}"
+    return f"attn={recipe}{rot},proj={projection}"
+
+
+def _qk_rotation(config) -> str:
+    """``attention.qk_rotation`` of a resolved config (``none`` when absent: runs from before the option)."""
+    att = config.get("attention") if isinstance(config, dict) else None
+    rot = att.get("qk_rotation", "none") if isinstance(att, dict) else "none"
+    return rot if isinstance(rot, str) and rot else "none"
 
 
 def _canonical_projection(p) -> str:
@@ -250,6 +260,7 @@ def load_run(run_dir: str | Path, *, skip_malformed: bool = False) -> RunData:
         n_replaced=replaced,
         n_malformed=malformed,
         on_gpu=any(_is_num(rec.get("mfu")) for rec in train.values()),
+        qk_rotation=_qk_rotation(meta.get("config")),
     )
 
 
@@ -316,7 +327,8 @@ def config_differences(runs: list[RunData]) -> str:
 
 
 def group_arms(runs: list[RunData], *, force: bool) -> tuple[dict[str, list[RunData]], list[str]]:
-    """Group runs by precision arm (attention recipe + projection), sorted by seed within an arm.
+    """Group runs by precision arm (attention recipe + Q/K rotation + projection), sorted by seed
+    within an arm.
 
     Two runs of one arm with the same seed are refused unless ``force``. One arm (all runs of one
     precision, several seeds) is allowed: the comparison then reports the seed spread alone.
