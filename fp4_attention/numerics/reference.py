@@ -264,8 +264,9 @@ def reference_backward(
         ds_round: how the dQ/dK products' dS operands are rounded: called as
             ``ds_round(t, "dq", j0)`` with ``t = dS * col`` and ``ds_round(t, "dk", j0)`` with
             ``t = dS * row``, FP32 ``[B, Hkv, G, Sq, keys of the tile]`` (its first key ``j0``);
-            returns the rounded values in FP32, the same shape. None = BF16, the recipes' definition. Another rounding (FP8
-            with a per-tile scale, ``bench/ds_fp8_numerics.py``) measures a kernel option's numerics.
+            returns the rounded values in FP32, the same shape. None = BF16, the recipes'
+            definition. Another rounding (FP8 with a per-tile scale, ``bench/ds_fp8_numerics.py``)
+            measures a kernel option's numerics.
     Returns:
         ``(dq, dk, dv)`` in BF16, shaped like q, k, v (straight-through to the BF16 inputs).
     Raises:
