@@ -221,8 +221,8 @@ def plan_record(
 
 def first_call(args, root: Path, session_start: float) -> dict:
     """Plan, set up, write plan.json; returns the plan dict. Raises ValueError / SetupError."""
-    gpus = args.gpus or detect_gpus()
-    if gpus < 1:
+    gpus = detect_gpus() if args.gpus is None else args.gpus  # an explicit --gpus < 1: make_plan refuses
+    if args.gpus is None and gpus < 1:
         raise S.SetupError("no GPU found (nvidia-smi -L); --dry-run prints the plan without one", code=2)
     plan = _plan(args, gpus)
     print(B.format_plan(plan, root=str(root)), flush=True)
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.prepare_data:
             return S.main_prepare(REPO, args.prepare_data)
         if args.dry_run:
-            plan = _plan(args, args.gpus or 8)
+            plan = _plan(args, 8 if args.gpus is None else args.gpus)
             print(B.format_plan(plan, root=str(args.root)))
             return 0
         return device_call(args)

@@ -395,6 +395,12 @@ def make_plan(
             f"--train-iters {train_iters:,} does not fit the budget: at most {steps_fit:,} steps "
             f"({steps_fit * tokens_per_step:,} tokens) per run fit on {gpus} GPU(s)"
         )
+    if train_iters is not None and steps * tokens_per_step < min_tokens:
+        raise ValueError(
+            f"--train-iters {train_iters:,} gives {steps * tokens_per_step:,} tokens per run, below "
+            f"--min-tokens {min_tokens:,}; raise --train-iters (at most {steps_fit:,} fit) or lower "
+            "--min-tokens"
+        )
     if steps * tokens_per_step < min_tokens:
         slow = min(tps_value, key=tps_value.get)
         need = run_seconds(

@@ -148,6 +148,11 @@ def test_cli_errors_are_one_line_exit_2():
         (("--dry-run", "--hold-s", "900"), "do not fit"),
         (("--dry-run", "--call-s", "700"), "at most 600 s"),
         (("--dry-run", "--tokens-per-s", "fp8=fast"), "ARM=TOKENS_PER_S"),
+        (("--dry-run", "--gpus", "0"), "--gpus must be >= 1, got 0"),
+        (
+            ("--dry-run", "--train-iters", "10"),
+            "--train-iters 10 gives 655,360 tokens per run, below --min-tokens",
+        ),
     ):
         res = _cli(*args)
         assert res.returncode == 2, (args, res.stdout, res.stderr)
