@@ -98,14 +98,18 @@ def get_backend(name: str) -> Backend:
     """The implementation of backend ``name``, importing it on first use.
 
     Raises:
-        ValueError: unknown name, or an implementation that cannot be imported (the message says
-            what to install and which backends run instead).
+        ValueError: unknown name, an implementation that cannot be imported (the message says
+            what to install and which backends run instead), or one that refuses its configuration
+            on import (a ValueError of its own, e.g. a bad environment variable: passed on as it is,
+            without the install hint).
     """
     spec = backend_spec(name)
     if name not in _INSTANCES:
         module, _, cls = spec.impl.partition(":")
         try:
             impl = getattr(importlib.import_module(module), cls)
+        except ValueError as err:  # installed, but its configuration is wrong: reinstalling won't help
+            raise ValueError(f"attention backend {name!r}: {err}") from err
         except Exception as err:  # missing (ImportError) or installed but broken (RuntimeError, OSError)
             hint = f"; {spec.install_hint}" if spec.install_hint else ""
             raise ValueError(

@@ -136,3 +136,30 @@ def test_a_backend_that_fails_to_import_is_passed_over_by_auto_and_named():
             fa.get_backend("broken_test")
     finally:
         backends._SPECS.pop(spec.name)
+
+
+def test_a_backend_that_refuses_its_configuration_on_import_says_why_without_the_install_hint(
+    tmp_path, monkeypatch
+):
+    """A ValueError raised while the backend module imports (the cute backend's check of
+    FP4_ATTENTION_CUTE_CACHE_DIR) is the fix to make; "pip install" would send the user astray."""
+    (tmp_path / "refusing_backend_test.py").write_text(
+        'raise ValueError("SOME_DIR=/x is not a directory; unset it or point it at a directory")\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = BackendSpec(
+        name="refusing_test",
+        impl="refusing_backend_test:Backend",
+        recipes=("fp8",),
+        devices=("cpu",),
+        install_hint="pip install something",
+    )
+    backends._load_builtin_specs()
+    backends._SPECS[spec.name] = spec
+    try:
+        with pytest.raises(ValueError) as info:
+            fa.get_backend("refusing_test")
+        expected = "SOME_DIR=/x is not a directory; unset it or point it at a directory"
+        assert str(info.value) == f"attention backend 'refusing_test': {expected}"
+    finally:
+        backends._SPECS.pop(spec.name)
