@@ -78,3 +78,19 @@ def test_cache_dir_that_is_a_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV, str(f))
     with pytest.raises(ValueError, match="is not a directory; unset it or point it at a directory"):
         make_cache()
+
+
+def test_fingerprint_follows_the_quack_version(monkeypatch):
+    """The kernels trace quack-kernels' helpers (unpinned by flash-attn-4): another version is
+    another kernel."""
+    from fp4_attention.backends.cute import compile_cache
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    base = compile_cache.source_fingerprint()
+    real = compile_cache.importlib.metadata.version
+    monkeypatch.setattr(
+        compile_cache.importlib.metadata,
+        "version",
+        lambda dist: "0.0.0-other" if dist == "quack-kernels" else real(dist),
+    )
+    assert compile_cache.source_fingerprint() != base

@@ -12,6 +12,8 @@ The fingerprint changes with any of these, so a changed kernel is never loaded s
 - the source of this package;
 - the numerics modules the kernels' constants come from;
 - flash-attn-4's own source fingerprint (its CuTe sources, the CUTLASS DSL and TVM-FFI versions, Python);
+- the version of quack-kernels, whose layout and sm90 helpers the kernels trace (flash-attn-4 does not
+  pin it, and its fingerprint leaves it out);
 - the target architecture (``CUTE_DSL_ARCH``, or the GPU's compute capability).
 
 The cache stays off unless the variable is set, because the load path has not run on a GPU yet.
@@ -20,6 +22,7 @@ The cache stays off unless the variable is set, because the load path has not ru
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 from pathlib import Path
 
@@ -44,8 +47,8 @@ def _target() -> str:
 
 
 def source_fingerprint() -> str:
-    """SHA-256 (hex, 16 characters) of the kernels' sources, flash-attn-4's fingerprint and the
-    target architecture (module docstring)."""
+    """SHA-256 (hex, 16 characters) of the kernels' sources, flash-attn-4's fingerprint, the
+    quack-kernels version and the target architecture (module docstring)."""
     from flash_attn.cute.cache_utils import _compute_source_fingerprint
 
     h = hashlib.sha256()
@@ -53,6 +56,7 @@ def source_fingerprint() -> str:
         h.update(src.name.encode())
         h.update(src.read_bytes())
     h.update(_compute_source_fingerprint().encode())
+    h.update(f"quack-kernels={importlib.metadata.version('quack-kernels')}".encode())
     h.update(_target().encode())
     return h.hexdigest()[:16]
 
