@@ -94,3 +94,15 @@ def test_fingerprint_follows_the_quack_version(monkeypatch):
         lambda dist: "0.0.0-other" if dist == "quack-kernels" else real(dist),
     )
     assert compile_cache.source_fingerprint() != base
+
+
+def test_cache_dir_that_cannot_be_created_is_refused(tmp_path, monkeypatch):
+    from fp4_attention.backends.cute.compile_cache import ENV, make_cache
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    monkeypatch.setenv(ENV, str(f / "sub"))  # a parent that is a file
+    with pytest.raises(
+        ValueError, match="cannot create the kernel cache there .*point it at a writable directory"
+    ):
+        make_cache()

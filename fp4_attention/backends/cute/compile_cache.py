@@ -68,7 +68,8 @@ def make_cache():
     scalars and tuples (pickled and hashed for the file name).
 
     Raises:
-        ValueError: the variable names an existing path that is not a directory.
+        ValueError: the variable names an existing path that is not a directory, or a directory
+            that cannot be created or written.
     """
     from flash_attn.cute.cache_utils import JITCache, JITPersistentCache
 
@@ -78,4 +79,10 @@ def make_cache():
     path = Path(root).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{ENV}={root} is not a directory; unset it or point it at a directory")
-    return JITPersistentCache(path / source_fingerprint())
+    try:
+        return JITPersistentCache(path / source_fingerprint())
+    except OSError as err:  # a parent that is a file, no permission: the variable is the thing to fix
+        raise ValueError(
+            f"{ENV}={root}: cannot create the kernel cache there "
+            f"({type(err).__name__}: {err.strerror or err}); unset it or point it at a writable directory"
+        ) from None
