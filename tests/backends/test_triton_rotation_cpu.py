@@ -102,11 +102,14 @@ def test_interpreted_kernels_rotate_as_the_reference():
 
 
 def test_rotating_kernels_compile_for_sm90_without_spills():
+    """The two quantizers that rotate in registers (the butterfly beside the scales and codes: the
+    register-heavy kernels) compile for sm_90 without spills. The row-amax and un-rotation kernels,
+    the butterfly alone, were checked the same way when written (no spills) and are left out to
+    keep CI short (each compile takes about 13 s here)."""
     sys.path.insert(0, str(REPO / "bench"))
     from sass_report import compile_kernel, sass_stats
 
     from fp4_attention.backends.triton import quant as tq
-    from fp4_attention.backends.triton import rotation as tr
     from fp4_attention.numerics.rotation import inv_sqrt_dim
 
     d = 128
@@ -121,16 +124,6 @@ def test_rotating_kernels_compile_for_sm90_without_spills():
             tq._nvfp4_rows_kernel,
             {"X": "bf16", "G": "fp32", "P": "u8", "SC": "u8", "DEC": "bf16", "SIGNS": "fp32"},
             dict(D=d, ROWS=1024 // d, ROTATE=True, **rot),
-        ),
-        "row amax": (
-            tr._row_amax_kernel,
-            {"X": "bf16", "SIGNS": "fp32", "A": "fp32"},
-            dict(D=d, ROWS=1024 // d, **rot),
-        ),
-        "unrotate": (
-            tr._unrotate_kernel,
-            {"G": "fp32", "SIGNS": "fp32", "Y": "bf16"},
-            dict(D=d, ROWS=1024 // d, **rot),
         ),
     }
     for name, (fn, ptrs, consts) in cases.items():
