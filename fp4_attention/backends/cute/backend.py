@@ -30,8 +30,9 @@ import torch
 from ...numerics.operands import SavedState
 from ...numerics.quant import FP8Tensor
 from ...numerics.recipes import Recipe
-from ..dout import LOG2E, lse_stat, quantize_dout
-from ..pv_layout import padded_keys, permute_v_for_pv, unpermute_v_keys
+from ..dout import LOG2E
+from ..pv_layout import padded_keys, unpermute_v_keys
+from ..triton.dout_quant import quantize_dout_fused
 from ..triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed
 from . import SPEC
 
@@ -205,20 +206,27 @@ def _round_up(n: int, m: int) -> int:
 
 def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
-    ``[B, Hq, Sq, D]`` (torch on the device): ``[B, H, S, D]`` tensors, per-query vectors padded to a
-    multiple of the backward's ``tile_m`` (stat -inf, the others 0), zeroed FP32 accumulators."""
+    ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D and the per-query vectors padded to a
+    multiple of the backward's ``tile_m`` (stat -inf, the others 0) from two Triton kernels
+    (``triton.dout_quant``); the BF16 images of the Q/K payloads, V in key order and the zeroed FP32
+    accumulators with torch."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     b, hq, sq, d = dout.shape
     hkv, sk = k_s.data.shape[1], k_s.data.shape[2]
     v_scale = v_s.scale.squeeze(2).contiguous()  # [B, Hkv, D]
-    do_q, s_do, delta = quantize_dout(dout, state.out, v_scale)
-    sq_pad = _round_up(sq, tile_m)
-
-    def vec(t, fill):
-        return torch.nn.functional.pad(t.float(), (0, sq_pad - sq), value=fill).contiguous()
-
     q_scale, k_scale = q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+    dv = quantize_dout_fused(
+        dout,
+        state.out,
+        v_scale,
+        state.lse,
+        lift=LIFT,
+        pad_to=tile_m,
+        transposed=True,
+        q_scale=q_scale,
+        qk_scale_log2=softmax_scale * LOG2E,
+    )
     dev = dout.device
     ops = dict(
         q8=q_s.data,
@@ -226,17 +234,17 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         k8=k_s.data,
         kb=k_s.data.to(torch.bfloat16),
         v8=unpermute_v(v_s, sk).data.transpose(-1, -2).contiguous(),  # [B, Hkv, Sk, D], key order
-        do8=do_q.data,
-        dot8=permute_v_for_pv(do_q.data.transpose(-1, -2)),  # [B, Hq, D, Sq16], queries permuted
-        stat=vec(lse_stat(state.lse, LIFT), -torch.inf),
-        r=vec(q_scale * (softmax_scale * LOG2E), 0.0),
-        row=vec(q_scale * 2.0**-LIFT, 0.0),
-        delta=vec(delta, 0.0),
+        do8=dv.do_q.data,
+        dot8=dv.dot,  # [B, Hq, D, Sq16], queries permuted
+        stat=dv.stat,
+        r=dv.r,
+        row=dv.row,
+        delta=dv.delta,
         col=k_scale.contiguous(),
         col2=(k_scale * 2.0**-LIFT).contiguous(),
-        s_do=s_do.contiguous(),
+        s_do=dv.s_do,
         v_scale=v_scale,
-        dq_accum=torch.zeros((b, hq, sq_pad * d), dtype=torch.float32, device=dev),
+        dq_accum=torch.zeros((b, hq, _round_up(sq, tile_m) * d), dtype=torch.float32, device=dev),
     )
     if hq == hkv:
         ops["dk"] = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dev)

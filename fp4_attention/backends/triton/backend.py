@@ -24,8 +24,9 @@ from ...numerics.operands import Saved, SavedState, quantize_qk, quantize_v, v_o
 from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale
 from ...numerics.recipes import Recipe
 from ..base import UnsupportedError
-from ..dout import lse_stat, quantize_dout
+from ..dout import lse_stat
 from . import SPEC
+from .dout_quant import quantize_dout_fused
 from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
 from .quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
 from .rotation import rotated_row_amax, unrotate_rows
@@ -264,8 +265,10 @@ class TritonBackend:
         if recipe.pv == "fp8":
             v_scale = state.v.scale.squeeze(2)  # [B, Hkv, D]
             v_op = state.v.data.transpose(-1, -2).contiguous()  # [B, Hkv, Sk, D] K-major for dP
-            do_q, s_do, delta = quantize_dout(dout, state.out, v_scale)
-            do_op = do_q.data
+            dv_ops = quantize_dout_fused(
+                dout.contiguous(), state.out.contiguous(), v_scale.contiguous(), state.lse, lift=lift
+            )
+            do_op, s_do, delta = dv_ops.do_q.data, dv_ops.s_do, dv_ops.delta
         else:
             v_op = state.v
             v_scale = torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hkv, d)

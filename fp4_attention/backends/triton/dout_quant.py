@@ -1,0 +1,223 @@
+"""dO's E5M2 operand, D and the per-query vectors of the FP8 backwards in two Triton kernels (no FP32
+copy of dO): the torch definition is ``backends/dout.py`` (``quantize_dout``, ``lse_stat``).
+
+1. ``_dout_amax_kernel``: the per-(batch, query head) amax of ``|dO * v_scale|`` (exact: V's
+   per-channel scale is a power of two) and whether the head holds a NaN/Inf, by atomic max.
+2. ``_dout_quant_kernel``: per block of queries, the scale ``amax / 57344`` (IEEE division; 1 for an
+   all-zero head, NaN and code 0x7F for a non-finite one), the E5M2 codes ``dO * v_scale / s``
+   (round to nearest even, clamped), stored row-major and, optionally, transposed with the queries
+   of each 16 permuted (``pv_layout.V_PERM16``, the CuTe backward's dV operand); D =
+   rowsum((q * s) * O / v_scale) of the same dequantized dO; and the LSE statistic, the Q-scale
+   products the CuTe backward reads, zero-padded (stat -inf) to the buffers' length.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...numerics.quant import FP8Tensor
+
+__all__ = ["DoutOperands", "quantize_dout_fused"]
+
+E5M2_MAX = 57344.0
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _dout_amax_kernel(DO, VS, AMAX, BAD, H, G, SQ, sb, sh, ss, D: tl.constexpr, BLOCK: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    i = pid_m * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, D)
+    x = tl.load(DO + b * sb + h * sh + i[:, None] * ss + d[None, :], mask=(i < SQ)[:, None], other=0.0)
+    vs = tl.load(VS + (b * (H // G) + h // G) * D + d)
+    ax = tl.abs(x.to(tl.float32) * vs[None, :])
+    bad = tl.max(tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 1), 0)
+    amax = tl.max(tl.max(tl.where(ax == ax, ax, 0.0), 1), 0)
+    tl.atomic_max(AMAX + bh, amax)
+    tl.atomic_max(BAD + bh, bad)
+
+
+@triton.jit
+def _dout_quant_kernel(
+    DO,
+    O,
+    VS,
+    AMAX,
+    BAD,
+    LSE,
+    QS,
+    Y,
+    YT,
+    SDO,
+    DELTA,
+    STAT,
+    R,
+    ROW,
+    H,
+    G,
+    SQ,
+    SQ16,
+    SPAD,
+    sb,
+    sh,
+    ss,
+    qk_scale_log2,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LIFT: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    i = pid_m * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, D)
+    ok = i < SQ
+    amax = tl.load(AMAX + bh)
+    bad = tl.load(BAD + bh) > 0
+    scale = tl.math.div_rn(amax, E5M2_MAX)
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    scale = tl.where(bad, float("nan"), scale)
+    off = b * sb + h * sh + i[:, None] * ss + d[None, :]
+    x = tl.load(DO + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    o = tl.load(O + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    vs = tl.load(VS + (b * (H // G) + h // G) * D + d)
+    y = tl.math.div_rn(x * vs[None, :], scale)
+    y = tl.minimum(tl.maximum(y, -E5M2_MAX), E5M2_MAX)
+    yq = y.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    yq = tl.where(bad, 0x7F, yq).to(tl.uint8)
+    yq = tl.where(ok[:, None], yq, 0).to(tl.uint8)
+    row_base = bh * SQ * D
+    tl.store(Y + row_base + i[:, None] * D + d[None, :], yq, mask=ok[:, None])
+    if TRANSPOSED:
+        # query i sits in slot 16 (i // 16) + 4 ((i % 8) // 2) + 2 ((i % 16) // 8) + i % 2 of dO^T
+        slot = (i // 16) * 16 + ((i % 8) // 2) * 4 + ((i % 16) // 8) * 2 + (i % 2)
+        tl.store(YT + bh * D * SQ16 + d[None, :] * SQ16 + slot[:, None], yq, mask=(i < SQ16)[:, None])
+    deq = yq.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
+    delta = tl.sum(deq * o / vs[None, :], 1)
+    in_pad = i < SPAD
+    tl.store(DELTA + bh * SPAD + i, tl.where(ok, delta, 0.0), mask=in_pad)
+    lse = tl.load(LSE + bh * SQ + i, mask=ok, other=float("-inf"))
+    stat = tl.where(lse == float("-inf"), float("-inf"), LIFT - lse * LOG2E)
+    tl.store(STAT + bh * SPAD + i, stat, mask=in_pad)
+    if TRANSPOSED:
+        qs = tl.load(QS + bh * SQ + i, mask=ok, other=0.0)
+        tl.store(R + bh * SPAD + i, qs * qk_scale_log2, mask=in_pad)
+        tl.store(ROW + bh * SPAD + i, qs * (1.0 / (1 << LIFT)), mask=in_pad)
+    if pid_m == 0:
+        tl.store(SDO + bh, scale)
+
+
+class DoutOperands:
+    """What :func:`quantize_dout_fused` returns.
+
+    Attributes:
+        do_q: :class:`FP8Tensor` E5M2 ``[B, Hq, Sq, D]``, scale ``[B, Hq, 1, 1]``.
+        s_do: FP32 ``[B, Hq]`` (the same values as ``do_q.scale``).
+        delta, stat: FP32 ``[B, Hq, S_pad]``; rows past Sq hold 0 and -inf.
+        dot: E5M2 ``[B, Hq, D, Sq16]`` dO^T with the ``V_PERM16`` query order (``transposed=True``).
+        r, row: FP32 ``[B, Hq, S_pad]`` Q token scale * ``qk_scale_log2`` and * 2^-LIFT
+            (``transposed=True``, from ``q_scale``); 0 past Sq.
+    """
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def quantize_dout_fused(
+    dout: torch.Tensor,
+    out: torch.Tensor,
+    v_scale: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    lift: int,
+    pad_to: int = 1,
+    transposed: bool = False,
+    q_scale: torch.Tensor | None = None,
+    qk_scale_log2: float = 0.0,
+) -> DoutOperands:
+    """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
+
+    Args:
+        dout, out: BF16 ``[B, Hq, Sq, D]``, last dim contiguous (``dout``'s strides are used for both).
+        v_scale: FP32 ``[B, Hkv, D]`` (contiguous), powers of two.
+        lse: FP32 natural-log LSE ``[B, Hq, Sq]``, contiguous.
+        lift: P's lift (log2), for ``stat = lift - LSE log2 e``.
+        pad_to: the per-query vectors' length is Sq rounded up to this.
+        transposed: also dO^T and the vectors ``r``, ``row`` (the CuTe backward); needs ``q_scale``
+            FP32 ``[B, Hq, Sq]`` contiguous.
+    Returns:
+        :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
+        (the GPU tests check it); D equals its value up to FP32 summation order.
+    Raises:
+        ValueError: wrong devices, dtypes, shapes or layouts, or a head dim that is not a power of two.
+    """
+    b, hq, sq, d = dout.shape
+    hkv = v_scale.shape[1]
+    if not dout.is_cuda and not _interpreted():
+        raise ValueError("quantize_dout_fused: needs CUDA tensors; use backends.dout.quantize_dout on a CPU")
+    layout_ok = out.shape == dout.shape and out.stride() == dout.stride() and dout.stride(-1) == 1
+    if d & (d - 1) or d > 256 or not layout_ok:
+        raise ValueError(
+            f"quantize_dout_fused: dout/out must be [B, Hq, Sq, D] with equal strides, the last dim "
+            f"contiguous and D a power of two <= 256; got {tuple(dout.shape)} / {tuple(out.shape)}, "
+            f"strides {dout.stride()} / {out.stride()}"
+        )
+    if tuple(v_scale.shape) != (b, hkv, d) or hq % hkv or not v_scale.is_contiguous():
+        raise ValueError(f"quantize_dout_fused: v_scale must be contiguous [B, Hkv, D] = {(b, hkv, d)}")
+    if transposed and (q_scale is None or tuple(q_scale.shape) != (b, hq, sq)):
+        raise ValueError("quantize_dout_fused: transposed=True needs q_scale [B, Hq, Sq]")
+    dev = dout.device
+    spad = -(-sq // pad_to) * pad_to
+    sq16 = -(-sq // 16) * 16
+    amax = torch.zeros(b * hq, dtype=torch.float32, device=dev)
+    bad = torch.zeros(b * hq, dtype=torch.int32, device=dev)
+    block = 64
+    grid = (triton.cdiv(sq, block), b * hq)
+    strides = (dout.stride(0), dout.stride(1), dout.stride(2))
+    _dout_amax_kernel[grid](dout, v_scale, amax, bad, hq, hq // hkv, sq, *strides, D=d, BLOCK=block)
+    y = torch.empty((b, hq, sq, d), dtype=torch.uint8, device=dev)
+    yt = torch.empty((b, hq, d, sq16), dtype=torch.uint8, device=dev) if transposed else y
+    s_do = torch.empty((b, hq), dtype=torch.float32, device=dev)
+    vec = [torch.empty((b, hq, spad), dtype=torch.float32, device=dev) for _ in range(4)]
+    delta, stat, r, row = vec
+    qs = q_scale.contiguous() if transposed else lse
+    grid = (triton.cdiv(max(spad, sq16), block), b * hq)
+    _dout_quant_kernel[grid](
+        dout,
+        out,
+        v_scale,
+        amax,
+        bad,
+        lse.contiguous(),
+        qs,
+        y,
+        yt,
+        s_do,
+        delta,
+        stat,
+        r,
+        row,
+        hq,
+        hq // hkv,
+        sq,
+        sq16,
+        spad,
+        *strides,
+        float(qk_scale_log2),
+        D=d,
+        BLOCK=block,
+        LIFT=lift,
+        TRANSPOSED=transposed,
+    )
+    do_q = FP8Tensor(data=y.view(torch.float8_e5m2), scale=s_do.view(b, hq, 1, 1))
+    extra = dict(dot=yt.view(torch.float8_e5m2), r=r, row=row) if transposed else {}
+    return DoutOperands(do_q=do_q, s_do=s_do, delta=delta, stat=stat, **extra)
+
+
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"

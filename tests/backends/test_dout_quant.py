@@ -1,0 +1,45 @@
+"""The fused dO preparation (``triton.dout_quant``) on the GPU: the E5M2 codes and scales equal
+``backends.dout.quantize_dout``'s bytes, dO^T is their ``V_PERM16`` transpose, D matches up to FP32
+summation order (the layout and vector checks also run interpreted on CPU: test_dout_quant_cpu.py)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from fp4_attention.backends.dout import quantize_dout  # noqa: E402
+from fp4_attention.backends.pv_layout import permute_v_for_pv  # noqa: E402
+from fp4_attention.backends.triton.dout_quant import quantize_dout_fused  # noqa: E402
+from fp4_attention.numerics.quant import pow2_ceil  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "b, hq, hkv, sq, d", [(1, 4, 2, 100, 64), (2, 8, 2, 1000, 128), (1, 32, 8, 4096, 128)]
+)
+@pytest.mark.parametrize("special", [None, "nan", "zero", "large"])
+def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
+    g = torch.Generator().manual_seed(sq)
+    dout = torch.randn(b, hq, sq, d, generator=g).bfloat16().cuda()
+    out = torch.randn(b, hq, sq, d, generator=g).bfloat16().cuda()
+    vs = pow2_ceil(torch.rand(b, hkv, d, generator=g) * 0.1 + 1e-3).contiguous().cuda()
+    if special == "nan":
+        dout[0, 1, 5, 7] = float("nan")
+    elif special == "zero":
+        dout[0, 0] = 0.0
+    elif special == "large":
+        dout[0, 0, 3] *= 1e4
+    lse = torch.randn(b, hq, sq, device="cuda")
+    qs = torch.rand(b, hq, sq, device="cuda")
+    got = quantize_dout_fused(
+        dout, out, vs, lse, lift=8, pad_to=64, transposed=True, q_scale=qs, qk_scale_log2=0.3
+    )
+    ref_q, ref_s, ref_delta = quantize_dout(dout, out, vs)
+    assert torch.equal(got.do_q.data.view(torch.uint8), ref_q.data.view(torch.uint8))
+    assert torch.equal(got.s_do.nan_to_num(-1.0), ref_s.nan_to_num(-1.0))
+    assert torch.equal(
+        permute_v_for_pv(ref_q.data.transpose(-1, -2)).view(torch.uint8), got.dot.view(torch.uint8)
+    )
+    assert torch.allclose(got.delta[..., :sq], ref_delta, rtol=1e-5, atol=1e-6, equal_nan=True)

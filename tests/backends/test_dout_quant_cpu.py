@@ -1,0 +1,86 @@
+"""The fused dO preparation of the FP8 backwards (``triton.dout_quant``) without a GPU, interpreted
+(``TRITON_INTERPRET=1``, in a subprocess: the variable is read when the kernels are defined).
+
+The interpreter's FP8 conversion is not the hardware's round-to-nearest-even (it differs in about
+5% of the codes), so the codes themselves are checked against ``backends.dout.quantize_dout`` on
+the GPU (test_dout_quant.py). Checked here, exactly: the per-head scale (amax, all-zero and
+non-finite heads), the dO^T layout against ``pv_layout.permute_v_for_pv`` of the kernel's own
+codes, D against the torch formula on the kernel's own codes, the LSE statistic, the Q-scale
+vectors, the padding, and the non-finite head's canonical code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _interpreted_checks() -> list[str]:
+    import torch
+
+    from fp4_attention.backends.dout import lse_stat, quantize_dout
+    from fp4_attention.backends.pv_layout import permute_v_for_pv
+    from fp4_attention.backends.triton.dout_quant import quantize_dout_fused
+    from fp4_attention.numerics.quant import pow2_ceil
+
+    failed = []
+    g = torch.Generator().manual_seed(0)
+    for b, hq, hkv, sq, d, pad in ((1, 4, 2, 100, 64, 64), (2, 2, 2, 130, 128, 64), (1, 2, 1, 64, 64, 1)):
+        dout = torch.randn(b, hq, sq, d, generator=g).bfloat16()
+        out = torch.randn(b, hq, sq, d, generator=g).bfloat16()
+        vs = pow2_ceil(torch.rand(b, hkv, d, generator=g) * 0.1 + 1e-3).contiguous()
+        lse = torch.randn(b, hq, sq, generator=g)
+        lse[0, 0, 3] = -torch.inf  # a row without keys
+        qs = torch.rand(b, hq, sq, generator=g)
+        if b == 2:
+            dout[1, 1, 5, 7] = float("nan")  # a non-finite head
+            dout[0, 1] = 0.0  # an all-zero head
+        case = f"B{b} H{hq}/{hkv} S{sq} D{d} pad {pad}"
+        got = quantize_dout_fused(
+            dout, out, vs, lse, lift=8, pad_to=pad, transposed=True, q_scale=qs, qk_scale_log2=0.3
+        )
+        _, ref_s, _ = quantize_dout(dout, out, vs)
+        if not torch.equal(got.s_do.nan_to_num(-1.0), ref_s.nan_to_num(-1.0)):
+            failed.append(f"{case}: scale")
+        codes = got.do_q.data.view(torch.uint8)
+        bad_head = ref_s.isnan()
+        if not bool((codes[bad_head] == 0x7F).all()):
+            failed.append(f"{case}: code of a non-finite head")
+        if not torch.equal(
+            permute_v_for_pv(got.do_q.data.transpose(-1, -2)).view(torch.uint8), got.dot.view(torch.uint8)
+        ):
+            failed.append(f"{case}: dO^T layout")
+        vq = vs.repeat_interleave(hq // hkv, dim=1).unsqueeze(2)
+        own = ((got.do_q.data.float() * got.do_q.scale) * out.float() / vq).sum(-1)
+        if not torch.allclose(got.delta[..., :sq], own, rtol=1e-4, atol=1e-6, equal_nan=True):
+            failed.append(f"{case}: D")
+        stat = lse_stat(lse, 8)
+        if not torch.allclose(got.stat[..., :sq], stat, rtol=1e-6, atol=0.0, equal_nan=True):
+            failed.append(f"{case}: stat")
+        if not (torch.allclose(got.r[..., :sq], qs * 0.3) and torch.equal(got.row[..., :sq], qs * 2.0**-8)):
+            failed.append(f"{case}: r, row")
+        spad = -(-sq // pad) * pad
+        pads = (got.delta[..., sq:], got.r[..., sq:], got.row[..., sq:])
+        if got.stat.shape[-1] != spad or not all(bool((t == 0).all()) for t in pads):
+            failed.append(f"{case}: padding")
+        if not bool((got.stat[..., sq:] == -torch.inf).all()):
+            failed.append(f"{case}: stat padding")
+    return failed
+
+
+def test_interpreted_dout_preparation():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    res = subprocess.run(
+        [sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "ok", res.stdout + res.stderr
+
+
+if __name__ == "__main__":
+    bad = _interpreted_checks()
+    print("\n".join(bad) if bad else "ok")
