@@ -20,6 +20,8 @@ Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
 - ``bounds`` (E4M3): dK as ``bound``, and dQ with a static scale per query as well (no amax
   reduction across the tile's two warpgroups): ``|dS_ij col_j| <= s_dO ||dO8_i|| max_j col_j ||v_j||
   + |D_i| max_j col_j``.
+- ``dk-only`` (E4M3): the cute backward's ``dk_fp8`` option: dQ's operand stays BF16, dK's is
+  E4M3 with ``backends.dout.dk_operand_scale`` (the ``bound`` scale rounded up to a power of two).
 
 E4M3 (more mantissa) and E5M2 (more range) are both measured. Rounding is to nearest even with
 saturation (torch's conversion after a clamp, as the Triton quantizers do). The dV product and the
@@ -110,6 +112,25 @@ def bound_round(state, dout: torch.Tensor, recipe, softmax_scale: float, static_
     return rnd
 
 
+def dk_only_round(state, dout: torch.Tensor):
+    """The ``dk-only`` variant's ``ds_round``: the cute backward's ``dk_fp8`` numerics."""
+    from fp4_attention.backends.dout import dk_operand_scale, quantize_dout
+
+    v_scale = state.v.scale.squeeze(2).contiguous()
+    do_q, s_do, delta = quantize_dout(dout, state.out, v_scale)
+    scale = dk_operand_scale(state.q.scale.squeeze(-1), s_do, do_q.data, delta, state.v.data)
+    hkv = state.v.data.shape[1]
+    s_g = scale.unflatten(1, (hkv, -1)).unsqueeze(-2)  # [B, Hkv, G, 1, Sk]
+
+    def rnd(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
+        if product == "dq":
+            return t.bfloat16().float()
+        sc = s_g[..., j0 : j0 + t.shape[-1]]
+        return (t / sc).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * sc
+
+    return rnd
+
+
 def run(args) -> list[dict]:
     rec = fa.get_recipe("fp8")
     sm = args.headdim**-0.5
@@ -128,6 +149,7 @@ def run(args) -> list[dict]:
         static = [
             (f"e4m3/{n}", bound_round(state, dout, rec, sm, n == "bounds")) for n in ("bound", "bounds")
         ]
+        static.append(("e4m3/dk-only", dk_only_round(state, dout)))
         for name, rnd in (*variants, *static):
             dq, dk, _ = reference_backward(state, dout, rec, causal=True, softmax_scale=sm, ds_round=rnd)
             row = {"family": family, "dS": name, "dq": _metrics(dq, qd.grad), "dk": _metrics(dk, kd.grad)}

@@ -195,3 +195,16 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal):
     assert rep["MUFU.EX2"] == 2 * 32, rep  # 64 keys x 64 queries per warpgroup / 128 threads
     if group > 1:  # the MHA epilogue (BF16 dK/dV through shared memory) spills a few registers today
         assert rep["STL"] == 0 and rep["LDL"] == 0, rep
+
+
+def test_backward_dk_fp8_option_moves_dk_to_qgmma():
+    """``dk_fp8`` (a measurement option): the dK product becomes k32 QGMMAs over the 64 queries (2 per
+    block and warpgroup, twice: the peeled first block), leaving dQ's k16 HGMMAs; GQA stays almost
+    spill-free."""
+    from cute_sass_report import compile_bwd_report
+
+    base = compile_bwd_report(True, 4, 128)
+    fp8 = compile_bwd_report(True, 4, 128, dk_fp8=True)
+    assert fp8["QGMMA"] - base["QGMMA"] == 2 * (64 // 32), (base, fp8)
+    assert base["HGMMA"] - fp8["HGMMA"] == 2 * (64 // 16), (base, fp8)
+    assert fp8["STL"] <= 4, fp8
