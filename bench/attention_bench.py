@@ -273,10 +273,14 @@ def main(argv=None) -> int:
                 tiles = [tuple(int(x) for x in t.split(",")) for t in args.cute_tiles]
                 cands += [
                     ("fa4_bf16", lambda: ours_fn("bf16", q, k, v, causal, pass_, backend="fa4")),
-                    (
-                        "cute_fp8",
-                        lambda: ours_fn("fp8", q, k, v, causal, pass_, backend="cute", tiles=tiles[0]),
-                    ),
+                    *[
+                        (
+                            f"cute_{r}",
+                            (lambda r=r: ours_fn(r, q, k, v, causal, pass_, backend="cute", tiles=tiles[0])),
+                        )
+                        for r in args.recipes
+                        if r in ("fp8", "nvfp4qk_fp8pv")
+                    ],
                 ]
                 if pass_ != "fwd":  # the backward's measurement option: dK on an E4M3 dS operand
                     cands.append(("cute_fp8_dk_fp8", lambda: cute_dk_fp8_fn(q, k, v, causal, pass_)))

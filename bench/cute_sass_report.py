@@ -49,8 +49,9 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
 
     b, hkv, s, d = 1, 2, 512, head_dim
     hq = hkv * group
-    q = torch.zeros(b, hq, s, d, dtype=torch.float8_e4m3fn).permute(0, 2, 1, 3)
-    k = torch.zeros(b, hkv, s, d, dtype=torch.float8_e4m3fn).permute(0, 2, 1, 3)
+    qk_dtype = torch.bfloat16 if kernel_options.get("qk_bf16") else torch.float8_e4m3fn
+    q = torch.zeros(b, hq, s, d, dtype=qk_dtype).permute(0, 2, 1, 3)
+    k = torch.zeros(b, hkv, s, d, dtype=qk_dtype).permute(0, 2, 1, 3)
     vt = torch.zeros(b, hkv, d, s, dtype=torch.float8_e4m3fn).permute(0, 3, 1, 2)
     o = torch.empty(b, hq, s, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
     small = [torch.empty(b, hq, s), torch.ones(b, hq, s), torch.ones(b, hkv, s), torch.ones(b, hkv, d)]
@@ -253,6 +254,7 @@ def main(argv=None) -> int:
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True (needs --no-promote-qk)")
     p.add_argument("--no-promote-qk", action="store_true")
+    p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernel)")
     p.add_argument("--no-promote-pv", action="store_true")
     p.add_argument("--qk-promote-k", type=int, default=32, choices=(32, 64))
     p.add_argument("--pv-only-turn", action="store_true")
@@ -269,8 +271,9 @@ def main(argv=None) -> int:
         tuple(int(x) for x in a.tiles.split(",")),
         causal=not a.non_causal,
         intra_wg_overlap=a.overlap,
-        promote_qk=not a.no_promote_qk,
+        promote_qk=None if a.qk_bf16 or a.overlap else not a.no_promote_qk,
         promote_pv=not a.no_promote_pv,
+        qk_bf16=a.qk_bf16,
         qk_promote_k=a.qk_promote_k,
         pv_only_turn=a.pv_only_turn,
         early_k_scales=a.early_k_scales,

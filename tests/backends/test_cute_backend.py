@@ -1,4 +1,5 @@
-"""``cute`` backend (CuTe DSL fp8 forward and backward, sm_90) and ``fa4`` backend vs the torch reference.
+"""``cute`` backend (CuTe DSL fp8 forward and backward, nvfp4qk_fp8pv forward, sm_90) and ``fa4``
+backend vs the torch reference.
 
 The same assertions as test_triton_backend.py (its ``compare``), with the reference run at the
 CuTe kernel's KV tile (``block_n = tile_n``) and in its tile order (last to first,
@@ -66,39 +67,49 @@ def test_v_quantizer_perm16_layout(sk):
     )
 
 
+RECIPES = ["fp8", "nvfp4qk_fp8pv"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("group", [1, 4, 6])
-def test_matches_reference_shapes(causal, d, group, cute):
-    tt.compare("fp8", 2, 2 * group, 2, 300, 300, d, causal, target=cute)
+def test_matches_reference_shapes(recipe, causal, d, group, cute):
+    tt.compare(recipe, 2, 2 * group, 2, 300, 300, d, causal, target=cute)
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("n", [127, 128, 129, 255, 256, 257])
-def test_tile_boundaries(n, cute):
-    tt.compare("fp8", 1, 4, 1, n, n, 128, True, target=cute)
-    tt.compare("fp8", 1, 4, 1, n // 2 + 1, n, 128, True, target=cute)
-    tt.compare("fp8", 1, 4, 1, n, n // 2 + 1, 128, True, target=cute)
+def test_tile_boundaries(recipe, n, cute):
+    tt.compare(recipe, 1, 4, 1, n, n, 128, True, target=cute)
+    tt.compare(recipe, 1, 4, 1, n // 2 + 1, n, 128, True, target=cute)
+    tt.compare(recipe, 1, 4, 1, n, n // 2 + 1, 128, True, target=cute)
 
 
-def test_real_training_shape(cute):
-    tt.compare("fp8", 1, 32, 8, 4096, 4096, 128, True, target=cute)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_real_training_shape(recipe, cute):
+    tt.compare(recipe, 1, 32, 8, 4096, 4096, 128, True, target=cute)
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("scale", [2.0, 3.0])
-def test_wide_logits(scale, cute):
-    tt.compare("fp8", 1, 8, 2, 1024, 1024, 128, True, scale=scale, target=cute)
+def test_wide_logits(recipe, scale, cute):
+    tt.compare(recipe, 1, 8, 2, 1024, 1024, 128, True, scale=scale, target=cute)
 
 
-def test_long_kv_no_drift(cute):
-    tt.compare("fp8", 1, 2, 1, 256, 131072, 128, False, grads=False, target=cute)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_long_kv_no_drift(recipe, cute):
+    tt.compare(recipe, 1, 2, 1, 256, 131072, 128, False, grads=False, target=cute)
 
 
-def test_per_head_scales_matter(cute):
-    tt.check_per_head_scales_matter("fp8", target=cute)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_per_head_scales_matter(recipe, cute):
+    tt.check_per_head_scales_matter(recipe, target=cute)
 
 
-def test_zero_dout_exact_zero(cute):
-    tt.check_zero_dout_exact_zero("fp8", target=cute)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_zero_dout_exact_zero(recipe, cute):
+    tt.check_zero_dout_exact_zero(recipe, target=cute)
 
 
 def test_api_end_to_end_and_fidelity():
@@ -199,7 +210,7 @@ def test_direct_p_columns_match_the_default(every):
 def test_unsupported_raises():
     q, k, v = make_qkv(1, 4, 1, 128, 128, 128, device="cuda")
     with pytest.raises(fa.UnsupportedError, match="backend='triton'"):
-        fa.attention(q, k, v, recipe="nvfp4qk_fp8pv", backend="cute", layout="bhsd")
+        fa.attention(q, k, v, recipe="nvfp4qk_mxfp4pv_fast", backend="cute", layout="bhsd")
     with pytest.raises(fa.UnsupportedError, match="backend='cute'"):
         fa.attention(q, k, v, recipe="fp8", backend="fa4", layout="bhsd")
 

@@ -208,3 +208,11 @@ def test_backward_dk_fp8_option_moves_dk_to_qgmma():
     assert fp8["QGMMA"] - base["QGMMA"] == 2 * (64 // 32), (base, fp8)
     assert base["HGMMA"] - fp8["HGMMA"] == 2 * (64 // 16), (base, fp8)
     assert fp8["STL"] <= 4, fp8
+
+
+@pytest.mark.parametrize("overlap, tiles", [(False, (128, 128, 2)), (True, (128, 96, 2))])
+def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(overlap, tiles):
+    rep = compile_report(tiles, qk_bf16=True, intra_wg_overlap=overlap)
+    assert rep["HGMMA"] >= 128 // 16, rep  # QK: BF16 wgmma, k16 steps over the head dim
+    assert rep["QGMMA"] >= 128 // 32, rep  # PV: FP8 wgmma
+    assert rep["STL"] == 0 and rep["LDL"] == 0, rep

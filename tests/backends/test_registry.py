@@ -40,7 +40,7 @@ def test_auto_prefers_the_highest_priority_backend_that_runs_the_recipe():
     # without a GPU the ranking is read from the declarations alone (device None)
     assert backends.alternatives("bf16") == ["fa4", "triton", "reference"]
     assert backends.alternatives("fp8") == ["triton", "cute", "reference"]
-    assert backends.alternatives("nvfp4qk_fp8pv") == ["triton", "reference"]
+    assert backends.alternatives("nvfp4qk_fp8pv") == ["triton", "cute", "reference"]
 
 
 def test_named_backend_errors_name_the_alternatives():
@@ -50,7 +50,8 @@ def test_named_backend_errors_name_the_alternatives():
     ):
         backends.check_supported("triton", "fp8", q)
     with pytest.raises(
-        UnsupportedError, match="cute backend runs recipes fp8, not 'bf16'; use backend='reference'"
+        UnsupportedError,
+        match="cute backend runs recipes fp8, nvfp4qk_fp8pv, not 'bf16'; use backend='reference'",
     ):
         backends.check_supported("cute", "bf16", q)
     with pytest.raises(
@@ -108,7 +109,8 @@ def test_attention_config_validates_from_the_declarations():
     assert cfg.call_kwargs() == {"recipe": "fp8", "backend": "cute", "tiles": (128, 128, 2)}
     with pytest.raises(
         ValueError,
-        match="runs recipe.s. fp8, not 'bf16'; use attention.backend=auto or one of fa4, triton, reference",
+        match="runs recipe.s. fp8, nvfp4qk_fp8pv, not 'bf16'; use attention.backend=auto or one of "
+        "fa4, triton, reference",
     ):
         fa.AttentionConfig(recipe="bf16", backend="cute")
     with pytest.raises(

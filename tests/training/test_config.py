@@ -57,8 +57,9 @@ def test_train_tokens_accepts_scientific_notation():
             "unknown attention backend 'cuda'; known: auto, cute, fa4, reference, triton",
         ),
         (
-            {"attention": {"backend": "cute", "recipe": "nvfp4qk_fp8pv"}},
-            "runs recipe.s. fp8, not 'nvfp4qk_fp8pv'; use attention.backend=auto or one of triton, reference",
+            {"attention": {"backend": "cute", "recipe": "bf16"}},
+            "runs recipe.s. fp8, nvfp4qk_fp8pv, not 'bf16'; use attention.backend=auto or one of "
+            "fa4, triton, reference",
         ),
         ({"attention": {"backend": "fa4", "recipe": "fp8"}}, "runs recipe.s. bf16, not 'fp8'"),
         (
@@ -105,8 +106,12 @@ def test_projection_and_parallel_sections_are_the_model_config_types():
     assert load_config(None, ["parallel.context=2"]).parallel.context == 2
 
 
-def test_single_recipe_backends_accept_their_recipe():
+def test_cute_and_fa4_accept_their_recipes():
     assert load_config(None, ["attention.backend=cute", "attention.recipe=fp8"]).attention.backend == "cute"
+    assert (
+        load_config(None, ["attention.backend=cute", "attention.recipe=nvfp4qk_fp8pv"]).attention.backend
+        == "cute"
+    )
     assert load_config(None, ["attention.backend=fa4", "attention.recipe=bf16"]).attention.backend == "fa4"
 
 

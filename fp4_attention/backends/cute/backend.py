@@ -4,13 +4,17 @@ Its declaration is ``SPEC`` in this package's ``__init__``; this module (importe
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
 
 Scope, said plainly:
-* Forward of recipe ``fp8`` on sm_90 (``fwd_sm90.FP8ForwardSm90``), head dims 64 and 128, any
-  sequence lengths, causal (bottom-right) or not, GQA.
+* Forward of recipes ``fp8`` and ``nvfp4qk_fp8pv`` on sm_90 (``fwd_sm90.FP8ForwardSm90``; the
+  latter with BF16 Q/K operands), head dims 64 and 128, any sequence lengths, causal (bottom-right)
+  or not, GQA.
 * Backward of recipe ``fp8`` on sm_90 (``bwd_sm90.FP8BackwardSm90``) on the forward's saved state
   (no re-quantization of Q/K): same head dims, lengths, masks and GQA. Its operands are prepared
   here with torch (:func:`backward_operands`: dO in E5M2 and D, dO^T in the kernel's query order,
   BF16 images of the E4M3 Q/K payloads for the dQ/dK products, V back in key order); FA4's
   postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV) accumulators into BF16.
+* Backward of ``nvfp4qk_fp8pv``: the Triton backward kernels (``TritonBackend.backward``) on the same
+  saved state, V put back in key order; there is no CuTe backward for it yet (its QK products are
+  BF16). This is the documented composition, not a fallback.
 * Quantization of Q/K/V: the Triton quantizers (bytes equal ``numerics.quant``'s). The V quantizer
   writes V transposed with its keys permuted within each 16
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
@@ -28,12 +32,13 @@ import time
 import torch
 
 from ...numerics.operands import SavedState
-from ...numerics.quant import FP8Tensor
+from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale
 from ...numerics.recipes import Recipe
 from ..dout import LOG2E, dk_operand_scale
 from ..pv_layout import padded_keys, permute_v_for_pv, unpermute_v_keys
+from ..triton.backend import TritonBackend
 from ..triton.dout_quant import quantize_dout_fused
-from ..triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed
+from ..triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
 from . import SPEC
 
 try:
@@ -78,10 +83,16 @@ def unpermute_v(v_s: FP8Tensor, seq_k: int) -> FP8Tensor:
     return FP8Tensor(data=unpermute_v_keys(v_s.data, seq_k), scale=v_s.scale)
 
 
+def _seq_k(k_s) -> int:
+    """Keys of a saved K (FP8Tensor data or NVFP4Tensor, both [B, Hkv, Sk, ...])."""
+    return k_s.shape[2] if isinstance(k_s, NVFP4Tensor) else k_s.data.shape[2]
+
+
 def triton_state(state: SavedState) -> SavedState:
     """The same saved tensors with V in key order, as the Triton backward (and the reference) read it."""
-    sk = state.k.data.shape[2]
-    return SavedState(q=state.q, k=state.k, v=unpermute_v(state.v, sk), out=state.out, lse=state.lse)
+    return SavedState(
+        q=state.q, k=state.k, v=unpermute_v(state.v, _seq_k(state.k)), out=state.out, lse=state.lse
+    )
 
 
 def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dict):
@@ -103,23 +114,25 @@ def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dic
     return _CACHE[key]
 
 
-def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles) -> None:
+def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False) -> None:
     if tiles not in SUPPORTED_TILES:
         raise ValueError(f"cute backend: tiles {tiles} not supported; use one of {SUPPORTED_TILES}")
+    qk = torch.bfloat16 if qk_bf16 else torch.float8_e4m3fn
     for name, t, dtype in (
-        ("q8", q8, torch.float8_e4m3fn),
-        ("k8", k8, torch.float8_e4m3fn),
+        ("q8", q8, qk),
+        ("k8", k8, qk),
         ("vt_perm", vt, torch.float8_e4m3fn),
         ("row_r", row_r, torch.float32),
         ("col", col, torch.float32),
         ("v_scale", v_scale, torch.float32),
     ):
         # E4M3 operands are TMA-loaded (contiguous); the FP32 scales need unit stride on their last dim
-        laid_out = t.is_contiguous() if dtype == torch.float8_e4m3fn else t.stride(-1) == 1
+        operand = dtype != torch.float32
+        laid_out = t.is_contiguous() if operand else t.stride(-1) == 1
         if t.dtype != dtype or not t.is_cuda or not laid_out:
             raise ValueError(
                 f"forward_fp8: {name} must be a CUDA {dtype} tensor "
-                f"({'contiguous' if dtype == torch.float8_e4m3fn else 'unit last stride'}), got "
+                f"({'contiguous' if operand else 'unit last stride'}), got "
                 f"{t.dtype} on {t.device} with strides {tuple(t.stride())}"
             )
     b, hq, sq, d = q8.shape
@@ -137,17 +150,27 @@ def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles) -> None:
         raise ValueError(f"forward_fp8: query heads {hq} not a multiple of KV heads {hkv}")
 
 
-def kernel_operands(q_s: FP8Tensor, k_s: FP8Tensor, v_s: FP8Tensor, softmax_scale: float) -> tuple:
+def kernel_operands(
+    q_s: FP8Tensor | NVFP4Tensor,
+    k_s: FP8Tensor | NVFP4Tensor,
+    v_s: FP8Tensor,
+    softmax_scale: float,
+    decoded=None,
+) -> tuple:
     """The operands of :func:`forward_fp8` from quantized Q/K/V as :class:`SavedState` saves them:
-    ``(q8, k8, vt_perm, row_r, col, v_scale)``, ``row_r`` = Q token scale * softmax_scale * log2 e."""
-    return (
-        q_s.data,
-        k_s.data,
-        v_s.data,
-        q_s.scale.squeeze(-1) * (softmax_scale * LOG2E),
-        k_s.scale.squeeze(-1),
-        v_s.scale.squeeze(2).contiguous(),
-    )
+    ``(q_op, k_op, vt_perm, row_r, col, v_scale)``, ``row_r`` = row scale * softmax_scale * log2 e.
+    FP8 Q/K: the E4M3 payloads and their token scales. NVFP4 Q/K: the BF16 decode ``s_b * q``
+    (``decoded`` when at hand, else decoded here) and the per-head global scales, broadcast per token
+    (as the Triton backend)."""
+    if isinstance(q_s, NVFP4Tensor):
+        b, hq, sq, _ = q_s.shape
+        hkv, sk = k_s.shape[1], k_s.shape[2]
+        q_op, k_op = decoded or (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16())
+        row = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq)
+        col = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, sk).contiguous()
+    else:
+        q_op, k_op, row, col = q_s.data, k_s.data, q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+    return q_op, k_op, v_s.data, row * (softmax_scale * LOG2E), col, v_s.scale.squeeze(2).contiguous()
 
 
 def quantize_inputs(
@@ -168,19 +191,23 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
     """Run the CuTe ``fp8`` forward on prepared operands.
 
     Args:
-        q8: E4M3 ``[B, Hq, Sq, D]`` contiguous; k8: E4M3 ``[B, Hkv, Sk, D]`` contiguous.
+        q8: E4M3 ``[B, Hq, Sq, D]`` contiguous; k8: E4M3 ``[B, Hkv, Sk, D]`` contiguous (BF16 with
+            ``qk_bf16=True``: the NVFP4 decode ``s_b * q`` of ``nvfp4qk_fp8pv``).
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]`` in the ``pv_layout`` key order
             (``quantize_fp8_v_transposed(v, perm16=True).data``).
-        row_r: FP32 ``[B, Hq, Sq]``, Q token scale times softmax_scale * log2 e.
-        col: FP32 ``[B, Hkv, Sk]``, K token scale; v_scale: FP32 ``[B, Hkv, D]``.
-        kernel_options: the measurement options of :class:`FP8ForwardSm90` (promotions, overlap,
-            schedule, Direct-P; all off or at the contract's setting by default).
+        row_r: FP32 ``[B, Hq, Sq]``, Q token scale (NVFP4: the per-head global scale, broadcast)
+            times softmax_scale * log2 e.
+        col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast);
+        v_scale: FP32 ``[B, Hkv, D]``.
+        kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
+            :class:`FP8ForwardSm90` (promotions, overlap, schedule, Direct-P; all off or at the
+            contract's setting by default).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:
         ValueError: operands of the wrong dtype, layout or shape, or tiles outside ``SUPPORTED_TILES``.
     """
-    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tuple(tiles))
+    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tuple(tiles), kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
     out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q8.device)
@@ -344,8 +371,8 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
 
 
 class CuteBackend:
-    """CuTe DSL forward and backward (sm_90, recipe ``fp8``); options ``tiles`` =
-    ``(tile_m, tile_n, stages)`` for benchmarks and tests."""
+    """CuTe DSL forward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``) and backward (``fp8``; Triton's
+    for ``nvfp4qk_fp8pv``); options ``tiles`` = ``(tile_m, tile_n, stages)`` for benchmarks and tests."""
 
     spec = SPEC
 
@@ -354,15 +381,33 @@ class CuteBackend:
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=DEFAULT_TILES):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
-        LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K per token and V per channel
-        (Triton quantizers, V into the kernel's layout), then runs the kernel (``forward_fp8``).
+        LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, or NVFP4) and V
+        per channel (Triton quantizers, V into the kernel's layout), then runs the kernel
+        (``forward_fp8``).
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``."""
-        q_s, k_s, v_s = quantize_inputs(q, k, v)
-        out, lse = forward_fp8(*kernel_operands(q_s, k_s, v_s, softmax_scale), causal=causal, tiles=tiles)
+        if recipe.qk == "nvfp4":  # the exact BF16 decode s_b * q feeds a BF16 QK product (contract §1)
+            v_s = quantize_fp8_v_transposed(v, perm16=True)  # the kernel's PV operand layout
+            q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
+            k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
+            decoded = (q_dec, k_dec)
+        else:
+            q_s, k_s, v_s = quantize_inputs(q, k, v)
+            decoded = None
+        out, lse = forward_fp8(
+            *kernel_operands(q_s, k_s, v_s, softmax_scale, decoded),
+            causal=causal,
+            tiles=tiles,
+            qk_bf16=recipe.qk == "nvfp4",
+        )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(
         self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None
     ):
-        """The CuTe ``fp8`` backward (:func:`backward_fp8`) on this backend's forward state."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, dk_fp8=self.dk_fp8)
+        """The CuTe ``fp8`` backward (:func:`backward_fp8`) on this backend's forward state; for
+        ``nvfp4qk_fp8pv`` the Triton backward kernels on it, V back in key order (module docstring)."""
+        if recipe.qk == "fp8":
+            return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, dk_fp8=self.dk_fp8)
+        return TritonBackend().backward(
+            triton_state(state), dout, recipe, causal=causal, softmax_scale=softmax_scale
+        )

@@ -1,4 +1,6 @@
-"""CuTe DSL forward kernel of the ``fp8`` recipe for Hopper (sm_90a): FP8 QK and FP8 PV on QGMMA.
+"""CuTe DSL forward kernel of the ``fp8`` recipe for Hopper (sm_90a): FP8 QK and FP8 PV on QGMMA;
+with ``qk_bf16`` the ``nvfp4qk_fp8pv`` recipe: the QK product on the exact BF16 decode of NVFP4
+Q/K (HGMMA, Hopper has no FP4 MMA), PV as in ``fp8``.
 
 What is ours and what is FA4's
 ------------------------------
@@ -174,9 +176,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         intra_wg_overlap: False (default): per warpgroup QK -> softmax -> PV, overlapped across the
             two consumer warpgroups (ping-pong). True: also FA3's intra-warpgroup overlap of QK(j)
             with PV(j-1); only with ``promote_qk=False``.
-        promote_qk: True (default, as the Triton kernels): FP32 promotion every ``qk_promote_k``
-            elements of the head dim of the QK product. False: the k-blocks chain inside the MMA
-            (measurement).
+        promote_qk: FP8 QK only. None (default): True without ``intra_wg_overlap`` (FP32 promotion
+            every ``qk_promote_k`` elements of the head dim, as the Triton kernels), else False (the
+            k-blocks chain inside the MMA; measurement). Must be False (None) with ``qk_bf16``.
         qk_promote_k: 32 (default, the Triton kernels' ``max_num_imprecise_acc``) or 64 (two k32
             products chained inside the MMA per promoted partial sum: a third of the promotion FADDs;
             measurement, its accuracy against the tests' bounds not yet run).
@@ -197,6 +199,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             issued, so it holds the turn through the PV product's wait. True: the turn covers the PV
             issue only and is handed on before the wait; the QK products issue outside it
             (measurement: whether the turn held through the wait serializes the two warpgroups).
+        qk_bf16: Q/K operands are BF16 (recipe ``nvfp4qk_fp8pv``: the exact BF16 decode of the NVFP4
+            payloads, QK on HGMMA; per-head global scales arrive as the row/col scale vectors).
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
@@ -212,7 +216,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         num_stages: int = 2,
         intra_wg_overlap: bool = False,
         promote_pv: bool = True,
-        promote_qk: bool = True,
+        promote_qk: bool | None = None,
+        qk_bf16: bool = False,
         qk_promote_k: int = 32,
         early_k_scales: bool = False,
         qk_pair_issue: bool = False,
@@ -235,7 +240,15 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             intra_wg_overlap=intra_wg_overlap,
             mma_pv_is_rs=True,
         )
-        self.in_dtype = cutlass.Float8E4M3FN
+        # Q/K operands: E4M3 (fp8) or BF16 (nvfp4qk_fp8pv: the exact BF16 decode s_b * q of NVFP4,
+        # contract §1); V and P are E4M3 in both recipes
+        self.qk_dtype = cutlass.BFloat16 if qk_bf16 else cutlass.Float8E4M3FN
+        self.v_dtype = cutlass.Float8E4M3FN
+        # BF16 wgmma accumulates in FP32: promotion is for FP8 QK only
+        if promote_qk is None:
+            promote_qk = not qk_bf16 and not intra_wg_overlap
+        if promote_qk and qk_bf16:
+            raise ValueError("FP8ForwardSm90: promote_qk is for the FP8 QK product; BF16 accumulates in FP32")
         if qk_promote_k not in (32, 64) or head_dim % qk_promote_k:
             raise ValueError(
                 f"FP8ForwardSm90: qk_promote_k must be 32 or 64 and divide the head dim {head_dim}, "
@@ -271,8 +284,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     def _get_tiled_mma(self):
         k_major = warpgroup.OperandMajorMode.K
         qk = sm90_utils_basic.make_trivial_tiled_mma(
-            self.in_dtype,
-            self.in_dtype,
+            self.qk_dtype,
+            self.qk_dtype,
             k_major,
             k_major,
             Float32,
@@ -280,8 +293,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             tiler_mn=(64, self.tile_n),
         )
         pv = sm90_utils_basic.make_trivial_tiled_mma(
-            self.in_dtype,
-            self.in_dtype,
+            self.v_dtype,
+            self.v_dtype,
             k_major,
             k_major,
             Float32,
@@ -292,12 +305,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return qk, pv
 
     def _get_shared_storage_cls(self):
-        # sQ also holds the BF16 output tile in the epilogue (twice Q's bytes at 1 byte/element)
-        q_elems = max(cute.cosize(self.sQ_layout), 2 * cute.cosize(self.sO_layout))
+        # sQ also holds the BF16 output tile in the epilogue: sized for the larger of the two
+        q_elems = max(
+            cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout) * 2 // (self.qk_dtype.width // 8)
+        )
         align = self.buffer_align_bytes
-        sQ_struct = cute.struct.Align[cute.struct.MemRange[self.in_dtype, q_elems], align]
-        sK_struct = cute.struct.Align[cute.struct.MemRange[self.in_dtype, cute.cosize(self.sK_layout)], align]
-        sV_struct = cute.struct.Align[cute.struct.MemRange[self.in_dtype, cute.cosize(self.sV_layout)], align]
+        sQ_struct = cute.struct.Align[cute.struct.MemRange[self.qk_dtype, q_elems], align]
+        sK_struct = cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cute.cosize(self.sK_layout)], align]
+        sV_struct = cute.struct.Align[cute.struct.MemRange[self.v_dtype, cute.cosize(self.sV_layout)], align]
         mbar_q = cute.struct.MemRange[cutlass.Int64, 2]
         mbar_kv = cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
 
@@ -350,14 +365,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.rescale_O_before_gemm = False
         self._setup_attributes()
         self.sQ_layout = sm90_utils.make_smem_layout(
-            self.in_dtype, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), None
+            self.qk_dtype, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), None
         )
         self.sK_layout = sm90_utils.make_smem_layout(
-            self.in_dtype, LayoutEnum.ROW_MAJOR, (self.tile_n, self.tile_hdim), self.num_stages
+            self.qk_dtype, LayoutEnum.ROW_MAJOR, (self.tile_n, self.tile_hdim), self.num_stages
         )
         # keys contiguous in shared memory: the K-major B operand of the FP8 PV product
         self.sV_layout = sm90_utils.make_smem_layout(
-            self.in_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
+            self.v_dtype, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdimv), self.num_stages
         )
         self.sO_layout = sm90_utils.make_smem_layout(
             self.dtype, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdimv), None
@@ -365,8 +380,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.sP_layout = None
         SharedStorage = self._get_shared_storage_cls()
         self.tma_copy_bytes = {
-            name: cute.size_in_bytes(self.in_dtype, cute.select(layout, mode=[0, 1]))
-            for name, layout in [("Q", self.sQ_layout), ("K", self.sK_layout), ("V", self.sV_layout)]
+            name: cute.size_in_bytes(dtype, cute.select(layout, mode=[0, 1]))
+            for name, dtype, layout in [
+                ("Q", self.qk_dtype, self.sQ_layout),
+                ("K", self.qk_dtype, self.sK_layout),
+                ("V", self.v_dtype, self.sV_layout),
+            ]
         }
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
