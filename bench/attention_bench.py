@@ -128,6 +128,24 @@ def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
     return f
 
 
+def cute_nvfp4_kernel_only(q, k, v, causal, tiles, **kernel_options):
+    """The CuTe ``nvfp4qk_fp8pv`` forward kernel (BF16 QK on the NVFP4 decode, FP8 PV) alone on
+    operands quantized and decoded once outside, as ``CuteBackend.forward`` prepares them."""
+    from fp4_attention.backends.cute import backend as cute_backend
+    from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed, quantize_nvfp4_rows
+    from fp4_attention.numerics.quant import nvfp4_global_scale
+
+    v_s = quantize_fp8_v_transposed(v, perm16=True)
+    q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
+    k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
+    ops = cute_backend.kernel_operands(q_s, k_s, v_s, D**-0.5, (q_dec, k_dec))
+
+    def f():
+        cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, qk_bf16=True, **kernel_options)
+
+    return f
+
+
 def cute_dk_fp8_fn(q, k, v, causal, pass_):
     """The cute backend with its backward's ``dk_fp8`` option, called directly (forward + backward,
     or the backward alone on one forward's state), quantization included as in ``ours_fn``."""
@@ -296,21 +314,35 @@ def main(argv=None) -> int:
                         )
                         for t in tiles
                     ]
+                    if "nvfp4qk_fp8pv" in args.recipes:
+                        cands += [
+                            (
+                                f"cute_nvfp4qk_fp8pv_kernel_only_t{t[0]}x{t[1]}s{t[2]}",
+                                (lambda t=t: cute_nvfp4_kernel_only(q, k, v, causal, t)),
+                            )
+                            for t in tiles
+                        ]
+                if pass_ == "fwd" and args.cute_fwd_options and "nvfp4qk_fp8pv" in args.recipes:
+                    # FA3's intra-warpgroup overlap for the BF16 QK of nvfp4qk_fp8pv (FA4's BF16
+                    # forward uses it on sm_90), at the tile its no-spill compile check uses
+                    cands.append(
+                        (
+                            "cute_nvfp4qk_fp8pv_kernel_only_t128x96s2_overlap",
+                            (
+                                lambda: cute_nvfp4_kernel_only(
+                                    q, k, v, causal, (128, 96, 2), intra_wg_overlap=True
+                                )
+                            ),
+                        )
+                    )
                 if pass_ == "fwd" and args.cute_fwd_options:
-                    # measurement options of the forward kernel (FP8ForwardSm90): "early" = the
-                    # K scales loaded before the QK product and the first two k32 QK products in
-                    # flight together (same numerics as the default); then the warp-scheduler turn
-                    # for the PV issue only; Direct-P (2^x of one column in 4 on the FMA pipe);
-                    # QK promotion per 64 or none; FA3's intra-warpgroup
-                    # overlap (QK chained), the last also without the PV promotion
+                    # measurement options of the forward kernel (FP8ForwardSm90): QK promotion per
+                    # 64 or none (chained inside the MMA); FA3's intra-warpgroup overlap (QK
+                    # chained), the last also without the PV promotion
                     t0 = tiles[0]
-                    early = dict(early_k_scales=True, qk_pair_issue=True)
                     for tag, opts in (
-                        ("early", early),
-                        ("early_pv_only_turn", dict(early, pv_only_turn=True)),
-                        ("early_direct_p4", dict(early, exp2_fma_every=4)),
-                        ("early_qk_promote64", dict(early, qk_promote_k=64)),
-                        ("early_qk_chained", dict(early_k_scales=True, promote_qk=False)),
+                        ("qk_promote64", dict(qk_promote_k=64)),
+                        ("qk_chained", dict(promote_qk=False)),
                         ("overlap_qk_chained", dict(intra_wg_overlap=True, promote_qk=False)),
                         (
                             "overlap_unpromoted",

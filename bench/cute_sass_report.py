@@ -3,7 +3,7 @@ count its SASS instructions.
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
         python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-qk] [--no-promote-pv]
-            [--qk-promote-k 64] [--pv-only-turn] [--early-k-scales] [--qk-pair-issue] [--exp2-fma-every 4]
+            [--qk-promote-k 64]
         python bench/cute_sass_report.py --backward [--group 4] [--head-dim 128] [--non-causal]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
@@ -257,12 +257,6 @@ def main(argv=None) -> int:
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernel)")
     p.add_argument("--no-promote-pv", action="store_true")
     p.add_argument("--qk-promote-k", type=int, default=32, choices=(32, 64))
-    p.add_argument("--pv-only-turn", action="store_true")
-    p.add_argument("--early-k-scales", action="store_true")
-    p.add_argument("--qk-pair-issue", action="store_true")
-    p.add_argument(
-        "--exp2-fma-every", type=int, default=0, help="Direct-P: one column in k from the FMA path"
-    )
     a = p.parse_args(argv)
     if a.backward:
         print(json.dumps(compile_bwd_report(not a.non_causal, a.group, a.head_dim)))
@@ -275,10 +269,6 @@ def main(argv=None) -> int:
         promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
         qk_promote_k=a.qk_promote_k,
-        pv_only_turn=a.pv_only_turn,
-        early_k_scales=a.early_k_scales,
-        qk_pair_issue=a.qk_pair_issue,
-        exp2_fma_every=a.exp2_fma_every,
     )
     print(json.dumps(rep))
     return 0

