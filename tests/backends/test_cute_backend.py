@@ -34,6 +34,7 @@ class _TiledCute(cute_backend.CuteBackend):
     """The cute backend at fixed tiles (the ``tiles`` option of every forward and backward call)."""
 
     def __init__(self, tiles):
+        super().__init__()
         self.tiles = tiles
 
     def forward(self, q, k, v, recipe, *, causal, softmax_scale, tiles=None):

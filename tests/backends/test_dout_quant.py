@@ -42,4 +42,10 @@ def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
     assert torch.equal(
         permute_v_for_pv(ref_q.data.transpose(-1, -2)).view(torch.uint8), got.dot.view(torch.uint8)
     )
-    assert torch.allclose(got.delta[..., :sq], ref_delta, rtol=1e-5, atol=1e-6, equal_nan=True)
+    # D is a sum of D products in FP32 in another order: the bound is D ulps of the sum of their
+    # magnitudes (a row can cancel to near zero, so no relative bound holds)
+    vq = vs.repeat_interleave(hq // hkv, dim=1).unsqueeze(2)
+    mag = (ref_q.dequantize() * out.float() / vq).abs().sum(-1)
+    err = (got.delta[..., :sq] - ref_delta).abs()
+    ok = (err <= d * 2.0**-24 * mag) | (got.delta[..., :sq].isnan() & ref_delta.isnan())
+    assert bool(ok.all()), float((err / mag).nan_to_num(0.0).max())

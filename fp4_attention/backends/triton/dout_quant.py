@@ -21,8 +21,8 @@ from ...numerics.quant import FP8Tensor
 
 __all__ = ["DoutOperands", "quantize_dout_fused"]
 
-E5M2_MAX = 57344.0
-LOG2E = 1.4426950408889634
+E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
