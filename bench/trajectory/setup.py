@@ -38,7 +38,6 @@ COPY_IGNORE = (
     "cache",
     "runs",
     "results",
-    "wip",
     ".whl",
     ".gpudata",
     ".gl",
