@@ -21,6 +21,10 @@
 #         "profile": Nsight Compute of bench/cute_profile.py, one warm launch per PROFILE_VARIANTS
 #           (default "fp8 fa4_bf16"; also fp8_bwd, fa4_bf16_bwd) at PROFILE_SHAPE (B,Hq,Hkv,S; default 2,32,32,8192), the first
 #           TILES, causal if PROFILE_CAUSAL=1 (PROFILE_TIMEOUT per variant, default 150 s);
+#         "step_profile": bench/attention_step_profile.py, causal, per kernel and host vs kernel time,
+#           for each of STEP_PROFILE_SHAPES (default "1,32,8,4096 4,32,8,4096") and each backend of
+#           STEP_PROFILE_BACKENDS (default "cute fa4"; fa4 with recipe bf16), the whole step and the
+#           backward alone (STEP_PROFILE_TIMEOUT per profile, 90 s);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8; BENCH_ARGS, more
 #           arguments), same-run baselines
 #           (BENCH_TIMEOUT, default 280 s).
@@ -78,6 +82,19 @@ if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per va
     "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1
     "$ncu" -i "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
     grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Registers Per" "$rep.details.txt" | head -8
+  done
+fi
+if [[ $steps == *" step_profile "* ]]; then
+  for shape in ${STEP_PROFILE_SHAPES:-1,32,8,4096 4,32,8,4096}; do
+    for be in ${STEP_PROFILE_BACKENDS:-cute fa4}; do
+      recipe=fp8; [[ $be == fa4 ]] && recipe=bf16
+      for part in step backward; do
+        tag="step_profile_${be}_${recipe}_B${shape%%,*}_$part"
+        timeout "${STEP_PROFILE_TIMEOUT:-90}" python3 bench/attention_step_profile.py --backend "$be" --recipe "$recipe" \
+          --shape "$shape" --causal --part "$part" --out "$out/$tag" > "$out/$tag.log" 2>&1
+        echo "$tag rc=$?" | tee -a "$out/status.txt"; grep "per step" "$out/$tag.log"
+      done
+    done
   done
 fi
 if [[ $steps == *" bench "* ]]; then
