@@ -146,24 +146,6 @@ def cute_nvfp4_kernel_only(q, k, v, causal, tiles, **kernel_options):
     return f
 
 
-def cute_dk_fp8_fn(q, k, v, causal, pass_):
-    """The cute backend with its backward's ``dk_fp8`` option, called directly (forward + backward,
-    or the backward alone on one forward's state), quantization included as in ``ours_fn``."""
-    from fp4_attention.backends.cute import backend as cute_backend
-
-    be, rec, sm = cute_backend.CuteBackend(dk_fp8=True), fa.get_recipe("fp8"), D**-0.5
-    dout = torch.randn_like(q)
-    _, _, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
-    if pass_ == "bwd":
-        return lambda: be.backward(st, dout, rec, causal=causal, softmax_scale=sm)
-
-    def fb():
-        _, _, state = be.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
-        be.backward(state, dout, rec, causal=causal, softmax_scale=sm)
-
-    return fb
-
-
 def cute_bwd_operands_only(q, k, v, causal):
     """The cute backward's host-side operand preparation alone (``backend.backward_operands``: dO's
     E5M2 quantization and D, dO^T, the BF16 Q/K images, V in key order), on one forward's state."""
@@ -300,8 +282,6 @@ def main(argv=None) -> int:
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ],
                 ]
-                if pass_ != "fwd":  # the backward's measurement option: dK on an E4M3 dS operand
-                    cands.append(("cute_fp8_dk_fp8", lambda: cute_dk_fp8_fn(q, k, v, causal, pass_)))
                 if pass_ == "bwd":
                     cands.append(
                         ("cute_fp8_bwd_operands_only", lambda: cute_bwd_operands_only(q, k, v, causal))

@@ -114,7 +114,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, dk_fp8=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
     the compiled function (its cubin is in the dump directory)."""
     import cutlass
@@ -130,14 +130,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, dk_fp8=False):
     def bshd(h, dt):
         return fake(dt, (b, s, h, d), divisibility=16)
 
-    # Q for dK: BF16 (B, S, H, D), or with dk_fp8 E4M3 Q^T, queries contiguous
-    qd = fake(e4, (b, s, hq, d), divisibility=16, leading_dim=1) if dk_fp8 else bshd(hq, bf)
-    args = [bshd(hq, e4), qd, bshd(hkv, e4), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
+    args = [bshd(hq, e4), bshd(hq, bf), bshd(hkv, e4), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
     args.append(fake(e5, (b, s, hq, d), divisibility=16, leading_dim=1))  # dO^T, queries contiguous
     args += [fake(f32, (b, hq, s), divisibility=4) for _ in range(4)]
     args += [fake(f32, (b, hkv, s), divisibility=4) for _ in range(2)]
     args += [fake(f32, (b, hq)), fake(f32, (b, hkv, d), divisibility=4)]
-    args += [fake(f32, (b, hq, s), divisibility=4) for _ in range(2)]  # dK operand scales, inverses
     args.append(fake(f32, (b, hq, s * d), divisibility=4))
     if group == 1:
         args += [bshd(hkv, bf), bshd(hkv, bf)]
@@ -145,15 +142,15 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, dk_fp8=False):
         args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, dk_fp8=dk_fp8), *args, f32(0.1), stream, options="--enable-tvm-ffi"
+        FP8BackwardSm90(d, group, causal), *args, f32(0.1), stream, options="--enable-tvm-ffi"
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, dk_fp8=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, dk_fp8=dk_fp8)
+    compile_bwd(causal, group, head_dim)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")

@@ -20,8 +20,9 @@ Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
 - ``bounds`` (E4M3): dK as ``bound``, and dQ with a static scale per query as well (no amax
   reduction across the tile's two warpgroups): ``|dS_ij col_j| <= s_dO ||dO8_i|| max_j col_j ||v_j||
   + |D_i| max_j col_j``.
-- ``dk-only`` (E4M3): the cute backward's ``dk_fp8`` option: dQ's operand stays BF16, dK's is
-  E4M3 with ``backends.dout.dk_operand_scale`` (the ``bound`` scale rounded up to a power of two).
+- ``dk-only`` (E4M3): dQ's operand stays BF16, dK's is E4M3 with :func:`dk_operand_scale` (the
+  ``bound`` scale rounded up to a power of two). A CuTe backward option with these numerics lost at
+  the training shape on the H200 (results/cute_prep_h200/) and was deleted.
 
 E4M3 (more mantissa) and E5M2 (more range) are both measured. Rounding is to nearest even with
 saturation (torch's conversion after a clamp, as the Triton quantizers do). The dV product and the
@@ -46,6 +47,7 @@ from fidelity import _metrics, make_inputs  # noqa: E402
 
 import fp4_attention as fa  # noqa: E402
 from fp4_attention.numerics.exact import naive_attention  # noqa: E402
+from fp4_attention.numerics.quant import pow2_ceil  # noqa: E402
 from fp4_attention.numerics.reference import reference_backward, reference_forward  # noqa: E402
 
 FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
@@ -112,9 +114,35 @@ def bound_round(state, dout: torch.Tensor, recipe, softmax_scale: float, static_
     return rnd
 
 
+def dk_operand_scale(
+    q_scale: torch.Tensor, s_do: torch.Tensor, do8: torch.Tensor, delta: torch.Tensor, v8: torch.Tensor
+) -> torch.Tensor:
+    """Static per-key scales of an E4M3 dS operand of the dK product (the ``dk-only`` variant; a
+    CuTe backward option with these numerics ran on the H200 on 2026-12-02 and lost at the training
+    shape, results/cute_prep_h200/): the power of two at or above ``(A ||v8_j|| + B) / 448``, with
+    ``A = max_i q_scale_i s_dO ||dO8_i||`` and ``B = max_i q_scale_i |D_i|`` per query head. This
+    bounds ``|dS_ij q_scale_i|`` (P <= 1, Cauchy-Schwarz on dP), so that every operand value fits
+    E4M3 before the loop starts.
+
+    Args:
+        q_scale: FP32 ``[B, Hq, Sq]`` Q token scales; s_do: FP32 ``[B, Hq]``.
+        do8: E5M2 ``[B, Hq, Sq, D]``; delta: FP32 ``[B, Hq, >= Sq]`` (padding beyond Sq ignored).
+        v8: E4M3 ``[B, Hkv, Sk, D]`` in key order.
+    Returns:
+        FP32 ``[B, Hq, Sk]``, powers of two (1 where the bound is 0).
+    """
+    sq = do8.shape[2]
+    a = (q_scale * s_do.unsqueeze(-1) * do8.float().norm(dim=-1)).amax(-1, keepdim=True)
+    b = (q_scale * delta[..., :sq].abs()).amax(-1, keepdim=True)
+    vn = v8.float().norm(dim=-1).repeat_interleave(do8.shape[1] // v8.shape[1], dim=1)  # [B, Hq, Sk]
+    bound = a * vn + b
+    scale = pow2_ceil(torch.where(bound > 0, bound / 448.0, torch.ones_like(bound)))
+    return scale.contiguous()
+
+
 def dk_only_round(state, dout: torch.Tensor):
-    """The ``dk-only`` variant's ``ds_round``: the cute backward's ``dk_fp8`` numerics."""
-    from fp4_attention.backends.dout import dk_operand_scale, quantize_dout
+    """The ``dk-only`` variant's ``ds_round``: dQ's operand BF16, dK's E4M3 with :func:`dk_operand_scale`."""
+    from fp4_attention.backends.dout import quantize_dout
 
     v_scale = state.v.scale.squeeze(2).contiguous()
     do_q, s_do, delta = quantize_dout(dout, state.out, v_scale)

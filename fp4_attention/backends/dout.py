@@ -14,7 +14,7 @@ import torch
 
 from ..numerics.quant import FP8Tensor, quantize_fp8
 
-__all__ = ["LOG2E", "dk_operand_scale", "lse_stat", "quantize_dout"]
+__all__ = ["LOG2E", "lse_stat", "quantize_dout"]
 
 LOG2E = 1.4426950408889634
 
@@ -41,30 +41,3 @@ def quantize_dout(
 def lse_stat(lse: torch.Tensor, lift: int) -> torch.Tensor:
     """``LIFT - LSE log2 e`` (FP32, contiguous, the shape of ``lse``); -inf where the LSE is -inf."""
     return torch.where(torch.isinf(lse), torch.full_like(lse, -torch.inf), lift - lse * LOG2E).contiguous()
-
-
-def dk_operand_scale(
-    q_scale: torch.Tensor, s_do: torch.Tensor, do8: torch.Tensor, delta: torch.Tensor, v8: torch.Tensor
-) -> torch.Tensor:
-    """Static per-key scales of an E4M3 dS operand of the dK product (the cute backward's ``dk_fp8``
-    option; ``bench/ds_fp8_numerics.py`` measures it): the power of two at or above
-    ``(A ||v8_j|| + B) / 448``, with ``A = max_i q_scale_i s_dO ||dO8_i||`` and
-    ``B = max_i q_scale_i |D_i|`` per query head. This bounds ``|dS_ij q_scale_i|`` (P <= 1,
-    Cauchy-Schwarz on dP), so that every operand value fits E4M3 before the loop starts.
-
-    Args:
-        q_scale: FP32 ``[B, Hq, Sq]`` Q token scales; s_do: FP32 ``[B, Hq]``.
-        do8: E5M2 ``[B, Hq, Sq, D]``; delta: FP32 ``[B, Hq, >= Sq]`` (padding beyond Sq ignored).
-        v8: E4M3 ``[B, Hkv, Sk, D]`` in key order.
-    Returns:
-        FP32 ``[B, Hq, Sk]``, powers of two (1 where the bound is 0).
-    """
-    from ..numerics.quant import pow2_ceil
-
-    sq = do8.shape[2]
-    a = (q_scale * s_do.unsqueeze(-1) * do8.float().norm(dim=-1)).amax(-1, keepdim=True)
-    b = (q_scale * delta[..., :sq].abs()).amax(-1, keepdim=True)
-    vn = v8.float().norm(dim=-1).repeat_interleave(do8.shape[1] // v8.shape[1], dim=1)  # [B, Hq, Sk]
-    bound = a * vn + b
-    scale = pow2_ceil(torch.where(bound > 0, bound / 448.0, torch.ones_like(bound)))
-    return scale.contiguous()

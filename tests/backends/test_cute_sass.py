@@ -85,19 +85,6 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal):
         assert rep["STL"] == 0 and rep["LDL"] == 0, rep
 
 
-def test_backward_dk_fp8_option_moves_dk_to_qgmma():
-    """``dk_fp8`` (a measurement option): the dK product becomes k32 QGMMAs over the 64 queries (2 per
-    block and warpgroup, twice: the peeled first block), leaving dQ's k16 HGMMAs; GQA stays almost
-    spill-free."""
-    from cute_sass_report import compile_bwd_report
-
-    base = compile_bwd_report(True, 4, 128)
-    fp8 = compile_bwd_report(True, 4, 128, dk_fp8=True)
-    assert fp8["QGMMA"] - base["QGMMA"] == 2 * (64 // 32), (base, fp8)
-    assert base["HGMMA"] - fp8["HGMMA"] == 2 * (64 // 16), (base, fp8)
-    assert fp8["STL"] <= 4, fp8
-
-
 @pytest.mark.parametrize("overlap, tiles", [(False, (128, 128, 2)), (True, (128, 96, 2))])
 def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(overlap, tiles):
     rep = compile_report(tiles, qk_bf16=True, intra_wg_overlap=overlap)

@@ -34,8 +34,8 @@ import torch
 from ...numerics.operands import SavedState
 from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale
 from ...numerics.recipes import Recipe
-from ..dout import LOG2E, dk_operand_scale
-from ..pv_layout import padded_keys, permute_v_for_pv, unpermute_v_keys
+from ..dout import LOG2E
+from ..pv_layout import padded_keys, unpermute_v_keys
 from ..triton.backend import TritonBackend
 from ..triton.dout_quant import quantize_dout_fused
 from ..triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
@@ -231,17 +231,12 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def backward_operands(
-    state: SavedState, dout: torch.Tensor, softmax_scale: float, dk_fp8: bool = False
-) -> dict:
+def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D and the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) from two Triton kernels
     (``triton.dout_quant``); the BF16 images of the Q/K payloads, V in key order and the zeroed FP32
-    accumulators with torch..
-    ``qd`` is Q for the dK product: its BF16 image, or with ``dk_fp8`` E4M3 Q^T ``[B, Hq, D, Sq16]``
-    in the ``V_PERM16`` query order; ``dk_scale`` / ``dk_inv`` the dK operand's static per-key scales
-    (``dout.dk_operand_scale``; ones without ``dk_fp8``)."""
+    accumulators with torch."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     b, hq, sq, d = dout.shape
@@ -262,7 +257,7 @@ def backward_operands(
     dev = dout.device
     ops = dict(
         q8=q_s.data,
-        qd=permute_v_for_pv(q_s.data.transpose(-1, -2)) if dk_fp8 else q_s.data.to(torch.bfloat16),
+        qb=q_s.data.to(torch.bfloat16),
         k8=k_s.data,
         kb=k_s.data.to(torch.bfloat16),
         v8=unpermute_v(v_s, sk).data.transpose(-1, -2).contiguous(),  # [B, Hkv, Sk, D], key order
@@ -278,11 +273,6 @@ def backward_operands(
         v_scale=v_scale,
         dq_accum=torch.zeros((b, hq, _round_up(sq, tile_m) * d), dtype=torch.float32, device=dev),
     )
-    if dk_fp8:
-        ops["dk_scale"] = dk_operand_scale(q_scale, dv.s_do, dv.do_q.data, dv.delta, ops["v8"])
-    else:
-        ops["dk_scale"] = torch.ones((b, hq, sk), dtype=torch.float32, device=dev)
-    ops["dk_inv"] = (1.0 / ops["dk_scale"]).contiguous()  # exact: powers of two
     if hq == hkv:
         ops["dk"] = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dev)
         ops["dv"] = torch.empty_like(ops["dk"])
@@ -296,27 +286,24 @@ def backward_operands(
 def _bwd_args(ops: dict) -> list:
     """The kernel's arguments in ``FP8BackwardSm90.__call__`` order: (B, S, H, D) views of the
     ``[B, H, S, D]`` tensors, the rest as they are."""
-    qd = ops["qd"]
-    qd = qd.permute(0, 3, 1, 2) if qd.element_size() == 1 else qd.permute(0, 2, 1, 3)
-    args = [ops["q8"].permute(0, 2, 1, 3), qd]
-    args += [ops[n].permute(0, 2, 1, 3) for n in ("k8", "kb", "v8", "do8")]
-    args.append(ops["dot8"].permute(0, 3, 1, 2))
-    args += [ops[n] for n in ("stat", "r", "row", "delta", "col", "col2", "s_do", "v_scale")]
-    args += [ops[n] for n in ("dk_scale", "dk_inv", "dq_accum")]
+    bshd = [ops[n].permute(0, 2, 1, 3) for n in ("q8", "qb", "k8", "kb", "v8", "do8")]
+    args = [*bshd, ops["dot8"].permute(0, 3, 1, 2)]
+    args += [ops[n] for n in ("stat", "r", "row", "delta", "col", "col2", "s_do", "v_scale", "dq_accum")]
     mha = ops["dk"].dim() == 4
     args += [ops[n].permute(0, 2, 1, 3) if mha else ops[n] for n in ("dk", "dv")]
     return args
 
 
-def _compiled_bwd(d: int, group: int, causal: bool, args: list, softmax_scale: float, dk_fp8: bool = False):
-    key = ("bwd", d, group, causal) + (("dk_fp8",) if dk_fp8 else ())
+def _compiled_bwd(d: int, group: int, causal: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal)
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, dk_fp8=dk_fp8)
-        # (B, S, H, D) views with D contiguous; the transposed ones (dO^T, and the FP8 Q^T) with S
-        cute_args = [to_cute_tensor(t, leading_dim=3 if t.stride(3) == 1 else 1) for t in args[:7]]
-        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in args[7:17]]
-        cute_args.append(to_cute_tensor(args[17], leading_dim=2))
-        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[18:]]
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES)
+        # (B, S, H, D) views with D contiguous; dO^T with S
+        cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
+        cute_args.append(to_cute_tensor(args[6], leading_dim=1))
+        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in args[7:15]]
+        cute_args.append(to_cute_tensor(args[15], leading_dim=2))
+        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[16:]]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         t0 = time.perf_counter()
         _CACHE[key] = cute.compile(
@@ -326,11 +313,9 @@ def _compiled_bwd(d: int, group: int, causal: bool, args: list, softmax_scale: f
     return _CACHE[key]
 
 
-def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, dk_fp8=False):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe ``fp8`` backward: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this backend's forward state
-    (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. ``dk_fp8`` (a measurement option,
-    off by default): the dK product on an E4M3 dS operand with static per-key scales
-    (``FP8BackwardSm90``); its numerics are ``reference_backward`` with the matching ``ds_round``.
+    (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``.
 
     Raises:
         ValueError: head dim other than 64/128, or a state of another recipe (not E4M3 Q/K).
@@ -341,9 +326,9 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
     if not isinstance(state.q, FP8Tensor) or state.q.data.dtype != torch.float8_e4m3fn:
         raise ValueError("cute backward: needs the fp8 recipe's saved state (E4M3 Q/K from the cute forward)")
     hkv = state.k.data.shape[1]
-    ops = backward_operands(state, dout.contiguous(), softmax_scale, dk_fp8=dk_fp8)
+    ops = backward_operands(state, dout.contiguous(), softmax_scale)
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, args, softmax_scale, dk_fp8=dk_fp8)
+    fn = _compiled_bwd(d, hq // hkv, causal, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
@@ -376,9 +361,6 @@ class CuteBackend:
 
     spec = SPEC
 
-    def __init__(self, dk_fp8: bool = False):
-        self.dk_fp8 = dk_fp8  # a measurement option of the backward (backward_fp8), off by default
-
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=DEFAULT_TILES):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, or NVFP4) and V
@@ -407,7 +389,7 @@ class CuteBackend:
         """The CuTe ``fp8`` backward (:func:`backward_fp8`) on this backend's forward state; for
         ``nvfp4qk_fp8pv`` the Triton backward kernels on it, V back in key order (module docstring)."""
         if recipe.qk == "fp8":
-            return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, dk_fp8=self.dk_fp8)
+            return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)
         return TritonBackend().backward(
             triton_state(state), dout, recipe, causal=causal, softmax_scale=softmax_scale
         )

@@ -82,7 +82,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         is_causal: bool,
         tile_m: int = 64,
         tile_n: int = 128,
-        dk_fp8: bool = False,
     ):
         if head_dim not in (64, 128):
             raise ValueError(f"FP8BackwardSm90: head dim must be 64 or 128, got {head_dim}")
@@ -110,12 +109,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             num_threads=384,
         )
         assert self.mma_dkv_is_rs and self.num_wg_mma == 2
-        self.dk_fp8 = dk_fp8
-        self.qd_dtype = E4M3 if dk_fp8 else cutlass.BFloat16
 
     OPERANDS = (
         "Q8",
-        "Qd",
+        "Qb",
         "dO8",
         "dOt8",
         "K8",
@@ -131,18 +128,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         self.sQ8_layout = sm90_utils.make_smem_layout(
             E4M3, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), stages
         )
-        if self.dk_fp8:  # Q^T, queries contiguous (V_PERM16 order): the K-major B operand of the FP8 dK
-            self.sQd_layout = sm90_utils.make_smem_layout(
-                E4M3, LayoutEnum.COL_MAJOR, (self.tile_m, self.tile_hdim), stages
-            )
-        else:  # Q as the MN-major B operand of dK = dS^T Q (FA4's sQ layout)
-            self.sQd_layout = sm90_utils.make_smem_layout(
-                bf16,
-                LayoutEnum.ROW_MAJOR,
-                (self.tile_m, self.tile_hdim),
-                stages,
-                major_mode_size=self.tile_hdim,
-            )
+        # Q as the MN-major B operand of dK = dS^T Q (FA4's sQ layout)
+        self.sQb_layout = sm90_utils.make_smem_layout(
+            bf16, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), stages, major_mode_size=self.tile_hdim
+        )
         self.sdO8_layout = sm90_utils.make_smem_layout(
             E5M2, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), stages
         )
@@ -198,13 +187,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             E4M3, E5M2, k_major, k_major, Float32, a_source=warpgroup.OperandSource.RMEM, **dkv
         )
         tiled_mma_dK = sm90_utils_basic.make_trivial_tiled_mma(
-            self.qd_dtype,
-            self.qd_dtype,
-            k_major,
-            k_major if self.dk_fp8 else mn_major,
-            Float32,
-            a_source=warpgroup.OperandSource.RMEM,
-            **dkv,
+            self.dtype, self.dtype, k_major, mn_major, Float32, a_source=warpgroup.OperandSource.RMEM, **dkv
         )
         tiled_mma_dQ = sm90_utils_basic.make_trivial_tiled_mma(
             self.dtype,
@@ -238,7 +221,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             # sKb then sdS, contiguous: the FP32 dK/dV tile of the GQA epilogue spans both
             sKb: buf(self.dtype, self.sKb_layout)
             sdS: buf(self.dtype, self.sPdS_layout)
-            sQd: buf(self.qd_dtype, self.sQd_layout)
+            sQb: buf(self.dtype, self.sQb_layout)
             sQ8: buf(E4M3, self.sQ8_layout)
             sK8: buf(E4M3, self.sK8_layout)
             sV8: buf(E4M3, self.sV8_layout)
@@ -254,7 +237,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
     def __call__(
         self,
         mQ8: cute.Tensor,
-        mQd: cute.Tensor,
+        mQb: cute.Tensor,
         mK8: cute.Tensor,
         mKb: cute.Tensor,
         mV8: cute.Tensor,
@@ -268,15 +251,13 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mCol2: cute.Tensor,
         mSdo: cute.Tensor,
         mVScale: cute.Tensor,
-        mDkScale: cute.Tensor,
-        mDkInv: cute.Tensor,
         mdQaccum: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         softmax_scale: Float32,
         stream,
     ):
-        """mQ8 / mQd ``(B, Sq, Hq, D)`` E4M3 / BF16 (the same values), mK8 / mKb / mV8 ``(B, Sk, Hkv, D)``
+        """mQ8 / mQb ``(B, Sq, Hq, D)`` E4M3 / BF16 (the same values), mK8 / mKb / mV8 ``(B, Sk, Hkv, D)``
         E4M3 / BF16 / E4M3 (V in key order), mdO8 ``(B, Sq, Hq, D)`` E5M2, mdOt8 ``(B, Sq16, Hq, D)``
         E5M2 with stride 1 along Sq16 (dO^T, queries permuted within 16), mStat / mR / mRow / mDelta
         ``(B, Hq, Sq_pad)`` FP32 (``Sq_pad`` = Sq rounded up to tile_m; mRow = Q token scale * 2^-LIFT),
@@ -287,21 +268,20 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         self.is_varlen_q = False
         self.use_block_sparsity = False
         self.spt = False
-        mQ8, mK8, mKb, mV8, mdO8, mStat, mR, mRow, mDelta, mdQaccum = [
-            assume_tensor_aligned(t) for t in (mQ8, mK8, mKb, mV8, mdO8, mStat, mR, mRow, mDelta, mdQaccum)
+        mQ8, mQb, mK8, mKb, mV8, mdO8, mStat, mR, mRow, mDelta, mdQaccum = [
+            assume_tensor_aligned(t)
+            for t in (mQ8, mQb, mK8, mKb, mV8, mdO8, mStat, mR, mRow, mDelta, mdQaccum)
         ]
-        if const_expr(not self.dk_fp8):  # BF16 Q (B, Sq, Hq, D); the FP8 Q^T is laid out as dO^T
-            mQd = assume_tensor_aligned(mQd)
-        mQ8, mQd, mK8, mKb, mV8, mdO8, mdOt8 = [
-            layout_utils.select(t, [1, 3, 2, 0]) for t in (mQ8, mQd, mK8, mKb, mV8, mdO8, mdOt8)
+        mQ8, mQb, mK8, mKb, mV8, mdO8, mdOt8 = [
+            layout_utils.select(t, [1, 3, 2, 0]) for t in (mQ8, mQb, mK8, mKb, mV8, mdO8, mdOt8)
         ]
         if const_expr(self.qhead_per_kvhead == 1):
             mdK, mdV = [layout_utils.select(t, [1, 3, 2, 0]) for t in (mdK, mdV)]
         else:
             mdK, mdV = [layout_utils.select(t, [2, 1, 0]) for t in (mdK, mdV)]
-        mStat, mR, mRow, mDelta, mdQaccum, mCol, mCol2, mVScale, mDkScale, mDkInv = [
+        mStat, mR, mRow, mDelta, mdQaccum, mCol, mCol2, mVScale = [
             layout_utils.select(t, [2, 1, 0])
-            for t in (mStat, mR, mRow, mDelta, mdQaccum, mCol, mCol2, mVScale, mDkScale, mDkInv)
+            for t in (mStat, mR, mRow, mDelta, mdQaccum, mCol, mCol2, mVScale)
         ]
         mSdo = layout_utils.select(mSdo, [1, 0])
         tiled_mmas = self._get_tiled_mma()
@@ -314,7 +294,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         nbytes = cute.size_in_bytes
         tile2 = partial(cute.select, mode=[0, 1])
         self.tma_copy_bytes = {
-            "Q": nbytes(E4M3, tile2(self.sQ8_layout)) + nbytes(self.qd_dtype, tile2(self.sQd_layout)),
+            "Q": nbytes(E4M3, tile2(self.sQ8_layout)) + nbytes(self.dtype, tile2(self.sQb_layout)),
             "dO": 2 * nbytes(E5M2, tile2(self.sdO8_layout)),
             "K": nbytes(E4M3, self.sK8_layout) + nbytes(self.dtype, self.sKb_layout),
             "V": nbytes(E4M3, self.sV8_layout),
@@ -328,7 +308,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tensors = {}
         for name, m, layout, tile in (
             ("Q8", mQ8, self.sQ8_layout, (self.tile_m, self.tile_hdim)),
-            ("Qd", mQd, self.sQd_layout, (self.tile_m, self.tile_hdim)),
+            ("Qb", mQb, self.sQb_layout, (self.tile_m, self.tile_hdim)),
             ("dO8", mdO8, self.sdO8_layout, (self.tile_m, self.tile_hdim)),
             ("dOt8", mdOt8, self.sdOt8_layout, (self.tile_m, self.tile_hdim)),
             ("K8", mK8, self.sK8_layout, (self.tile_n, self.tile_hdim)),
@@ -374,8 +354,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             mCol2,
             mSdo,
             mVScale,
-            mDkScale,
-            mDkInv,
             mdQaccum,
             mdK,
             mdV,
@@ -400,14 +378,14 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
     def kernel(
         self,
         mQ8: cute.Tensor,
-        mQd: cute.Tensor,
+        mQb: cute.Tensor,
         mdO8: cute.Tensor,
         mdOt8: cute.Tensor,
         mK8: cute.Tensor,
         mKb: cute.Tensor,
         mV8: cute.Tensor,
         tma_atom_Q8: cute.CopyAtom,
-        tma_atom_Qd: cute.CopyAtom,
+        tma_atom_Qb: cute.CopyAtom,
         tma_atom_dO8: cute.CopyAtom,
         tma_atom_dOt8: cute.CopyAtom,
         tma_atom_K8: cute.CopyAtom,
@@ -421,15 +399,13 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mCol2: cute.Tensor,
         mSdo: cute.Tensor,
         mVScale: cute.Tensor,
-        mDkScale: cute.Tensor,
-        mDkInv: cute.Tensor,
         mdQaccum: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         tma_atom_dK,
         tma_atom_dV,
         sQ8_layout: cute.ComposedLayout,
-        sQd_layout: cute.ComposedLayout,
+        sQb_layout: cute.ComposedLayout,
         sdO8_layout: cute.ComposedLayout,
         sdOt8_layout: cute.ComposedLayout,
         sK8_layout: cute.ComposedLayout,
@@ -446,13 +422,13 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         SharedStorage: cutlass.Constexpr,
     ):
         names = self.OPERANDS
-        tensors = dict(zip(names, (mQ8, mQd, mdO8, mdOt8, mK8, mKb, mV8)))
+        tensors = dict(zip(names, (mQ8, mQb, mdO8, mdOt8, mK8, mKb, mV8)))
         atoms = dict(
             zip(
                 names,
                 (
                     tma_atom_Q8,
-                    tma_atom_Qd,
+                    tma_atom_Qb,
                     tma_atom_dO8,
                     tma_atom_dOt8,
                     tma_atom_K8,
@@ -494,7 +470,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
 
         smem_t = dict(
             Q8=get(storage.sQ8, sQ8_layout),
-            Qd=get(storage.sQd, sQd_layout),
+            Qb=get(storage.sQb, sQb_layout),
             dO8=get(storage.sdO8, sdO8_layout),
             dOt8=get(storage.sdOt8, sdOt8_layout),
             K8=get(storage.sK8, sK8_layout),
@@ -560,8 +536,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 mCol2,
                 mSdo,
                 mVScale,
-                mDkScale,
-                mDkInv,
                 mdK,
                 mdV,
                 tma_atom_dK,
@@ -627,7 +601,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             q_fns = []
             for name, pipe in (
                 ("Q8", pipeline_Q),
-                ("Qd", pipeline_Q),
+                ("Qb", pipeline_Q),
                 ("dO8", pipeline_dO),
                 ("dOt8", pipeline_dO),
             ):
@@ -692,8 +666,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mCol2: cute.Tensor,
         mSdo: cute.Tensor,
         mVScale: cute.Tensor,
-        mDkScale: cute.Tensor,
-        mDkInv: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         tma_atom_dK,
@@ -712,7 +684,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         wg_layout = cute.make_layout(self.num_wg_mma, stride=self.num_threads_per_warp_group)
         thr_mma_S = tiled_mma_S.get_slice(tidx)
         thr_mma_dV = tiled_mma_dV.get_slice(tidx)
-        thr_mma_dK = tiled_mma_dK.get_slice(tidx)
         wg_S = tiled_mma_S.get_slice(wg_layout(wg_idx))
         wg_dP = tiled_mma_dP.get_slice(wg_layout(wg_idx))
         wg_dK = tiled_mma_dK.get_slice(wg_layout(wg_idx))
@@ -737,8 +708,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             layout_utils.transpose_view(smem_t["dOt8"]),
         )
         # dK += dS^T Q (BF16): dS^T from registers, Q^T view (MN-major)
-        acc_dK, tdKrdS8, tdKrQt = sm90_utils.partition_fragment_ABC(
-            wg_dK, (self.tile_n, self.tile_hdim, self.tile_m), None, layout_utils.transpose_view(smem_t["Qd"])
+        acc_dK, _, tdKrQt = sm90_utils.partition_fragment_ABC(
+            wg_dK, (self.tile_n, self.tile_hdim, self.tile_m), None, layout_utils.transpose_view(smem_t["Qb"])
         )
         # dQ = dS K (BF16): dS from shared memory, K^T view (MN-major)
         _, tdQrdS, tdQrKt = sm90_utils.partition_fragment_ABC(
@@ -768,9 +739,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tScS_mn = layout_utils.reshape_acc_to_mn(
             thr_mma_S.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m))), transpose=True
         )
-        tdKcdK_mn = layout_utils.reshape_acc_to_mn(
-            thr_mma_dK.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_hdim)))
-        )
         tdVcdV_mn = layout_utils.reshape_acc_to_mn(
             thr_mma_dV.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_hdim)))
         )
@@ -793,12 +761,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 col[c] = mCol[k_idx, head_kv, batch_idx]
                 col2[c] = mCol2[k_idx, head_kv, batch_idx]
                 col[c] = Float32(1.0) if col[c] != col[c] else col[c]
-            # dk_fp8: the inverse of each key's static dK-operand scale (a power of two)
-            dkinv = cute.make_rmem_tensor(n_keys, Float32)
-            if const_expr(self.dk_fp8):
-                for c in cutlass.range(n_keys, unroll_full=True):
-                    k_idx = cutlass.min(n_block * self.tile_n + tScS_mn[0, c][0], k_last)
-                    dkinv[c] = mDkInv[k_idx, head_idx, batch_idx]
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
             mask_fn = partial(
                 mask.apply_mask,
@@ -832,8 +794,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 tDelta=tDelta,
                 col=col,
                 col2=col2,
-                dkinv=dkinv,
-                tdKrdS8=tdKrdS8,
                 s_do=s_do,
                 tdQsdQaccum=tdQsdQaccum,
                 pipeline_Q=pipeline_Q,
@@ -846,15 +806,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             for m_block in cutlass.range(m_block_min + 1, m_block_max, unroll=1):
                 state_Q, state_dO = step(m_block, state_Q, state_dO, dKV_accumulate=True)
             # epilogue scales: dK by softmax_scale; dV by s_do 2^-LIFT / v_scale (per channel, a power of two)
-            if const_expr(self.dk_fp8):  # and the static scale of each key's dK operand
-                acc_dK_mn = layout_utils.reshape_acc_to_mn(acc_dK)
-                for r in cutlass.range_constexpr(cute.size(acc_dK_mn, mode=[0])):
-                    k_idx = cutlass.min(n_block * self.tile_n + tdKcdK_mn[r, 0][0], k_last)
-                    sc = softmax_scale * mDkScale[k_idx, head_idx, batch_idx]
-                    for c in cutlass.range(cute.size(acc_dK_mn, mode=[1]), unroll_full=True):
-                        acc_dK_mn[r, c] = acc_dK_mn[r, c] * sc
-            else:
-                acc_dK.store(acc_dK.load() * softmax_scale)
+            acc_dK.store(acc_dK.load() * softmax_scale)
             acc_dV_mn = layout_utils.reshape_acc_to_mn(acc_dV)
             dv_scale = cute.make_rmem_tensor(cute.size(tdVcdV_mn, mode=[1]), Float32)
             for c in cutlass.range(cute.size(dv_scale), unroll_full=True):
@@ -932,8 +884,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tDelta,
         col,
         col2,
-        dkinv,
-        tdKrdS8,
         s_do,
         tdQsdQaccum,
         pipeline_Q,
@@ -970,16 +920,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
             for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
                 x = acc_S_mn[r, c] * (acc_dP_mn[r, c] * s_do - delta[r])  # 2^LIFT dS
-                if const_expr(self.dk_fp8):  # / the key's static scale: the E4M3 operand's range
-                    acc_dP_mn[r, c] = (x * row[r]) * dkinv[c]
-                else:
-                    acc_dP_mn[r, c] = x * row[r]  # row = Q scale * 2^-LIFT
+                acc_dP_mn[r, c] = x * row[r]  # row = Q scale * 2^-LIFT
                 acc_dQs_mn[r, c] = x * col2[c]  # col2 = K scale * 2^-LIFT
-        if const_expr(self.dk_fp8):  # E4M3 A operand in the accumulator's column order (Q^T permuted)
-            p_to_e4m3_operand(acc_dP, tdKrdS8)
-            tdKrdS = tdKrdS8
-        else:
-            tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
+        tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
         tdQrdS_cvt = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dQs), self.dtype)
         copy_dS_r2s(tdQrdS_cvt, dst_idx=idx_Q)
         cute.arch.fence_view_async_shared()
