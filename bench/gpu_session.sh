@@ -15,7 +15,9 @@
 #   tests_training pytest -m gpu tests/training     tune          bench/tune_fwd.py
 #   bench          bench/attention_bench.py          main          the default job (pretrain_llama.py)
 #   traj_A / traj_B  bench/trajectory_runs.sh, seed 1234 / 1235, all three arms
-#   throughput     bench/train_throughput.py
+#   throughput     bench/train_throughput.py, the local-projection arms on the Triton backend (this
+#                  session installs neither Transformer Engine nor the CuTe bundle, which its default
+#                  arms need: run those after bench/cute_session.sh and TE's te_install.sh)
 #   fidelity       tools/fidelity.py with the Triton backend (Direct-P enabled)
 set -uo pipefail
 budget="${1:?budget seconds}"; both="${2:-}"
@@ -51,7 +53,7 @@ job() {  # job NAME GPU: run one job with its time limit; print and record its e
         main) lim=$(limit 200); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 pretrain_llama.py runtime.output_dir="$work/main_job" ;;
         traj_A) lim=$(limit 330); COMPARE=0 timeout "$lim" bash bench/trajectory_runs.sh "$work/trajectory" "bf16 fp8 nvfp4qk_fp8pv" 1234 "$gpu" ;;
         traj_B) lim=$(limit 330); COMPARE=0 timeout "$lim" bash bench/trajectory_runs.sh "$work/trajectory" "bf16 fp8 nvfp4qk_fp8pv" 1235 "$gpu" ;;
-        throughput) lim=$(limit 480); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 bench/train_throughput.py --budget-s $((lim - 20)) --run-dir "$work/train_throughput_runs" --out "$work/train_throughput_h200" ;;
+        throughput) lim=$(limit 480); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 bench/train_throughput.py --budget-s $((lim - 20)) --arms local-bf16 local-bf16+fp8-attn local-bf16+nvfp4qk_fp8pv --backend-override bf16=triton fp8=triton nvfp4qk_fp8pv=triton --run-dir "$work/train_throughput_runs" --out "$work/train_throughput_h200" ;;
         fidelity) lim=$(limit 200); CUDA_VISIBLE_DEVICES="$gpu" timeout "$lim" python3 tools/fidelity.py --backend triton --device cuda --out "$work/fidelity_triton" ;;
         *) echo "unknown job $name"; false ;;
     esac > "$work/$name.log" 2>&1

@@ -1,17 +1,28 @@
-"""Training throughput of the Llama-3.1-8B layer shape on one GPU: BF16 vs low-precision attention.
+"""Training throughput of the Llama-3.1-8B layer shape on one GPU: the BF16 stack vs low precision.
 
-    python3 bench/train_throughput.py --out results/train_throughput_h200      # ~5-6 min on one H200
+    python3 bench/train_throughput.py --out results/train_throughput_h200      # 20 runs on one H200
     python3 bench/train_throughput.py --dry-run                                  # the commands; no GPU
     python3 bench/train_throughput.py --budget-s 520 --out $OUT/train_throughput_h200   # in one 10-min window
 
+(The 12 runs of the earlier arms took 5-6 min on the H200, ~25 s each; the 20 runs of these arms
+should take about 10 min, so within ``--budget-s 520`` the last micro-batch-1 runs may be skipped,
+reported as such. Needs the ``te`` and ``cute`` extras: ``pip install -e '.[te,cute]'``.)
+
 Every (arm, micro-batch) is its own ``pretrain_llama.py`` process, one after the other: the 8B
 recipe with ``model.num_layers=L`` (default 12: what fits one H200), sequence 4096, micro-batch 1, 2,
-4 with no accumulation, no checkpoints, 3 warm-up + 6 timed steps. Arms: ``bf16``, ``fp8``,
-``nvfp4qk_fp8pv`` attention with BF16 projections, plus ``bf16+te_fp8`` and ``nvfp4qk_fp8pv+te_fp8``
-when Transformer Engine imports. Per run: median step time of the timed steps, tokens/s/GPU, MFU,
-peak memory, the last loss; per recipe, the attention alone at the training shape (its share of a
-step); per arm, the step time extrapolated to 32 layers from a second run at
-``--extrapolate-from-layers`` layers, and a 64-GPU estimate from it.
+4 with no accumulation, no checkpoints, 3 warm-up + 6 timed steps. Arms (``plan.py``): ``bf16``
+(the baseline: Transformer Engine BF16 projections, FA4 BF16 attention: the BF16 stack a user
+runs), ``fp8-attn`` (TE BF16 projections, our fp8 attention on ``cute``), ``te-fp8`` (TE FP8
+projections, FA4 BF16 attention), ``te-fp8+fp8-attn`` and ``te-fp8+nvfp4qk_fp8pv`` (TE FP8
+projections, our attention on ``cute``); ``--backend-override RECIPE=BACKEND`` changes a recipe's
+backend; opt-in ``local-bf16``, ``local-bf16+fp8-attn``, ``local-bf16+nvfp4qk_fp8pv`` use
+megatron-core's local projections (no Transformer Engine). An arm whose Transformer Engine or
+attention backend does not import here is refused before anything runs (exit 2: what to install,
+what runs without it); ``--dry-run`` prints the plan and that sentence. Per run: median step time
+of the timed steps, tokens/s/GPU, MFU, peak memory, the last loss, the ratio to the ``bf16`` arm;
+per recipe, the attention alone at the training shape on its backend (its share of a step); per
+arm, the step time extrapolated to 32 layers from a second run at ``--extrapolate-from-layers``
+layers, and a 64-GPU estimate from it.
 
 Order (what matters most first, for a benchmark cut short): the main runs at the largest
 micro-batch, the extrapolation runs, then the other micro-batches. ``--budget-s`` skips runs that
@@ -23,14 +34,15 @@ and the tail of the log of a failed run; metadata: date UTC, GPU, torch / triton
 versions, git commit (``$BENCH_COMMIT`` overrides), L) and ``PREFIX.md`` (tables, the throughput and
 memory targets with PASS/MISS, the extrapolation), both rewritten after every run. A failed run (out
 of memory, non-zero exit, timeout, missing steps, non-finite loss) is recorded and the others go on;
-the exit code is 1 if a run or the attention timing of a recipe failed. The markdown report is
-printed last, its runs table at the end.
+the exit code is 1 if a run or the attention timing of a recipe failed, 2 for an invalid run config
+or a missing dependency. The markdown report is printed last, its runs table at the end.
 
 The benchmark itself is the package ``bench/throughput/``; each module's docstring says how its part
-is done: ``plan.py`` (the runs, their overrides, why 12 layers fit), ``process.py`` (the child
-processes), ``attention.py`` (the attention share), ``analysis.py`` (the numbers per run, the MFU
-formula, the extrapolation and its assumptions), ``report.py`` (the outputs), ``runner.py`` (the
-order, the budget, a stop).
+is done: ``plan.py`` (the arms, the runs, their overrides, why 12 layers fit), ``deps.py`` (what
+the arms need installed), ``process.py`` (the child processes), ``attention.py`` (the attention
+share), ``analysis.py`` (the numbers per run, the ratios, the targets, the MFU formula, the
+extrapolation and its assumptions), ``report.py`` (the outputs), ``runner.py`` (the order, the
+budget, a stop).
 """
 
 from __future__ import annotations
@@ -45,14 +57,17 @@ from pathlib import Path
 
 from throughput import REPO
 from throughput.attention import time_attention
+from throughput.deps import missing_dependencies, refusal
 from throughput.plan import (
+    ALL_ARMS,
     ARMS,
     BASE_CONFIG,
-    BASELINE,
-    TE_ARMS,
+    FASTEST_BACKEND,
+    LOCAL_ARMS,
+    backend_table,
     plan_runs,
-    transformer_engine_status,
     validate_runs,
+    with_baseline,
 )
 from throughput.process import sigterm_raises_terminated
 from throughput.report import metadata, plan_metadata
@@ -76,9 +91,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--arms",
         nargs="+",
-        choices=[*ARMS, *TE_ARMS],
-        default=None,
-        help=f"default: {', '.join(ARMS)}, plus {', '.join(TE_ARMS)} when Transformer Engine imports",
+        choices=list(ALL_ARMS),
+        default=list(ARMS),
+        help=f"default: {', '.join(ARMS)}; opt-in, megatron-core's local projections (no Transformer "
+        f"Engine): {', '.join(LOCAL_ARMS)}. Run in this order; the baseline (bf16, or local-bf16 when "
+        "only local arms are chosen) is always run",
+    )
+    p.add_argument(
+        "--backend-override",
+        nargs="+",
+        default=[],
+        metavar="RECIPE=BACKEND",
+        help="attention backend of a recipe, for every arm of that recipe (default, the fastest on the "
+        f"H200: {', '.join(f'{r}={b}' for r, b in FASTEST_BACKEND.items())}), e.g. fp8=triton",
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed steps at the start of each run (default 3)")
     p.add_argument("--timed", type=int, default=6, help="timed steps after the warm-up (default 6)")
@@ -129,31 +154,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.extrapolate_from_layers < 0 or not 0 < args.dp_efficiency <= 1:
         p.error("--extrapolate-from-layers must be >= 0 and --dp-efficiency in (0, 1]")
     args.micro_batches = sorted(set(args.micro_batches))
+    try:
+        args.backends = backend_table(args.backend_override)
+    except ValueError as err:
+        p.error(str(err))
+    args.arms = with_baseline(args.arms)  # every ratio is against the baseline arm
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; returns the exit code: 0 all ran, 1 something failed, 2 an invalid run config."""
+    """Run the benchmark; returns the exit code: 0 all ran, 1 something failed, 2 an invalid run config
+    or a dependency of an arm that does not import (``--dry-run``: printed, exit 0)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.attention_timing_json:  # the child process of throughput.attention.run_attention_timing
-        recs = time_attention(args.attention_recipes, args.micro_batches, seq=args.seq)
+        cases = dict(item.partition("=")[::2] for item in args.attention_recipes)
+        recs = time_attention(list(cases), args.micro_batches, seq=args.seq, backend=cases)
         Path(args.attention_timing_json).write_text(json.dumps(recs, indent=1))
         return 0
     t_start = time.perf_counter()
     # megatron-core warns at import about optional packages (TE, Apex); each run's log says what it uses
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
-    te_ok, te_note = transformer_engine_status()
-    print(te_note, flush=True)
-    if args.arms is None:
-        args.arms = [*ARMS, *(TE_ARMS if te_ok else ())]
-    elif BASELINE not in args.arms:
-        args.arms = [BASELINE, *args.arms]  # every ratio is against the bf16 arm
     specs = plan_runs(args)
     try:
         validate_runs(specs, args.config)
     except ValueError as err:
         print(f"train_throughput: {err}", file=sys.stderr)
         return 2
+    missing, notes = missing_dependencies(specs)
+    for note in notes:
+        print(note, flush=True)
     for i, s in enumerate(specs, 1):
         print(
             f"[{i}/{len(specs)}] {s.name} ({s.purpose}; plan estimate "
@@ -161,9 +190,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{shlex.join(s.argv)}",
             flush=True,
         )
+    if missing:
+        sentence = f"train_throughput: {refusal(missing)}"
+        if args.dry_run:  # the plan is printed; a real run here would stop now
+            print(f"not runnable here: {sentence}", flush=True)
+            return 0
+        print(sentence, file=sys.stderr)
+        return 2
     if args.dry_run:
         return 0
-    meta = {**metadata(args, te_note), **plan_metadata(next(s for s in specs if s.purpose == "main"))}
+    meta = {**metadata(args, notes), **plan_metadata(next(s for s in specs if s.purpose == "main"))}
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     with sigterm_raises_terminated():
         return measure(args, specs, meta, t_start)

@@ -2,11 +2,12 @@
 
 A separate process (before the training runs, so that they start on an empty GPU) times the
 attention alone at the training shape, ``[4096, mb, 32 | 8, 128]`` (``sbhd``, as the megatron-core
-adapter calls it), causal, BF16 inputs, through ``fp4_attention.attention(..., backend="triton")``
-(quantization included), forward and forward + backward, medians of ``triton.testing.do_bench``;
-share = L x (forward + backward) / median step. The same process times cuDNN BF16 attention through
-torch SDPA (``[mb, H, S, D]``, as ``bench/attention_bench.py``): what the ``bf16`` arm could gain
-with cuDNN.
+adapter calls it), causal, BF16 inputs, each recipe on the backend its runs use
+(``fp4_attention.attention(..., backend=...)``, quantization included), forward and forward +
+backward, medians of ``triton.testing.do_bench``; share = L x (forward + backward) / median step.
+The same process times cuDNN BF16 attention through torch SDPA (``[mb, H, S, D]``, as
+``bench/attention_bench.py``): what the baseline arm would gain or lose with cuDNN (on the H200 the
+``fa4`` backend of the default ``bf16`` arm is the faster).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import REPO
@@ -31,21 +33,25 @@ def time_attention(
     seq: int,
     warmup_ms: int = 50,
     rep_ms: int = 250,
-    backend: str = "triton",
+    backend: str | Mapping[str, str] = "triton",
     device: str = "cuda",
     heads: tuple[int, int, int] = (HQ, HKV, HEAD_DIM),
     timer=None,
 ) -> list[dict]:
     """Attention alone at the training shape (see the module docstring): each recipe through
-    ``fp4_attention.attention(..., layout="sbhd", backend=backend)`` and cuDNN BF16 through torch SDPA.
+    ``fp4_attention.attention(..., layout="sbhd", backend=...)`` and cuDNN BF16 through torch SDPA.
 
     Args:
+        backend: one backend for every recipe, or recipe -> backend.
         heads: (query heads, key/value heads, head dim); inputs are BF16 ``[seq, mb, H, D]`` N(0, 1).
         timer: ``timer(fn, grads) -> ms`` (default: median of ``triton.testing.do_bench``, CUDA events,
             ``grads`` set to None before every call).
     Returns:
-        One record per (impl, micro_batch): ``impl`` (a recipe, or ``cudnn_bf16_sdpa``), ``fwd_ms`` and
-        ``fwd_bwd_ms`` (ms per layer), or ``error`` (the case could not run; the others still do).
+        One record per (impl, micro_batch): ``impl`` (a recipe, or ``cudnn_bf16_sdpa``), ``backend``,
+        ``fwd_ms`` and ``fwd_bwd_ms`` (ms per layer), or ``error`` (the case could not run; the others
+        still do).
+    Raises:
+        KeyError: a recipe missing from a ``backend`` mapping.
     """
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -72,6 +78,7 @@ def time_attention(
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)
 
+    backends = {r: backend[r] if isinstance(backend, Mapping) else backend for r in recipes}
     hq, hkv, d = heads
     out = []
     torch.manual_seed(0)
@@ -82,7 +89,7 @@ def time_attention(
         cases = {
             r: (
                 lambda a, b, c, r=r: fa.attention(
-                    a, b, c, recipe=r, causal=True, layout="sbhd", backend=backend
+                    a, b, c, recipe=r, causal=True, layout="sbhd", backend=backends[r]
                 ),
                 (q, k, v),
                 dout,
@@ -94,6 +101,7 @@ def time_attention(
         for impl, (fn, inputs, grad_out) in cases.items():
             rec = {
                 "impl": impl,
+                "backend": backends.get(impl, "cudnn"),
                 "micro_batch": mb,
                 "seq_length": seq,
                 "heads": f"{hq}/{hkv}",
@@ -111,8 +119,9 @@ def time_attention(
     return out
 
 
-def run_attention_timing(args, recipes: list[str]) -> tuple[list[dict], str | None]:
-    """Time the attention in a child process (this one never holds a CUDA context); (records, error)."""
+def run_attention_timing(args, recipes: Mapping[str, str]) -> tuple[list[dict], str | None]:
+    """Time the attention of ``recipes`` (recipe -> backend) in a child process (this one never holds
+    a CUDA context); (records, error)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -129,7 +138,7 @@ def run_attention_timing(args, recipes: list[str]) -> tuple[list[dict], str | No
         "--micro-batches",
         *map(str, args.micro_batches),
         "--attention-recipes",
-        *recipes,
+        *(f"{r}={b}" for r, b in recipes.items()),
     ]
     print(f"attention timing: {shlex.join(argv)}", flush=True)
     log = Path(args.run_dir) / "attention_timing.log"

@@ -8,10 +8,27 @@ micro-batch 1, 2, 4 with global batch = micro-batch (no accumulation), the embed
 validation, telemetry and TensorBoard off, a log line per step, ``checkpoint.save=false`` (an 8B-shaped
 checkpoint would take ~70 GB and minutes) and ``train_iters`` = warm-up + timed steps (3 + 6).
 
-Arms (``attention.recipe`` with ``attention.backend=triton``; ``projection.precision=bf16``):
-``bf16``, ``fp8``, ``nvfp4qk_fp8pv``; ``bf16+te_fp8`` and ``nvfp4qk_fp8pv+te_fp8`` (Transformer Engine
-FP8 projections) are added only when ``import transformer_engine.pytorch`` works, and the output
-says which.
+Arms, in this order, each an attention recipe on its backend with a projection precision:
+
+| arm | projections | attention |
+|---|---|---|
+| ``bf16`` (the baseline) | Transformer Engine BF16 | ``bf16`` on ``fa4`` (flash-attn-4) |
+| ``fp8-attn`` | Transformer Engine BF16 | ``fp8`` on ``cute`` |
+| ``te-fp8`` | Transformer Engine FP8 | ``bf16`` on ``fa4`` |
+| ``te-fp8+fp8-attn`` | Transformer Engine FP8 | ``fp8`` on ``cute`` |
+| ``te-fp8+nvfp4qk_fp8pv`` | Transformer Engine FP8 | ``nvfp4qk_fp8pv`` on ``cute`` (1) |
+
+(1) its forward is the CuTe kernel, its backward Triton's.
+
+(``model.transformer_impl=transformer_engine``: megatron-core's TE layer spec, which a user of the
+BF16 stack runs; ``projection.precision=bf16`` or ``te_fp8``.) The backend of each recipe is its
+fastest on the H200 (:data:`FASTEST_BACKEND`); ``--backend-override RECIPE=BACKEND`` changes it for
+every arm of that recipe. Opt-in arms with megatron-core's local projections
+(``model.transformer_impl=local``, no Transformer Engine): ``local-bf16``, ``local-bf16+fp8-attn``,
+``local-bf16+nvfp4qk_fp8pv``; ``results/train_throughput_h200.md`` was measured with these (named
+``bf16``, ``fp8``, ``nvfp4qk_fp8pv`` then) on ``triton`` (``--backend-override bf16=triton
+fp8=triton nvfp4qk_fp8pv=triton``). Every ratio is against the ``bf16`` arm (``local-bf16`` when
+only local arms run: :func:`baseline_arm`), which is always run.
 
 Memory on one GPU (why L = 12): the distributed optimizer on one rank keeps 18 bytes per parameter
 (BF16 weight 2 + FP32 gradient 4 + FP32 main weight 4 + Adam m, v 8), parameters = 1.05B (the two
@@ -23,19 +40,51 @@ H200's 141 GB; L = 16: 82 + 37 + 20 ~ 139 GB does not leave room for the allocat
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import REPO
-from .process import child_env
 
 BASE_CONFIG = "configs/llama3_1_8b_100b_bf16.yaml"
-ARMS = {"bf16": ("bf16", "bf16"), "fp8": ("fp8", "bf16"), "nvfp4qk_fp8pv": ("nvfp4qk_fp8pv", "bf16")}
-TE_ARMS = {"bf16+te_fp8": ("bf16", "te_fp8"), "nvfp4qk_fp8pv+te_fp8": ("nvfp4qk_fp8pv", "te_fp8")}
+# The fastest backend of each recipe, forward + backward at B4 H32/8 S4096 causal on the H200
+# (results/cute_prep_h200/README.md and attention_bench_cute_h200.md there): bf16 on FA4 3.78 ms
+# (cuDNN 4.13); fp8 on cute 5.56 ms (triton 10.18); nvfp4qk_fp8pv cute 12.65 = triton 12.65 ms, cute
+# because its forward is the faster (1.63 vs 1.75 ms).
+FASTEST_BACKEND = {"bf16": "fa4", "fp8": "cute", "nvfp4qk_fp8pv": "cute"}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """What one arm trains: the attention recipe, the projection precision and the layer spec
+    (``model.transformer_impl``: ``transformer_engine`` or ``local``)."""
+
+    recipe: str
+    projection: str
+    transformer_impl: str = "transformer_engine"
+
+    @property
+    def low_precision(self) -> bool:
+        return self.recipe != "bf16" or self.projection != "bf16"
+
+
+# the default arms, in the order of the tables
+ARMS = {
+    "bf16": Arm("bf16", "bf16"),
+    "fp8-attn": Arm("fp8", "bf16"),
+    "te-fp8": Arm("bf16", "te_fp8"),
+    "te-fp8+fp8-attn": Arm("fp8", "te_fp8"),
+    "te-fp8+nvfp4qk_fp8pv": Arm("nvfp4qk_fp8pv", "te_fp8"),
+}
+# opt-in: megatron-core's local projections, no Transformer Engine
+LOCAL_ARMS = {
+    "local-bf16": Arm("bf16", "bf16", "local"),
+    "local-bf16+fp8-attn": Arm("fp8", "bf16", "local"),
+    "local-bf16+nvfp4qk_fp8pv": Arm("nvfp4qk_fp8pv", "bf16", "local"),
+}
+ALL_ARMS = {**ARMS, **LOCAL_ARMS}
 BASELINE = "bf16"
+LOCAL_BASELINE = "local-bf16"
 GIB = 1024**3
 MODEL_KEYS = (
     "num_layers",
@@ -74,20 +123,25 @@ def run_overrides(
     seq: int,
     train_iters: int,
     output_dir: Path,
+    backends: dict[str, str] | None = None,
     extra: list[str] = (),
 ) -> list[str]:
     """The ``section.key=value`` overrides of one run on top of :data:`BASE_CONFIG` (``extra`` last, so
     it wins).
 
+    Args:
+        backends: recipe -> attention backend (default :data:`FASTEST_BACKEND`).
     Raises:
-        KeyError: an arm that is neither in :data:`ARMS` nor in :data:`TE_ARMS`.
+        KeyError: an arm that is not in :data:`ALL_ARMS`, or a recipe without a backend.
     """
-    recipe, projection = {**ARMS, **TE_ARMS}[arm]
+    a = ALL_ARMS[arm]
+    backend = (FASTEST_BACKEND if backends is None else backends)[a.recipe]
     return [
         f"model.num_layers={layers}",
-        f"attention.recipe={recipe}",
-        "attention.backend=triton",
-        f"projection.precision={projection}",
+        f"model.transformer_impl={a.transformer_impl}",
+        f"attention.recipe={a.recipe}",
+        f"attention.backend={backend}",
+        f"projection.precision={a.projection}",
         "data.corpus=default",
         f"data.seq_length={seq}",
         f"training.micro_batch_size={micro_batch}",
@@ -110,11 +164,43 @@ def run_overrides(
     ]
 
 
+def baseline_arm(arms) -> str:
+    """The arm every ratio is against: ``bf16``, or ``local-bf16`` when every arm is a local one."""
+    return LOCAL_BASELINE if arms and all(a in LOCAL_ARMS for a in arms) else BASELINE
+
+
+def with_baseline(arms: list[str]) -> list[str]:
+    """``arms`` in the order of :data:`ALL_ARMS`, its baseline (:func:`baseline_arm`) added if missing."""
+    chosen = {*arms, baseline_arm(arms)}
+    return [a for a in ALL_ARMS if a in chosen]
+
+
+def backend_table(overrides: list[str]) -> dict[str, str]:
+    """:data:`FASTEST_BACKEND` with ``RECIPE=BACKEND`` overrides applied.
+
+    Raises:
+        ValueError: an override that is not ``RECIPE=BACKEND`` with a recipe of the table (whether
+            the backend runs the recipe is checked with the run configs: :func:`validate_runs`).
+    """
+    table = dict(FASTEST_BACKEND)
+    for item in overrides:
+        recipe, eq, backend = item.partition("=")
+        if not eq or recipe not in table or not backend:
+            raise ValueError(
+                f"--backend-override {item!r}: expected RECIPE=BACKEND with RECIPE one of "
+                f"{', '.join(table)} (e.g. fp8=triton)"
+            )
+        table[recipe] = backend
+    return table
+
+
 def plan_runs(args) -> list[RunSpec]:
     """The runs, most important first (a benchmark cut short by its time limit keeps those): the main
     runs at the largest micro-batch (the throughput targets), the extrapolation runs (same micro-batch,
-    L2 layers), then the main runs at the other micro-batches, largest first; arms in order, bf16 first."""
+    L2 layers), then the main runs at the other micro-batches, largest first; arms in ``args.arms``'
+    order. ``args.backends``: recipe -> backend (default :data:`FASTEST_BACKEND`)."""
     specs = []
+    backends = getattr(args, "backends", None)
 
     def add(arm, mb, layers, purpose):
         out = Path(args.run_dir) / f"{arm}_mb{mb}_L{layers}"
@@ -125,6 +211,7 @@ def plan_runs(args) -> list[RunSpec]:
             seq=args.seq,
             train_iters=args.warmup + args.timed,
             output_dir=out,
+            backends=backends,
             extra=args.override,
         )
         argv = [
@@ -187,43 +274,10 @@ def validate_runs(specs: list[RunSpec], config: str) -> None:
             "seq_length": plan.seq_length,
             "train_iters": plan.train_iters,
             "recipe": cfg.attention.recipe,
+            "backend": cfg.attention.backend,
             "projection": cfg.projection.precision,
+            "transformer_impl": model.transformer_impl,
             "default_corpus": cfg.data.corpus == "default",
             "data_cache_dir": cfg.data.cache_dir,
             "model": {"preset": cfg.model.preset, **{k: getattr(model, k) for k in MODEL_KEYS}},
         }
-
-
-def transformer_engine_status() -> tuple[bool, str]:
-    """(usable, a sentence for the output): whether ``import transformer_engine.pytorch`` works (in a
-    child process)."""
-    if importlib.util.find_spec("transformer_engine") is None:
-        return False, (
-            "Transformer Engine is not installed on this machine (`import transformer_engine` "
-            "fails: No module named 'transformer_engine'): no FP8 (TE) projection arms; every arm "
-            "uses BF16 projections"
-        )
-    try:
-        code = "import transformer_engine as t, transformer_engine.pytorch; print(t.__version__)"
-        res = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=child_env(),
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return False, (
-            "Transformer Engine: `import transformer_engine.pytorch` timed out: no FP8 (TE) projection arms"
-        )
-    if res.returncode != 0:
-        err = (res.stderr.strip().splitlines() or ["?"])[-1][:200]
-        return False, (
-            f"Transformer Engine does not import on this machine ({err}): no FP8 (TE) projection "
-            "arms; every arm uses BF16 projections"
-        )
-    return True, (
-        f"Transformer Engine {res.stdout.strip()} imports: FP8 (TE) projection arms "
-        f"{', '.join(TE_ARMS)} added"
-    )

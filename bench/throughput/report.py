@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import REPO
 from .analysis import TARGET_LAYERS, derive, extrapolate, targets
-from .plan import BASELINE
+from .plan import baseline_arm
 
 # The paper (shared/seed, §7.5 and §7.7), GB200: tokens/s/GPU, BF16 -> low precision
 PAPER_64GPU = (21_853, 24_303)  # 64 GPUs, global batch 1024, NVFP4-QK/FP8-PV attention + FP8 GEMMs: 1.112x
@@ -72,7 +72,7 @@ def _md_header(meta: dict) -> list[str]:
             "checkpoints "
             "written"
         ),
-        f"- {meta['transformer_engine']}",
+        *([f"- {'; '.join(meta['dependencies'])}"] if meta.get("dependencies") else []),
         *(
             [f"- STOPPED: {meta['terminated']}; the runs not completed are marked as such"]
             if meta.get("terminated")
@@ -95,15 +95,25 @@ def _md_header(meta: dict) -> list[str]:
     ]
 
 
+def projection_label(r: dict) -> str:
+    """``bf16 (TE)``, ``te_fp8 (TE)``, ``bf16 (local)``: the precision and the layer spec of a run."""
+    impl = r.get("transformer_impl")
+    spec = {"transformer_engine": "TE", "local": "local"}.get(impl, impl)
+    return f"{r['projection']} ({spec})" if spec else r["projection"]
+
+
 def _md_runs(records: list[dict]) -> list[str]:
+    baseline = baseline_arm([r["arm"] for r in records])
     lines = [
         "## Runs",
         "",
+        f"- vs bf16: tokens/s/GPU / the {baseline} arm's at the same micro-batch (- when that run failed)",
+        "",
         (
-            "| arm | attention | projections | micro-batch | median step ms | tokens/s/GPU | MFU | "
+            "| arm | projections | attention | backend | micro-batch | median step ms | tokens/s/GPU | MFU | "
             "peak GiB | device GiB | attention share | vs bf16 | last loss | wall s | status |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     arms = list(dict.fromkeys(r["arm"] for r in records))
     main = (r for r in records if r["purpose"] == "main")
@@ -112,13 +122,14 @@ def _md_runs(records: list[dict]) -> list[str]:
         status = "ok" if ok else f"FAILED: {r['failure']}"
         share = r.get("attention_share")
         lines.append(
-            f"| {r['arm']} | {r['attention_recipe']} | {r['projection']} | {r['micro_batch']} | "
+            f"| {r['arm']} | {projection_label(r)} | {r['attention']} | {r.get('backend', '-')} | "
+            f"{r['micro_batch']} | "
             f"{cell(1e3 * r['median_step_s'] if ok else None, '.1f')} | "
             f"{cell(r['tokens_per_s_per_gpu'] if ok else None, ',.0f')} | "
             f"{cell(100 * r['mfu'] if ok else None, '.1f%')} | "
             f"{cell(r.get('peak_mem_gib'), '.1f')} | {cell(r.get('peak_device_mem_gib'), '.1f')} | "
             f"{cell(100 * share if share is not None else None, '.1f%')} | "
-            f"{cell(r.get('tokens_vs_bf16'), '.3fx')} | "
+            f"{cell(r.get('vs_bf16'), '.3fx')} | "
             f"{cell(r['last_loss'] if ok else None, '.3f')} | {cell(r.get('wall_s'), '.0f')} | {status} |"
         )
     return lines
@@ -132,41 +143,44 @@ def _md_attention(report: dict) -> list[str]:
     if not report["attention"]:
         return lines
     lines += [
-        "| impl | micro-batch | layout | fwd ms | fwd+bwd ms | fwd+bwd x layers ms |",
-        "|---|---|---|---|---|---|",
+        "| impl | backend | micro-batch | layout | fwd ms | fwd+bwd ms | fwd+bwd x layers ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for a in report["attention"]:
+        head = f"| {a['impl']} | {a.get('backend', '-')} | {a['micro_batch']} | {a['layout']} |"
         if "error" in a:
-            lines.append(
-                f"| {a['impl']} | {a['micro_batch']} | {a['layout']} | error: {a['error'][:80]} | - | - |"
-            )
+            lines.append(f"{head} error: {a['error'][:80]} | - | - |")
         else:
-            lines.append(
-                f"| {a['impl']} | {a['micro_batch']} | {a['layout']} | {a['fwd_ms']:.3f} | "
-                f"{a['fwd_bwd_ms']:.3f} | {L * a['fwd_bwd_ms']:.1f} |"
-            )
+            lines.append(f"{head} {a['fwd_ms']:.3f} | {a['fwd_bwd_ms']:.3f} | {L * a['fwd_bwd_ms']:.1f} |")
     cudnn = {
         a["micro_batch"]: a
         for a in report["attention"]
         if a["impl"] == "cudnn_bf16_sdpa" and "error" not in a
     }
+    baseline = baseline_arm([r["arm"] for r in report["records"]])
     for r in report["records"]:
         c = cudnn.get(r["micro_batch"])
         if (
             r["purpose"] == "main"
-            and r["arm"] == BASELINE
+            and r["arm"] == baseline
             and r["status"] == "ok"
             and c
             and r["attention_fwd_bwd_ms"]
         ):
             gain = r["layers"] * (r["attention_fwd_bwd_ms"] - c["fwd_bwd_ms"])
             step_ms = 1e3 * r["median_step_s"]
-            tps = r["tokens_per_step"] / (r["median_step_s"] - gain / 1e3)
-            lines.append(
-                f"- bf16 arm, micro-batch {r['micro_batch']}: cuDNN BF16 attention instead of ours "
-                f"would save ~{gain:.1f} ms of the {step_ms:.1f} ms step (estimate: {tps:,.0f} "
-                "tokens/s/GPU)"
+            where = (
+                f"- {baseline} arm, micro-batch {r['micro_batch']}: cuDNN BF16 attention instead of "
+                f"{r.get('backend', 'its backend')}'s"
             )
+            if gain > 0:
+                tps = r["tokens_per_step"] / (r["median_step_s"] - gain / 1e3)
+                lines.append(
+                    f"{where} would save ~{gain:.1f} ms of the {step_ms:.1f} ms step (estimate: "
+                    f"{tps:,.0f} tokens/s/GPU)"
+                )
+            else:
+                lines.append(f"{where} would cost ~{-gain:.1f} ms more of the {step_ms:.1f} ms step")
     return lines
 
 
@@ -284,8 +298,9 @@ def _gpu_name() -> str:
         return "unknown GPU (nvidia-smi failed)"
 
 
-def metadata(args, te_note: str) -> dict:
-    """Date UTC, GPU, versions, commit, and the benchmark's settings."""
+def metadata(args, dependencies: list[str]) -> dict:
+    """Date UTC, GPU, versions, commit, the benchmark's settings, and ``dependencies`` (a sentence per
+    package the arms need: :func:`throughput.deps.missing_dependencies`)."""
     import torch
 
     try:
@@ -312,11 +327,13 @@ def metadata(args, te_note: str) -> dict:
         "seq_length": args.seq,
         "micro_batches": args.micro_batches,
         "arms": args.arms,
+        "baseline": baseline_arm(args.arms),
+        "backends": getattr(args, "backends", None),
         "warmup_steps": args.warmup,
         "timed_steps": args.timed,
         "extrapolate_from_layers": args.extrapolate_from_layers,
         "dp_efficiency": args.dp_efficiency,
-        "transformer_engine": te_note,
+        "dependencies": dependencies,
         "base_config": args.config,
         "extra_overrides": args.override,
     }

@@ -23,12 +23,16 @@ from .report import build_report, cell, to_markdown, write_outputs
 
 
 def base_record(spec: RunSpec, args) -> dict:
-    """The part of a run's record known before it runs."""
+    """The part of a run's record known before it runs; its numbers (``tokens_per_s_per_gpu``, ``mfu``,
+    ``peak_mem_gib``) None until it has run."""
     return {
         "name": spec.name,
         "arm": spec.arm,
-        "attention_recipe": spec.plan["recipe"],
         "projection": spec.plan["projection"],
+        "transformer_impl": spec.plan["transformer_impl"],
+        "attention": spec.plan["recipe"],
+        "attention_recipe": spec.plan["recipe"],  # the field's name in the JSON of the earlier arms
+        "backend": spec.plan["backend"],
         "micro_batch": spec.micro_batch,
         "layers": spec.layers,
         "purpose": spec.purpose,
@@ -43,6 +47,9 @@ def base_record(spec: RunSpec, args) -> dict:
         "memory_estimate_gib": spec.plan["memory_estimate_gib"],
         "command": shlex.join(spec.argv),
         "output_dir": str(spec.output_dir),
+        "tokens_per_s_per_gpu": None,
+        "mfu": None,
+        "peak_mem_gib": None,
     }
 
 
@@ -131,7 +138,7 @@ def measure(args, specs: list[RunSpec], meta: dict, t_start: float) -> int:
         if specs[0].plan["default_corpus"]:
             prepare_default_corpus(specs[0].plan["data_cache_dir"])
         if not args.no_attention_timing:
-            recipes = list(dict.fromkeys(s.plan["recipe"] for s in specs))
+            recipes = {s.plan["recipe"]: s.plan["backend"] for s in specs}
             attention, attention_error = run_attention_timing(args, recipes)
         for i, spec in enumerate(specs, 1):
             left = args.budget_s - (time.perf_counter() - t_start) if args.budget_s else math.inf

@@ -16,10 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import train_throughput as tt
-from throughput import runner
+from throughput import deps, runner
 from throughput.analysis import extrapolate, fit_line, summarize_metrics
 from throughput.attention import time_attention
-from throughput.plan import BASE_CONFIG, RunSpec, run_overrides
+from throughput.plan import ALL_ARMS, BASE_CONFIG, RunSpec, run_overrides
 from throughput.process import Terminated, failure_reason, on_sigterm, run_process
 from throughput.report import build_report, metadata, to_markdown
 
@@ -64,11 +64,25 @@ def write_metrics(
     return path
 
 
+def fake_deps(monkeypatch, *, te: bool = True, backends=("fa4", "cute")) -> None:
+    """Stand-ins for the child-process import checks: Transformer Engine and the named backends import."""
+    te_note = "Transformer Engine 2.6 imports" if te else "Transformer Engine is not installed (test)"
+    monkeypatch.setattr(deps, "transformer_engine_status", lambda: (te, te_note))
+    monkeypatch.setattr(
+        deps,
+        "attention_backend_status",
+        lambda n: (
+            n in backends,
+            f"attention backend {n} {'imports' if n in backends else 'is missing (test)'}",
+        ),
+    )
+
+
 def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
     from training.config import load_config
     from training.plan import make_plan
 
-    ov = run_overrides("nvfp4qk_fp8pv", 4, 12, seq=4096, train_iters=9, output_dir=tmp_path / "r")
+    ov = run_overrides("te-fp8+nvfp4qk_fp8pv", 4, 12, seq=4096, train_iters=9, output_dir=tmp_path / "r")
     cfg = load_config(REPO / BASE_CONFIG, ov)
     m = cfg.llama()
     assert (
@@ -80,8 +94,9 @@ def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
         m.ffn_hidden_size,
         m.vocab_size,
     ) == (12, 4096, 32, 8, 128, 14336, 128256)
-    assert cfg.attention.recipe == "nvfp4qk_fp8pv" and cfg.attention.backend == "triton"
-    assert cfg.projection.precision == "bf16" and cfg.data.corpus == "default" and cfg.data.seq_length == 4096
+    assert cfg.attention.recipe == "nvfp4qk_fp8pv" and cfg.attention.backend == "cute"
+    assert cfg.projection.precision == "te_fp8" and m.transformer_impl == "transformer_engine"
+    assert cfg.data.corpus == "default" and cfg.data.seq_length == 4096
     assert cfg.training.micro_batch_size == cfg.training.global_batch_size == 4 and cfg.train_iters == 9
     assert (
         cfg.validation.interval == 0 and cfg.logging.telemetry_interval == 0 and not cfg.logging.tensorboard
@@ -93,11 +108,68 @@ def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
     assert (
         plan.memory_bytes["total"] / 1e9 < 141
     )  # the plan's estimate (without the CE workspace) fits an H200
-    te = load_config(
-        REPO / BASE_CONFIG,
-        run_overrides("bf16+te_fp8", 1, 4, seq=4096, train_iters=9, output_dir=tmp_path / "t"),
+
+
+# arm -> (model.transformer_impl, attention.recipe, attention.backend, projection.precision)
+EXPECTED_ARMS = {
+    "bf16": ("transformer_engine", "bf16", "fa4", "bf16"),
+    "fp8-attn": ("transformer_engine", "fp8", "cute", "bf16"),
+    "te-fp8": ("transformer_engine", "bf16", "fa4", "te_fp8"),
+    "te-fp8+fp8-attn": ("transformer_engine", "fp8", "cute", "te_fp8"),
+    "te-fp8+nvfp4qk_fp8pv": ("transformer_engine", "nvfp4qk_fp8pv", "cute", "te_fp8"),
+    "local-bf16": ("local", "bf16", "fa4", "bf16"),
+    "local-bf16+fp8-attn": ("local", "fp8", "cute", "bf16"),
+    "local-bf16+nvfp4qk_fp8pv": ("local", "nvfp4qk_fp8pv", "cute", "bf16"),
+}
+KEYS = ("model.transformer_impl", "attention.recipe", "attention.backend", "projection.precision")
+
+
+def _keys(overrides: list[str]) -> tuple[str, ...]:
+    kv = dict(o.split("=", 1) for o in overrides)
+    return tuple(kv[k] for k in KEYS)
+
+
+def test_arms_order_overrides_and_backend_overrides(tmp_path):
+    """The default arms in their order, each arm's projection and attention keys, the opt-in local arms,
+    --backend-override, and the baseline always planned."""
+    from training.config import load_config
+
+    args = tt.parse_args(["--run-dir", str(tmp_path)])
+    assert args.arms == ["bf16", "fp8-attn", "te-fp8", "te-fp8+fp8-attn", "te-fp8+nvfp4qk_fp8pv"]
+    assert list(ALL_ARMS) == list(EXPECTED_ARMS)
+    for arm, want in EXPECTED_ARMS.items():
+        ov = run_overrides(arm, 4, 12, seq=4096, train_iters=9, output_dir=tmp_path / arm)
+        assert _keys(ov) == want, arm
+        cfg = load_config(REPO / BASE_CONFIG, ov)  # resolves without Transformer Engine installed
+        assert (cfg.llama().transformer_impl, cfg.attention.recipe, cfg.attention.backend) == want[:3]
+        assert cfg.projection.precision == want[3]
+    # --backend-override: every arm of that recipe, the others unchanged
+    args = tt.parse_args(["--run-dir", str(tmp_path), "--backend-override", "fp8=triton", "bf16=triton"])
+    assert args.backends == {"bf16": "triton", "fp8": "triton", "nvfp4qk_fp8pv": "cute"}
+    args = tt.parse_args(
+        ["--run-dir", str(tmp_path), "--backend-override", "fp8=triton", "--micro-batches", "4"]
     )
-    assert te.projection.precision == "te_fp8" and te.attention.recipe == "bf16"
+    specs = tt.plan_runs(args)
+    got = {s.arm: _keys(s.overrides) for s in specs if s.layers == 12}
+    assert got["fp8-attn"][2] == got["te-fp8+fp8-attn"][2] == "triton"
+    assert got["bf16"][2] == "fa4" and got["te-fp8+nvfp4qk_fp8pv"][2] == "cute"
+    # local arms only: the local baseline is added in front; mixed: bf16 is
+    assert tt.parse_args(["--arms", "local-bf16+fp8-attn"]).arms == ["local-bf16", "local-bf16+fp8-attn"]
+    assert tt.parse_args(["--arms", "local-bf16+fp8-attn", "te-fp8"]).arms == [
+        "bf16",
+        "te-fp8",
+        "local-bf16+fp8-attn",
+    ]
+    # the old arm names and a malformed override are usage errors
+    for bad in (
+        ["--arms", "fp8"],
+        ["--arms", "bf16+te_fp8"],
+        ["--backend-override", "fp8"],
+        ["--backend-override", "fp4=triton"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            tt.parse_args(bad)
+        assert exc.value.code == 2
 
 
 def test_summarize_metrics_median_of_the_timed_steps(tmp_path):
@@ -170,7 +242,9 @@ def _spec(tmp_path, argv):
     )
     spec.plan = {
         "recipe": "fp8",
+        "backend": "cute",
         "projection": "bf16",
+        "transformer_impl": "transformer_engine",
         "seq_length": 4096,
         "tokens_per_step": TOKENS,
         "train_iters": 3,
@@ -195,6 +269,8 @@ def test_failed_runs_are_recorded_with_a_reason_and_the_log_tail(tmp_path):
     ]
     rec = runner.execute_run(_spec(tmp_path, oom), args, timeout_s=60)
     assert rec["status"] == "failed" and rec["failure"] == "out of memory (exit code 1)"
+    assert rec["tokens_per_s_per_gpu"] is None and rec["mfu"] is None and rec["peak_mem_gib"] is None
+    assert (rec["arm"], rec["attention"], rec["backend"], rec["projection"]) == ("fp8", "fp8", "cute", "bf16")
     assert "Tried to allocate" in rec["log_tail"] and rec["command"] == shlex.join(oom)
     hang = [sys.executable, "-c", "import time; time.sleep(60)"]
     rec = runner.execute_run(_spec(tmp_path, hang), args, timeout_s=1.0)
@@ -247,12 +323,12 @@ def test_fit_line_and_extrapolation_to_32_layers():
     recs = [
         _rec("bf16", 4, 4, 0.5, purpose="extrapolation", fpt=fpt[4]),
         _rec("bf16", 4, 12, 1.3, fpt=fpt[12]),
-        _rec("fp8", 4, 4, 0.48, purpose="extrapolation", fpt=fpt[4]),
-        _rec("fp8", 4, 12, 1.22, fpt=fpt[12]),
+        _rec("te-fp8+fp8-attn", 4, 4, 0.48, purpose="extrapolation", fpt=fpt[4]),
+        _rec("te-fp8+fp8-attn", 4, 12, 1.22, fpt=fpt[12]),
         _rec("bf16", 2, 12, 0.7, fpt=fpt[12]),
     ]  # another micro-batch: not a point of the line
     ex = {e["arm"]: e for e in extrapolate(recs, dp_efficiency=0.9)}
-    bf, f8 = ex["bf16"], ex["fp8"]
+    bf, f8 = ex["bf16"], ex["te-fp8+fp8-attn"]
     assert bf["points"] == [(4, 0.5), (12, 1.3)] and bf["step_s"] == pytest.approx(3.3)
     assert f8["step_s"] == pytest.approx(0.11 + 0.0925 * 32)
     assert bf["tokens_per_s_1gpu"] == pytest.approx(TOKENS / 3.3)
@@ -264,15 +340,29 @@ def test_fit_line_and_extrapolation_to_32_layers():
         [_rec("bf16", 4, 4, 1.0, purpose="extrapolation"), _rec("bf16", 4, 12, 0.9)], dp_efficiency=0.95
     )
     assert "does not grow with the layer count" in flat[0]["error"]
+    # local arms only: their ratios are against local-bf16
+    local = extrapolate(
+        [
+            _rec("local-bf16", 4, 4, 0.5, purpose="extrapolation"),
+            _rec("local-bf16", 4, 12, 1.3),
+            _rec("local-bf16+fp8-attn", 4, 4, 0.48, purpose="extrapolation"),
+            _rec("local-bf16+fp8-attn", 4, 12, 1.22),
+        ],
+        dp_efficiency=0.9,
+    )
+    assert [e["vs_bf16"] for e in local] == [1.0, pytest.approx(3.3 / f8["step_s"])]
 
 
 def _rec(arm, mb, layers, step_s, *, purpose="main", mem=50.0, status="ok", fpt=2e10):
-    recipe = arm.split("+")[0]
+    a = ALL_ARMS[arm]
     r = {
         "name": f"{arm}_mb{mb}_L{layers}",
         "arm": arm,
-        "attention_recipe": recipe,
-        "projection": "bf16",
+        "attention": a.recipe,
+        "attention_recipe": a.recipe,
+        "backend": {"bf16": "fa4"}.get(a.recipe, "cute"),
+        "projection": a.projection,
+        "transformer_impl": a.transformer_impl,
         "micro_batch": mb,
         "layers": layers,
         "purpose": purpose,
@@ -321,7 +411,7 @@ def _report(records, attention):
         "peak_flops_per_gpu": PEAK,
         "peak_note": "H200",
         "flops_per_token_main": 2e10,
-        "transformer_engine": "TE not installed",
+        "dependencies": ["Transformer Engine 2.6 imports"],
         "model": {
             "preset": "llama3_1_8b",
             "num_layers": 12,
@@ -339,83 +429,227 @@ def _report(records, attention):
 def test_targets_shares_and_markdown():
     recs = [
         _rec("bf16", 1, 12, 0.30, mem=40.0),
-        _rec("fp8", 1, 12, 0.28, mem=39.0),
-        _rec("nvfp4qk_fp8pv", 1, 12, 0.31, mem=41.0),
+        _rec("te-fp8", 1, 12, 0.26, mem=39.0),
+        _rec("te-fp8+fp8-attn", 1, 12, 0.22, mem=41.0),
         _rec("bf16", 4, 12, 1.00, mem=100.0),
-        _rec("fp8", 4, 12, 0.95, mem=98.0),
-        _rec("nvfp4qk_fp8pv", 4, 12, 0.0, status="failed"),
+        _rec("te-fp8", 4, 12, 0.80, mem=98.0),
+        _rec("te-fp8+fp8-attn", 4, 12, 0.75, mem=97.0),  # 1.333x bf16, 1.067x te-fp8
+        _rec("te-fp8+nvfp4qk_fp8pv", 4, 12, 0.0, status="failed"),
     ]
     attention = [
-        {"impl": "bf16", "micro_batch": 4, "layout": "sbhd", "fwd_ms": 2.0, "fwd_bwd_ms": 9.0},
-        {"impl": "fp8", "micro_batch": 4, "layout": "sbhd", "fwd_ms": 2.5, "fwd_bwd_ms": 14.5},
+        {
+            "impl": "bf16",
+            "backend": "fa4",
+            "micro_batch": 4,
+            "layout": "sbhd",
+            "fwd_ms": 1.0,
+            "fwd_bwd_ms": 3.8,
+        },
+        {
+            "impl": "fp8",
+            "backend": "cute",
+            "micro_batch": 4,
+            "layout": "sbhd",
+            "fwd_ms": 1.5,
+            "fwd_bwd_ms": 5.6,
+        },
         {"impl": "cudnn_bf16_sdpa", "micro_batch": 4, "layout": "bhsd", "fwd_ms": 1.0, "fwd_bwd_ms": 4.2},
-        {"impl": "nvfp4qk_fp8pv", "micro_batch": 1, "layout": "sbhd", "error": "RuntimeError: boom"},
+        {
+            "impl": "nvfp4qk_fp8pv",
+            "backend": "cute",
+            "micro_batch": 1,
+            "layout": "sbhd",
+            "error": "RuntimeError: boom",
+        },
     ]
     rep = _report(recs, attention)
     by = {r["name"]: r for r in rep["records"]}
-    assert by["fp8_mb4_L12"]["attention_share"] == pytest.approx(12 * 14.5e-3 / 0.95)
-    assert by["bf16_mb4_L12"]["attention_share"] == pytest.approx(12 * 9e-3 / 1.0)
-    assert by["fp8_mb1_L12"]["attention_share"] is None  # no timing at micro-batch 1
-    assert by["fp8_mb4_L12"]["tokens_vs_bf16"] == pytest.approx(1.0 / 0.95)
-    assert by["fp8_mb1_L12"]["peak_mem_vs_bf16"] == pytest.approx(39 / 40)
-    t = {x["target"]: x for x in rep["targets"]}
-    assert t["micro-batch 4: fp8 tokens/s/GPU >= 1.03x bf16"]["result"] == "PASS"  # 1.053x
-    assert "= 1.053x" in t["micro-batch 4: fp8 tokens/s/GPU >= 1.03x bf16"]["measured"]
-    nv = next(x for x in rep["targets"] if x["target"].startswith("micro-batch 4: nvfp4qk_fp8pv"))
-    assert nv["result"] == "MISS" and "a run failed" in nv["measured"]
-    assert t["peak memory (max allocated) of fp8 <= bf16 at every micro-batch"]["result"] == "PASS"
-    assert t["peak memory (max allocated) of nvfp4qk_fp8pv <= bf16 at every micro-batch"]["result"] == "MISS"
+    assert by["te-fp8+fp8-attn_mb4_L12"]["attention_share"] == pytest.approx(12 * 5.6e-3 / 0.75)
+    assert by["te-fp8_mb4_L12"]["attention_share"] == pytest.approx(12 * 3.8e-3 / 0.8)
+    assert by["te-fp8+fp8-attn_mb1_L12"]["attention_share"] is None  # no timing at micro-batch 1
+    assert by["te-fp8+fp8-attn_mb4_L12"]["vs_bf16"] == pytest.approx(1.0 / 0.75)
+    assert by["te-fp8_mb1_L12"]["peak_mem_vs_bf16"] == pytest.approx(39 / 40)
+    t = [(x["result"], x["target"], x["measured"]) for x in rep["targets"]]
+    assert t == [
+        (
+            "PASS",
+            "micro-batch 4: te-fp8+fp8-attn tokens/s/GPU >= 1.3x bf16",
+            "21,845 vs 16,384 = 1.333x",
+        ),
+        (
+            "PASS",
+            "micro-batch 4: te-fp8+fp8-attn tokens/s/GPU >= te-fp8's (1.0x)",
+            "21,845 vs 20,480 = 1.067x",
+        ),
+        (
+            "PASS",
+            "peak memory (max allocated) of te-fp8 <= bf16 at every micro-batch",
+            "mb1 39.0 vs 40.0 GiB; mb4 98.0 vs 100.0 GiB",
+        ),
+        (
+            "MISS",
+            "peak memory (max allocated) of te-fp8+fp8-attn <= bf16 at every micro-batch",
+            "mb1 41.0 vs 40.0 GiB; mb4 97.0 vs 100.0 GiB",
+        ),
+        (
+            "MISS",
+            "peak memory (max allocated) of te-fp8+nvfp4qk_fp8pv <= bf16 at every micro-batch",
+            "mb4 not measured",
+        ),
+    ]
     md = to_markdown(rep)
-    assert "| fp8 | fp8 | bf16 | 4 | 950.0 | 17,246 |" in md
-    assert "| 98.0 | 101.0 | 18.3% | 1.053x | 10.500 | 25 | ok |" in md
-    assert "| nvfp4qk_fp8pv | nvfp4qk_fp8pv | bf16 | 4 | - | - | - |" in md and "FAILED: out of memory" in md
-    assert "torch.OutOfMemoryError" in md  # the log tail, in the file
-    assert "save ~57.6 ms of the 1000.0 ms step" in md  # 12 x (9.0 - 4.2) ms with cuDNN BF16
-    assert "error: RuntimeError: boom" in md and "python3 x fp8 4" in md
+    assert "| te-fp8+fp8-attn | te_fp8 (TE) | fp8 | cute | 4 | 750.0 | 21,845 |" in md
+    assert "| 97.0 | 100.0 | 9.0% | 1.333x | 10.500 | 25 | ok |" in md
+    assert "| bf16 | bf16 (TE) | bf16 | fa4 | 4 | 1000.0 | 16,384 |" in md and "| 1.000x |" in md
+    assert "| te-fp8+nvfp4qk_fp8pv | te_fp8 (TE) | nvfp4qk_fp8pv | cute | 4 | - | - | - |" in md
+    assert "FAILED: out of memory" in md and "torch.OutOfMemoryError" in md  # the log tail, in the file
+    assert "| fp8 | cute | 4 | sbhd | 1.500 | 5.600 | 67.2 |" in md  # the attention alone, with its backend
+    # the FA4 bf16 attention is faster than cuDNN's: no saving claimed
+    assert "cuDNN BF16 attention instead of fa4's would cost ~4.8 ms more of the 1000.0 ms step" in md
+    assert "error: RuntimeError: boom" in md and "python3 x te-fp8 4" in md
     term = to_markdown(rep, terminal=True)
-    assert "torch.OutOfMemoryError" not in term and "python3 x fp8 4" not in term
-    assert (
-        term.rstrip().splitlines()[-1].startswith("| nvfp4qk_fp8pv | nvfp4qk_fp8pv | bf16 | 4 |")
-    )  # table last
+    assert "torch.OutOfMemoryError" not in term and "python3 x te-fp8 4" not in term
+    assert term.rstrip().splitlines()[-1].startswith("| te-fp8+nvfp4qk_fp8pv | te_fp8 (TE) |")  # table last
     json.dumps(rep)  # JSON-able
 
 
-def test_dry_run_prints_validated_commands_and_runs_nothing(tmp_path, capsys):
+def test_targets_miss_and_not_measured():
+    """A target arm slower than te-fp8 or under 1.3x is a MISS; a failed baseline leaves every ratio
+    None and the targets 'not measured'."""
+    slow = _report(
+        [
+            _rec("bf16", 4, 12, 1.00),
+            _rec("te-fp8", 4, 12, 0.78),
+            _rec("te-fp8+fp8-attn", 4, 12, 0.80),  # 1.25x bf16, slower than te-fp8
+        ],
+        [],
+    )
+    assert [x["result"] for x in slow["targets"][:2]] == ["MISS", "MISS"]
+    assert slow["targets"][1]["measured"] == "20,480 vs 21,005 = 0.975x"
+    failed = _report(
+        [
+            _rec("bf16", 4, 12, 0.0, status="failed"),
+            _rec("te-fp8", 4, 12, 0.80),
+            _rec("te-fp8+fp8-attn", 4, 12, 0.75, mem=40.0),
+            _rec("bf16", 2, 12, 0.6),  # another micro-batch: its own baseline
+            _rec("te-fp8+fp8-attn", 2, 12, 0.5),
+        ],
+        [],
+    )
+    by = {r["name"]: r for r in failed["records"]}
+    assert by["te-fp8+fp8-attn_mb4_L12"]["vs_bf16"] is None and by["bf16_mb4_L12"]["vs_bf16"] is None
+    assert by["te-fp8+fp8-attn_mb4_L12"]["peak_mem_vs_bf16"] is None
+    assert by["te-fp8+fp8-attn_mb2_L12"]["vs_bf16"] == pytest.approx(1.2)
+    speed, same, *mem = failed["targets"]
+    assert speed["result"] == "MISS" and speed["measured"] == "not measured (bf16 failed at micro-batch 4)"
+    assert same["result"] == "PASS"  # te-fp8 ran: 0.80 / 0.75
+    assert [m["result"] for m in mem] == ["MISS", "MISS"]  # te-fp8 and te-fp8+fp8-attn: mb4 not measured
+    md = to_markdown(failed)
+    assert (
+        "| te-fp8+fp8-attn | te_fp8 (TE) | fp8 | cute | 4 | 750.0 | 21,845 | 44.2% | 40.0 | 43.0 | - | - |"
+        in md
+    )
+    # no micro-batch 4 run at all: the throughput targets are not measured
+    small = _report([_rec("bf16", 2, 12, 0.6), _rec("te-fp8+fp8-attn", 2, 12, 0.5)], [])
+    assert small["targets"][0]["measured"] == (
+        "not measured (te-fp8+fp8-attn not run at micro-batch 4; bf16 not run at micro-batch 4)"
+    )
+
+
+def test_dry_run_prints_the_plan_without_transformer_engine(tmp_path, capsys, monkeypatch):
+    """On a machine without Transformer Engine (and without the cute extra) the dry run still validates
+    and prints every command, and says that a real run would be refused; nothing runs."""
+    fake_deps(monkeypatch, te=False, backends=())
     run_dir = tmp_path / "runs"
     assert tt.main(["--dry-run", "--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr().out
     cmds = [line for line in out.splitlines() if line.startswith("[")]
-    assert len(cmds) == 12  # 3 arms x micro-batch 1, 2, 4 at 12 layers + 3 at 4 layers (micro-batch 4)
+    assert len(cmds) == 20  # 5 arms x micro-batch 1, 2, 4 at 12 layers + 5 at 4 layers (micro-batch 4)
     order = [c.split()[1] for c in cmds]  # the largest micro-batch, then the extrapolation, then the rest
+    arms = ["bf16", "fp8-attn", "te-fp8", "te-fp8+fp8-attn", "te-fp8+nvfp4qk_fp8pv"]
+    assert order == [
+        *(f"{a}_mb4_L12" for a in arms),
+        *(f"{a}_mb4_L4" for a in arms),
+        *(f"{a}_mb2_L12" for a in arms),
+        *(f"{a}_mb1_L12" for a in arms),
+    ]
+    for c in cmds:
+        arm = c.split()[1].split("_mb")[0]
+        impl, recipe, backend, precision = EXPECTED_ARMS[arm]
+        assert f"model.transformer_impl={impl} attention.recipe={recipe} attention.backend={backend} " in c
+        assert f"projection.precision={precision} " in c
+        assert "pretrain_llama.py --config" in c and "checkpoint.save=false" in c and "train_iters=9 " in c
+    assert "Transformer Engine is not installed (test)" in out
+    refused = [line for line in out.splitlines() if line.startswith("not runnable here: ")]
     assert (
-        order[:7]
-        == [
-            "bf16_mb4_L12",
-            "fp8_mb4_L12",
-            "nvfp4qk_fp8pv_mb4_L12",
-            "bf16_mb4_L4",
-            "fp8_mb4_L4",
-            "nvfp4qk_fp8pv_mb4_L4",
-            "bf16_mb2_L12",
-        ]
-        and order[-1] == "nvfp4qk_fp8pv_mb1_L12"
-    )
-    assert "Transformer Engine" in out
-    for mb in (1, 2, 4):
-        for arm in ("bf16", "fp8", "nvfp4qk_fp8pv"):
-            line = next(c for c in cmds if f"] {arm}_mb{mb}_L12 (main" in c)
-            assert f"attention.recipe={arm} " in line and f"training.micro_batch_size={mb} " in line
-            assert "model.num_layers=12 " in line and "checkpoint.save=false" in line
-            assert "pretrain_llama.py --config" in line and "training.train_iters=9 " in line
-    assert (
-        sum(
-            "(extrapolation;" in c and "model.num_layers=4 " in c and "micro_batch_size=4 " in c for c in cmds
-        )
-        == 3
+        len(refused) == 1
+        and "install the 'te' extra" in refused[0]
+        and "install the 'cute' extra" in refused[0]
     )
     assert not run_dir.exists()
     assert tt.main(["--dry-run", "--run-dir", str(run_dir), "--override", "model.num_layers=0"]) == 2
     assert "run bf16_mb4_L12: model: num_layers must be a positive integer" in capsys.readouterr().err
+    # a backend that does not run the recipe is refused with the run's name
+    assert tt.main(["--dry-run", "--run-dir", str(run_dir), "--backend-override", "fp8=fa4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train_throughput: run fp8-attn_mb4_L12: ") and "fa4" in err
+
+
+def test_missing_dependencies_refuse_the_benchmark(tmp_path, capsys, monkeypatch):
+    """Without Transformer Engine, or without the cute extra, the arms that need it are refused before
+    anything runs: exit 2, one sentence naming what to install and what runs without it."""
+    ran = []
+    monkeypatch.setattr(runner, "execute_run", lambda spec, args, timeout_s: ran.append(spec.name))
+    base = ["--run-dir", str(tmp_path / "runs"), "--no-attention-timing", "--micro-batches", "4"]
+
+    fake_deps(monkeypatch, te=False)
+    assert tt.main(base) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.strip().splitlines()
+    assert line == (
+        "train_throughput: arm(s) bf16, fp8-attn, te-fp8, te-fp8+fp8-attn, te-fp8+nvfp4qk_fp8pv need "
+        "Transformer Engine: Transformer Engine is not installed (test); install the 'te' extra "
+        "(pip install -e '.[te]') or run only the local-projection arms (--arms local-bf16 "
+        "local-bf16+fp8-attn local-bf16+nvfp4qk_fp8pv)"
+    )
+    assert "Traceback" not in captured.err and ran == []
+    # one TE arm asked for: the baseline needs it too
+    assert tt.main([*base, "--arms", "te-fp8"]) == 2
+    assert "arm(s) bf16, te-fp8 need Transformer Engine" in capsys.readouterr().err
+
+    fake_deps(monkeypatch, te=True, backends=("fa4",))  # flash-attn-4 but no CUTLASS DSL
+    assert tt.main(base) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "train_throughput: arm(s) fp8-attn, te-fp8+fp8-attn, te-fp8+nvfp4qk_fp8pv need attention backend "
+        "cute: attention backend cute is missing (test); install the 'cute' extra (pip install -e "
+        "'.[cute]') or choose another backend (--backend-override fp8=triton nvfp4qk_fp8pv=triton)"
+    )
+    assert ran == []
+
+    # the local arms run without Transformer Engine; triton is not checked (base install)
+    fake_deps(monkeypatch, te=False, backends=("fa4", "cute"))
+    monkeypatch.setattr(runner, "prepare_default_corpus", lambda cache_dir: None)
+    local = ["--arms", "local-bf16+fp8-attn", "--extrapolate-from-layers", "0"]
+    monkeypatch.setattr(
+        runner,
+        "execute_run",
+        lambda spec, args, timeout_s: (
+            ran.append(spec.name) or _rec(spec.arm, spec.micro_batch, spec.layers, 1.0)
+        ),
+    )
+    assert tt.main([*base, *local, "--out", str(tmp_path / "o")]) == 0
+    assert ran == ["local-bf16_mb4_L12", "local-bf16+fp8-attn_mb4_L12"]
+    report = json.loads((tmp_path / "o.json").read_text())
+    assert report["meta"]["baseline"] == "local-bf16"
+    assert report["meta"]["dependencies"] == [
+        "attention backend fa4 imports",
+        "attention backend cute imports",
+    ]
+    assert [r["vs_bf16"] for r in report["records"]] == [1.0, 1.0]
+    capsys.readouterr()
+    assert tt.main([*base, *local, "--backend-override", "bf16=triton", "fp8=triton"]) == 0
+    assert "attention backend" not in capsys.readouterr().out  # nothing to check: no fa4/cute arm
 
 
 def test_metrics_from_a_real_cpu_run_are_parsed(tmp_path):
@@ -476,7 +710,7 @@ def test_attention_timing_plumbing_on_cpu():
         ["bf16", "nvfp4qk_fp8pv"],
         [1, 2],
         seq=32,
-        backend="reference",
+        backend={"bf16": "reference", "nvfp4qk_fp8pv": "reference"},
         device="cpu",
         heads=(4, 2, 32),
         timer=timer,
@@ -486,9 +720,15 @@ def test_attention_timing_plumbing_on_cpu():
     ]
     for r in recs:
         if r["impl"] == "cudnn_bf16_sdpa":
-            assert "error" in r and r["layout"] == "bhsd"
+            assert "error" in r and r["layout"] == "bhsd" and r["backend"] == "cudnn"
         else:
-            assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and r["layout"] == "sbhd" and r["heads"] == "4/2"
+            assert (
+                r["backend"] == "reference"
+                and r["fwd_ms"] > 0
+                and r["fwd_bwd_ms"] > 0
+                and r["layout"] == "sbhd"
+                and r["heads"] == "4/2"
+            )
     assert filled == [True] * 4
 
 
@@ -505,8 +745,8 @@ def test_nvidia_smi_readings(tmp_path, monkeypatch):
         [sys.executable, "-c", "import time; time.sleep(0.5)"], log_path=tmp_path / "x.log", timeout_s=30
     )
     assert res["exit_code"] == 0 and res["peak_device_mem_gib"] == pytest.approx(70000 / 1024)
-    meta = metadata(tt.parse_args(["--run-dir", str(tmp_path)]), "TE note")
-    assert meta["gpu"] == "NVIDIA H200" and meta["transformer_engine"] == "TE note"
+    meta = metadata(tt.parse_args(["--run-dir", str(tmp_path)]), ["TE note"])
+    assert meta["gpu"] == "NVIDIA H200" and meta["dependencies"] == ["TE note"] and meta["baseline"] == "bf16"
 
 
 def test_sigterm_stops_the_child_and_keeps_what_was_measured(tmp_path, monkeypatch, capsys):
@@ -541,15 +781,16 @@ def test_sigterm_stops_the_child_and_keeps_what_was_measured(tmp_path, monkeypat
 
     monkeypatch.setattr(runner, "execute_run", fake_run)
     monkeypatch.setattr(runner, "prepare_default_corpus", lambda cache_dir: None)
+    fake_deps(monkeypatch)
     out = tmp_path / "out"
     assert tt.main(["--run-dir", str(tmp_path / "runs"), "--out", str(out), "--no-attention-timing"]) == 1
     assert signal.getsignal(signal.SIGTERM) is previous
     report = json.loads(out.with_suffix(".json").read_text())
-    assert calls == ["bf16_mb4_L12", "fp8_mb4_L12"]  # the largest micro-batch first
+    assert calls == ["bf16_mb4_L12", "fp8-attn_mb4_L12"]  # the largest micro-batch first
     recs = report["records"]
-    assert len(recs) == 12 and recs[0]["status"] == "ok" and recs[0]["name"] == "bf16_mb4_L12"
+    assert len(recs) == 20 and recs[0]["status"] == "ok" and recs[0]["name"] == "bf16_mb4_L12"
     assert all(
         r["failure"].startswith("not completed: the benchmark was stopped (SIGTERM)") for r in recs[1:]
     )
     assert "STOPPED: the benchmark was stopped (SIGTERM)" in out.with_suffix(".md").read_text()
-    assert "| bf16 | bf16 | bf16 | 4 | 1000.0 |" in capsys.readouterr().out
+    assert "| bf16 | bf16 (TE) | bf16 | fa4 | 4 | 1000.0 |" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """bench/train_throughput.py end to end on CPU: one real ``pretrain_llama.py`` process of the tiny
-model (the benchmark's overrides, then the test's shape / corpus / backend overrides), parsed into
-the JSON and markdown outputs. The 8B-shaped runs themselves need the H200."""
+model (the benchmark's overrides, then the test's shape / corpus overrides; the local-projection
+arm, the reference attention backend), parsed into the JSON and markdown outputs. The 8B-shaped
+runs themselves need the H200."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def test_one_cpu_run_end_to_end(tiny_corpus, tmp_path, capsys):
     code = tt.main(
         [
             "--arms",
-            "bf16",
+            "local-bf16",
+            "--backend-override",
+            "bf16=reference",
             "--micro-batches",
             "2",
             "--layers",
@@ -47,7 +50,6 @@ def test_one_cpu_run_end_to_end(tiny_corpus, tmp_path, capsys):
             "model.head_dim=32",
             "model.max_seq_length=64",
             "model.vocab_size=128256",
-            "attention.backend=reference",
             f"data.corpus=[{{prefix: {prefix}, weight: 1.0}}]",
             "data.split=90,10,0",
             f"data.cache_dir={cache}",
@@ -57,7 +59,7 @@ def test_one_cpu_run_end_to_end(tiny_corpus, tmp_path, capsys):
     report = json.loads(out.with_suffix(".json").read_text())
     assert code == 0, printed
     [rec] = report["records"]
-    assert rec["status"] == "ok" and rec["exit_code"] == 0 and rec["name"] == "bf16_mb2_L1"
+    assert rec["status"] == "ok" and rec["exit_code"] == 0 and rec["name"] == "local-bf16_mb2_L1"
     run = Path(rec["output_dir"])
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "run_meta.json"]  # no checkpoints
     trains = [
@@ -68,7 +70,7 @@ def test_one_cpu_run_end_to_end(tiny_corpus, tmp_path, capsys):
     assert [t["step"] for t in trains] == [1, 2, 3]
     assert rec["median_step_s"] == statistics.median(t["step_time_s"] for t in trains[1:])
     assert rec["tokens_per_s_per_gpu"] == 64 / rec["median_step_s"]
-    assert rec["last_loss"] == trains[-1]["loss"] and rec["tokens_vs_bf16"] == 1.0
+    assert rec["last_loss"] == trains[-1]["loss"] and rec["vs_bf16"] == 1.0
     meta = json.loads((run / "run_meta.json").read_text())
     assert meta["config"]["model"]["num_layers"] == 1 and meta["config"]["checkpoint"]["save"] is False
     assert (
@@ -81,5 +83,7 @@ def test_one_cpu_run_end_to_end(tiny_corpus, tmp_path, capsys):
     )
     assert report["attention_error"] == "skipped: no CUDA device" and report["extrapolation"] == []
     md = out.with_suffix(".md").read_text()
-    assert "| bf16 | bf16 | bf16 | 2 |" in md and report["meta"]["model"]["hidden_size"] == 64
-    assert printed.rstrip().splitlines()[-1].startswith("| bf16 | bf16 | bf16 | 2 |")
+    row = "| local-bf16 | bf16 (local) | bf16 | reference | 2 |"
+    assert row in md and report["meta"]["model"]["hidden_size"] == 64
+    assert printed.rstrip().splitlines()[-1].startswith(row)
+    assert meta["config"]["model"]["transformer_impl"] == "local" and rec["backend"] == "reference"
