@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Transformer Engine projections on the GPU machine, with the CuTe bundle beside them (the default
+# arms of bench/train_throughput.py need both: TE projections, FA4 BF16 and CuTe fp8 attention).
+# Nine back-to-back device calls, each within 30 s of the last (the machine stays up 30 s after a
+# call); every bundle stays git-ignored in the checkout (../shared/offline-gpu/README.md builds them):
+#
+#   1  carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh
+#        SKIP_TRITON_TESTS=1 bash bench/cute_session.sh A
+#   2  carry .gpu-bundle/cute-b.tar.xz .whl
+#        STEPS=" " bash bench/cute_session.sh B            (CuTe part B and the megatron-core wheels)
+#   3-7  carry .te-bundle/te-core.part-0N .te-bundle/te-core.name .te-bundle/te-core.count
+#        .te-bundle/te_install.sh (N = 0..4; with part 04 also .te-bundle/te-wheels)
+#        bash bench/te_session.sh install
+#   8  carry .te-bundle/te_install.sh
+#        BENCH_COMMIT=<sha> STEPS="tests parity" bash bench/te_session.sh run
+#   9  carry .te-bundle/te_install.sh
+#        BENCH_COMMIT=<sha> STEPS=throughput bash bench/te_session.sh run
+#
+# run STEPS, each with its own time limit:
+#   "tests": pytest -m gpu tests/llama tests/training/test_train_te_gpu.py: TE FP8 builds and trains
+#     with current and delayed scaling, resumes bitwise in deterministic mode with either (the FP8
+#     scaling state in the checkpoint), SIGTERM mid-run saves and the relaunch finishes
+#     (TE_TESTS_TIMEOUT, 300 s);
+#   "parity": configs/small_gpu.yaml, recipe bf16 on fa4, PARITY_ITERS (120) steps: local projections
+#     seed 1234, TE BF16 projections seed 1234, local seed 1235 (the seed yardstick of the same run);
+#     the final validation losses (PARITY_TIMEOUT per run, 150 s);
+#   "throughput": bench/train_throughput.py with its default arms (TE BF16 + FA4 BF16 as the bf16
+#     baseline), --budget-s THROUGHPUT_BUDGET (560 s).
+# Logs and results go to $OUT (default te-logs).
+set -uo pipefail
+mode=${1:?usage: bash bench/te_session.sh install|run}
+[[ $mode == install || $mode == run ]] || { echo "te_session: mode must be install or run, got '$mode'" >&2; exit 2; }
+out="${OUT:-te-logs}"; mkdir -p "$out"
+[[ -d /tmp/site/nvidia_cutlass_dsl ]] || {
+  echo "te_session: /tmp/site has no CUTLASS DSL: run bench/cute_session.sh A and B on this machine first" >&2; exit 2; }
+export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+# shellcheck disable=SC1091
+source .te-bundle/te_install.sh .te-bundle /tmp/te || { echo "te_session: te_install.sh failed" >&2; exit 2; }
+if [[ $mode == install ]]; then
+  [[ -f /tmp/te/.te.done ]] && python3 -c "import transformer_engine as t, transformer_engine.pytorch; print('TE', t.__version__)"
+  exit 0
+fi
+[[ -f /tmp/te/.te.done ]] || { echo "te_session: Transformer Engine is not installed yet: send its five parts first (install)" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+steps=" ${STEPS:-tests parity} "
+if [[ $steps == *" tests "* ]]; then
+  timeout "${TE_TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/llama tests/training/test_train_te_gpu.py \
+    -p no:cacheprovider -rs > "$out/te_tests.log" 2>&1; echo "te tests rc=$?" | tee -a "$out/status.txt"
+  tail -8 "$out/te_tests.log"
+fi
+if [[ $steps == *" parity "* ]]; then
+  iters=${PARITY_ITERS:-120}
+  for run in local:1234 transformer_engine:1234 local:1235; do
+    impl=${run%%:*}; seed=${run##*:}
+    timeout "${PARITY_TIMEOUT:-150}" python3 pretrain_llama.py --config configs/small_gpu.yaml attention.recipe=bf16 \
+      attention.backend=fa4 model.transformer_impl="$impl" projection.precision=bf16 training.seed="$seed" \
+      training.train_iters="$iters" checkpoint.save_interval=1000000 validation.interval=$((iters / 2)) \
+      runtime.output_dir="/tmp/parity_${impl}_$seed" > "$out/parity_${impl}_seed$seed.log" 2>&1
+    echo "parity $impl seed $seed rc=$?" | tee -a "$out/status.txt"
+    grep "validation loss" "$out/parity_${impl}_seed$seed.log" | tail -1
+  done
+fi
+if [[ $steps == *" throughput "* ]]; then
+  budget=${THROUGHPUT_BUDGET:-560}
+  timeout $((budget + 30)) python3 bench/train_throughput.py --budget-s "$budget" --run-dir /tmp/train_throughput_runs \
+    --out "$out/train_throughput_te_h200" > "$out/throughput.log" 2>&1; echo "throughput rc=$?" | tee -a "$out/status.txt"
+  tail -30 "$out/throughput.log"
+fi

@@ -1,0 +1,114 @@
+"""Transformer Engine projections in the megatron-core engine on a CUDA GPU (run on the H200 with the
+TE bundle installed: ``bash bench/te_session.sh``; skipped where TE does not import).
+
+* TE FP8 resumes bitwise in deterministic mode, with current and with delayed scaling: 8 steps in
+  one run against 4 + resume + 4 from a copy of the step-4 checkpoint. With delayed scaling the FP8
+  scaling state (amax history and scales, TE's ``_extra_state``) must be part of the checkpoint: a
+  resume that lost it would start from fresh scales and its losses would differ from step 5 on.
+* SIGTERM in the middle of a TE FP8 run (a subprocess) saves and exits with the preemption code;
+  the same command relaunched resumes from that checkpoint and finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from training import checkpoint as ckpt
+from training.signals import EXIT_DONE, EXIT_PREEMPTED
+
+from .conftest import metrics, tiny_raw
+from .test_train_gpu import GPU_MODEL, RESUME_RTOL
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def transformer_engine():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from llama.specs import have_transformer_engine
+
+    if not have_transformer_engine():
+        pytest.skip(
+            "Transformer Engine does not import here (pip install -e '.[te]', or bench/te_session.sh)"
+        )
+
+
+def te_fp8(scaling: str) -> tuple[str, ...]:
+    return (
+        *GPU_MODEL,
+        "model.transformer_impl=transformer_engine",
+        "projection.precision=te_fp8",
+        f"projection.fp8_scaling={scaling}",
+    )
+
+
+@pytest.mark.parametrize("scaling", ["current", "delayed"])
+def test_te_fp8_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path, scaling):
+    over = (*te_fp8(scaling), "runtime.deterministic=true")
+    code, log = train(make_cfg(*over, run="full"))
+    assert code == EXIT_DONE, log.text()
+    assert "te_fp8" in log.text(), log.text()  # the plan's projection line
+    full = {r["step"]: r["loss"] for r in metrics(tmp_path / "full") if r["kind"] == "train"}
+    root = tmp_path / "half" / "checkpoints"
+    root.mkdir(parents=True)
+    shutil.copytree(ckpt.iter_dir(tmp_path / "full" / "checkpoints", 4), ckpt.iter_dir(root, 4))
+    (root / ckpt.MARKER).write_text("4\n")
+    code, log = train(make_cfg(*over, run="half"))
+    assert code == EXIT_DONE, log.text()
+    resumed = {r["step"]: r["loss"] for r in metrics(tmp_path / "half") if r["kind"] == "train"}
+    assert sorted(resumed) == [5, 6, 7, 8]
+    for s in resumed:
+        assert resumed[s] == pytest.approx(full[s], rel=RESUME_RTOL, abs=0), (scaling, s, resumed[s], full[s])
+
+
+def test_te_fp8_sigterm_saves_and_the_relaunch_finishes(tiny_corpus, tmp_path):
+    from training.config import apply_overrides
+
+    raw = apply_overrides(tiny_raw(tmp_path / "run", tiny_corpus), list(te_fp8("delayed")))
+    raw["training"]["train_iters"] = 60
+    raw["checkpoint"]["save_interval"] = 0  # only the preemption save
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    cmd = [sys.executable, str(REPO / "pretrain_llama.py"), "--config", str(cfg_path)]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    metrics_file = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if metrics_file.exists() and '"kind": "train", "step": 3,' in metrics_file.read_text():
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_PREEMPTED, out
+    recs = metrics(tmp_path / "run")
+    last = max(r["step"] for r in recs if r["kind"] == "train")
+    assert 3 <= last < 60
+    root = tmp_path / "run" / "checkpoints"
+    assert (root / ckpt.MARKER).read_text().strip() == str(last)
+    assert ckpt.verify_checkpoint(ckpt.iter_dir(root, last)) is None
+
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == EXIT_DONE, res.stdout + res.stderr
+    recs = metrics(tmp_path / "run")
+    events = [(r["event"], r["step"]) for r in recs if r["kind"] == "event"]
+    assert ("resume", last) in events
+    steps = [r["step"] for r in recs if r["kind"] == "train"]
+    assert steps[-1] == 60 and steps.count(last + 1) == 1
