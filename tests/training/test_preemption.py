@@ -19,34 +19,38 @@ from .conftest import metrics, tiny_raw
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _signal_a_run_at_step_3(tiny_corpus, tmp_path, sig, *, stderr=subprocess.STDOUT):
-    """Start a 400-step tiny run in a subprocess, send ``sig`` once step 3 is logged, wait for it."""
-    raw = tiny_raw(tmp_path / "run", tiny_corpus)
-    raw["training"]["train_iters"] = 400
-    raw["checkpoint"]["save_interval"] = 0  # only the preemption save
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
+def child_env() -> dict:
+    """The environment of a single-process ``pretrain_llama.py`` child (no torchrun variables)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "pretrain_llama.py"), "--config", str(cfg_path)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-    )
+    return env
+
+
+def signal_a_run_at_step_3(
+    tiny_corpus, tmp_path, sig, *, stderr=subprocess.STDOUT, overrides=(), train_iters=400, timeout=120
+):
+    """Start a ``train_iters``-step tiny run (``overrides`` on top) in a subprocess, send ``sig`` once
+    step 3 is logged, wait for it: (exit code, stdout, stderr, the command)."""
+    from training.config import apply_overrides
+
+    raw = apply_overrides(tiny_raw(tmp_path / "run", tiny_corpus), list(overrides))
+    raw["training"]["train_iters"] = train_iters
+    raw["checkpoint"]["save_interval"] = 0  # only the preemption save
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    cmd = [sys.executable, str(REPO / "pretrain_llama.py"), "--config", str(cfg_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
     metrics_file = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 120
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if metrics_file.exists() and '"kind": "train", "step": 3,' in metrics_file.read_text():
             break
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err, cmd
 
 
 def _check_saved_at_exit(tmp_path, detail: str) -> int:
@@ -63,7 +67,7 @@ def _check_saved_at_exit(tmp_path, detail: str) -> int:
 
 
 def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_path):
-    code, out, _ = _signal_a_run_at_step_3(tiny_corpus, tmp_path, signal.SIGTERM)
+    code, out, _, _ = signal_a_run_at_step_3(tiny_corpus, tmp_path, signal.SIGTERM)
     assert code == EXIT_PREEMPTED, out
     last = _check_saved_at_exit(tmp_path, "preempted (SIGTERM)")
     root = tmp_path / "run" / "checkpoints"
@@ -95,7 +99,7 @@ def test_sigterm_saves_and_resume_continues(tiny_corpus, make_cfg, train, tmp_pa
 
 
 def test_first_ctrl_c_finishes_the_step_saves_and_exits_3(tiny_corpus, tmp_path):
-    code, out, err = _signal_a_run_at_step_3(tiny_corpus, tmp_path, signal.SIGINT, stderr=subprocess.PIPE)
+    code, out, err, _ = signal_a_run_at_step_3(tiny_corpus, tmp_path, signal.SIGINT, stderr=subprocess.PIPE)
     assert code == EXIT_PREEMPTED, out + err
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
     assert (

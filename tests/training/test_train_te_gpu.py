@@ -11,22 +11,19 @@ TE bundle installed: ``bash bench/te_session.sh``; skipped where TE does not imp
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from training import checkpoint as ckpt
 from training.signals import EXIT_DONE, EXIT_PREEMPTED
 
-from .conftest import metrics, tiny_raw
+from .conftest import metrics
+from .test_preemption import child_env, signal_a_run_at_step_3
 from .test_train_gpu import GPU_MODEL, RESUME_RTOL
 
 pytestmark = pytest.mark.gpu
@@ -74,30 +71,10 @@ def test_te_fp8_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path,
 
 
 def test_te_fp8_sigterm_saves_and_the_relaunch_finishes(tiny_corpus, tmp_path):
-    from training.config import apply_overrides
-
-    raw = apply_overrides(tiny_raw(tmp_path / "run", tiny_corpus), list(te_fp8("delayed")))
-    raw["training"]["train_iters"] = 60
-    raw["checkpoint"]["save_interval"] = 0  # only the preemption save
-    cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    cmd = [sys.executable, str(REPO / "pretrain_llama.py"), "--config", str(cfg_path)]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    code, out, _, cmd = signal_a_run_at_step_3(
+        tiny_corpus, tmp_path, signal.SIGTERM, overrides=te_fp8("delayed"), train_iters=60, timeout=300
     )
-    metrics_file = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if metrics_file.exists() and '"kind": "train", "step": 3,' in metrics_file.read_text():
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == EXIT_PREEMPTED, out
+    assert code == EXIT_PREEMPTED, out
     recs = metrics(tmp_path / "run")
     last = max(r["step"] for r in recs if r["kind"] == "train")
     assert 3 <= last < 60
@@ -105,7 +82,9 @@ def test_te_fp8_sigterm_saves_and_the_relaunch_finishes(tiny_corpus, tmp_path):
     assert (root / ckpt.MARKER).read_text().strip() == str(last)
     assert ckpt.verify_checkpoint(ckpt.iter_dir(root, last)) is None
 
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    res = subprocess.run(
+        cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600, check=False
+    )
     assert res.returncode == EXIT_DONE, res.stdout + res.stderr
     recs = metrics(tmp_path / "run")
     events = [(r["event"], r["step"]) for r in recs if r["kind"] == "event"]
