@@ -3,7 +3,7 @@ count its SASS instructions.
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
         python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-qk] [--no-promote-pv]
-            [--qk-promote-k 64]
+            [--qk-promote-k 64] [--qk-bf16]
         python bench/cute_sass_report.py --backward [--group 4] [--head-dim 128] [--non-causal]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this

@@ -41,8 +41,9 @@ if [[ $mode == A ]]; then
 else
   [[ -d /tmp/site/nvidia_cutlass_dsl ]] || {
     echo "cute_session: /tmp/site has no CUTLASS DSL: run call A on this machine first (within 30 s)" >&2; exit 2; }
-  # not install.sh again: it would reinstall the wheels with --upgrade, which replaces the
-  # nvidia_cutlass_dsl folder and so deletes the cute-a part unpacked into it by call A
+  # cute-b is unpacked here rather than by install.sh: call B does not carry .gpu-bundle/install.sh
+  # or the wheels (a reinstall of the wheels would replace the nvidia_cutlass_dsl folder and so delete
+  # the cute-a part unpacked into it by call A)
   xz -d -T0 -c .gpu-bundle/cute-b.tar.xz | tar x -C /tmp/site || { echo "cute_session: cute-b did not unpack" >&2; exit 2; }
   export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
 fi

@@ -17,7 +17,7 @@
 #   traj_A / traj_B  bench/trajectory_runs.sh, seed 1234 / 1235, all three arms
 #   throughput     bench/train_throughput.py, the local-projection arms on the Triton backend (this
 #                  session installs neither Transformer Engine nor the CuTe bundle, which its default
-#                  arms need: run those after bench/cute_session.sh and TE's te_install.sh)
+#                  arms need: run those with bench/te_session.sh, which installs both)
 #   fidelity       tools/fidelity.py with the Triton backend (Direct-P enabled)
 set -uo pipefail
 budget="${1:?budget seconds}"; both="${2:-}"

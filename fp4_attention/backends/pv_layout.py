@@ -2,7 +2,7 @@
 
 Hopper's wgmma accumulator gives thread q of each quad the score columns {2q, 2q+1, 8+2q, 9+2q}
 of every 16 keys, while the register A operand of an 8-bit wgmma wants k = 4q..4q+3 from that
-thread. ``cute_fwd_sm90`` hands the accumulator registers over in their own order (no shuffle) and
+thread. ``cute/fwd_sm90.py`` hands the accumulator registers over in their own order (no shuffle) and
 V's keys are permuted to match: within each 16 keys, slot k of the operand holds key
 ``V_PERM16[k]``. PV sums over keys, so the product is unchanged.
 """

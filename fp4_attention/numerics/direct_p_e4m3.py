@@ -18,8 +18,8 @@ integer arithmetic, the way a kernel would:
 then rounds to E4M3 as the exp2 unit's result is rounded (``cvt.rn.satfinite.e4m3x2``). That is
 ``degree + 6`` PTX instructions; ptxas fuses the shift and the add into one LEA, so ``degree + 5``
 issue slots per element on the FP32 and integer pipes, no conversion unit, against one MUFU.EX2
-(SASS of the CuTe kernel's ``exp2_fma_every``). (The torch emulation below takes ``torch.floor``;
-the values are the same.)
+(counted in the SASS of the CuTe fp8 forward's former ``exp2_fma_every`` option). (The torch
+emulation below takes ``torch.floor``; the values are the same.)
 
 The polynomial is ``p(f) = 1 + f + f (f - 1) q(f)``: ``p(0) = 1`` exactly, so powers of two, the
 lifted row maximum ``2^8`` among them, come out exact, and ``p(1) = 2`` up to the float32 rounding
@@ -28,10 +28,11 @@ of the coefficients (about 3e-8), so ``2^x`` is continuous across integers to th
 rounding cares about relative error); the coefficients are then rounded to float32, the precision
 a kernel holds them in.
 
-This module is the numerics (the torch definition a kernel is tested against) and what
-``bench/direct_p_e4m3_numerics.py`` measures. The CuTe fp8 forward's ``exp2_fma_every`` option
-(``cute_fwd_sm90``, a measurement option, not yet run on a GPU) computes it in inline PTX with
-these coefficients; ``tests/backends/test_cute_sass.py`` interprets that PTX against :func:`exp2_fma`.
+This module is the numerics (the torch definition a kernel would be tested against) and what
+``bench/direct_p_e4m3_numerics.py`` measures, a CPU study: no kernel uses it. The CuTe fp8
+forward's ``exp2_fma_every`` option computed it in inline PTX with these coefficients; on the H200
+it was slower than the exp2 unit alone and was deleted (``backends/cute/fwd_sm90.py``; the option
+is in the history before commit ce4c555).
 """
 
 from __future__ import annotations

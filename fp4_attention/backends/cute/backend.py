@@ -200,7 +200,7 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
         col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast);
         v_scale: FP32 ``[B, Hkv, D]``.
         kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
-            :class:`FP8ForwardSm90` (promotions, overlap, schedule, Direct-P; all off or at the
+            :class:`FP8ForwardSm90` (the QK/PV promotions and the intra-warpgroup overlap; at the
             contract's setting by default).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.

@@ -16,7 +16,8 @@ The fingerprint changes with any of these, so a changed kernel is never loaded s
   pin it, and its fingerprint leaves it out);
 - the target architecture (``CUTE_DSL_ARCH``, or the GPU's compute capability).
 
-The cache stays off unless the variable is set, because the load path has not run on a GPU yet.
+The cache stays off unless the variable is set. Export and load passed on the H200
+(``results/cute_prep_h200``: 24 cute tests took 102 s compiling, 14 s in a second process loading).
 """
 
 from __future__ import annotations

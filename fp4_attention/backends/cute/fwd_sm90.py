@@ -36,7 +36,7 @@ ping-pong the two consumer warpgroups, and the TMA epilogue. Ours are the parts 
   (natural log, as ``reference.py``); rows without keys give O = 0 and LSE = -inf.
 
 The launch wrapper, its compile cache and the host-side operand preparation are in
-``cute_backend.py``. Requires ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install
+``backend.py``. Requires ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install
 'fp4-attention-pretrain[cute]'``).
 """
 
@@ -123,7 +123,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             registers, no promotion); for measuring the promotion's cost only.
 
     Schedule of the ping-pong (without ``intra_wg_overlap``), each measured on the H200 before it
-    became the only one (kernel TFLOP/s, B1 H32/8 S4096 causal, 2026-12-01: 462 -> 554 with both):
+    became the only one (kernel-only TFLOP/s without -> with both, B1 / B4 H32/8 S4096 causal:
+    443 -> 510 / 452 -> 526, ``results/cute_bwd_h200`` -> ``results/cute_prep_h200``):
     a tile's K token scales are loaded before its QK product is issued, so their latency hides
     behind it, and unclamped after the first tile (``_load_col``); the first two k32 QK products
     are in flight together (they write different registers), one wait fewer per tile. The options
