@@ -42,9 +42,7 @@ def _shape(text: str) -> tuple[int, int, int, int]:
     except ValueError:
         vals = ()
     if len(vals) != 4 or min(vals) <= 0:
-        raise SystemExit(
-            f"attention_step_profile: --shape must be B,Hq,Hkv,S (positive integers), got {text!r}"
-        )
+        raise ValueError(f"--shape must be B,Hq,Hkv,S (positive integers), got {text!r}")
     return vals
 
 
@@ -75,10 +73,19 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--out", required=True, help="output prefix (PREFIX.json, PREFIX.md)")
     a = p.parse_args(argv)
-    b, hq, hkv, s = _shape(a.shape)
-    if not torch.cuda.is_available():
-        raise SystemExit("attention_step_profile: needs a CUDA GPU; this machine has none")
     import fp4_attention as fa
+
+    try:
+        b, hq, hkv, s = _shape(a.shape)
+    except ValueError as err:
+        p.error(str(err))  # exit 2, one sentence
+    if a.backend not in fa.available_backends():
+        p.error(
+            f"--backend {a.backend!r} is not a backend; choose one of {', '.join(fa.available_backends())}"
+        )
+    if not torch.cuda.is_available():
+        print("attention_step_profile: needs a CUDA GPU; this machine has none", file=sys.stderr)
+        return 2
 
     torch.manual_seed(0)
     q, k, v = (

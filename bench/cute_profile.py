@@ -41,9 +41,7 @@ def _ints(text: str, n: int, what: str) -> tuple[int, ...]:
     except ValueError:
         vals = ()
     if len(vals) != n or min(vals) <= 0:
-        raise SystemExit(
-            f"cute_profile: {what} must be {n} positive integers separated by commas, got {text!r}"
-        )
+        raise ValueError(f"{what} must be {n} positive integers separated by commas, got {text!r}")
     return vals
 
 
@@ -77,10 +75,14 @@ def main(argv=None) -> int:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--tiles", default="128,128,2", help="tile_m,tile_n,stages of the fp8 variants")
     args = p.parse_args(argv)
-    b, hq, hkv, s = _ints(args.shape, 4, "--shape B,Hq,Hkv,S")
-    tiles = _ints(args.tiles, 3, "--tiles tile_m,tile_n,stages")
+    try:
+        b, hq, hkv, s = _ints(args.shape, 4, "--shape B,Hq,Hkv,S")
+        tiles = _ints(args.tiles, 3, "--tiles tile_m,tile_n,stages")
+    except ValueError as err:
+        p.error(str(err))  # exit 2, one sentence
     if not torch.cuda.is_available():
-        raise SystemExit("cute_profile: needs a CUDA GPU (sm_90); this machine has none")
+        print("cute_profile: needs a CUDA GPU (sm_90); this machine has none", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     q = torch.randn(b, hq, s, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16)

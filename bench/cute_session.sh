@@ -39,8 +39,8 @@ if [[ $mode == A ]]; then
   # shellcheck disable=SC1091
   source .gpu-bundle/install.sh .gpu-bundle /tmp/site
 else
-  [[ -d /tmp/site/nvidia_cutlass_dsl ]] || {
-    echo "cute_session: /tmp/site has no CUTLASS DSL: run call A on this machine first (within 30 s)" >&2; exit 2; }
+  [[ -f /tmp/site/.cute-a.done ]] || {
+    echo "cute_session: /tmp/site has no CUTLASS DSL part A: run call A on this machine first (within 30 s)" >&2; exit 2; }
   # cute-b is unpacked here rather than by install.sh: call B does not carry .gpu-bundle/install.sh
   # or the wheels (a reinstall of the wheels would replace the nvidia_cutlass_dsl folder and so delete
   # the cute-a part unpacked into it by call A)

@@ -34,6 +34,21 @@ def test_kernel_table_sums_per_name_per_step_and_skips_host_events():
 
 
 @pytest.mark.parametrize("bad", ["4,32,8", "4,32,8,x", "0,32,8,4096"])
-def test_bad_shape_is_one_sentence(bad):
-    with pytest.raises(SystemExit, match="--shape must be B,Hq,Hkv,S"):
+def test_bad_shape_is_a_usage_error(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
         asp.main(["--shape", bad, "--out", "/tmp/unused"])
+    assert exc.value.code == 2 and "--shape must be B,Hq,Hkv,S" in capsys.readouterr().err
+
+
+def test_unknown_backend_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        asp.main(["--backend", "nope", "--out", "/tmp/unused"])
+    assert exc.value.code == 2 and "--backend 'nope' is not a backend" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
+def test_without_a_gpu_exit_2_and_one_sentence(capsys):
+    assert asp.main(["--out", "/tmp/unused"]) == 2
+    assert (
+        capsys.readouterr().err.strip() == "attention_step_profile: needs a CUDA GPU; this machine has none"
+    )

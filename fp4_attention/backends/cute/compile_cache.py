@@ -10,7 +10,7 @@ damaged entry counts as a miss and is replaced.
 
 The fingerprint changes with any of these, so a changed kernel is never loaded stale:
 - the source of this package;
-- the numerics modules the kernels' constants come from;
+- the V key order the kernels are built for (``backends/pv_layout.py``);
 - flash-attn-4's own source fingerprint (its CuTe sources, the CUTLASS DSL and TVM-FFI versions, Python);
 - the version of quack-kernels, whose layout and sm90 helpers the kernels trace (flash-attn-4 does not
   pin it, and its fingerprint leaves it out);
@@ -31,8 +31,7 @@ __all__ = ["ENV", "make_cache", "source_fingerprint"]
 
 ENV = "FP4_ATTENTION_CUTE_CACHE_DIR"
 _PACKAGE = Path(__file__).resolve().parent
-_NUMERICS = _PACKAGE.parents[1] / "numerics"
-_SOURCES = (*sorted(_PACKAGE.glob("*.py")), _PACKAGE.parent / "pv_layout.py", _NUMERICS / "direct_p_e4m3.py")
+_SOURCES = (*sorted(_PACKAGE.glob("*.py")), _PACKAGE.parent / "pv_layout.py")
 
 
 def _target() -> str:
