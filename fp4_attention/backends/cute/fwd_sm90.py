@@ -128,8 +128,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     a tile's K token scales are loaded before its QK product is issued, so their latency hides
     behind it, and unclamped after the first tile (``_load_col``); the first two k32 QK products
     are in flight together (they write different registers), one wait fewer per tile. The options
-    that lost (the PV-only warp-scheduler turn, -2-5%; Direct-P E4M3 exponentials on the FMA pipe,
-    -1-5%) were deleted.
+    that lost on the H200 (the PV-only warp-scheduler turn; Direct-P E4M3 exponentials on the FMA
+    pipe; 2026-12-01, whose table was not committed) were deleted.
     """
 
     def __init__(
