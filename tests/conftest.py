@@ -9,7 +9,10 @@ import atexit
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +26,19 @@ if not torch.cuda.is_available():
     if "CUTE_DSL_DUMP_DIR" not in os.environ:
         os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="cute_dsl_")
         atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
+
+
+def run_interpreted(test_file: str) -> None:
+    """Run ``test_file`` as a script under ``TRITON_INTERPRET=1`` (the variable is read when the
+    kernels are defined, so in a fresh process) and assert that it exited 0 and printed ``ok`` last
+    (its ``__main__`` block prints the failed checks otherwise)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(repo)}
+    res = subprocess.run(
+        [sys.executable, test_file], env=env, cwd=repo, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "ok", res.stdout + res.stderr
 
 
 def have_module(name: str) -> bool:

@@ -11,13 +11,6 @@ vectors, the padding, and the non-finite head's canonical code.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _interpreted_checks() -> list[str]:
     import torch
@@ -73,12 +66,9 @@ def _interpreted_checks() -> list[str]:
 
 
 def test_interpreted_dout_preparation():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    res = subprocess.run(
-        [sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip().splitlines()[-1] == "ok", res.stdout + res.stderr
+    from ..conftest import run_interpreted  # not at the top: this file also runs as a script
+
+    run_interpreted(__file__)
 
 
 if __name__ == "__main__":

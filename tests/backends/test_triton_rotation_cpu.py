@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -93,12 +91,9 @@ def _interpreted_checks() -> list[str]:
 
 
 def test_interpreted_kernels_rotate_as_the_reference():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    res = subprocess.run(
-        [sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip().splitlines()[-1] == "ok", res.stdout + res.stderr
+    from ..conftest import run_interpreted  # not at the top: this file also runs as a script
+
+    run_interpreted(__file__)
 
 
 def test_rotating_kernels_compile_for_sm90_without_spills():

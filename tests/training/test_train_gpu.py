@@ -74,24 +74,32 @@ def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):
     assert ckpt.find_latest(tmp_path / "default" / "checkpoints")[0] == 40
 
 
-@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
-def test_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path, recipe):
-    over = (*GPU_MODEL, f"attention.recipe={recipe}", "runtime.deterministic=true")
+def check_resume_is_exact(make_cfg, train, tmp_path, over, label=None) -> str:
+    """Train 8 steps with ``over`` (run ``full``), then 4 + resume + 4 from a copy of its step-4
+    checkpoint (run ``half``); assert both runs finish and steps 5-8 have the same losses
+    (:data:`RESUME_RTOL`). Returns the full run's log text."""
     code, log = train(make_cfg(*over, run="full"))
     assert code == EXIT_DONE, log.text()
     full = {r["step"]: r["loss"] for r in metrics(tmp_path / "full") if r["kind"] == "train"}
-    tele = [r for r in metrics(tmp_path / "full") if r["kind"] == "telemetry"]
-    assert tele and all((t["zero_scale_block_frac"] is not None) == (recipe == "nvfp4qk_fp8pv") for t in tele)
     root = tmp_path / "half" / "checkpoints"
     root.mkdir(parents=True)
     shutil.copytree(ckpt.iter_dir(tmp_path / "full" / "checkpoints", 4), ckpt.iter_dir(root, 4))
     (root / ckpt.MARKER).write_text("4\n")
-    code, log = train(make_cfg(*over, run="half"))
-    assert code == EXIT_DONE, log.text()
+    code, half = train(make_cfg(*over, run="half"))
+    assert code == EXIT_DONE, half.text()
     resumed = {r["step"]: r["loss"] for r in metrics(tmp_path / "half") if r["kind"] == "train"}
     assert sorted(resumed) == [5, 6, 7, 8]
     for s in resumed:
-        assert resumed[s] == pytest.approx(full[s], rel=RESUME_RTOL, abs=0), (s, resumed[s], full[s])
+        assert resumed[s] == pytest.approx(full[s], rel=RESUME_RTOL, abs=0), (label, s, resumed[s], full[s])
+    return log.text()
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
+def test_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path, recipe):
+    over = (*GPU_MODEL, f"attention.recipe={recipe}", "runtime.deterministic=true")
+    check_resume_is_exact(make_cfg, train, tmp_path, over, recipe)
+    tele = [r for r in metrics(tmp_path / "full") if r["kind"] == "telemetry"]
+    assert tele and all((t["zero_scale_block_frac"] is not None) == (recipe == "nvfp4qk_fp8pv") for t in tele)
 
 
 def test_async_save_completes_and_resumes(make_cfg, train, tmp_path):

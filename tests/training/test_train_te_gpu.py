@@ -11,7 +11,6 @@ TE bundle installed: ``bash bench/te_session.sh``; skipped where TE does not imp
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -24,7 +23,7 @@ from training.signals import EXIT_DONE, EXIT_PREEMPTED
 
 from .conftest import metrics
 from .test_preemption import child_env, signal_a_run_at_step_3
-from .test_train_gpu import GPU_MODEL, RESUME_RTOL
+from .test_train_gpu import GPU_MODEL, check_resume_is_exact
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
@@ -53,21 +52,10 @@ def te_fp8(scaling: str) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("scaling", ["current", "delayed"])
 def test_te_fp8_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path, scaling):
-    over = (*te_fp8(scaling), "runtime.deterministic=true")
-    code, log = train(make_cfg(*over, run="full"))
-    assert code == EXIT_DONE, log.text()
-    assert "te_fp8" in log.text(), log.text()  # the plan's projection line
-    full = {r["step"]: r["loss"] for r in metrics(tmp_path / "full") if r["kind"] == "train"}
-    root = tmp_path / "half" / "checkpoints"
-    root.mkdir(parents=True)
-    shutil.copytree(ckpt.iter_dir(tmp_path / "full" / "checkpoints", 4), ckpt.iter_dir(root, 4))
-    (root / ckpt.MARKER).write_text("4\n")
-    code, log = train(make_cfg(*over, run="half"))
-    assert code == EXIT_DONE, log.text()
-    resumed = {r["step"]: r["loss"] for r in metrics(tmp_path / "half") if r["kind"] == "train"}
-    assert sorted(resumed) == [5, 6, 7, 8]
-    for s in resumed:
-        assert resumed[s] == pytest.approx(full[s], rel=RESUME_RTOL, abs=0), (scaling, s, resumed[s], full[s])
+    text = check_resume_is_exact(
+        make_cfg, train, tmp_path, (*te_fp8(scaling), "runtime.deterministic=true"), scaling
+    )
+    assert "te_fp8" in text, text  # the plan's projection line
 
 
 def test_te_fp8_sigterm_saves_and_the_relaunch_finishes(tiny_corpus, tmp_path):
