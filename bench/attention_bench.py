@@ -130,15 +130,11 @@ def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
 
 def cute_nvfp4_kernel_only(q, k, v, causal, tiles, **kernel_options):
     """The CuTe ``nvfp4qk_fp8pv`` forward kernel (BF16 QK on the NVFP4 decode, FP8 PV) alone on
-    operands quantized and decoded once outside, as ``CuteBackend.forward`` prepares them."""
+    operands quantized and decoded once outside (``quantize_nvfp4_inputs``, as ``CuteBackend.forward``)."""
     from fp4_attention.backends.cute import backend as cute_backend
-    from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed, quantize_nvfp4_rows
-    from fp4_attention.numerics.quant import nvfp4_global_scale
 
-    v_s = quantize_fp8_v_transposed(v, perm16=True)
-    q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
-    k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
-    ops = cute_backend.kernel_operands(q_s, k_s, v_s, D**-0.5, (q_dec, k_dec))
+    q_s, k_s, v_s, decoded = cute_backend.quantize_nvfp4_inputs(q, k, v)
+    ops = cute_backend.kernel_operands(q_s, k_s, v_s, D**-0.5, decoded)
 
     def f():
         cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, qk_bf16=True, **kernel_options)

@@ -187,6 +187,16 @@ def quantize_inputs(
     )
 
 
+def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA) -> ``(q_s, k_s, v_s, decoded)`` of
+    ``nvfp4qk_fp8pv``: Q and K NVFP4 (per-head global scale, 16-element E4M3 block scales) with their
+    exact BF16 decodes ``decoded = (s_b * q, s_b * k)``, which feed the BF16 QK product (contract
+    §1), and V as in :func:`quantize_inputs` (Triton quantizers)."""
+    q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
+    k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
+    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec)
+
+
 def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, **kernel_options):
     """Run the CuTe ``fp8`` forward on prepared operands.
 
@@ -367,11 +377,8 @@ class CuteBackend:
         per channel (Triton quantizers, V into the kernel's layout), then runs the kernel
         (``forward_fp8``).
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``."""
-        if recipe.qk == "nvfp4":  # the exact BF16 decode s_b * q feeds a BF16 QK product (contract §1)
-            v_s = quantize_fp8_v_transposed(v, perm16=True)  # the kernel's PV operand layout
-            q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
-            k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
-            decoded = (q_dec, k_dec)
+        if recipe.qk == "nvfp4":
+            q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
         else:
             q_s, k_s, v_s = quantize_inputs(q, k, v)
             decoded = None
