@@ -312,18 +312,12 @@ def main(argv=None) -> int:
                         )
                     )
                 if pass_ == "fwd" and args.cute_fwd_options:
-                    # measurement options of the forward kernel (FP8ForwardSm90): QK promotion per
-                    # 64 or none (chained inside the MMA); FA3's intra-warpgroup overlap (QK
-                    # chained), the last also without the PV promotion
+                    # measurement options of the forward kernel (FP8ForwardSm90): FA3's
+                    # intra-warpgroup overlap, also without the PV promotion
                     t0 = tiles[0]
                     for tag, opts in (
-                        ("qk_promote64", dict(qk_promote_k=64)),
-                        ("qk_chained", dict(promote_qk=False)),
-                        ("overlap_qk_chained", dict(intra_wg_overlap=True, promote_qk=False)),
-                        (
-                            "overlap_unpromoted",
-                            dict(intra_wg_overlap=True, promote_qk=False, promote_pv=False),
-                        ),
+                        ("overlap", dict(intra_wg_overlap=True)),
+                        ("overlap_unpromoted", dict(intra_wg_overlap=True, promote_pv=False)),
                     ):
                         cands.append(
                             (

@@ -2,8 +2,7 @@
 count its SASS instructions.
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
-        python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-qk] [--no-promote-pv]
-            [--qk-promote-k 64] [--qk-bf16]
+        python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-pv] [--qk-bf16]
         python bench/cute_sass_report.py --backward [--group 4] [--head-dim 128] [--non-causal]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
@@ -169,6 +168,7 @@ def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
         "stack": int(usage.get("STACK", -1)),
         **counts,
         "instructions": len(ins),
+        "inner_loops": inner_loops(sass),
     }
 
 
@@ -249,11 +249,9 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--tiles", default="128,128,2")
     p.add_argument("--non-causal", action="store_true")
-    p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True (needs --no-promote-qk)")
-    p.add_argument("--no-promote-qk", action="store_true")
+    p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernel)")
     p.add_argument("--no-promote-pv", action="store_true")
-    p.add_argument("--qk-promote-k", type=int, default=32, choices=(32, 64))
     a = p.parse_args(argv)
     if a.backward:
         print(json.dumps(compile_bwd_report(not a.non_causal, a.group, a.head_dim)))
@@ -262,10 +260,8 @@ def main(argv=None) -> int:
         tuple(int(x) for x in a.tiles.split(",")),
         causal=not a.non_causal,
         intra_wg_overlap=a.overlap,
-        promote_qk=None if a.qk_bf16 or a.overlap else not a.no_promote_qk,
         promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
-        qk_promote_k=a.qk_promote_k,
     )
     print(json.dumps(rep))
     return 0

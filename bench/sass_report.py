@@ -74,7 +74,7 @@ def compile_forward(
     num_warps: int = 8,
     num_stages: int = 3,
     split: bool = True,
-    imprecise: int | None = 32,
+    imprecise: int | None = None,
 ):
     """``triton.compile`` of ``_fwd_kernel`` for sm_90 with launch-like specialisation."""
     ptrs = {
@@ -149,7 +149,7 @@ def compile_backward(
         QK_FP8=qk_fp8,
         PV_FP8=pv_fp8,
         LIFT=8,
-        IMPRECISE=32 if qk_fp8 else None,
+        IMPRECISE=None,
     )
     consts.update({n: 1 for n in BWD_UNIT_STRIDES if n in names})
     return _compile(fn, ptrs, consts, warps, stages)

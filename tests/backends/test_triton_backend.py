@@ -77,13 +77,21 @@ def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True
     out, lse, st = target.backend.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
     rout, rlse, rst = target.reference(st, rec, causal=causal, softmax_scale=sm, d=d)
     assert torch.isfinite(out).all()
-    assert rel_l2(out, rout) <= 5e-3, (recipe, rel_l2(out, rout))
+    # FP8 QK (the recipe's definition: not promoted): Hopper's FP8 MMA adds the head dim's products
+    # with a narrower accumulator, at most 2^-10.9 of sum_d |q8 k8| (2^-13.7 promoted after every
+    # k32; results/robustness_h200/qk_accumulation_h200.md), an error relative to the score
+    # magnitude, which grows as scale^2. With promotion the LSE differed by 1.3e-4 at scale 1,
+    # 1.4e-3 at 2, 3.1e-3 at 3 and the bound was 5e-4 scale^2; without it the accumulator's error is
+    # 2^(13.7 - 10.9) = 7x larger, and so are the bounds: 3.5e-3 scale^2 for the LSE, and for the
+    # output and the gradients (which the exact-QK reference does not share) 1e-2 / 2e-2 x scale,
+    # twice the promoted kernel's 5e-3 / 1e-2 (its distance from the promoted kernel measured 0.004
+    # at scale 1). BF16 QK matches to ~1e-6.
+    fp8_qk = rec.qk == "fp8"
+    tol_out = 1e-2 * scale if fp8_qk else 5e-3
+    assert rel_l2(out, rout) <= tol_out, (recipe, rel_l2(out, rout))
     fin = torch.isfinite(rlse)
     assert torch.equal(torch.isfinite(lse), fin)
-    # FP8 QK: Hopper's FP8 MMA adds partial sums with reduced precision inside each 32-element
-    # chunk of the head dim, an error relative to the score magnitude, which grows as scale^2
-    # (measured |dLSE| 1.3e-4 at scale 1, 1.4e-3 at 2, 3.1e-3 at 3); BF16 QK matches to ~1e-6.
-    assert (lse[fin] - rlse[fin]).abs().max() <= (5e-4 * scale**2 if rec.qk == "fp8" else 1e-4)
+    assert (lse[fin] - rlse[fin]).abs().max() <= (3.5e-3 * scale**2 if fp8_qk else 1e-4)
     if not grads:
         return
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).bfloat16().cuda()
@@ -94,7 +102,7 @@ def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True
     )
     for name, g, r in zip("qkv", got, ref):
         assert torch.isfinite(g).all()
-        assert rel_l2(g, r) <= 1e-2, (recipe, name, rel_l2(g, r))
+        assert rel_l2(g, r) <= (2e-2 * scale if fp8_qk else 1e-2), (recipe, name, rel_l2(g, r))
 
 
 @pytest.mark.parametrize("recipe", TRAIN)

@@ -14,9 +14,9 @@ the dV and dK products.
 Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, following
 ``numerics/reference.py``'s backward of the ``fp8`` recipe:
 
-* S^T = K Q^T is the forward's product: E4M3 x E4M3 wgmma, K-major both, promoted to FP32 every 32
-  elements of the head dim (each k32 wgmma into a zeroed accumulator, summed in registers), as
-  ``FP8ForwardSm90`` (``promote_qk``) and the Triton kernels do, so the scores match the forward's.
+* S^T = K Q^T is the forward's product: E4M3 x E4M3 wgmma, K-major both, the head dim's four k32
+  products chained inside the MMA (no FP32 promotion of the QK product: the ``fp8`` recipe's
+  definition, as ``FP8ForwardSm90`` and the Triton kernels), so the scores match the forward's.
   P^T = exp2(fma(t * col_j, r_i, stat_i)) with ``col`` the K token scale, ``r`` = Q token scale *
   softmax_scale * log2 e and ``stat = LIFT - LSE log2 e`` (-inf for rows without keys), lifted by
   2^LIFT into E4M3's range.
@@ -839,26 +839,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _st_promoted(self, tiled_mma_S, tSrK: cute.Tensor, tSrQ: cute.Tensor, Q_idx: Int32) -> cute.Tensor:
-        """S^T = K Q^T with FP32 promotion every 32 elements of the head dim (each k32 wgmma into a
-        zeroed accumulator, summed in registers in k order), as the forward's QK product."""
-        shape = tiled_mma_S.partition_shape_C((self.tile_n, self.tile_m))
-        acc = cute.make_rmem_tensor(shape, Float32)
-        tmp = cute.make_rmem_tensor(shape, Float32)
-        rB = tSrQ[None, None, None, Q_idx]
-        for kb in cutlass.range_constexpr(cute.size(tSrK.shape[2])):
-            dst = acc if const_expr(kb == 0) else tmp
-            warpgroup.fence()
-            atom = cute.make_mma_atom(tiled_mma_S.op)
-            atom.set(warpgroup.Field.ACCUMULATE, False)
-            cute.gemm(atom, dst, tSrK[None, None, kb], rB[None, None, kb], dst)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            if const_expr(kb > 0):
-                acc.store(acc.load() + tmp.load())
-        return acc
-
-    @cute.jit
     def mma_one_m_block_fp8(
         self,
         m_block: Int32,
@@ -896,7 +876,11 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         idx_Q = state_Q.index
         idx_dO = state_dO.index
         pipeline_Q.consumer_wait(state_Q, pipeline_Q.consumer_try_wait(state_Q))
-        acc_S = self._st_promoted(tiled_mma_S, tSrK, tSrQ, idx_Q)
+        # S^T: the head dim's k32 products chained inside the MMA, as the forward's QK. Waited for
+        # before dP^T is issued: with both in flight, the GQA kernel at head dim 128 spills (sm_90a)
+        acc_S = sm90_utils.gemm_zero_init(
+            tiled_mma_S, (self.tile_n, self.tile_m), tSrK, tSrQ, B_idx=idx_Q, wg_wait=0
+        )
         pipeline_dO.consumer_wait(state_dO, pipeline_dO.consumer_try_wait(state_dO))
         acc_dP = mma_dp(A_idx=idx_dO, wg_wait=-1)
         mask_fn(acc_S, m_block=m_block)

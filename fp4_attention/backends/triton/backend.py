@@ -33,7 +33,9 @@ from .rotation import rotated_row_amax, unrotate_rows
 
 __all__ = ["TritonBackend", "forward_operands", "launch_forward"]
 
-IMPRECISE_K = 32  # FP8 QK: promote the MMA's partial sums to FP32 every 32 elements of the head dim
+# FP8 QK: None, Triton's default accumulation (no FP32 promotion inside the head dim's chain of k32
+# MMAs: the fp8 recipe's definition, kernels.py); bench/tune_fwd.py sets 32 to time the promotion
+IMPRECISE_K = None
 # Backward tiles (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV and the dQ kernel (bench/tune_fwd.py)
 # dK/dV (program per query head): (64, 128, 8, 2) was the fastest of 4 on the H200 (B4 H32/8 S4096 causal
 # fp8 backward 11.35 ms vs 11.74 (64, 64, 4, 2) and 13.82 (64, 64, 8, 2), the one tile without register

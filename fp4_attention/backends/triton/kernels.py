@@ -16,10 +16,13 @@ Every recipe is one instance of the same two products (``operands.py``):
   round-to-nearest satfinite conversion; V is E4M3 stored transposed, ``[B, Hkv, D, Sk]``, which
   is the K-major layout the FP8 B operand of the PV MMA needs. Otherwise P and V are BF16.
 * Hopper's FP8 MMA accumulates with reduced precision (~22 bits, contract §2) and Triton's default
-  on sm_90 never promotes. The FP8 QK product promotes to FP32 every ``IMPRECISE`` (32) elements of
-  the head dim (``max_num_imprecise_acc``), so that forward and backward recompute the same scores
-  as the reference up to FP32 order; the PV product of each KV tile is taken into a fresh FP32
-  value and added to the running FP32 accumulator (promotion once per KV tile).
+  on sm_90 never promotes. The FP8 QK product is not promoted (``IMPRECISE`` None: the ``fp8``
+  recipe's definition, as in the CuTe kernels, FA3, cuDNN and SageAttention): its scores carry the
+  MMA's accumulation error, at most 2^-10.9 of ``sum_d |q8 k8|`` on the H200
+  (results/robustness_h200/qk_accumulation_h200.md); forward and backward run the same chain, so
+  they recompute the same scores. ``IMPRECISE`` = 32 promotes every 32 elements of the head dim
+  (``max_num_imprecise_acc``; bench/tune_fwd.py times it). The PV product of each KV tile is taken
+  into a fresh FP32 value and added to the running FP32 accumulator (promotion once per KV tile).
 * Backward: ``_bwd_dkdv`` (one program per KV block and query head, looping over its query blocks;
   the GQA group's FP32 partials are summed after it) and ``_bwd_dq`` (one program per query block
   and head).
