@@ -876,13 +876,14 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         idx_Q = state_Q.index
         idx_dO = state_dO.index
         pipeline_Q.consumer_wait(state_Q, pipeline_Q.consumer_try_wait(state_Q))
-        # S^T: the head dim's k32 products chained inside the MMA, as the forward's QK. Waited for
-        # before dP^T is issued: with both in flight, the GQA kernel at head dim 128 spills (sm_90a)
-        acc_S = sm90_utils.gemm_zero_init(
-            tiled_mma_S, (self.tile_n, self.tile_m), tSrK, tSrQ, B_idx=idx_Q, wg_wait=0
-        )
         pipeline_dO.consumer_wait(state_dO, pipeline_dO.consumer_try_wait(state_dO))
+        # S^T (the head dim's k32 products chained inside the MMA, as the forward's QK) and dP^T in
+        # flight together; the softmax of S^T runs while dP^T finishes
+        acc_S = sm90_utils.gemm_zero_init(
+            tiled_mma_S, (self.tile_n, self.tile_m), tSrK, tSrQ, B_idx=idx_Q, wg_wait=-1
+        )
         acc_dP = mma_dp(A_idx=idx_dO, wg_wait=-1)
+        warpgroup.wait_group(1)  # S^T done
         mask_fn(acc_S, m_block=m_block)
         stat = copy_utils.load_s2r(tStat[None, idx_Q])
         r_q = copy_utils.load_s2r(tR[None, idx_Q])
