@@ -69,9 +69,9 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal):
     (loop,) = rep["inner_loops"]
     assert loop["QK_zero_init"] == 2, loop
     # the wgmmas are not serialized (S^T and dP^T issue together): 5 waits per trip for the 22 (18
-    # at D64) products. With the
-    # promoted S^T, ptxas put a wait after every wgmma of the loop (22 waits, 685 instructions per
-    # trip at GQA 4, D128 causal); FA4's BF16 backward of that shape takes 442 instructions
+    # at D64) products. With the promoted S^T, ptxas put a wait after every wgmma of the loop (22
+    # waits, 685 instructions per trip at GQA 4, D128 causal); FA4's BF16 backward of that shape
+    # takes 442 instructions
     assert loop["schedule"].count("DEPBAR") <= 5, loop["schedule"]
     # spills: the MHA epilogue (BF16 dK/dV through shared memory) spills a few registers; with the
     # unpromoted S^T the GQA kernel at D128 stores 2-3 registers outside the loop and reloads 1-2
