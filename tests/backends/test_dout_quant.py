@@ -1,6 +1,8 @@
 """The fused dO preparation (``triton.dout_quant``) on the GPU: the E5M2 codes and scales equal
-``backends.dout.quantize_dout``'s bytes, dO^T is their ``V_PERM16`` transpose, D matches up to FP32
-summation order (the layout and vector checks also run interpreted on CPU: test_dout_quant_cpu.py)."""
+``backends.dout.quantize_dout``'s bytes, dO^T is their ``V_PERM16`` transpose, the BF16 image of
+every E4M3 code of Q equals torch's conversion, D matches up to FP32 summation order (the layout
+and vector checks also run interpreted on CPU: test_dout_quant_cpu.py). The CuTe backward's K/V
+operands (``triton.bwd_kv``) equal torch's bytes (also interpreted: test_bwd_kv_cpu.py)."""
 
 import pytest
 import torch
@@ -33,10 +35,14 @@ def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
         dout[0, 0, 3] *= 1e4
     lse = torch.randn(b, hq, sq, device="cuda")
     qs = torch.rand(b, hq, sq, device="cuda")
+    q8 = torch.randint(0, 256, (b, hq, sq, d), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     got = quantize_dout_fused(
-        dout, out, vs, lse, lift=8, pad_to=64, transposed=True, q_scale=qs, qk_scale_log2=0.3
+        dout, out, vs, lse, lift=8, pad_to=64, transposed=True, q_scale=qs, qk_scale_log2=0.3, q8=q8
     )
     ref_q, ref_s, ref_delta = quantize_dout(dout, out, vs)
+    ref_qb = q8.to(torch.bfloat16)
+    assert torch.equal(got.qb.isnan(), ref_qb.isnan())
+    assert torch.equal(got.qb.nan_to_num(0.0), ref_qb.nan_to_num(0.0))
     assert torch.equal(got.do_q.data.view(torch.uint8), ref_q.data.view(torch.uint8))
     assert torch.equal(got.s_do.nan_to_num(-1.0), ref_s.nan_to_num(-1.0))
     assert torch.equal(
@@ -49,3 +55,19 @@ def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
     err = (got.delta[..., :sq] - ref_delta).abs()
     ok = (err <= d * 2.0**-24 * mag) | (got.delta[..., :sq].isnan() & ref_delta.isnan())
     assert bool(ok.all()), float((err / mag).nan_to_num(0.0).max())
+
+
+@pytest.mark.parametrize("b, h, sk, d", [(1, 2, 100, 64), (2, 8, 1000, 128), (4, 8, 4096, 128)])
+def test_backward_kv_operands_equal_torch(b, h, sk, d):
+    from fp4_attention.backends.pv_layout import unpermute_v_keys
+    from fp4_attention.backends.triton.bwd_kv import backward_kv_operands
+
+    k8 = torch.randint(0, 256, (b, h, sk, d), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    v = torch.randint(0, 256, (b, h, sk, d), dtype=torch.uint8, device="cuda")
+    vt = permute_v_for_pv(v.transpose(-1, -2).contiguous()).contiguous().view(torch.float8_e4m3fn)
+    kb, v8 = backward_kv_operands(k8, vt)
+    ref = k8.to(torch.bfloat16)
+    assert torch.equal(kb.isnan(), ref.isnan()) and torch.equal(kb.nan_to_num(0.0), ref.nan_to_num(0.0))
+    want = unpermute_v_keys(vt, sk).transpose(-1, -2).contiguous()
+    assert torch.equal(v8.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(v8.view(torch.uint8), v)

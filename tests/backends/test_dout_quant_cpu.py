@@ -6,7 +6,8 @@ The interpreter's FP8 conversion is not the hardware's round-to-nearest-even (it
 the GPU (test_dout_quant.py). Checked here, exactly: the per-head scale (amax, all-zero and
 non-finite heads), the dO^T layout against ``pv_layout.permute_v_for_pv`` of the kernel's own
 codes, D against the torch formula on the kernel's own codes, the LSE statistic, the Q-scale
-vectors, the padding, and the non-finite head's canonical code.
+vectors, the padding, the non-finite head's canonical code, and the BF16 image of the E4M3 Q
+payload.
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ def _interpreted_checks() -> list[str]:
             dout[1, 1, 5, 7] = float("nan")  # a non-finite head
             dout[0, 1] = 0.0  # an all-zero head
         case = f"B{b} H{hq}/{hkv} S{sq} D{d} pad {pad}"
+        q8 = (torch.randn(b, hq, sq, d, generator=g) * 100).to(torch.float8_e4m3fn)
+        q8.view(torch.uint8)[0, 0, 1, :2] = torch.tensor([0x7F, 0xFE], dtype=torch.uint8)  # NaN, -448
         got = quantize_dout_fused(
-            dout, out, vs, lse, lift=8, pad_to=pad, transposed=True, q_scale=qs, qk_scale_log2=0.3
+            dout, out, vs, lse, lift=8, pad_to=pad, transposed=True, q_scale=qs, qk_scale_log2=0.3, q8=q8
         )
+        if not torch.equal(got.qb.nan_to_num(1e9), q8.to(torch.bfloat16).nan_to_num(1e9)):
+            failed.append(f"{case}: BF16 image of Q")
         _, ref_s, _ = quantize_dout(dout, out, vs)
         if not torch.equal(got.s_do.nan_to_num(-1.0), ref_s.nan_to_num(-1.0)):
             failed.append(f"{case}: scale")

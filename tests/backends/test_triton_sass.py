@@ -1,5 +1,6 @@
-"""The Triton forward kernel compiled for sm_90 on the CPU (Triton ships ptxas and cuobjdump): the
-FP8 products are FP8 tensor-core instructions (QGMMA) and the default tiles do not spill.
+"""The Triton kernels compiled for sm_90 on the CPU (Triton ships ptxas and cuobjdump): the FP8
+products are FP8 tensor-core instructions (QGMMA) and the default tiles do not spill; the backward's
+preparation kernels store whole vectors and do not spill.
 
 No GPU is needed: ``bench/sass_report.py`` compiles with the specialisation of a real launch."""
 
@@ -59,3 +60,31 @@ def test_fp8_backward_products_on_fp8_tensor_cores(kernel):
     except (RuntimeError, FileNotFoundError, PermissionError) as exc:
         pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
     assert st["QGMMA"] > 0 and st["HGMMA"] > 0, st
+
+
+def _compile_or_skip(fn, ptrs, consts, **kw):
+    from sass_report import compile_kernel
+
+    try:
+        return compile_kernel(fn, {k: v for k, v in ptrs.items() if k in fn.arg_names}, consts, **kw)
+    except (RuntimeError, FileNotFoundError, PermissionError) as exc:  # no runnable ptxas on this host
+        pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
+    """The dO preparation and the K/V operands of the CuTe backward are memory-bound: their
+    transposed outputs (dO^T, V in key order) leave through vector stores after a register
+    permutation, not a byte per element (64 byte stores and 242 spill stores per thread before)."""
+    from fp4_attention.backends.triton import bwd_kv, dout_quant
+
+    ptrs = dict(DO="bf16", O="bf16", VS="fp32", AMAX="fp32", BAD="i32", LSE="fp32", QS="fp32", Y="u8")
+    ptrs.update(YT="u8", SDO="fp32", DELTA="fp32", STAT="fp32", R="fp32", ROW="fp32", Q8="u8", QB="bf16")
+    consts = dict(D=d, BLOCK=dout_quant.QUANT_BLOCK, LIFT=8, TRANSPOSED=True, Q_BF16=True)
+    quant = _compile_or_skip(dout_quant._dout_quant_kernel, ptrs, consts, num_warps=dout_quant.QUANT_WARPS)
+    kv_ptrs = dict(K8="u8", VT="u8", KB="bf16", V8="u8")
+    kv = _compile_or_skip(bwd_kv._bwd_kv_kernel, kv_ptrs, dict(D=d, BLOCK=bwd_kv.KV_BLOCK))
+    for name, kernel in (("dO preparation", quant), ("K/V operands", kv)):
+        st = sass_stats(kernel)
+        assert st["STL"] == 0 and st["LDL"] == 0, f"{name}: register spills: {st}"
+        assert "st.global.b8" not in kernel.asm["ptx"], f"{name}: byte stores to global memory"

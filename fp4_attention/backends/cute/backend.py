@@ -9,8 +9,8 @@ Scope, said plainly:
   or not, GQA.
 * Backward of recipe ``fp8`` on sm_90 (``bwd_sm90.FP8BackwardSm90``) on the forward's saved state
   (no re-quantization of Q/K): same head dims, lengths, masks and GQA. Its operands are prepared
-  here with torch (:func:`backward_operands`: dO in E5M2 and D, dO^T in the kernel's query order,
-  BF16 images of the E4M3 Q/K payloads for the dQ/dK products, V back in key order); FA4's
+  by three Triton kernels (:func:`backward_operands`: dO in E5M2 and D, dO^T in the kernel's query
+  order, BF16 images of the E4M3 Q/K payloads for the dQ/dK products, V back in key order); FA4's
   postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV) accumulators into BF16.
 * Backward of ``nvfp4qk_fp8pv``: the Triton backward kernels (``TritonBackend.backward``) on the same
   saved state, V put back in key order; there is no CuTe backward for it yet (its QK products are
@@ -37,6 +37,7 @@ from ...numerics.recipes import Recipe
 from ..dout import LOG2E
 from ..pv_layout import padded_keys, unpermute_v_keys
 from ..triton.backend import TritonBackend
+from ..triton.bwd_kv import backward_kv_operands
 from ..triton.dout_quant import quantize_dout_fused
 from ..triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
 from . import SPEC
@@ -243,10 +244,10 @@ def _round_up(n: int, m: int) -> int:
 
 def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
-    ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D and the per-query vectors padded to a
-    multiple of the backward's ``tile_m`` (stat -inf, the others 0) from two Triton kernels
-    (``triton.dout_quant``); the BF16 images of the Q/K payloads, V in key order and the zeroed FP32
-    accumulators with torch."""
+    ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
+    multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
+    payload from two Triton kernels (``triton.dout_quant``); the BF16 image of the K payload and V in
+    key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators with torch."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     b, hq, sq, d = dout.shape
@@ -263,14 +264,16 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         transposed=True,
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
+        q8=q_s.data,
     )
+    kb, v8 = backward_kv_operands(k_s.data, v_s.data)
     dev = dout.device
     ops = dict(
         q8=q_s.data,
-        qb=q_s.data.to(torch.bfloat16),
+        qb=dv.qb,
         k8=k_s.data,
-        kb=k_s.data.to(torch.bfloat16),
-        v8=unpermute_v(v_s, sk).data.transpose(-1, -2).contiguous(),  # [B, Hkv, Sk, D], key order
+        kb=kb,
+        v8=v8,  # [B, Hkv, Sk, D], key order
         do8=dv.do_q.data,
         dot8=dv.dot,  # [B, Hq, D, Sq16], queries permuted
         stat=dv.stat,

@@ -8,7 +8,8 @@ copy of dO): the torch definition is ``backends/dout.py`` (``quantize_dout``, ``
    (round to nearest even, clamped), stored row-major and, optionally, transposed with the queries
    of each 16 permuted (``pv_layout.V_PERM16``, the CuTe backward's dV operand); D =
    rowsum((q * s) * O / v_scale) of the same dequantized dO; and the LSE statistic, the Q-scale
-   products the CuTe backward reads, zero-padded (stat -inf) to the buffers' length.
+   products the CuTe backward reads, zero-padded (stat -inf) to the buffers' length; optionally the
+   BF16 image of the saved E4M3 Q payload (the CuTe backward's dK operand) in the same pass.
 """
 
 from __future__ import annotations
@@ -19,10 +20,21 @@ import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
 
-__all__ = ["DoutOperands", "quantize_dout_fused"]
+__all__ = ["DoutOperands", "e4m3_to_bf16", "quantize_dout_fused"]
 
 E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
+# the quantizing kernel's launch: 32 queries per program, 8 warps (sm_90, D 128: 103 registers and no
+# spills; 64 x 4 warps took 255 and spilled; tests/backends/test_triton_sass.py)
+QUANT_BLOCK, QUANT_WARPS = 32, 8
 LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def e4m3_to_bf16(c):
+    """E4M3 codes (uint8) -> their BF16 values, exact; codes 0x7F and 0xFF (E4M3's NaN) -> NaN
+    explicitly (the Triton interpreter's converter decodes them as +-480)."""
+    x = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), x).to(tl.bfloat16)
 
 
 @triton.jit
@@ -56,6 +68,8 @@ def _dout_quant_kernel(
     STAT,
     R,
     ROW,
+    Q8,
+    QB,
     H,
     G,
     SQ,
@@ -69,6 +83,7 @@ def _dout_quant_kernel(
     BLOCK: tl.constexpr,
     LIFT: tl.constexpr,
     TRANSPOSED: tl.constexpr,
+    Q_BF16: tl.constexpr,
 ):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -92,9 +107,18 @@ def _dout_quant_kernel(
     row_base = bh * SQ * D
     tl.store(Y + row_base + i[:, None] * D + d[None, :], yq, mask=ok[:, None])
     if TRANSPOSED:
-        # query i sits in slot 16 (i // 16) + 4 ((i % 8) // 2) + 2 ((i % 16) // 8) + i % 2 of dO^T
-        slot = (i // 16) * 16 + ((i % 8) // 2) * 4 + ((i % 16) // 8) * 2 + (i % 2)
-        tl.store(YT + bh * D * SQ16 + d[None, :] * SQ16 + slot[:, None], yq, mask=(i < SQ16)[:, None])
+        # query i = 8 h + 2 q + c of each 16 goes to slot 4 q + 2 h + c of dO^T (pv_layout.V_PERM16,
+        # as V's keys): a register permutation of the transposed tile, then a store contiguous along
+        # the queries (a store per element at the slot's address would write single bytes D * SQ16
+        # apart); queries past SQ hold code 0 (above), the padding up to SQ16
+        yt = tl.reshape(
+            tl.permute(tl.reshape(tl.trans(yq), [D, BLOCK // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK]
+        )
+        tl.store(YT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :], yt, mask=(i < SQ16)[None, :])
+    if Q_BF16:
+        # the BF16 image of the E4M3 Q payload (exact), the B operand of the backward's dK = dS^T Q
+        q8 = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
+        tl.store(QB + row_base + i[:, None] * D + d[None, :], e4m3_to_bf16(q8), mask=ok[:, None])
     deq = yq.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
     delta = tl.sum(deq * o / vs[None, :], 1)
     in_pad = i < SPAD
@@ -120,6 +144,7 @@ class DoutOperands:
         dot: E5M2 ``[B, Hq, D, Sq16]`` dO^T with the ``V_PERM16`` query order (``transposed=True``).
         r, row: FP32 ``[B, Hq, S_pad]`` Q token scale * ``qk_scale_log2`` and * 2^-LIFT
             (``transposed=True``, from ``q_scale``); 0 past Sq.
+        qb: BF16 ``[B, Hq, Sq, D]``, the E4M3 ``q8`` converted exactly (given ``q8``).
     """
 
     def __init__(self, **kw):
@@ -137,6 +162,7 @@ def quantize_dout_fused(
     transposed: bool = False,
     q_scale: torch.Tensor | None = None,
     qk_scale_log2: float = 0.0,
+    q8: torch.Tensor | None = None,
 ) -> DoutOperands:
     """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
 
@@ -148,6 +174,8 @@ def quantize_dout_fused(
         pad_to: the per-query vectors' length is Sq rounded up to this.
         transposed: also dO^T and the vectors ``r``, ``row`` (the CuTe backward); needs ``q_scale``
             FP32 ``[B, Hq, Sq]`` contiguous.
+        q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also its BF16 image ``qb``
+            (exact; the CuTe backward's dK operand), in the same pass.
     Returns:
         :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
         (the GPU tests check it); D equals its value up to FP32 summation order.
@@ -169,6 +197,13 @@ def quantize_dout_fused(
         raise ValueError(f"quantize_dout_fused: v_scale must be contiguous [B, Hkv, D] = {(b, hkv, d)}")
     if transposed and (q_scale is None or tuple(q_scale.shape) != (b, hq, sq)):
         raise ValueError("quantize_dout_fused: transposed=True needs q_scale [B, Hq, Sq]")
+    if q8 is not None and (
+        q8.dtype != torch.float8_e4m3fn or tuple(q8.shape) != (b, hq, sq, d) or not q8.is_contiguous()
+    ):
+        raise ValueError(
+            f"quantize_dout_fused: q8 must be a contiguous float8_e4m3fn [B, Hq, Sq, D] = {(b, hq, sq, d)}, "
+            f"got {q8.dtype} {tuple(q8.shape)}"
+        )
     dev = dout.device
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
@@ -184,7 +219,8 @@ def quantize_dout_fused(
     vec = [torch.empty((b, hq, spad), dtype=torch.float32, device=dev) for _ in range(4)]
     delta, stat, r, row = vec
     qs = q_scale.contiguous() if transposed else lse
-    grid = (triton.cdiv(max(spad, sq16), block), b * hq)
+    qb = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dev) if q8 is not None else None
+    grid = (triton.cdiv(max(spad, sq16), QUANT_BLOCK), b * hq)
     _dout_quant_kernel[grid](
         dout,
         out,
@@ -200,6 +236,8 @@ def quantize_dout_fused(
         stat,
         r,
         row,
+        y if q8 is None else q8.view(torch.uint8),
+        dout if qb is None else qb,
         hq,
         hq // hkv,
         sq,
@@ -208,12 +246,16 @@ def quantize_dout_fused(
         *strides,
         float(qk_scale_log2),
         D=d,
-        BLOCK=block,
+        BLOCK=QUANT_BLOCK,
         LIFT=lift,
         TRANSPOSED=transposed,
+        Q_BF16=q8 is not None,
+        num_warps=QUANT_WARPS,
     )
     do_q = FP8Tensor(data=y.view(torch.float8_e5m2), scale=s_do.view(b, hq, 1, 1))
     extra = dict(dot=yt.view(torch.float8_e5m2), r=r, row=row) if transposed else {}
+    if qb is not None:
+        extra["qb"] = qb
     return DoutOperands(do_q=do_q, s_do=s_do, delta=delta, stat=stat, **extra)
 
 

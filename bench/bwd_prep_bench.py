@@ -1,0 +1,127 @@
+"""The CuTe fp8 backward's operand preparation, timed without the CuTe DSL (Triton and torch only).
+
+    cd <a checkout's root> && python3 <path to>/bwd_prep_bench.py --out <prefix>   # .json and .md
+
+It imports ``fp4_attention`` from the current directory, so that one copy of this script times the
+trees that ``bench/variants.sh`` lays side by side (their own code, in one run). Rows, per shape:
+- ``dout``: ``quantize_dout_fused`` as ``cute.backend.backward_operands`` calls it (dO in E5M2 in
+  both layouts, D, the per-query vectors; with the BF16 image of the Q payload where the tree's
+  kernel writes it, else followed by torch's ``q8.to(torch.bfloat16)``, as such a tree does);
+- ``kv``: the BF16 image of the K payload and V in key order: ``triton.bwd_kv`` where the tree has
+  it, else torch's cast, gather and transposing copy;
+- ``total``: both, one after the other.
+Medians of ``triton.testing.do_bench`` (CUDA events), GB/s = bytes read and written / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import inspect
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.getcwd())
+
+from fp4_attention.backends.triton import dout_quant  # noqa: E402
+from fp4_attention.backends.triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed  # noqa: E402
+
+SHAPES = [(4, 32, 8, 4096), (2, 32, 32, 8192)]  # (B, Hq, Hkv, S), D 128
+D = 128
+
+
+def _operands(b, hq, hkv, s):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    heads = (hq, hkv, hkv, hq, hq)
+    q, k, v, do, o = (torch.randn(b, h, s, D, device="cuda", generator=g).bfloat16() for h in heads)
+    q_s, k_s = quantize_fp8_rows(q), quantize_fp8_rows(k)
+    v_s = quantize_fp8_v_transposed(v, perm16=True)
+    lse = torch.randn(b, hq, s, device="cuda")
+    return q_s, k_s, v_s, do, o, lse
+
+
+def _dout_fn(q_s, v_s, do, o, lse):
+    fused_q = "q8" in inspect.signature(dout_quant.quantize_dout_fused).parameters
+    v_scale = v_s.scale.squeeze(2).contiguous()
+    q_scale = q_s.scale.squeeze(-1)
+    kw = dict(lift=8, pad_to=64, transposed=True, q_scale=q_scale, qk_scale_log2=0.1)
+
+    def run():
+        if fused_q:
+            return dout_quant.quantize_dout_fused(do, o, v_scale, lse, q8=q_s.data, **kw)
+        out = dout_quant.quantize_dout_fused(do, o, v_scale, lse, **kw)
+        return out, q_s.data.to(torch.bfloat16)
+
+    return run, "fused" if fused_q else "kernel + torch cast"
+
+
+def _kv_fn(k_s, v_s, s):
+    try:
+        from fp4_attention.backends.triton.bwd_kv import backward_kv_operands
+    except ImportError:
+        from fp4_attention.backends.pv_layout import unpermute_v_keys
+
+        def torch_kv():
+            kb = k_s.data.to(torch.bfloat16)
+            return kb, unpermute_v_keys(v_s.data, s).transpose(-1, -2).contiguous()
+
+        return torch_kv, "torch"
+    return (lambda: backward_kv_operands(k_s.data, v_s.data)), "triton.bwd_kv"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    args = p.parse_args(argv)
+    meta = {
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": os.environ.get("BENCH_COMMIT", "unknown"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    records = []
+    for b, hq, hkv, s in SHAPES:
+        q_s, k_s, v_s, do, o, lse = _operands(b, hq, hkv, s)
+        dout_run, dout_how = _dout_fn(q_s, v_s, do, o, lse)
+        kv_run, kv_how = _kv_fn(k_s, v_s, s)
+        nq, nk = b * hq * s * D, b * hkv * s * D
+        # dO, O (BF16) and Q (E4M3) in; dO twice (E5M2) and Q (BF16) out; K and V (E4M3) in, K (BF16)
+        # and V (E4M3) out; the per-query vectors are < 1% and not counted
+        dout_bytes, kv_bytes = nq * (2 + 2 + 1) + nq * (1 + 1 + 2), nk * 2 + nk * (2 + 1)
+        for row, fn, how, nbytes in (
+            ("dout", dout_run, dout_how, dout_bytes),
+            ("kv", kv_run, kv_how, kv_bytes),
+            ("total", lambda: (dout_run(), kv_run()), f"{dout_how}; {kv_how}", dout_bytes + kv_bytes),
+        ):
+            ms = float(triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median"))
+            rec = dict(shape=f"B{b} H{hq}/{hkv} S{s} D{D}", row=row, how=how, ms=ms, gb_s=nbytes / ms / 1e6)
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+    if args.out:
+        with open(args.out + ".json", "w") as f:
+            json.dump({"meta": meta, "records": records}, f, indent=1)
+        lines = [
+            "# The CuTe fp8 backward's operand preparation (bench/bwd_prep_bench.py)",
+            "",
+            f"- {meta['date']}, {meta['gpu']}, commit {meta['commit']}, torch {meta['torch']}, "
+            f"triton {meta['triton']}",
+            "",
+            "| shape | row | how | ms | GB/s |",
+            "|---|---|---|---|---|",
+            *[
+                f"| {r['shape']} | {r['row']} | {r['how']} | {r['ms']:.3f} | {r['gb_s']:.0f} |"
+                for r in records
+            ],
+        ]
+        with open(args.out + ".md", "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

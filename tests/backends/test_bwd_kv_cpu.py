@@ -1,0 +1,49 @@
+"""The CuTe backward's K/V operands (``triton.bwd_kv``) without a GPU, interpreted
+(``TRITON_INTERPRET=1``, in a subprocess: the variable is read when the kernels are defined).
+
+Exact byte checks against torch: ``kb`` is ``k8.to(torch.bfloat16)`` (NaN and the extreme codes
+included), ``v8`` is ``pv_layout.unpermute_v_keys(vt, Sk).transpose(-1, -2)`` for lengths that are
+and are not multiples of 16 or of the kernel's block, head dims 64 and 128, and GQA shapes.
+"""
+
+from __future__ import annotations
+
+
+def _interpreted_checks() -> list[str]:
+    import torch
+
+    from fp4_attention.backends.pv_layout import permute_v_for_pv, unpermute_v_keys
+    from fp4_attention.backends.triton.bwd_kv import backward_kv_operands
+
+    failed = []
+    g = torch.Generator().manual_seed(0)
+    for b, h, sk, d in ((1, 2, 100, 64), (2, 1, 130, 128), (1, 1, 64, 64), (1, 3, 7, 128)):
+        case = f"B{b} H{h} S{sk} D{d}"
+        k8 = torch.randint(0, 256, (b, h, sk, d), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        v = torch.randint(0, 256, (b, h, sk, d), generator=g, dtype=torch.uint8)
+        vt = permute_v_for_pv(v.transpose(-1, -2).contiguous()).contiguous().view(torch.float8_e4m3fn)
+        kb, v8 = backward_kv_operands(k8, vt)
+        if not torch.equal(kb.isnan(), k8.to(torch.bfloat16).isnan()):
+            failed.append(f"{case}: NaN codes of kb")
+        if not torch.equal(kb.nan_to_num(0.0), k8.to(torch.bfloat16).nan_to_num(0.0)):
+            failed.append(f"{case}: kb")
+        want = unpermute_v_keys(vt, sk).transpose(-1, -2).contiguous().view(torch.uint8)
+        if not (torch.equal(v8.view(torch.uint8), want) and torch.equal(want, v)):
+            failed.append(f"{case}: v8")
+    try:
+        backward_kv_operands(k8, vt[..., :-16] if vt.shape[-1] > 16 else vt[:, :, :1])
+        failed.append("a vt of the wrong length did not raise")
+    except ValueError:
+        pass
+    return failed
+
+
+def test_interpreted_kv_operands():
+    from ..conftest import run_interpreted  # not at the top: this file also runs as a script
+
+    run_interpreted(__file__)
+
+
+if __name__ == "__main__":
+    bad = _interpreted_checks()
+    print("\n".join(bad) if bad else "ok")
