@@ -10,6 +10,8 @@ trees that ``bench/variants.sh`` lays side by side (their own code, in one run).
 - ``kv``: the BF16 image of the K payload and V in key order: ``triton.bwd_kv`` where the tree has
   it, else torch's cast, gather and transposing copy;
 - ``total``: both, one after the other.
+``--dout-launches 32x8 16x4 ...`` adds, at the first shape, the ``dout`` row for each launch of the
+quantizing kernel (queries per program x warps; ``dout_quant.QUANT_BLOCK``, ``QUANT_WARPS``).
 Medians of ``triton.testing.do_bench`` (CUDA events), GB/s = bytes read and written / time.
 """
 
@@ -76,6 +78,7 @@ def _kv_fn(k_s, v_s, s):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    p.add_argument("--dout-launches", nargs="*", default=[], help="BLOCKxWARPS of the dO quantizing kernel")
     args = p.parse_args(argv)
     meta = {
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -102,6 +105,14 @@ def main(argv=None) -> int:
             rec = dict(shape=f"B{b} H{hq}/{hkv} S{s} D{D}", row=row, how=how, ms=ms, gb_s=nbytes / ms / 1e6)
             records.append(rec)
             print(json.dumps(rec), flush=True)
+        default = (dout_quant.QUANT_BLOCK, dout_quant.QUANT_WARPS)
+        for launch in args.dout_launches if (b, hq, hkv, s) == SHAPES[0] else []:
+            dout_quant.QUANT_BLOCK, dout_quant.QUANT_WARPS = (int(x) for x in launch.split("x"))
+            ms = float(triton.testing.do_bench(dout_run, warmup=50, rep=200, return_mode="median"))
+            rec = dict(shape=f"B{b} H{hq}/{hkv} S{s} D{D}", row=f"dout {launch}", how=dout_how, ms=ms)
+            records.append({**rec, "gb_s": dout_bytes / ms / 1e6})
+            print(json.dumps(records[-1]), flush=True)
+        dout_quant.QUANT_BLOCK, dout_quant.QUANT_WARPS = default
     if args.out:
         with open(args.out + ".json", "w") as f:
             json.dump({"meta": meta, "records": records}, f, indent=1)

@@ -23,9 +23,10 @@ from ...numerics.quant import FP8Tensor
 __all__ = ["DoutOperands", "e4m3_to_bf16", "quantize_dout_fused"]
 
 E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
-# the quantizing kernel's launch: 32 queries per program, 8 warps (sm_90, D 128: 103 registers and no
-# spills; 64 x 4 warps took 255 and spilled; tests/backends/test_triton_sass.py)
-QUANT_BLOCK, QUANT_WARPS = 32, 8
+# the quantizing kernel's launch, queries per program x warps: 16 x 4 took 0.360 ms with the amax pass at
+# B4 H32/8 S4096 D128 on the H200, 32 x 8 0.426, 32 x 4 0.405, 64 x 8 0.570 (results/bwd_prep_h200);
+# 64 x 4 needs 255 registers and spills (tests/backends/test_triton_sass.py compiles it for sm_90)
+QUANT_BLOCK, QUANT_WARPS = 16, 4
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
