@@ -1,0 +1,66 @@
+"""The CuTe fp8 backward's operands (``cute.backend.backward_operands``) without a GPU: its Triton
+kernels interpreted (``TRITON_INTERPRET=1``, in a subprocess), the result checked against the
+torch expressions the backend used before those kernels wrote them: ``qb``/``kb`` =
+``q8/k8.to(torch.bfloat16)``, ``v8`` = V in key order (``unpermute_v(...).transpose(-1, -2)``), each
+with the shape, dtype and layout the kernel's arguments take; dO^T is the ``V_PERM16`` transpose of
+the row-major codes. Causal GQA and MHA shapes, lengths that are not multiples of the tiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _interpreted_checks() -> list[str]:
+    import torch
+
+    from fp4_attention.backends.cute import backend as cb
+    from fp4_attention.backends.pv_layout import permute_v_for_pv
+    from fp4_attention.numerics.operands import SavedState
+    from fp4_attention.numerics.quant import quantize_fp8
+
+    failed = []
+    g = torch.Generator().manual_seed(0)
+    for b, hq, hkv, s, d in ((1, 4, 1, 100, 64), (1, 2, 2, 130, 128)):
+        case = f"B{b} H{hq}/{hkv} S{s} D{d}"
+        q, k, v, do, o = (torch.randn(b, h, s, d, generator=g).bfloat16() for h in (hq, hkv, hkv, hq, hq))
+        q_s, k_s = quantize_fp8(q, "e4m3", (-1,)), quantize_fp8(k, "e4m3", (-1,))
+        q_s.data.view(torch.uint8)[0, 0, 3, :2] = torch.tensor([0x7F, 0xFF], dtype=torch.uint8)  # NaN codes
+        v_q = quantize_fp8(v, "e4m3", (-2,), pow2=True)
+        v_s = type(v_q)(data=permute_v_for_pv(v_q.data.transpose(-1, -2).contiguous()), scale=v_q.scale)
+        state = SavedState(q=q_s, k=k_s, v=v_s, out=o, lse=torch.randn(b, hq, s, generator=g))
+        ops = cb.backward_operands(state, do, d**-0.5)
+        want = dict(
+            qb=q_s.data.to(torch.bfloat16),
+            kb=k_s.data.to(torch.bfloat16),
+            v8=cb.unpermute_v(v_s, s).data.transpose(-1, -2).contiguous(),
+        )
+        for name, ref in want.items():
+            got = ops[name]
+            if (got.shape, got.dtype, got.stride()) != (ref.shape, ref.dtype, ref.stride()):
+                failed.append(f"{case}: {name} is {got.dtype} {tuple(got.shape)} {got.stride()}")
+            elif ref.dtype == torch.bfloat16:
+                if not (
+                    torch.equal(got.isnan(), ref.isnan())
+                    and torch.equal(got.nan_to_num(0), ref.nan_to_num(0))
+                ):
+                    failed.append(f"{case}: {name} values")
+            elif not torch.equal(got.view(torch.uint8), ref.view(torch.uint8)):
+                failed.append(f"{case}: {name} bytes")
+        dot = permute_v_for_pv(ops["do8"].transpose(-1, -2).contiguous())
+        if not torch.equal(dot.view(torch.uint8), ops["dot8"].view(torch.uint8)):
+            failed.append(f"{case}: dO^T")
+    return failed
+
+
+def test_interpreted_backward_operands():
+    from ..conftest import have_module, run_interpreted  # not at the top: this file also runs as a script
+
+    if not have_module("cutlass"):
+        pytest.skip("needs nvidia-cutlass-dsl (the cute extra)")
+    run_interpreted(__file__)
+
+
+if __name__ == "__main__":
+    bad = _interpreted_checks()
+    print("\n".join(bad) if bad else "ok")
