@@ -27,6 +27,7 @@ from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed  # noq
 
 from . import test_triton_backend as tt  # noqa: E402
 
+RECIPES = ["fp8", "nvfp4qk_fp8pv"]
 TILES = [cute_backend.DEFAULT_TILES, (128, 96, 2) if cute_backend.DEFAULT_TILES[1] != 96 else (128, 128, 2)]
 
 
@@ -41,19 +42,41 @@ class _TiledCute(cute_backend.CuteBackend):
         return super().forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles)
 
 
-@pytest.fixture(params=TILES, ids=lambda t: "t{}x{}s{}".format(*t))
-def cute(request) -> tt.Target:
-    """Every kernel test at the default tiles and one other: the reference runs at the kernel's KV
-    tile and, like the kernel (FA4's producer order), visits the tiles last to first; the saved V is
-    put back in key order (``triton_state``) for it. Nothing of the Triton backend is patched: the
-    backward (the CuTe kernel) runs at its own tiles."""
-    tiles = request.param
+def _target(tiles) -> tt.Target:
+    """The cute backend at ``tiles`` against the reference at the kernel's KV tile, visited like the
+    kernel (FA4's producer order) last to first; the saved V is put back in key order
+    (``triton_state``) for it. Nothing of the Triton backend is patched: the backward (the CuTe
+    kernel) runs at its own tiles."""
     return tt.Target(
         _TiledCute(tiles),
         lambda d: tiles[1],
         reverse_tiles=True,
         reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
     )
+
+
+@pytest.fixture(params=TILES, ids=lambda t: "t{}x{}s{}".format(*t))
+def cute(request) -> tt.Target:
+    """Every kernel test at the default tiles and one other (``_target``)."""
+    return _target(request.param)
+
+
+@pytest.mark.parametrize(
+    "tiles", [t for t in cute_backend.SUPPORTED_TILES if t not in TILES], ids=lambda t: "t{}x{}s{}".format(*t)
+)
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_other_tiles_match_reference(tiles, recipe, causal, d):
+    """The forward at every other supported tile: GQA 4, lengths that are not multiples of the KV
+    tile, and more queries than keys (the backward does not depend on the forward's tiles)."""
+    tn = tiles[1]
+    for b, hq, hkv, sq, sk in (
+        (2, 8, 2, 300, 300),
+        (1, 4, 1, 2 * tn + 1, 3 * tn - 1),
+        (1, 4, 1, 2 * tn, tn + 7),
+    ):
+        tt.compare(recipe, b, hq, hkv, sq, sk, d, causal, grads=False, target=_target(tiles))
 
 
 @pytest.mark.parametrize("sk", [16, 100, 4096])
@@ -66,9 +89,6 @@ def test_v_quantizer_perm16_layout(sk):
     assert torch.equal(
         cute_backend.unpermute_v(perm, sk).data.view(torch.uint8), plain.data.view(torch.uint8)
     )
-
-
-RECIPES = ["fp8", "nvfp4qk_fp8pv"]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
