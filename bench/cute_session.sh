@@ -10,7 +10,8 @@
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
 #         STEPS (default "tests bench"), each with its own time limit:
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
-#           GPU tests of both GPU backends (TESTS_TIMEOUT, default 360 s);
+#           GPU tests of both GPU backends, the backward's preparation kernels and the layouts
+#           (TESTS_TIMEOUT, default 360 s; TEST_WORKERS processes, default 8, as the Triton tests of A);
 #         "fidelity": tools/fidelity.py fp8 for each of FID_BACKENDS (default "cute triton"), cute with
 #           the cuDNN FP8 peer (FID_TIMEOUT per backend, 200 s);
 #         "train": configs/small_gpu.yaml, recipe fp8, TRAIN_ITERS (120) steps with backend triton, then
@@ -48,9 +49,12 @@ else
   export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+# the GPU tests in TEST_WORKERS processes (pytest-xdist, in the machine's image): they are bound by
+# kernel compilation on the CPU, and the machine has 16 cores; TEST_WORKERS=0 runs them in one
+workers=(); [[ ${TEST_WORKERS:-8} != 0 ]] && python3 -c "import xdist" 2> /dev/null && workers=(-n "${TEST_WORKERS:-8}")
 if [[ $mode == A ]]; then
   [[ ${SKIP_TRITON_TESTS:-0} == 1 ]] && exit 0
-  timeout "${TRITON_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/backends/test_triton_backend.py \
+  timeout "${TRITON_TIMEOUT:-300}" python3 -m pytest -q -m gpu "${workers[@]}" tests/backends/test_triton_backend.py \
     tests/backends/test_triton_quant.py tests/backends/test_dout_quant.py \
     -p no:cacheprovider > "$out/triton_tests.log" 2>&1; echo "triton tests rc=$?" | tee -a "$out/status.txt"
   tail -3 "$out/triton_tests.log"
@@ -60,8 +64,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=("128,128,2")
 steps=" ${STEPS:-tests bench} "
 if [[ $steps == *" tests "* ]]; then
-  timeout "${TESTS_TIMEOUT:-360}" python3 -m pytest -q -m gpu tests/backends/test_cute_backend.py \
-    tests/backends/test_dominant_key_gpu.py tests/backends/test_non_finite_gpu.py -p no:cacheprovider \
+  timeout "${TESTS_TIMEOUT:-360}" python3 -m pytest -q -m gpu "${workers[@]}" tests/backends/test_cute_backend.py \
+    tests/backends/test_dominant_key_gpu.py tests/backends/test_non_finite_gpu.py tests/backends/test_dout_quant.py \
+    $(ls tests/backends/test_layouts_gpu.py 2> /dev/null) -p no:cacheprovider \
     > "$out/cute_tests.log" 2>&1; echo "cute tests rc=$?" | tee -a "$out/status.txt"
   tail -25 "$out/cute_tests.log"
 fi
