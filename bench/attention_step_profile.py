@@ -11,7 +11,9 @@ time per step (ms) and its launches per step, sorted by time; and per step the h
 time. Host time well above the kernel time means the step is bound by launches (Python, autograd,
 the torch operand preparation), not by the kernels; a benchmark that times such a step measures the
 host. ``--part backward`` profiles the backward alone (on one forward's saved state, the autograd
-graph kept with ``retain_graph``).
+graph kept with ``retain_graph``). ``--host-profile`` then also runs the steps under ``cProfile``
+(no profiler of CUDA, no synchronization inside) and lists the Python functions that take the host's
+time per step (own and cumulative ms, calls per step): where launches cost.
 
 Outputs: ``PREFIX.json`` (per kernel: name, ms per step, launches per step; host and kernel ms per
 step; shape, backend, recipe, date UTC, GPU, commit from ``$BENCH_COMMIT``) and ``PREFIX.md``.
@@ -62,6 +64,29 @@ def kernel_table(events, steps: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["ms_per_step"])
 
 
+def host_profile(step, steps: int, top: int = 40) -> list[dict]:
+    """Run ``step()`` ``steps`` times under ``cProfile``; per function (``file:line(name)``), its calls,
+    own and cumulative ms per step, the ``top`` largest by own time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    rows = [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls_per_step": calls / steps,
+            "own_ms_per_step": own * 1e3 / steps,
+            "cum_ms_per_step": cum * 1e3 / steps,
+        }
+        for (file, line, name), (_, calls, own, cum, _) in pstats.Stats(prof).stats.items()
+    ]
+    return sorted(rows, key=lambda r: -r["own_ms_per_step"])[:top]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="cute")
@@ -72,6 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--out", required=True, help="output prefix (PREFIX.json, PREFIX.md)")
+    p.add_argument("--host-profile", action="store_true", help="also the Python functions by host time")
     a = p.parse_args(argv)
     import fp4_attention as fa
 
@@ -119,6 +145,8 @@ def main(argv=None) -> int:
         host_ms = (time.perf_counter() - t0) * 1e3 / a.steps
     rows = kernel_table(prof.events(), a.steps)
     kernel_ms = sum(r["ms_per_step"] for r in rows)
+    host_rows = host_profile(step, a.steps) if a.host_profile else []
+    torch.cuda.synchronize()
     meta = {
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M"),
         "gpu": torch.cuda.get_device_name(),
@@ -133,7 +161,8 @@ def main(argv=None) -> int:
         "note": "host time is measured under the profiler, which adds its own overhead per launch",
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{a.out}.json").write_text(json.dumps({**meta, "kernels": rows}, indent=1))
+    record = {**meta, "kernels": rows, "host_functions": host_rows}
+    Path(f"{a.out}.json").write_text(json.dumps(record, indent=1))
     lines = [
         f"# Attention {a.part} profile: {a.backend} {a.recipe}, B{b} H{hq}/{hkv} S{s} D{D}"
         + (" causal" if a.causal else ""),
@@ -145,6 +174,19 @@ def main(argv=None) -> int:
         "|---|---|---|",
         *[f"| `{r['kernel'][:90]}` | {r['ms_per_step']:.3f} | {r['launches_per_step']:g} |" for r in rows],
     ]
+    if host_rows:
+        lines += [
+            "",
+            f"Host, under cProfile ({a.steps} steps; cProfile slows Python down, compare the rows):",
+            "",
+            "| function | calls / step | own ms / step | cumulative ms / step |",
+            "|---|---|---|---|",
+            *[
+                f"| `{r['function'][:90]}` | {r['calls_per_step']:g} | {r['own_ms_per_step']:.3f} | "
+                f"{r['cum_ms_per_step']:.3f} |"
+                for r in host_rows
+            ],
+        ]
     Path(f"{a.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -25,7 +25,8 @@
 #         "step_profile": bench/attention_step_profile.py, causal, per kernel and host vs kernel time,
 #           for each of STEP_PROFILE_SHAPES (default "1,32,8,4096 4,32,8,4096") and each backend of
 #           STEP_PROFILE_BACKENDS (default "cute fa4"; fa4 with recipe bf16), the whole step and the
-#           backward alone (STEP_PROFILE_TIMEOUT per profile, 90 s);
+#           backward alone (STEP_PROFILE_TIMEOUT per profile, 90 s); STEP_PROFILE_HOST=1 adds the
+#           Python functions by host time (cProfile);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8; BENCH_ARGS, more
 #           arguments), same-run baselines
 #           (BENCH_TIMEOUT, default 280 s).
@@ -91,13 +92,14 @@ if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per va
   done
 fi
 if [[ $steps == *" step_profile "* ]]; then
+  host=(); [[ ${STEP_PROFILE_HOST:-0} == 1 ]] && host=(--host-profile)
   for shape in ${STEP_PROFILE_SHAPES:-1,32,8,4096 4,32,8,4096}; do
     for be in ${STEP_PROFILE_BACKENDS:-cute fa4}; do
       recipe=fp8; [[ $be == fa4 ]] && recipe=bf16
       for part in step backward; do
         tag="step_profile_${be}_${recipe}_B${shape%%,*}_$part"
         timeout "${STEP_PROFILE_TIMEOUT:-90}" python3 bench/attention_step_profile.py --backend "$be" --recipe "$recipe" \
-          --shape "$shape" --causal --part "$part" --out "$out/$tag" > "$out/$tag.log" 2>&1
+          --shape "$shape" --causal --part "$part" --out "$out/$tag" "${host[@]}" > "$out/$tag.log" 2>&1
         echo "$tag rc=$?" | tee -a "$out/status.txt"; grep "per step" "$out/$tag.log"
       done
     done
