@@ -75,8 +75,17 @@ __all__ = [
 # test_cute_backend.py's test_other_tiles_match_reference. 160 and 192 keys (FA3's FP8 forward
 # uses wider KV tiles) compile for sm_90a in 4.6 and 4.5 instructions per key per trip against 4.9
 # at 128, the fp8 kernel without spills (192 causal: 2 spill stores outside the loop); 224 spills.
+# Three K/V stages (128 and 160 keys) compile to the same loop, with one more tile of loads ahead.
 DEFAULT_TILES = (128, 128, 2)
-SUPPORTED_TILES = ((128, 128, 2), (128, 96, 2), (128, 64, 2), (128, 160, 2), (128, 192, 2))
+SUPPORTED_TILES = (
+    (128, 128, 2),
+    (128, 96, 2),
+    (128, 64, 2),
+    (128, 160, 2),
+    (128, 192, 2),
+    (128, 128, 3),
+    (128, 160, 3),
+)
 BWD_TILES = (64, 128)  # (query rows per step, keys per CTA) of the backward: FA4's head-dim-128 tiles
 _CACHE = make_cache()  # in memory; also on disk with $FP4_ATTENTION_CUTE_CACHE_DIR (compile_cache.py)
 COMPILE_SECONDS: dict = {}
