@@ -22,6 +22,19 @@ def padded_keys(seq_k: int) -> int:
     return -(-seq_k // 16) * 16
 
 
+_INDEX: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+
+
+def _index(order: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``order`` as an index tensor on ``device``, made once per device: building it per call is a
+    host-to-device copy from pageable memory, which waits for the GPU's queue (a synchronization per
+    backward)."""
+    key = (order, str(device))
+    if key not in _INDEX:
+        _INDEX[key] = torch.tensor(order, device=device)
+    return _INDEX[key]
+
+
 def permute_v_for_pv(vt: torch.Tensor) -> torch.Tensor:
     """``[..., Sk]`` (keys last, any dtype) -> ``[..., Sk16]``: Sk rounded up to 16 with zero keys,
     ``out[..., 16 i + k] = vt[..., 16 i + V_PERM16[k]]``."""
@@ -30,7 +43,7 @@ def permute_v_for_pv(vt: torch.Tensor) -> torch.Tensor:
     raw = vt.view(torch.uint8) if vt.element_size() == 1 else vt
     if sk16 != sk:
         raw = torch.nn.functional.pad(raw, (0, sk16 - sk))
-    perm = torch.tensor(V_PERM16, device=vt.device)
+    perm = _index(V_PERM16, vt.device)
     out = raw.reshape(*raw.shape[:-1], sk16 // 16, 16)[..., perm].reshape(*raw.shape[:-1], sk16)
     return out.view(vt.dtype) if vt.element_size() == 1 else out
 
@@ -39,7 +52,7 @@ def unpermute_v_keys(vp: torch.Tensor, seq_k: int) -> torch.Tensor:
     """Inverse of :func:`permute_v_for_pv`: ``[..., Sk16]`` -> ``[..., seq_k]`` in key order (contiguous)."""
     sk16 = vp.shape[-1]
     raw = vp.view(torch.uint8) if vp.element_size() == 1 else vp
-    inv = torch.tensor(V_UNPERM16, device=vp.device)
+    inv = _index(V_UNPERM16, vp.device)
     out = raw.reshape(*raw.shape[:-1], sk16 // 16, 16)[..., inv].reshape(*raw.shape[:-1], sk16)[..., :seq_k]
     out = out.contiguous()
     return out.view(vp.dtype) if vp.element_size() == 1 else out

@@ -32,3 +32,17 @@ def test_fp8_dtype_kept():
     p = permute_v_for_pv(x)
     assert p.dtype == torch.float8_e4m3fn
     assert torch.equal(unpermute_v_keys(p, 20).view(torch.uint8), x.view(torch.uint8))
+
+
+def test_the_key_permutation_is_built_once_per_device(monkeypatch):
+    """No host-to-device copy per call (one from pageable memory waits for the GPU's queue)."""
+    import fp4_attention.backends.pv_layout as pv
+
+    made = []
+    real = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real(*a, **k))
+    monkeypatch.setattr(pv, "_INDEX", {})
+    vt = torch.randint(0, 255, (1, 2, 8, 40), dtype=torch.uint8)
+    for _ in range(3):
+        assert torch.equal(pv.unpermute_v_keys(pv.permute_v_for_pv(vt), 40), vt)
+    assert len(made) == 2, made  # V_PERM16 and V_UNPERM16, once each
