@@ -18,12 +18,17 @@ root=.variants
 case $mode in
   prepare)
     [[ $# -gt 0 ]] || { echo "variants: prepare needs at least one git ref" >&2; exit 2; }
-    git check-ignore -q "$root/x" || echo "/$root/" >> .git/info/exclude
-    rm -rf "$root"; mkdir -p "$root"
-    for spec in "$@"; do
+    names=(); commits=()
+    for spec in "$@"; do  # every ref checked before anything prepared earlier is replaced
       if [[ $spec == *=* ]]; then name=${spec%%=*}; ref=${spec#*=}; else name=${spec//\//_}; ref=$spec; fi
       [[ $name =~ ^[A-Za-z0-9._-]+$ ]] || { echo "variants: name '$name' may hold only letters, digits, . _ -" >&2; exit 2; }
-      commit=$(git rev-parse --short "$ref^{commit}") || { echo "variants: '$ref' is not a git ref" >&2; exit 2; }
+      commit=$(git rev-parse --short "$ref^{commit}" 2> /dev/null) || { echo "variants: '$ref' is not a git ref" >&2; exit 2; }
+      names+=("$name"); commits+=("$commit")
+    done
+    git check-ignore -q "$root/x" || echo "/$root/" >> .git/info/exclude
+    rm -rf "$root"; mkdir -p "$root"
+    for i in "${!names[@]}"; do
+      name=${names[$i]}; commit=${commits[$i]}
       mkdir -p "$root/$name"
       git archive "$commit" -- . ':!results' | tar x -C "$root/$name" || exit 2
       echo "$commit" > "$root/$name/COMMIT"
