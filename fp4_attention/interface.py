@@ -112,8 +112,11 @@ class _AttentionFunction(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         recipe, causal, softmax_scale, backend_name, options = ctx.meta
         state = restore_state(ctx.skeleton, ctx.saved_tensors)
+        # dout in the strides autograd hands over (a [B, H, S, D] view of the caller's layout), with
+        # a unit last stride; each backend reads it in place or makes the copy it needs
+        dout = dout.bfloat16() if dout.stride(-1) == 1 else dout.contiguous().bfloat16()
         dq, dk, dv = get_backend(backend_name).backward(
-            state, dout.contiguous().bfloat16(), recipe, causal=causal, softmax_scale=softmax_scale, **options
+            state, dout, recipe, causal=causal, softmax_scale=softmax_scale, **options
         )
         return dq, dk, dv, None, None, None, None, None
 

@@ -52,5 +52,5 @@ class ReferenceBackend:
         rescale_threshold=0.0,
     ):
         return reference_backward(
-            state, dout, recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n
+            state, dout.contiguous(), recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n
         )

@@ -64,3 +64,14 @@ def test_cute_profile_says_what_is_wrong():
     if not torch.cuda.is_available():
         res = run([sys.executable, str(script)])
         assert res.returncode != 0 and "needs a CUDA GPU" in res.stderr, res.stderr
+
+
+def test_empty_in_layout_of_follows_the_callers_memory_order():
+    from fp4_attention.backends.cute.backend import empty_in_layout_of
+
+    for perm in ((0, 2, 1, 3), (2, 0, 1, 3), (0, 1, 2, 3)):  # bshd, sbhd, bhsd memory
+        inv = [perm.index(i) for i in range(4)]
+        like = torch.empty([(2, 8, 300, 128)[i] for i in perm]).permute(*inv)  # a [B, H, S, D] view
+        got = empty_in_layout_of(like, (2, 4, 300, 128))  # other heads (GQA K/V), same order
+        assert got.shape == (2, 4, 300, 128) and got.dtype == torch.bfloat16
+        assert got.permute(*perm).is_contiguous(), (perm, got.stride())

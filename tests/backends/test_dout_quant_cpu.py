@@ -41,6 +41,19 @@ def _interpreted_checks() -> list[str]:
         )
         if not torch.equal(got.qb.nan_to_num(1e9), q8.to(torch.bfloat16).nan_to_num(1e9)):
             failed.append(f"{case}: BF16 image of Q")
+        # dO read in place from [B, S, H, D] memory and O from [S, B, H, D] memory: the same results
+        do_s = dout.transpose(1, 2).contiguous().transpose(1, 2)
+        o_s = out.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+        got_s = quantize_dout_fused(
+            do_s, o_s, vs, lse, lift=8, pad_to=pad, transposed=True, q_scale=qs, qk_scale_log2=0.3, q8=q8
+        )
+        same = [
+            torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            for a, b in ((got.do_q.data, got_s.do_q.data), (got.dot, got_s.dot))
+        ]
+        same.append(torch.equal(got.delta.nan_to_num(7.0), got_s.delta.nan_to_num(7.0)))
+        if not all(same):
+            failed.append(f"{case}: strided dO / O")
         _, ref_s, _ = quantize_dout(dout, out, vs)
         if not torch.equal(got.s_do.nan_to_num(-1.0), ref_s.nan_to_num(-1.0)):
             failed.append(f"{case}: scale")

@@ -49,11 +49,31 @@ def _interpreted_checks() -> list[str]:
         for inp, kw in ((x, rot), (xr, {})):
             y, sc = torch.empty(x.shape, dtype=torch.uint8), torch.empty((*x.shape[:-1], 1))
             tq._fp8_rows_kernel[(triton.cdiv(n, 16),)](
-                inp, y, sc, n, D=d, FMAX=448.0, E5M2=False, ROWS=16, **kw
+                inp, y, sc, n, *x.shape[1:3], *inp.stride()[:3], D=d, FMAX=448.0, E5M2=False, ROWS=16, **kw
             )
             fp8.append((y, sc.nan_to_num(), sc.isnan()))
         if not all(torch.equal(a, b) for a, b in zip(*fp8)):
             failed.append(f"fp8 rows d={d}")
+        # the same rows read in place from [B, S, H, D] and [S, B, H, D] memory (no copy)
+        for perm in ((0, 2, 1, 3), (2, 0, 1, 3)):
+            inv = [perm.index(i) for i in range(4)]
+            strided = x.permute(*perm).contiguous().permute(*inv)
+            y, sc = torch.empty(x.shape, dtype=torch.uint8), torch.empty((*x.shape[:-1], 1))
+            tq._fp8_rows_kernel[(triton.cdiv(n, 16),)](
+                strided,
+                y,
+                sc,
+                n,
+                *x.shape[1:3],
+                *strided.stride()[:3],
+                D=d,
+                FMAX=448.0,
+                E5M2=False,
+                ROWS=16,
+                **rot,
+            )
+            if not torch.equal(y, fp8[0][0]) or not torch.equal(sc.nan_to_num(), fp8[0][1]):
+                failed.append(f"fp8 rows d={d} read in place from layout {perm}")
 
         amax = torch.empty((*x.shape[:-1], 1))
         tr._row_amax_kernel[(triton.cdiv(n, 8),)](

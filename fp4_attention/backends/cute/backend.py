@@ -19,6 +19,10 @@ Scope, said plainly:
   writes V transposed with its keys permuted within each 16
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
   kernel's operand; that is the ``v`` of the :class:`SavedState` this backend writes.
+* Layouts: the quantizers read Q/K (and V) in place from the caller's strides (the ``[B, H, S, D]``
+  views of ``bshd``/``sbhd`` tensors), dO is read in place, and the output and the gradients are
+  allocated in the caller's memory order (:func:`empty_in_layout_of`), so no layout copy is made on
+  either pass.
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
   ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them
@@ -64,6 +68,7 @@ __all__ = [
     "CuteBackend",
     "backward_fp8",
     "backward_operands",
+    "empty_in_layout_of",
     "forward_fp8",
     "kernel_operands",
     "triton_state",
@@ -194,8 +199,8 @@ def quantize_inputs(
     in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands` makes them the
     kernel's arguments."""
     return (
-        quantize_fp8_rows(q.contiguous()),
-        quantize_fp8_rows(k.contiguous()),
+        quantize_fp8_rows(q),  # read in place from any [B, H, S, D] strides
+        quantize_fp8_rows(k),
         quantize_fp8_v_transposed(v, perm16=True),
     )
 
@@ -210,7 +215,29 @@ def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec)
 
 
-def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEFAULT_TILES, **kernel_options):
+def empty_in_layout_of(like: torch.Tensor, shape, dtype=torch.bfloat16) -> torch.Tensor:
+    """An uninitialized ``shape`` tensor whose dims lie in memory in the order of ``like``'s strides
+    (outermost first), dense: for ``like`` a ``[B, H, S, D]`` view of ``[B, S, H, D]`` or
+    ``[S, B, H, D]`` memory, the result is such a view too, so handing it back through the caller's
+    layout needs no copy. ``like`` must have a unit last stride."""
+    order = sorted(range(like.dim()), key=lambda i: -like.stride(i))
+    phys = torch.empty([shape[i] for i in order], dtype=dtype, device=like.device)
+    return phys.permute(*[order.index(i) for i in range(like.dim())])
+
+
+def forward_fp8(
+    q8,
+    k8,
+    vt_perm,
+    row_r,
+    col,
+    v_scale,
+    *,
+    causal: bool,
+    tiles=DEFAULT_TILES,
+    out_layout_of: torch.Tensor | None = None,
+    **kernel_options,
+):
     """Run the CuTe ``fp8`` forward on prepared operands.
 
     Args:
@@ -222,6 +249,8 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
             times softmax_scale * log2 e.
         col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast);
         v_scale: FP32 ``[B, Hkv, D]``.
+        out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
+            output takes (:func:`empty_in_layout_of`); default contiguous.
         kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
             :class:`FP8ForwardSm90` (the QK/PV promotions and the intra-warpgroup overlap; at the
             contract's setting by default).
@@ -233,7 +262,10 @@ def forward_fp8(q8, k8, vt_perm, row_r, col, v_scale, *, causal: bool, tiles=DEF
     _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tuple(tiles), kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
-    out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q8.device)
+    if out_layout_of is None or out_layout_of.stride(-1) != 1:
+        out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q8.device)
+    else:
+        out = empty_in_layout_of(out_layout_of, (b, hq, sq, d))
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q8.device)
     args = (
         q8.permute(0, 2, 1, 3),
@@ -298,9 +330,9 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         v_scale=v_scale,
         dq_accum=torch.zeros((b, hq, _round_up(sq, tile_m) * d), dtype=torch.float32, device=dev),
     )
-    if hq == hkv:
-        ops["dk"] = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dev)
-        ops["dv"] = torch.empty_like(ops["dk"])
+    if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
+        ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
+        ops["dv"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
     else:
         sk_pad = _round_up(sk, tile_n)
         ops["dk"] = torch.zeros((b, hkv, sk_pad * d), dtype=torch.float32, device=dev)
@@ -351,13 +383,14 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
     if not isinstance(state.q, FP8Tensor) or state.q.data.dtype != torch.float8_e4m3fn:
         raise ValueError("cute backward: needs the fp8 recipe's saved state (E4M3 Q/K from the cute forward)")
     hkv = state.k.data.shape[1]
-    ops = backward_operands(state, dout.contiguous(), softmax_scale)
+    ops = backward_operands(state, dout, softmax_scale)  # dout read in place (unit last stride)
     args = _bwd_args(ops)
     fn = _compiled_bwd(d, hq // hkv, causal, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
-    dq = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dout.device)
+    # the gradients in the layout of the forward's output, the caller's: no copy on the way back
+    dq = empty_in_layout_of(state.out, (b, hq, sq, d))
     _bwd_postprocess_convert(
         ops["dq_accum"],
         dq.permute(0, 2, 1, 3),
@@ -371,8 +404,8 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
     if hq == hkv:
         return dq, ops["dk"], ops["dv"]
     sk = state.k.data.shape[2]
-    dk = torch.empty((b, hkv, sk, d), dtype=torch.bfloat16, device=dout.device)
-    dv = torch.empty_like(dk)
+    dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
+    dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
     for acc, t in ((ops["dk"], dk), (ops["dv"], dv)):
         _bwd_postprocess_convert(
             acc, t.permute(0, 2, 1, 3), 1.0, None, None, block_size=tile_n, atom_layout=2, **post
@@ -401,6 +434,7 @@ class CuteBackend:
             *kernel_operands(q_s, k_s, v_s, softmax_scale, decoded),
             causal=causal,
             tiles=tiles,
+            out_layout_of=q,  # the output in the caller's layout: no copy on the way back
             qk_bf16=recipe.qk == "nvfp4",
         )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)

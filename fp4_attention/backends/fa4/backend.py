@@ -36,7 +36,8 @@ class FA4Backend:
     spec = SPEC
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float):
-        q, k, v = (t.contiguous() for t in (q, k, v))
+        # [B, S, H, D] views of the caller's tensors: FA4 reads them in place (its maybe_contiguous
+        # copies only a tensor whose pointer or strides are not 16-byte aligned)
         out, lse, *_ = _flash_attn_fwd(
             _bshd(q), _bshd(k), _bshd(v), softmax_scale=softmax_scale, causal=causal, return_lse=True
         )
@@ -49,7 +50,7 @@ class FA4Backend:
             _bshd(state.k),
             _bshd(state.v),
             _bshd(state.out),
-            _bshd(dout.contiguous()),
+            _bshd(dout),
             state.lse,
             softmax_scale,
             causal,

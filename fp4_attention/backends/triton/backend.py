@@ -67,8 +67,8 @@ def _quantize_qk_fast(q, k, recipe: Recipe):
     signs = None if rot is None else rot.signs(q.shape[-1], q.device)
     if recipe.qk == "fp8":
         return (
-            quantize_fp8_rows(q.contiguous(), signs=signs),
-            quantize_fp8_rows(k.contiguous(), signs=signs),
+            quantize_fp8_rows(q, signs=signs),  # read in place from any [B, H, S, D] strides
+            quantize_fp8_rows(k, signs=signs),
             None,
         )
     if recipe.qk == "nvfp4":
@@ -267,9 +267,7 @@ class TritonBackend:
         if recipe.pv == "fp8":
             v_scale = state.v.scale.squeeze(2)  # [B, Hkv, D]
             v_op = state.v.data.transpose(-1, -2).contiguous()  # [B, Hkv, Sk, D] K-major for dP
-            dv_ops = quantize_dout_fused(
-                dout.contiguous(), state.out.contiguous(), v_scale.contiguous(), state.lse, lift=lift
-            )
+            dv_ops = quantize_dout_fused(dout, state.out, v_scale.contiguous(), state.lse, lift=lift)
             do_op, s_do, delta = dv_ops.do_q.data, dv_ops.s_do, dv_ops.delta
         else:
             v_op = state.v

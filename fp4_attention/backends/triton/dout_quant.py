@@ -79,6 +79,9 @@ def _dout_quant_kernel(
     sb,
     sh,
     ss,
+    sob,
+    soh,
+    sos,
     qk_scale_log2,
     D: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -98,7 +101,8 @@ def _dout_quant_kernel(
     scale = tl.where(bad, float("nan"), scale)
     off = b * sb + h * sh + i[:, None] * ss + d[None, :]
     x = tl.load(DO + off, mask=ok[:, None], other=0.0).to(tl.float32)
-    o = tl.load(O + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    off_o = b * sob + h * soh + i[:, None] * sos + d[None, :]
+    o = tl.load(O + off_o, mask=ok[:, None], other=0.0).to(tl.float32)
     vs = tl.load(VS + (b * (H // G) + h // G) * D + d)
     y = tl.math.div_rn(x * vs[None, :], scale)
     y = tl.minimum(tl.maximum(y, -E5M2_MAX), E5M2_MAX)
@@ -168,7 +172,7 @@ def quantize_dout_fused(
     """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
 
     Args:
-        dout, out: BF16 ``[B, Hq, Sq, D]``, last dim contiguous (``dout``'s strides are used for both).
+        dout, out: BF16 ``[B, Hq, Sq, D]``, any strides with a unit last one (each read in place).
         v_scale: FP32 ``[B, Hkv, D]`` (contiguous), powers of two.
         lse: FP32 natural-log LSE ``[B, Hq, Sq]``, contiguous.
         lift: P's lift (log2), for ``stat = lift - LSE log2 e``.
@@ -187,11 +191,11 @@ def quantize_dout_fused(
     hkv = v_scale.shape[1]
     if not dout.is_cuda and not _interpreted():
         raise ValueError("quantize_dout_fused: needs CUDA tensors; use backends.dout.quantize_dout on a CPU")
-    layout_ok = out.shape == dout.shape and out.stride() == dout.stride() and dout.stride(-1) == 1
+    layout_ok = out.shape == dout.shape and dout.stride(-1) == 1 and out.stride(-1) == 1
     if d & (d - 1) or d > 256 or not layout_ok:
         raise ValueError(
-            f"quantize_dout_fused: dout/out must be [B, Hq, Sq, D] with equal strides, the last dim "
-            f"contiguous and D a power of two <= 256; got {tuple(dout.shape)} / {tuple(out.shape)}, "
+            f"quantize_dout_fused: dout/out must be [B, Hq, Sq, D] of one shape with a unit last stride "
+            f"and D a power of two <= 256; got {tuple(dout.shape)} / {tuple(out.shape)}, "
             f"strides {dout.stride()} / {out.stride()}"
         )
     if tuple(v_scale.shape) != (b, hkv, d) or hq % hkv or not v_scale.is_contiguous():
@@ -245,6 +249,7 @@ def quantize_dout_fused(
         sq16,
         spad,
         *strides,
+        *out.stride()[:3],
         float(qk_scale_log2),
         D=d,
         BLOCK=QUANT_BLOCK,

@@ -5,7 +5,9 @@ Same float32 operations in the same order as the reference, with IEEE round-to-n
 saturating FP8 conversion. ``tests/backends/test_triton_quant.py`` checks the bytes against the
 reference on the same GPU input, including zero rows, zero blocks and NaN/Inf.
 
-* :func:`quantize_fp8_rows`: one FP32 scale per row of the last dim (per token for ``[B, H, S, D]``).
+* :func:`quantize_fp8_rows`: one FP32 scale per row of the last dim (per token for ``[B, H, S, D]``,
+  read in place from any strides with a unit last one: a ``[B, S, H, D]`` or ``[S, B, H, D]``
+  tensor needs no copy).
 * :func:`quantize_fp8_v_transposed`: V per channel (amax over the sequence, the scale a power of
   two) to E4M3, written transposed ``[B, H, D, S]`` in the same pass (the K-major B operand of the
   FP8 PV product).
@@ -39,6 +41,11 @@ def _fp8_rows_kernel(
     Y,
     S,
     n_rows,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
     D: tl.constexpr,
     FMAX: tl.constexpr,
     E5M2: tl.constexpr,
@@ -48,10 +55,11 @@ def _fp8_rows_kernel(
     LOG2_D: tl.constexpr = 0,
     INV_SQRT_D: tl.constexpr = 1.0,
 ):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # row (b, h, s) of the contiguous output
     d = tl.arange(0, D)
     ok = r < n_rows
-    x = tl.load(X + r[:, None] * D + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    src = (r // (H * SEQ)) * sxb + ((r // SEQ) % H) * sxh + (r % SEQ) * sxs  # any strides of X
+    x = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     if ROTATE:  # x H in registers, before the row's scale is formed
         x = rotate_rows(x, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D)
     ax = tl.abs(x)
@@ -75,14 +83,24 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
     """FP8 with one FP32 scale per row of the last dim; bytes equal ``quant.quantize_fp8(x, fmt, (-1,))``.
 
     Args:
-        x: contiguous CUDA tensor ``[..., D]`` (BF16 or FP32), D a power of two <= 256.
+        x: CUDA tensor ``[..., D]`` (BF16 or FP32), D a power of two <= 256; contiguous, or 4-D
+            ``[B, H, S, D]`` with any strides (a ``[B, S, H, D]`` or ``[S, B, H, D]`` tensor seen as
+            ``[B, H, S, D]`` is read in place; one whose last stride is not 1 is copied first).
         signs: FP32 ``[D]`` signs of a Q/K rotation (``numerics.rotation``): quantize ``x H``,
             rotated in the kernel; bytes equal ``quantize_fp8(rotation.rotate(x, signs), fmt, (-1,))``.
     Returns:
-        :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``.
+        :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``, both contiguous.
+    Raises:
+        ValueError: not a CUDA tensor, not contiguous and not 4-D, or D not a power of two <= 256.
     """
-    if not x.is_cuda or not x.is_contiguous():
-        raise ValueError("quantize_fp8_rows: needs a contiguous CUDA tensor")
+    if not x.is_cuda or not (x.is_contiguous() or x.dim() == 4):
+        raise ValueError(
+            f"quantize_fp8_rows: needs a CUDA tensor, contiguous or [B, H, S, D]; got {x.device} "
+            f"shape {tuple(x.shape)} strides {x.stride()}"
+        )
+    if x.stride(-1) != 1:  # rows are read as vectors: the head dim must be innermost
+        x = x.contiguous()
+    strided = not x.is_contiguous()
     d = x.shape[-1]
     if d & (d - 1) or d > 256:
         raise ValueError(f"quantize_fp8_rows: last dim must be a power of two <= 256, got {d}")
@@ -91,8 +109,24 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
     s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     n = x.numel() // d
     rows = max(1, 2048 // d)
+    if strided:
+        h, seq, strides = x.shape[1], x.shape[2], x.stride()[:3]
+    else:  # contiguous rows: one "head" of n rows
+        h, seq, strides = 1, n, (n * d, n * d, d)
     _fp8_rows_kernel[(triton.cdiv(n, rows),)](
-        x, y, s, n, D=d, FMAX=fmax, E5M2=fmt == "e5m2", ROWS=rows, num_warps=4, **_rotation_args(x, signs)
+        x,
+        y,
+        s,
+        n,
+        h,
+        seq,
+        *strides,
+        D=d,
+        FMAX=fmax,
+        E5M2=fmt == "e5m2",
+        ROWS=rows,
+        num_warps=4,
+        **_rotation_args(x, signs),
     )
     return FP8Tensor(data=y.view(dtype), scale=s)
 

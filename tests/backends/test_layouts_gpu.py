@@ -1,0 +1,69 @@
+"""The caller's layout costs no copy on the GPU backends that read and write it in place (``cute``
+fp8, ``fa4``): ``fa.attention`` on ``[B, S, H, D]`` (FlashAttention's) and ``[S, B, H, D]``
+(megatron-core's) tensors gives the output of the ``[B, H, S, D]`` call bit for bit and the same
+gradients (up to the order of the backward's FP32 atomic adds), and one training step launches no
+torch copy kernel (the quantizers read Q/K in place, the output and the gradients are allocated in
+the caller's layout, dO is read in place)."""
+
+import pytest
+import torch
+
+import fp4_attention as fa
+
+from ..conftest import have_module, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+if not have_module("cutlass") or not have_module("flash_attn"):
+    pytest.skip("needs the cute extra (nvidia-cutlass-dsl, flash-attn-4)", allow_module_level=True)
+
+PERM = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}  # [B, H, S, D] -> layout
+CASES = [("cute", "fp8"), ("fa4", "bf16")]
+
+
+def _step(layout, backend, recipe, q, k, v, dout):
+    """One forward + backward in ``layout`` from ``[B, H, S, D]`` data; results back in [B, H, S, D]."""
+    inv = lambda t: t.permute(*[PERM[layout].index(i) for i in range(4)]) if layout in PERM else t  # noqa: E731
+    fwd = lambda t: t.permute(*PERM[layout]).contiguous() if layout in PERM else t.contiguous()  # noqa: E731
+    leaves = [fwd(t).requires_grad_() for t in (q, k, v)]
+    out = fa.attention(*leaves, recipe=recipe, causal=True, layout=layout, backend=backend)
+    out.backward(fwd(dout))
+    return inv(out.detach()), *(inv(t.grad) for t in leaves), leaves
+
+
+@pytest.mark.parametrize("backend, recipe", CASES)
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+@pytest.mark.parametrize("hq, hkv", [(8, 2), (4, 4)])
+def test_layouts_give_the_bhsd_results(backend, recipe, layout, hq, hkv):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, dout = (torch.randn(2, hq, 300, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(2, hkv, 300, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    ref = _step("bhsd", backend, recipe, q, k, v, dout)
+    got = _step(layout, backend, recipe, q, k, v, dout)
+    assert torch.equal(got[0], ref[0]), "output"
+    for name, a, b in zip(("dq", "dk", "dv"), got[1:4], ref[1:4]):
+        assert rel_l2(a.float(), b.float()) < 1e-3, name
+    for t in got[4]:  # the leaves' gradients kept the leaves' layout (no copy by AccumulateGrad)
+        assert t.grad.stride() == t.stride()
+
+
+@pytest.mark.parametrize("backend, recipe", CASES)
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_a_training_step_launches_no_copy_kernel(backend, recipe, layout):
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, dout = (torch.randn(1, 8, 1024, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(1, 2, 1024, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    _step(layout, backend, recipe, q, k, v, dout)  # compile outside the profile
+    leaves = [t.permute(*PERM[layout]).contiguous().requires_grad_() for t in (q, k, v)]
+    dout_l = dout.permute(*PERM[layout]).contiguous()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fa.attention(*leaves, recipe=recipe, causal=True, layout=layout, backend=backend).backward(dout_l)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    copies = sorted(n for n in names if "copy" in n.lower())
+    assert not copies, copies
