@@ -125,14 +125,19 @@ class AttentionConfig:
         self.check_head_dim(head_dim)
         return signs_text(self.qk_rotation_seed, head_dim)
 
-    def resolve(self, device: torch.device | str, *, training: bool = True) -> tuple[AttentionConfig, str]:
+    def resolve(
+        self, device: torch.device | str, *, training: bool = True, deterministic: bool = False
+    ) -> tuple[AttentionConfig, str]:
         """This config with ``auto`` replaced by the backend that runs on ``device`` (imported), and
-        the reason in words (``fp4_attention.backends.resolve_backend``).
+        the reason in words (``fp4_attention.backends.resolve_backend``; ``deterministic``: the
+        run's deterministic mode, which admits only bitwise reproducible backwards).
 
         Raises:
             UnsupportedError / ValueError: the backend cannot run here or cannot be imported.
         """
-        name, why = resolve_backend(self.backend, self.get_recipe(), device, training=training)
+        name, why = resolve_backend(
+            self.backend, self.get_recipe(), device, training=training, deterministic=deterministic
+        )
         return replace(self, backend=name), why
 
     def call_kwargs(self) -> dict[str, Any]:

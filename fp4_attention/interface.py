@@ -73,13 +73,16 @@ def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
 _AUTO_CACHE: dict[tuple[str, str], str] = {}
 
 
-def _resolve(backend: str, recipe: Recipe, device: torch.device) -> str:
-    """``backend``, or for ``auto`` the registry's choice for (recipe, device), resolved once."""
+def _resolve(backend: str, recipe: Recipe, device: torch.device, deterministic: bool) -> str:
+    """``backend``, or for ``auto`` the registry's choice for (recipe, device, deterministic mode),
+    resolved once."""
     if backend != AUTO:
         return backend
-    key = (recipe.name, recipe.qk_rotation and recipe.qk_rotation.kind, str(device))
+    key = (recipe.name, recipe.qk_rotation and recipe.qk_rotation.kind, str(device), deterministic)
     if key not in _AUTO_CACHE:
-        _AUTO_CACHE[key] = resolve_backend(AUTO, recipe, device, training=recipe.trainable)[0]
+        _AUTO_CACHE[key] = resolve_backend(
+            AUTO, recipe, device, training=recipe.trainable, deterministic=deterministic
+        )[0]
     return _AUTO_CACHE[key]
 
 
@@ -149,7 +152,9 @@ def attention(
         softmax_scale: defaults to ``D ** -0.5``.
         backend: a registered backend (``fa.available_backends()``; each one's ``SPEC`` says what it
             runs), or ``auto``: the highest-priority backend that runs the recipe on q's device
-            (``fp4_attention.backends.resolve_backend``).
+            (``fp4_attention.backends.resolve_backend``). Under
+            ``torch.use_deterministic_algorithms(True)`` only backends whose backward is bitwise
+            reproducible: ``auto`` passes the others over, a named one raises UnsupportedError.
         return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``.
         qk_rotation: ``"hadamard"``: rotate the head dim of Q and K by a random-sign Hadamard
             transform before quantizing them (``numerics/rotation.py``; recipes ``fp8`` and
@@ -170,7 +175,10 @@ def attention(
     rec = _with_rotation(get_recipe(recipe), qk_rotation, qk_rotation_seed)
     if rec.qk_rotation is not None:
         check_rotation_head_dim(qb.shape[-1])
-    backend = _resolve(backend, rec, qb.device)
+    # torch's deterministic mode (the trainer's runtime.deterministic) admits only backends whose
+    # backward is bitwise reproducible; auto passes the others over, a named one is refused
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    backend = _resolve(backend, rec, qb.device, deterministic)
     spec = backend_spec(backend)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(qb.shape[-1])
@@ -187,7 +195,7 @@ def attention(
             f"recipe {rec.name} is forward-only (MXFP4 P/V diverged in every training run of the paper); "
             "call it under torch.no_grad() / torch.inference_mode(), or train with bf16, fp8 or nvfp4qk_fp8pv"
         )
-    check_supported(backend, rec, qb, training=needs_grad)
+    check_supported(backend, rec, qb, training=needs_grad, deterministic=deterministic)
     be = get_backend(backend)
     if needs_grad:
         out, lse = _AttentionFunction.apply(

@@ -120,7 +120,9 @@ class Trainer:
         """
         cfg, env, log = self.cfg, self.env, self.log
         self.plan = make_plan(cfg, env.world_size)
-        attention, why = cfg.attention.resolve(torch.device("cuda" if use_cuda else "cpu"))
+        attention, why = cfg.attention.resolve(
+            torch.device("cuda" if use_cuda else "cpu"), deterministic=cfg.runtime.deterministic
+        )
         self.cfg = cfg = cfg.replace(attention=attention)
         self.resolved = resolved_dict(cfg)
         self.output_dir = make_dirs(cfg.runtime.output_dir, what="the run directory (runtime.output_dir)")

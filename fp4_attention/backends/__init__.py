@@ -121,7 +121,12 @@ def get_backend(name: str) -> Backend:
 
 
 def _runs(
-    spec: BackendSpec, recipe: Recipe, device: torch.device | None, head_dim: int | None, training: bool
+    spec: BackendSpec,
+    recipe: Recipe,
+    device: torch.device | None,
+    head_dim: int | None,
+    training: bool,
+    deterministic: bool = False,
 ) -> str | None:
     """Why ``spec`` cannot run the request, or None if it can (from its declaration alone; a None
     device or head dim is not checked)."""
@@ -141,6 +146,11 @@ def _runs(
         return f"runs head dims {spec.head_dims_text()}, not {head_dim}"
     if training and recipe.trainable and not spec.backward:
         return "has no backward (forward only)"
+    if training and deterministic and recipe.name in spec.nondeterministic:
+        return (
+            f"accumulates the {recipe.name} backward with FP32 atomics (not bitwise reproducible), which "
+            "deterministic mode (torch.use_deterministic_algorithms, runtime.deterministic) refuses"
+        )
     return None
 
 
@@ -151,41 +161,65 @@ def alternatives(
     *,
     training: bool = False,
     exclude: str | None = None,
+    deterministic: bool = False,
 ) -> list[str]:
     """Names of the backends whose declaration runs the request (any device if ``device`` is None),
-    highest priority first."""
+    highest priority for the recipe first; with ``deterministic`` (and ``training``), only those
+    whose backward of the recipe is bitwise reproducible."""
     rec, dev = get_recipe(recipe), None if device is None else torch.device(device)
     _load_builtin_specs()
-    ranked = sorted(_SPECS.values(), key=lambda s: (-s.priority, s.name))
-    return [s.name for s in ranked if s.name != exclude and _runs(s, rec, dev, head_dim, training) is None]
+    ranked = sorted(_SPECS.values(), key=lambda s: (-s.priority_for(rec.name), s.name))
+    return [
+        s.name
+        for s in ranked
+        if s.name != exclude and _runs(s, rec, dev, head_dim, training, deterministic) is None
+    ]
 
 
 def _unsupported(
-    spec: BackendSpec, reason: str, recipe: Recipe, device: torch.device, head_dim: int | None, training: bool
+    spec: BackendSpec,
+    reason: str,
+    recipe: Recipe,
+    device: torch.device,
+    head_dim: int | None,
+    training: bool,
+    deterministic: bool = False,
 ) -> UnsupportedError:
-    others = alternatives(recipe, device, head_dim, training=training, exclude=spec.name)
+    others = alternatives(
+        recipe, device, head_dim, training=training, exclude=spec.name, deterministic=deterministic
+    )
     instead = (
         f"use {' or '.join(f'backend={o!r}' for o in others)}" if others else "no registered backend runs it"
     )
     return UnsupportedError(f"{spec.name} backend {reason}; {instead}")
 
 
-def check_supported(name: str, recipe: str | Recipe, q: torch.Tensor, *, training: bool = False) -> None:
+def check_supported(
+    name: str, recipe: str | Recipe, q: torch.Tensor, *, training: bool = False, deterministic: bool = False
+) -> None:
     """Raise :class:`UnsupportedError` naming the alternatives if backend ``name`` cannot run
-    ``recipe`` on ``q``'s device and head dim (``q`` is ``[..., D]``)."""
+    ``recipe`` on ``q``'s device and head dim (``q`` is ``[..., D]``), or, with ``deterministic``
+    and ``training``, cannot run its backward bitwise reproducibly."""
     spec, rec = backend_spec(name), get_recipe(recipe)
-    reason = _runs(spec, rec, q.device, q.shape[-1], training)
+    reason = _runs(spec, rec, q.device, q.shape[-1], training, deterministic)
     if reason is not None:
-        raise _unsupported(spec, reason, rec, q.device, q.shape[-1], training)
+        raise _unsupported(spec, reason, rec, q.device, q.shape[-1], training, deterministic)
 
 
 def resolve_backend(
-    requested: str, recipe: str | Recipe, device: torch.device | str, *, training: bool = True
+    requested: str,
+    recipe: str | Recipe,
+    device: torch.device | str,
+    *,
+    training: bool = True,
+    deterministic: bool = False,
 ) -> tuple[str, str]:
     """``(backend name, why)`` for a configured backend on ``device``; the backend is imported.
 
     ``auto``: the highest-priority declared backend that runs the recipe on the device and imports
-    (``why`` names the ones passed over and the reason). A named backend must run it.
+    (``why`` names the ones passed over and the reason). A named backend must run it. With
+    ``deterministic`` (and ``training``): only backends whose backward of the recipe is bitwise
+    reproducible (``BackendSpec.nondeterministic``).
 
     Raises:
         UnsupportedError: the named backend cannot run the recipe on this device (alternatives named).
@@ -194,14 +228,20 @@ def resolve_backend(
     rec, dev = get_recipe(recipe), torch.device(device)
     if requested != AUTO:
         spec = backend_spec(requested)
-        reason = _runs(spec, rec, dev, None, training)
+        reason = _runs(spec, rec, dev, None, training, deterministic)
         if reason is not None:
-            raise _unsupported(spec, reason, rec, dev, None, training)
+            raise _unsupported(spec, reason, rec, dev, None, training, deterministic)
         get_backend(requested)
         return requested, "configured"
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     passed = []
-    for name in alternatives(rec, dev, training=training):
+    if training and deterministic:
+        passed += [
+            f"{s} (its {rec.name} backward is not bitwise reproducible)"
+            for s in alternatives(rec, dev, training=training)
+            if s not in alternatives(rec, dev, training=training, deterministic=True)
+        ]
+    for name in alternatives(rec, dev, training=training, deterministic=deterministic):
         try:
             get_backend(name)
         except ValueError as err:

@@ -49,6 +49,11 @@ class BackendSpec:
             ``"hadamard"``); a recipe with another rotation is refused by the registry.
         priority: rank for ``backend="auto"``: among the backends that run the recipe on the
             device, the highest priority wins (ordered by measured forward+backward speed).
+        recipe_priority: ``(recipe name, priority)`` pairs that override ``priority`` for a recipe
+            (a backend fast for one recipe and not for another).
+        nondeterministic: recipes whose backward is not bitwise reproducible run to run (FP32
+            atomic accumulation); refused under ``torch.use_deterministic_algorithms(True)`` (the
+            trainer's ``runtime.deterministic``) and passed over there by ``auto``.
         install_hint: what to install when ``impl`` cannot be imported.
         summary: one line for listings and errors.
     """
@@ -63,8 +68,14 @@ class BackendSpec:
     options: tuple[str, ...] = ()
     qk_rotations: tuple[str, ...] = ()
     priority: int = 0
+    recipe_priority: tuple[tuple[str, int], ...] = ()
+    nondeterministic: tuple[str, ...] = ()
     install_hint: str = ""
     summary: str = ""
+
+    def priority_for(self, recipe: str) -> int:
+        """``priority``, or this recipe's entry of ``recipe_priority``."""
+        return dict(self.recipe_priority).get(recipe, self.priority)
 
     def runs_head_dim(self, d: int) -> bool:
         if self.head_dims is None:

@@ -39,8 +39,13 @@ def test_auto_on_cpu_is_the_reference_for_every_recipe():
 def test_auto_prefers_the_highest_priority_backend_that_runs_the_recipe():
     # without a GPU the ranking is read from the declarations alone (device None)
     assert backends.alternatives("bf16") == ["fa4", "triton", "reference"]
-    assert backends.alternatives("fp8") == ["triton", "cute", "reference"]
+    assert backends.alternatives("fp8") == ["cute", "triton", "reference"]
+    # cute's nvfp4qk_fp8pv (its forward, Triton's backward) is no faster: a per-recipe priority
     assert backends.alternatives("nvfp4qk_fp8pv") == ["triton", "cute", "reference"]
+    # deterministic mode passes over cute's fp8 backward (FP32 atomics), not its nvfp4qk_fp8pv one
+    assert backends.alternatives("fp8", training=True, deterministic=True) == ["triton", "reference"]
+    assert backends.alternatives("fp8", training=False, deterministic=True)[0] == "cute"
+    assert backends.alternatives("nvfp4qk_fp8pv", training=True, deterministic=True)[:2] == ["triton", "cute"]
 
 
 def test_named_backend_errors_name_the_alternatives():
@@ -165,3 +170,49 @@ def test_a_backend_that_refuses_its_configuration_on_import_says_why_without_the
         assert str(info.value) == f"attention backend 'refusing_test': {expected}"
     finally:
         backends._SPECS.pop(spec.name)
+
+
+def test_deterministic_mode_refuses_a_nondeterministic_backward_and_auto_passes_it_over():
+    class Atomic:
+        spec = BackendSpec(
+            name="atomic_test",
+            impl="unused:Unused",
+            recipes=("fp8",),
+            devices=("cpu",),
+            priority=99,
+            nondeterministic=("fp8",),
+        )
+
+        def forward(self, q, k, v, recipe, *, causal, softmax_scale):
+            return fa.get_backend("reference").forward(
+                q, k, v, recipe, causal=causal, softmax_scale=softmax_scale
+            )
+
+        def backward(self, state, dout, recipe, *, causal, softmax_scale):
+            return fa.get_backend("reference").backward(
+                state, dout, recipe, causal=causal, softmax_scale=softmax_scale
+            )
+
+    fa.register_backend(Atomic())
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        assert fa.resolve_backend("auto", "fp8", "cpu")[0] == "atomic_test"
+        name, why = fa.resolve_backend("auto", "fp8", "cpu", deterministic=True)
+        assert name == "reference" and "passed over: atomic_test (its fp8 backward is not bitwise" in why
+        with pytest.raises(
+            UnsupportedError, match="FP32 atomics .* deterministic mode .* use backend='reference'"
+        ):
+            fa.resolve_backend("atomic_test", "fp8", "cpu", deterministic=True)
+        cfg = fa.AttentionConfig(recipe="fp8", backend="auto")
+        assert cfg.resolve("cpu", deterministic=True)[0].backend == "reference"
+        q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(UnsupportedError, match="not bitwise reproducible"):
+            fa.attention(q.clone().requires_grad_(), q, q, recipe="fp8", backend="atomic_test", layout="bhsd")
+        fa.attention(q, q, q, recipe="fp8", backend="atomic_test", layout="bhsd")  # no backward: runs
+        out = fa.attention(q.clone().requires_grad_(), q, q, recipe="fp8", backend="auto", layout="bhsd")
+        out.sum().backward()  # auto took the reference
+    finally:
+        torch.use_deterministic_algorithms(was)
+        backends._SPECS.pop("atomic_test")
+        backends._INSTANCES.pop("atomic_test")

@@ -234,7 +234,7 @@ def test_backends_without_the_rotation_are_refused_and_passed_over():
     rec = with_qk_rotation("fp8", "hadamard", 0)
     with pytest.raises(fa.UnsupportedError, match="cute backend does not implement qk_rotation='hadamard'"):
         fa.backends.check_supported("cute", rec, torch.zeros(1, 1, 4, 64))
-    # auto: cute (priority 10) runs fp8 but not its rotation; the ranking skips it
+    # auto: cute (the highest priority for fp8) runs fp8 but not its rotation; the ranking skips it
     assert fa.backends.alternatives(rec) == ["triton", "reference"]
-    assert fa.backends.alternatives("fp8") == ["triton", "cute", "reference"]
+    assert fa.backends.alternatives("fp8") == ["cute", "triton", "reference"]
     assert fa.resolve_backend("auto", rec, "cpu")[0] == "reference"

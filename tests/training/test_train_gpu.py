@@ -20,6 +20,7 @@ from training import checkpoint as ckpt
 from training.config import load_config
 from training.signals import EXIT_DONE
 
+from ..conftest import have_module
 from .conftest import metrics
 
 pytestmark = pytest.mark.gpu
@@ -54,8 +55,9 @@ def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):
     code, log = train(cfg)
     text = log.text()
     assert code == EXIT_DONE, text
+    auto = "cute" if have_module("cutlass") and have_module("flash_attn") else "triton"
     assert (
-        "backend triton (auto: highest-priority backend for fp8 on NVIDIA" in text
+        f"backend {auto} (auto: highest-priority backend for fp8 on NVIDIA" in text
         and "MFU = tokens/s/GPU x" in text
     )
     assert "megatron-core" in text and "DistributedDataParallel" in text

@@ -54,5 +54,8 @@ class FA4Backend:
             state.lse,
             softmax_scale,
             causal,
+            # FA4's deterministic dQ accumulation in deterministic mode (runtime.deterministic), its
+            # FP32 atomics otherwise
+            deterministic=torch.are_deterministic_algorithms_enabled(),
         )
         return _bshd(dq), _bshd(dk), _bshd(dv)

@@ -12,10 +12,8 @@ SPEC = BackendSpec(
     head_dims=(64, 128),
     options=("block_m", "block_n", "num_warps", "num_stages"),
     qk_rotations=("hadamard",),  # rotated in the Q/K quantizer kernels (quant.py)
-    # fp8 forward+backward, B4 H32/8 S4096 causal on the H200: 10.18 ms, cute 5.56 ms
-    # (results/cute_prep_h200/attention_bench_cute_h200.md). auto still prefers this backend: its
-    # backward is deterministic (no atomics), which bitwise resume in deterministic mode needs; the
-    # cute backward accumulates dQ (and GQA dK/dV) with FP32 atomics.
+    # auto's choice for fp8 under deterministic mode (its backward has no atomics, so bitwise resume
+    # holds), where cute's fp8 backward is passed over; otherwise cute's is faster (cute/__init__.py)
     priority=20,
     install_hint="needs a CUDA build of torch with Triton",
     summary="Triton kernels: every recipe's forward, the training recipes' backward",
