@@ -219,8 +219,10 @@ def empty_in_layout_of(like: torch.Tensor, shape, dtype=torch.bfloat16) -> torch
     """An uninitialized ``shape`` tensor whose dims lie in memory in the order of ``like``'s strides
     (outermost first), dense: for ``like`` a ``[B, H, S, D]`` view of ``[B, S, H, D]`` or
     ``[S, B, H, D]`` memory, the result is such a view too, so handing it back through the caller's
-    layout needs no copy. ``like`` must have a unit last stride."""
-    order = sorted(range(like.dim()), key=lambda i: -like.stride(i))
+    layout needs no copy. The last dim is innermost whatever ``like``'s strides (a stride-0 dim of an
+    expanded ``like`` would otherwise sort inside it): the kernels take it as the unit-stride mode."""
+    last = like.dim() - 1
+    order = sorted(range(last), key=lambda i: -like.stride(i)) + [last]
     phys = torch.empty([shape[i] for i in order], dtype=dtype, device=like.device)
     return phys.permute(*[order.index(i) for i in range(like.dim())])
 
