@@ -57,3 +57,16 @@ def test_forward_operands(name):
         )
         if rec.direct_p is not None:  # alpha_V * q_V in BF16, unit channel scales
             assert v_op.dtype == torch.bfloat16 and (v_scale == 1).all()
+
+
+def test_the_quantizers_refuse_tensors_beyond_32_bit_offsets():
+    """A strided view's span (its storage's reach), not its numel, decides (meta tensors: no memory)."""
+    from fp4_attention.backends.triton.quant import check_int32_span
+
+    fits = torch.empty((4, 32, 4096, 128), device="meta")  # Llama-8B shapes: 2^26 elements
+    check_int32_span("t", fits)
+    # a [B, H, S, D] view with a long step between tokens: small numel, large span
+    view = torch.empty(0, device="meta").as_strided((1, 32, 200_000, 128), (0, 128, 3 * 32 * 128 * 3, 1))
+    assert view.numel() < 2**31
+    with pytest.raises(ValueError, match=r"spans \d+ elements, beyond the kernels' 32-bit offsets"):
+        check_int32_span("quantize_fp8_rows", view)

@@ -19,10 +19,11 @@ Scope, said plainly:
   writes V transposed with its keys permuted within each 16
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
   kernel's operand; that is the ``v`` of the :class:`SavedState` this backend writes.
-* Layouts: the quantizers read Q/K (and V) in place from the caller's strides (the ``[B, H, S, D]``
-  views of ``bshd``/``sbhd`` tensors), dO is read in place, and the output and the gradients are
-  allocated in the caller's memory order (:func:`empty_in_layout_of`), so no layout copy is made on
-  either pass.
+* Layouts (recipe ``fp8``): the quantizers read Q/K (and V) in place from the caller's strides (the
+  ``[B, H, S, D]`` views of ``bshd``/``sbhd`` tensors), dO is read in place, and the output and the
+  gradients are allocated in the caller's memory order (:func:`empty_in_layout_of`), so no layout
+  copy is made on either pass. ``nvfp4qk_fp8pv`` still copies Q/K to quantize them and returns the
+  Triton backward's ``[B, H, S, D]``-contiguous gradients (autograd copies them into the layout).
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
   ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them

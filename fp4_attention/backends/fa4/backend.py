@@ -30,6 +30,13 @@ def _bshd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` to save for the backward: itself when its storage holds nothing else, else a copy. A view
+    into a larger buffer (megatron-core's K and V are slices of the fused QKV projection's output)
+    would keep the whole buffer alive until the backward; its copy costs t's size once."""
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.contiguous()
+
+
 class FA4Backend:
     """flash-attn-4 BF16 forward and backward (recipe ``bf16`` only)."""
 
@@ -42,7 +49,7 @@ class FA4Backend:
             _bshd(q), _bshd(k), _bshd(v), softmax_scale=softmax_scale, causal=causal, return_lse=True
         )
         out = _bshd(out)
-        return out, lse, SavedState(q=q, k=k, v=v, out=out, lse=lse)
+        return out, lse, SavedState(q=_own(q), k=_own(k), v=_own(v), out=out, lse=lse)
 
     def backward(self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float):
         dq, dk, dv = _flash_attn_bwd(

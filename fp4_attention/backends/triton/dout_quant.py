@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
+from .quant import check_int32_span
 
 __all__ = ["DoutOperands", "e4m3_to_bf16", "quantize_dout_fused"]
 
@@ -185,7 +186,8 @@ def quantize_dout_fused(
         :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
         (the GPU tests check it); D equals its value up to FP32 summation order.
     Raises:
-        ValueError: wrong devices, dtypes, shapes or layouts, or a head dim that is not a power of two.
+        ValueError: wrong devices, dtypes, shapes or layouts, a head dim that is not a power of two,
+            or dO / O spanning 2^31 elements or more (``quant.check_int32_span``).
     """
     b, hq, sq, d = dout.shape
     hkv = v_scale.shape[1]
@@ -198,6 +200,7 @@ def quantize_dout_fused(
             f"and D a power of two <= 256; got {tuple(dout.shape)} / {tuple(out.shape)}, "
             f"strides {dout.stride()} / {out.stride()}"
         )
+    check_int32_span("quantize_dout_fused", dout, out)
     if tuple(v_scale.shape) != (b, hkv, d) or hq % hkv or not v_scale.is_contiguous():
         raise ValueError(f"quantize_dout_fused: v_scale must be contiguous [B, Hkv, D] = {(b, hkv, d)}")
     if transposed and (q_scale is None or tuple(q_scale.shape) != (b, hq, sq)):

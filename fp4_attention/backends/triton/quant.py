@@ -32,7 +32,19 @@ from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale, p
 from ..pv_layout import padded_keys
 from .rotation import rotate_rows, rotation_args
 
-__all__ = ["quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
+__all__ = ["check_int32_span", "quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
+
+
+def check_int32_span(who: str, *tensors: torch.Tensor) -> None:
+    """Raise ValueError if a tensor's elements span 2^31 or more (offset of its last element + 1):
+    the kernels index with 32-bit offsets. A strided view's span is its storage's, not its numel."""
+    for t in tensors:
+        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+        if span >= 2**31:
+            raise ValueError(
+                f"{who}: a tensor of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements, "
+                "beyond the kernels' 32-bit offsets (2^31); use a smaller micro-batch or split the heads"
+            )
 
 
 @triton.jit
@@ -91,7 +103,8 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
     Returns:
         :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``, both contiguous.
     Raises:
-        ValueError: not a CUDA tensor, not contiguous and not 4-D, or D not a power of two <= 256.
+        ValueError: not a CUDA tensor, not contiguous and not 4-D, D not a power of two <= 256, or
+            elements spanning 2^31 or more (``check_int32_span``).
     """
     if not x.is_cuda or not (x.is_contiguous() or x.dim() == 4):
         raise ValueError(
@@ -101,6 +114,7 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
     if x.stride(-1) != 1:  # rows are read as vectors: the head dim must be innermost
         x = x.contiguous()
     strided = not x.is_contiguous()
+    check_int32_span("quantize_fp8_rows", x)
     d = x.shape[-1]
     if d & (d - 1) or d > 256:
         raise ValueError(f"quantize_fp8_rows: last dim must be a power of two <= 256, got {d}")
