@@ -58,6 +58,10 @@ def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout):
     x[1, 3, 11, 2] = float("nan")  # poisons channel 2 of head (1, 3)
     x[1, 2, 12, 5] = float("-inf")
     x[0, 2, :, 7] = 0.0  # all-zero channel: scale 1
+    x[0, 1, :, 8] = 0.0
+    x[0, 1, 3, 8] = 2.0**-133  # BF16's smallest subnormal: amax / 448 is an FP32 subnormal
+    x[0, 1, :, 9] = 0.0
+    x[0, 1, 4, 9] = -3.0 * 2.0**-128  # a BF16 subnormal, not a power of two
     if layout == "sbhd_view":
         x = x.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
     got = quantize_fp8_v_transposed(x)
@@ -82,3 +86,14 @@ def test_nvfp4_rows_bytes_equal_reference(d, seq):
     dec = dec.cpu()
     assert torch.equal(dec.float().isnan(), sp.isnan())
     assert torch.equal(dec.float().nan_to_num(), sp.nan_to_num())
+
+
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (2, 0, 1, 3)], ids=["bshd_view", "sbhd_view"])
+def test_fp8_rows_read_in_place_from_views(perm):
+    """The [B, H, S, D] view of [B, S, H, D] or [S, B, H, D] memory: the bytes of the contiguous call."""
+    x = _inputs(128)
+    view = x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
+    assert not view.is_contiguous()
+    a, b = quantize_fp8_rows(x), quantize_fp8_rows(view)
+    assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and b.data.is_contiguous()
+    assert torch.equal(a.scale.nan_to_num(), b.scale.nan_to_num())

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
 from .quant import check_int32_span
+from .quant import interpreted as _interpreted
 
 __all__ = ["DoutOperands", "e4m3_to_bf16", "quantize_dout_fused"]
 
@@ -266,9 +267,3 @@ def quantize_dout_fused(
     if qb is not None:
         extra["qb"] = qb
     return DoutOperands(do_q=do_q, s_do=s_do, delta=delta, stat=stat, **extra)
-
-
-def _interpreted() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"

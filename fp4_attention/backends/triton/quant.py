@@ -28,11 +28,25 @@ import torch
 import triton
 import triton.language as tl
 
-from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor, amax_scale, pow2_ceil
+from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
 from ..pv_layout import padded_keys
 from .rotation import rotate_rows, rotation_args
 
-__all__ = ["check_int32_span", "quantize_fp8_rows", "quantize_fp8_v_transposed", "quantize_nvfp4_rows"]
+__all__ = [
+    "check_int32_span",
+    "interpreted",
+    "quantize_fp8_rows",
+    "quantize_fp8_v_transposed",
+    "quantize_nvfp4_rows",
+]
+
+
+def interpreted() -> bool:
+    """Whether Triton runs interpreted (``TRITON_INTERPRET=1``): the kernels then take CPU tensors
+    (the CPU tests)."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def check_int32_span(who: str, *tensors: torch.Tensor) -> None:
@@ -151,8 +165,35 @@ def _rotation_args(x: torch.Tensor, signs: torch.Tensor | None) -> dict:
 
 
 @triton.jit
+def _v_amax_kernel(X, AMAX, BAD, H, S, sxb, sxh, sxs, sxd, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Per (batch, head, channel): the amax of |V| over the sequence (NaN excluded) and whether the
+    channel holds a NaN or Inf, by atomic max over the blocks of keys."""
+    pid_s, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :] * sxd, mask=(s < S)[:, None], other=0.0)
+    ax = tl.abs(x.to(tl.float32))
+    tl.atomic_max(BAD + bh * D + d, tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 0))
+    tl.atomic_max(AMAX + bh * D + d, tl.max(tl.where(ax == ax, ax, 0.0), 0))
+
+
+@triton.jit
+def _pow2_ceil(s):
+    """The smallest power of two >= s, exactly, for finite s > 0 (``quant.pow2_ceil``): a subnormal s
+    is scaled by 2^64 first (exact), then the exponent of a mantissa that is not zero goes up by one."""
+    sub = s < 1.1754943508222875e-38  # 2^-126
+    t = tl.where(sub, s * 18446744073709551616.0, s)
+    bits = t.to(tl.int32, bitcast=True)
+    up = tl.where((bits & 0x7FFFFF) == 0, bits, (bits & 0x7F800000) + 0x800000).to(tl.float32, bitcast=True)
+    return tl.where(sub, up * 5.421010862427522e-20, up)  # 2^-64
+
+
+@triton.jit
 def _fp8_v_t_kernel(
     X,
+    AMAX,
+    BAD,
     SC,
     Y,
     H,
@@ -175,8 +216,15 @@ def _fp8_v_t_kernel(
     d = tl.arange(0, D)
     ok = s < S
     x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :] * sxd, mask=ok[:, None], other=0.0)
-    scale = tl.load(SC + bh * D + d)
-    bad = scale != scale  # NaN scale: the channel holds a NaN or an Inf
+    # the channel's scale from its amax (quant.amax_scale, then quant.pow2_ceil): IEEE division,
+    # rounded up to a power of two; 1 for an all-zero channel, NaN for one holding a NaN or Inf
+    amax = tl.load(AMAX + bh * D + d)
+    bad = tl.load(BAD + bh * D + d) > 0
+    scale = _pow2_ceil(tl.math.div_rn(amax, tl.full([D], FMAX, tl.float32)))
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    scale = tl.where(bad, float("nan"), scale)
+    if pid_s == 0:
+        tl.store(SC + bh * D + d, scale)
     y = tl.math.div_rn(x.to(tl.float32), tl.broadcast_to(scale[None, :], [BLOCK_S, D]))
     y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
     yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -210,18 +258,37 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
     Raises:
         ValueError: not a 4-D CUDA tensor, or D not a power of two <= 256.
     """
-    if not v.is_cuda or v.dim() != 4:
+    if (not v.is_cuda and not interpreted()) or v.dim() != 4:
         raise ValueError("quantize_fp8_v_transposed: needs a CUDA tensor [B, H, S, D]")
     b, h, sk, d = v.shape
     if d & (d - 1) or d > 256:
         raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
+    check_int32_span("quantize_fp8_v_transposed", v)
     _, fmax = FP8_FORMATS["e4m3"]
-    scale = pow2_ceil(amax_scale(v, (2,), fmax)[0]).contiguous()  # [B, H, 1, D]
+    # two passes (the amax of every channel, then the scale and the codes): no torch op in between
+    amax = torch.zeros((b * h, d), dtype=torch.float32, device=v.device)
+    bad = torch.zeros((b * h, d), dtype=torch.int32, device=v.device)
+    scale = torch.empty((b, h, 1, d), dtype=torch.float32, device=v.device)
     so = padded_keys(sk) if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
     block_s = 64
-    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](
-        v, scale, y, h, sk, so, *v.stride(), D=d, FMAX=fmax, BLOCK_S=block_s, PERM16=perm16, num_warps=4
+    grid = (triton.cdiv(sk, block_s), b * h)
+    _v_amax_kernel[grid](v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=block_s)
+    _fp8_v_t_kernel[grid](
+        v,
+        amax,
+        bad,
+        scale,
+        y,
+        h,
+        sk,
+        so,
+        *v.stride(),
+        D=d,
+        FMAX=fmax,
+        BLOCK_S=block_s,
+        PERM16=perm16,
+        num_warps=4,
     )
     return FP8Tensor(data=y.view(torch.float8_e4m3fn), scale=scale)
 
