@@ -1,5 +1,5 @@
-"""The caller's layout costs no copy on the GPU backends that read and write it in place (``cute``
-fp8, ``fa4``): ``fa.attention`` on ``[B, S, H, D]`` (FlashAttention's) and ``[S, B, H, D]``
+"""The caller's layout costs no copy on the GPU backends (they read and write it in place):
+``fa.attention`` on ``[B, S, H, D]`` (FlashAttention's) and ``[S, B, H, D]``
 (megatron-core's) tensors gives the output of the ``[B, H, S, D]`` call bit for bit and the same
 gradients (up to the order of the backward's FP32 atomic adds), and one training step launches no
 torch copy kernel (the quantizers read Q/K in place, the output and the gradients are allocated in
@@ -16,13 +16,19 @@ pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
-if not have_module("cutlass") or not have_module("flash_attn"):
-    pytest.skip("needs the cute extra (nvidia-cutlass-dsl, flash-attn-4)", allow_module_level=True)
+
+
+def _require(backend: str) -> None:
+    if backend in ("cute", "fa4") and not (have_module("cutlass") and have_module("flash_attn")):
+        pytest.skip(f"the {backend} backend needs the cute extra (nvidia-cutlass-dsl, flash-attn-4)")
+
 
 PERM = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}  # [B, H, S, D] -> layout
-CASES = [("cute", "fp8"), ("fa4", "bf16")]  # no copy kernel in their step
-# cute's nvfp4qk_fp8pv copies Q/K to quantize them and its Triton backward's gradients: same results
-EQUAL_CASES = [*CASES, ("cute", "nvfp4qk_fp8pv")]
+# (backend, recipe, KV heads of 8 query heads) whose step launches no copy kernel; the Triton
+# backward sums GQA dK/dV partials into [B, H, S, D]-contiguous tensors (copied on the way back), so
+# it is MHA there
+CASES = [("cute", "fp8", 2), ("fa4", "bf16", 2), ("triton", "fp8", 8), ("cute", "nvfp4qk_fp8pv", 8)]
+EQUAL_CASES = [(b, r) for b, r, _ in CASES] + [("triton", "nvfp4qk_fp8pv")]
 
 
 def _step(layout, backend, recipe, q, k, v, dout):
@@ -39,6 +45,7 @@ def _step(layout, backend, recipe, q, k, v, dout):
 @pytest.mark.parametrize("layout", ["bshd", "sbhd"])
 @pytest.mark.parametrize("b, hq, hkv, d", [(2, 8, 2, 128), (2, 4, 4, 128), (1, 8, 2, 64)])
 def test_layouts_give_the_bhsd_results(backend, recipe, layout, b, hq, hkv, d):
+    _require(backend)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, dout = (torch.randn(b, hq, 300, d, device="cuda", generator=g).bfloat16() for _ in range(2))
     k, v = (torch.randn(b, hkv, 300, d, device="cuda", generator=g).bfloat16() for _ in range(2))
@@ -49,14 +56,15 @@ def test_layouts_give_the_bhsd_results(backend, recipe, layout, b, hq, hkv, d):
         assert rel_l2(a.float(), b.float()) < 1e-3, name
 
 
-@pytest.mark.parametrize("backend, recipe", CASES)
+@pytest.mark.parametrize("backend, recipe, hkv", CASES)
 @pytest.mark.parametrize("layout", ["bshd", "sbhd"])
-def test_a_training_step_launches_no_copy_kernel(backend, recipe, layout):
+def test_a_training_step_launches_no_copy_kernel(backend, recipe, hkv, layout):
+    _require(backend)
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q, dout = (torch.randn(1, 8, 1024, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
-    k, v = (torch.randn(1, 2, 1024, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(1, hkv, 1024, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
     _step(layout, backend, recipe, q, k, v, dout)  # compile outside the profile
     leaves = [t.permute(*PERM[layout]).contiguous().requires_grad_() for t in (q, k, v)]
     dout_l = dout.permute(*PERM[layout]).contiguous()
@@ -71,6 +79,7 @@ def test_a_training_step_launches_no_copy_kernel(backend, recipe, layout):
 
 @pytest.mark.parametrize("backend, recipe", EQUAL_CASES)
 def test_slices_of_a_fused_qkv_buffer(backend, recipe):
+    _require(backend)
     """megatron-core's Q/K/V: slices of one [S, B, Hkv, (G + 2) D] projection output (views with
     gaps between tokens), read in place; the same results as contiguous copies of them."""
     s, b, hkv, g, d = 300, 2, 2, 4, 128

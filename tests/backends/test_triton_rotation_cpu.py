@@ -95,10 +95,20 @@ def _interpreted_checks() -> list[str]:
             payload = torch.empty((*x.shape[:-1], d // 2), dtype=torch.uint8)
             scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8)
             dec = torch.empty(x.shape, dtype=torch.bfloat16)
-            tq._nvfp4_rows_kernel[(triton.cdiv(n, 8),)](inp, gg, payload, scales, dec, n, D=d, ROWS=8, **kw)
+            tq._nvfp4_rows_kernel[(triton.cdiv(n, 8),)](
+                inp, gg, payload, scales, dec, n, *x.shape[1:3], *inp.stride()[:3], D=d, ROWS=8, **kw
+            )
             nv.append((payload, scales, dec.view(torch.int16)))
         if not all(torch.equal(a, b) for a, b in zip(*nv)):
             failed.append(f"nvfp4 rows d={d}")
+        # the wrapper on [B, S, H, D] memory read in place: the contiguous call's bytes
+        strided = x.transpose(1, 2).contiguous().transpose(1, 2)
+        for signs in (None, s):
+            a_nv, a_dec = tq.quantize_nvfp4_rows(x, g_ref, signs=signs)
+            b_nv, b_dec = tq.quantize_nvfp4_rows(strided, g_ref, signs=signs)
+            same = torch.equal(a_nv.payload, b_nv.payload) and torch.equal(a_nv.block_scale, b_nv.block_scale)
+            if not (same and torch.equal(a_dec.view(torch.int16), b_dec.view(torch.int16))):
+                failed.append(f"nvfp4 rows d={d} read in place (rotation {signs is not None})")
 
         grad = torch.randn(3, 5, d, generator=g) * torch.exp(torch.randn(3, 5, 1, generator=g) * 3)
         out = torch.empty(grad.shape)

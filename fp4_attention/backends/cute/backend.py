@@ -21,9 +21,9 @@ Scope, said plainly:
   kernel's operand; that is the ``v`` of the :class:`SavedState` this backend writes.
 * Layouts (recipe ``fp8``): the quantizers read Q/K (and V) in place from the caller's strides (the
   ``[B, H, S, D]`` views of ``bshd``/``sbhd`` tensors), dO is read in place, and the output and the
-  gradients are allocated in the caller's memory order (:func:`empty_in_layout_of`), so no layout
-  copy is made on either pass. ``nvfp4qk_fp8pv`` still copies Q/K to quantize them and returns the
-  Triton backward's ``[B, H, S, D]``-contiguous gradients (autograd copies them into the layout).
+  gradients are allocated in the caller's memory order (``layouts.empty_in_layout_of``), so no layout
+  copy is made on either pass. ``nvfp4qk_fp8pv`` reads Q/K in place too; its gradients are the
+  Triton backward's (``TritonBackend.backward``: dQ, and dK/dV without GQA, in the caller's layout).
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
   ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them
@@ -40,6 +40,7 @@ from ...numerics.operands import SavedState
 from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale
 from ...numerics.recipes import Recipe
 from ..dout import LOG2E
+from ..layouts import empty_in_layout_of
 from ..pv_layout import padded_keys, unpermute_v_keys
 from ..triton.backend import TritonBackend
 from ..triton.bwd_kv import backward_kv_operands
@@ -69,7 +70,6 @@ __all__ = [
     "CuteBackend",
     "backward_fp8",
     "backward_operands",
-    "empty_in_layout_of",
     "forward_fp8",
     "kernel_operands",
     "triton_state",
@@ -211,21 +211,9 @@ def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     ``nvfp4qk_fp8pv``: Q and K NVFP4 (per-head global scale, 16-element E4M3 block scales) with their
     exact BF16 decodes ``decoded = (s_b * q, s_b * k)``, which feed the BF16 QK product (contract
     §1), and V as in :func:`quantize_inputs` (Triton quantizers)."""
-    q_s, q_dec = quantize_nvfp4_rows(q.contiguous(), nvfp4_global_scale(q, dims=(2, 3)))
-    k_s, k_dec = quantize_nvfp4_rows(k.contiguous(), nvfp4_global_scale(k, dims=(2, 3)))
+    q_s, q_dec = quantize_nvfp4_rows(q, nvfp4_global_scale(q, dims=(2, 3)))  # read in place
+    k_s, k_dec = quantize_nvfp4_rows(k, nvfp4_global_scale(k, dims=(2, 3)))
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec)
-
-
-def empty_in_layout_of(like: torch.Tensor, shape, dtype=torch.bfloat16) -> torch.Tensor:
-    """An uninitialized ``shape`` tensor whose dims lie in memory in the order of ``like``'s strides
-    (outermost first), dense: for ``like`` a ``[B, H, S, D]`` view of ``[B, S, H, D]`` or
-    ``[S, B, H, D]`` memory, the result is such a view too, so handing it back through the caller's
-    layout needs no copy. The last dim is innermost whatever ``like``'s strides (a stride-0 dim of an
-    expanded ``like`` would otherwise sort inside it): the kernels take it as the unit-stride mode."""
-    last = like.dim() - 1
-    order = sorted(range(last), key=lambda i: -like.stride(i)) + [last]
-    phys = torch.empty([shape[i] for i in order], dtype=dtype, device=like.device)
-    return phys.permute(*[order.index(i) for i in range(like.dim())])
 
 
 def forward_fp8(
@@ -253,7 +241,7 @@ def forward_fp8(
         col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast);
         v_scale: FP32 ``[B, Hkv, D]``.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
-            output takes (:func:`empty_in_layout_of`); default contiguous.
+            output takes (``layouts.empty_in_layout_of``); default contiguous.
         kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
             :class:`FP8ForwardSm90` (the QK/PV promotions and the intra-warpgroup overlap; at the
             contract's setting by default).

@@ -25,6 +25,7 @@ from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale
 from ...numerics.recipes import Recipe
 from ..base import UnsupportedError
 from ..dout import lse_stat
+from ..layouts import empty_in_layout_of
 from . import SPEC
 from .dout_quant import quantize_dout_fused
 from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
@@ -71,8 +72,9 @@ def _quantize_qk_fast(q, k, recipe: Recipe):
             quantize_fp8_rows(k, signs=signs),
             None,
         )
-    if recipe.qk == "nvfp4":
-        q, k = q.contiguous(), k.contiguous()
+    if recipe.qk == "nvfp4":  # the quantizers read Q/K in place; the rotation's amax needs rows
+        if signs is not None:
+            q, k = q.contiguous(), k.contiguous()
         if signs is None:
             g_q, g_k = nvfp4_global_scale(q, dims=(2, 3)), nvfp4_global_scale(k, dims=(2, 3))
         else:  # the per-head scale of the rotated tensor: amax over its rows' rotated amaxes
@@ -151,16 +153,22 @@ def launch_forward(
     num_warps: int | None = None,
     num_stages: int | None = None,
     split: bool = True,
+    out_layout_of: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel on prepared operands (see ``triton_kernels``): q_op ``[B, Hq, Sq, D]``,
     k_op ``[B, Hkv, Sk, D]``, v_op a ``[B, Hkv, >=Sk, D]`` view, row ``[B, Hq, Sq]``, col
     ``[B, Hkv, Sk]``, v_scale ``[B, Hkv, D]``. Returns BF16 out ``[B, Hq, Sq, D]`` and FP32 LSE.
-    ``split=False`` masks every KV tile (the kernel before the unmasked fast path; for benchmarks)."""
+    ``split=False`` masks every KV tile (the kernel before the unmasked fast path; for benchmarks).
+    ``out_layout_of``: a ``[B, Hq, Sq, D]`` tensor (the caller's q) whose memory order the output
+    takes (``layouts.empty_in_layout_of``); default contiguous."""
     b, hq, sq, d = q_op.shape
     hkv = k_op.shape[1]
     tile_m, warps, stages = default_fwd_tiles(d)
     block_m, num_warps, num_stages = block_m or tile_m, num_warps or warps, num_stages or stages
-    out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q_op.device)
+    if out_layout_of is None:
+        out = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=q_op.device)
+    else:
+        out = empty_in_layout_of(out_layout_of, (b, hq, sq, d))
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q_op.device)
     dp = recipe.direct_p
     direct_p = {} if dp is None else dict(DIRECT_P=True, DP_A=dp.a, DP_B=dp.b, DP_EXACT_EVERY=dp.exact_every)
@@ -240,6 +248,7 @@ class TritonBackend:
             block_n=block_n,
             num_warps=num_warps,
             num_stages=num_stages,
+            out_layout_of=q,  # the output in the caller's layout: no copy on the way back
         )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
@@ -277,15 +286,21 @@ class TritonBackend:
         stat, delta = lse_stat(state.lse, lift), delta.contiguous()
         rot = recipe.qk_rotation
         # with a Q/K rotation the kernels write dQ/dK of the rotated basis in FP32; unrotated below
-        dq = torch.empty(
-            (b, hq, sq, d), dtype=torch.bfloat16 if rot is None else torch.float32, device=dout.device
-        )
+        # BF16 gradients the kernels write directly are allocated in the layout of the forward's
+        # output, the caller's (no copy on the way back)
+        if rot is None:
+            dq = empty_in_layout_of(state.out, (b, hq, sq, d))
+        else:  # FP32 of the rotated basis, unrotated below (contiguous rows)
+            dq = torch.empty((b, hq, sq, d), dtype=torch.float32, device=dout.device)
         # dK/dV per query head: FP32 partials summed over the GQA group below (BF16 directly for MHA)
         dkv_dtype = torch.float32 if g > 1 else torch.bfloat16
-        dk = torch.empty(
-            (b, hq, sk, d), dtype=torch.float32 if rot is not None else dkv_dtype, device=dout.device
-        )
-        dv = torch.empty((b, hq, sk, d), dtype=dkv_dtype, device=dout.device)  # same strides as dk
+        dk_dtype = torch.float32 if rot is not None else dkv_dtype
+        if rot is None:  # one layout for both (the kernel takes dk's strides for dv)
+            dk = empty_in_layout_of(state.out, (b, hq, sk, d), dk_dtype)
+            dv = empty_in_layout_of(state.out, (b, hq, sk, d), dkv_dtype)
+        else:
+            dk = torch.empty((b, hq, sk, d), dtype=dk_dtype, device=dout.device)
+            dv = torch.empty((b, hq, sk, d), dtype=dkv_dtype, device=dout.device)  # same strides as dk
         common = dict(
             HEAD_DIM=d,
             CAUSAL=causal,

@@ -61,6 +61,36 @@ def check_int32_span(who: str, *tensors: torch.Tensor) -> None:
             )
 
 
+def _row_input(x: torch.Tensor, who: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``x`` as the row kernels read it, and their ``(H, SEQ, sxb, sxh, sxs)`` arguments: a contiguous
+    ``[..., D]`` tensor is one run of rows; a 4-D ``[B, H, S, D]`` tensor with a unit last stride is
+    read in place through its strides (a ``[B, S, H, D]`` or ``[S, B, H, D]`` tensor seen as
+    ``[B, H, S, D]``: no copy); one whose last stride is not 1 is copied first.
+
+    Raises:
+        ValueError: not a CUDA tensor (outside the interpreter), neither contiguous nor 4-D, or
+            elements spanning 2^31 or more (:func:`check_int32_span`).
+    """
+    if (not x.is_cuda and not interpreted()) or not (x.is_contiguous() or x.dim() == 4):
+        raise ValueError(
+            f"{who}: needs a CUDA tensor, contiguous or [B, H, S, D]; got {x.device} "
+            f"shape {tuple(x.shape)} strides {x.stride()}"
+        )
+    if x.stride(-1) != 1:  # rows are read as vectors: the head dim must be innermost
+        x = x.contiguous()
+    check_int32_span(who, x)
+    if x.is_contiguous():
+        n, d = x.numel() // x.shape[-1], x.shape[-1]
+        return x, (1, n, n * d, n * d, d)
+    return x, (x.shape[1], x.shape[2], *x.stride()[:3])
+
+
+@triton.jit
+def _row_offsets(r, H, SEQ, sxb, sxh, sxs):
+    """Element offset of row ``r`` (``(b, h, s)`` of the contiguous ``[B, H, S, D]`` output) in X."""
+    return (r // (H * SEQ)) * sxb + ((r // SEQ) % H) * sxh + (r % SEQ) * sxs
+
+
 @triton.jit
 def _fp8_rows_kernel(
     X,
@@ -84,7 +114,7 @@ def _fp8_rows_kernel(
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # row (b, h, s) of the contiguous output
     d = tl.arange(0, D)
     ok = r < n_rows
-    src = (r // (H * SEQ)) * sxb + ((r // SEQ) % H) * sxh + (r % SEQ) * sxs  # any strides of X
+    src = _row_offsets(r, H, SEQ, sxb, sxh, sxs)  # any strides of X
     x = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     if ROTATE:  # x H in registers, before the row's scale is formed
         x = rotate_rows(x, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D)
@@ -120,15 +150,7 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
         ValueError: not a CUDA tensor, not contiguous and not 4-D, D not a power of two <= 256, or
             elements spanning 2^31 or more (``check_int32_span``).
     """
-    if not x.is_cuda or not (x.is_contiguous() or x.dim() == 4):
-        raise ValueError(
-            f"quantize_fp8_rows: needs a CUDA tensor, contiguous or [B, H, S, D]; got {x.device} "
-            f"shape {tuple(x.shape)} strides {x.stride()}"
-        )
-    if x.stride(-1) != 1:  # rows are read as vectors: the head dim must be innermost
-        x = x.contiguous()
-    strided = not x.is_contiguous()
-    check_int32_span("quantize_fp8_rows", x)
+    x, layout = _row_input(x, "quantize_fp8_rows")
     d = x.shape[-1]
     if d & (d - 1) or d > 256:
         raise ValueError(f"quantize_fp8_rows: last dim must be a power of two <= 256, got {d}")
@@ -137,18 +159,12 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
     s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     n = x.numel() // d
     rows = max(1, 2048 // d)
-    if strided:
-        h, seq, strides = x.shape[1], x.shape[2], x.stride()[:3]
-    else:  # contiguous rows: one "head" of n rows
-        h, seq, strides = 1, n, (n * d, n * d, d)
     _fp8_rows_kernel[(triton.cdiv(n, rows),)](
         x,
         y,
         s,
         n,
-        h,
-        seq,
-        *strides,
+        *layout,
         D=d,
         FMAX=fmax,
         E5M2=fmt == "e5m2",
@@ -324,6 +340,11 @@ def _nvfp4_rows_kernel(
     SC,
     DEC,
     n_rows,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
     D: tl.constexpr,
     ROWS: tl.constexpr,
     SIGNS=None,
@@ -335,12 +356,13 @@ def _nvfp4_rows_kernel(
     ok = r < n_rows
     NB: tl.constexpr = D // 16
     offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
+    src = _row_offsets(r, H, SEQ, sxb, sxh, sxs)  # any strides of X
     if ROTATE:  # x H in registers, before the block scales are formed
         d = tl.arange(0, D)
-        xr = tl.load(X + r[:, None] * D + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        xr = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
         x = tl.reshape(rotate_rows(xr, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D), [ROWS, NB, 16])
     else:
-        x = tl.load(X + r[:, None, None] * D + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(
+        x = tl.load(X + src[:, None, None] + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(
             tl.float32
         )
     g = tl.load(G + r, mask=ok, other=1.0)
@@ -378,7 +400,8 @@ def _nvfp4_rows_kernel(
 def quantize_nvfp4_rows(
     x: torch.Tensor, global_scale: torch.Tensor, *, signs: torch.Tensor | None = None
 ) -> tuple[NVFP4Tensor, torch.Tensor]:
-    """NVFP4 of a contiguous CUDA ``x [..., D]`` with ``global_scale`` broadcastable to ``x[..., :1]``.
+    """NVFP4 of a CUDA ``x [..., D]`` with ``global_scale`` broadcastable to ``x[..., :1]``; ``x``
+    contiguous, or ``[B, H, S, D]`` in any strides (read in place: ``_row_input``).
 
     ``signs``: FP32 ``[D]`` signs of a Q/K rotation: quantize ``x H``, rotated in the kernel (the
     global scale must then be the rotated tensor's: ``rotation.rotated_row_amax``).
@@ -386,10 +409,11 @@ def quantize_nvfp4_rows(
     Returns:
         ``(NVFP4Tensor, decoded)``: bytes equal ``quant.quantize_nvfp4(x, global_scale)`` (of
         ``rotation.rotate(x, signs)`` with ``signs``); ``decoded`` is ``s_b * q`` in BF16 (exact),
-        NaN for a poisoned block.
+        NaN for a poisoned block; all contiguous.
+    Raises:
+        ValueError: as ``_row_input``, or D not a power of two in [16, 256].
     """
-    if not x.is_cuda or not x.is_contiguous():
-        raise ValueError("quantize_nvfp4_rows: needs a contiguous CUDA tensor")
+    x, layout = _row_input(x, "quantize_nvfp4_rows")
     d = x.shape[-1]
     if d % 16 or d & (d - 1) or d > 256:
         raise ValueError(f"quantize_nvfp4_rows: last dim must be a power of two in [16, 256], got {d}")
@@ -400,6 +424,6 @@ def quantize_nvfp4_rows(
     n = x.numel() // d
     rows = max(1, 1024 // d)
     _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](
-        x, g, payload, scales, dec, n, D=d, ROWS=rows, num_warps=4, **_rotation_args(x, signs)
+        x, g, payload, scales, dec, n, *layout, D=d, ROWS=rows, num_warps=4, **_rotation_args(x, signs)
     )
     return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=global_scale.float()), dec
