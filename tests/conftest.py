@@ -51,6 +51,45 @@ def have_module(name: str) -> bool:
         return False
 
 
+class ReferenceBacked:
+    """A test backend declared by ``spec`` that computes the reference backend's forward and backward
+    (for registry rules: priorities, deterministic mode). Register with ``fa.register_backend``."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def forward(self, q, k, v, recipe, *, causal, softmax_scale):
+        import fp4_attention as fa
+
+        return fa.get_backend("reference").forward(
+            q, k, v, recipe, causal=causal, softmax_scale=softmax_scale
+        )
+
+    def backward(self, state, dout, recipe, *, causal, softmax_scale):
+        import fp4_attention as fa
+
+        return fa.get_backend("reference").backward(
+            state, dout, recipe, causal=causal, softmax_scale=softmax_scale
+        )
+
+
+def atomic_fp8_backend(name: str) -> ReferenceBacked:
+    """A CPU backend ``name`` ranked above the reference (priority 99) whose fp8 backward is declared
+    not bitwise reproducible (``nondeterministic``, as cute's on a GPU); it computes the reference's."""
+    from fp4_attention.backends import BackendSpec
+
+    return ReferenceBacked(
+        BackendSpec(
+            name=name,
+            impl="unused:Unused",
+            recipes=("fp8",),
+            devices=("cpu",),
+            priority=99,
+            nondeterministic=("fp8",),
+        )
+    )
+
+
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))

@@ -120,8 +120,11 @@ class Trainer:
         """
         cfg, env, log = self.cfg, self.env, self.log
         self.plan = make_plan(cfg, env.world_size)
+        # the deterministic mode the attention calls will see (interface.attention reads torch's):
+        # runtime.deterministic sets it in run(), but it may be on already (an earlier run in-process)
+        deterministic = cfg.runtime.deterministic or torch.are_deterministic_algorithms_enabled()
         attention, why = cfg.attention.resolve(
-            torch.device("cuda" if use_cuda else "cpu"), deterministic=cfg.runtime.deterministic
+            torch.device("cuda" if use_cuda else "cpu"), deterministic=deterministic
         )
         self.cfg = cfg = cfg.replace(attention=attention)
         self.resolved = resolved_dict(cfg)

@@ -10,6 +10,8 @@ import fp4_attention as fa
 from fp4_attention import backends
 from fp4_attention.backends import BackendSpec, UnsupportedError
 
+from ..conftest import atomic_fp8_backend
+
 FIXED = {"self", "q", "k", "v", "recipe", "causal", "softmax_scale", "state", "dout"}
 
 
@@ -173,27 +175,7 @@ def test_a_backend_that_refuses_its_configuration_on_import_says_why_without_the
 
 
 def test_deterministic_mode_refuses_a_nondeterministic_backward_and_auto_passes_it_over():
-    class Atomic:
-        spec = BackendSpec(
-            name="atomic_test",
-            impl="unused:Unused",
-            recipes=("fp8",),
-            devices=("cpu",),
-            priority=99,
-            nondeterministic=("fp8",),
-        )
-
-        def forward(self, q, k, v, recipe, *, causal, softmax_scale):
-            return fa.get_backend("reference").forward(
-                q, k, v, recipe, causal=causal, softmax_scale=softmax_scale
-            )
-
-        def backward(self, state, dout, recipe, *, causal, softmax_scale):
-            return fa.get_backend("reference").backward(
-                state, dout, recipe, causal=causal, softmax_scale=softmax_scale
-            )
-
-    fa.register_backend(Atomic())
+    fa.register_backend(atomic_fp8_backend("atomic_test"))
     was = torch.are_deterministic_algorithms_enabled()
     try:
         assert fa.resolve_backend("auto", "fp8", "cpu")[0] == "atomic_test"
