@@ -12,7 +12,8 @@ wall-clock and GPU-hour estimate at a stated MFU (``--mfu``, default 0.40) of
 on stderr when it does not fit); it needs no GPU and no data.
 
 The default trains a small Llama-3.1-architecture model on the embedded corpus with the ``fp8``
-attention recipe (Triton backend on a GPU, the reference backend on a CPU). Every run resumes from
+attention recipe (on a GPU the cute backend where the cute extra is installed, else Triton; the
+reference backend on a CPU). Every run resumes from
 the newest complete checkpoint in its run directory. Exit codes: see ``training/signals.py``
 (0 done, 2 config error, 3 preempted or a first Ctrl-C, 4 time budget, 5 non-finite stop, 130 a
 second Ctrl-C). A configuration, data or resume error is one message on stderr, no traceback. The

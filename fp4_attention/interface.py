@@ -13,6 +13,7 @@ from .backends import (
     AUTO,
     backend_spec,
     check_supported,
+    deterministic_mode,
     flatten_state,
     get_backend,
     resolve_backend,
@@ -153,8 +154,9 @@ def attention(
         backend: a registered backend (``fa.available_backends()``; each one's ``SPEC`` says what it
             runs), or ``auto``: the highest-priority backend that runs the recipe on q's device
             (``fp4_attention.backends.resolve_backend``). Under
-            ``torch.use_deterministic_algorithms(True)`` only backends whose backward is bitwise
-            reproducible: ``auto`` passes the others over, a named one raises UnsupportedError.
+            ``torch.use_deterministic_algorithms(True)`` (not ``warn_only``) only backends whose
+            backward is bitwise reproducible: ``auto`` passes the others over, a named one raises
+            UnsupportedError.
         return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``.
         qk_rotation: ``"hadamard"``: rotate the head dim of Q and K by a random-sign Hadamard
             transform before quantizing them (``numerics/rotation.py``; recipes ``fp8`` and
@@ -177,7 +179,7 @@ def attention(
         check_rotation_head_dim(qb.shape[-1])
     # torch's deterministic mode (the trainer's runtime.deterministic) admits only backends whose
     # backward is bitwise reproducible; auto passes the others over, a named one is refused
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    deterministic = deterministic_mode()
     backend = _resolve(backend, rec, qb.device, deterministic)
     spec = backend_spec(backend)
     if softmax_scale is None:

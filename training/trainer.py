@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from data.errors import MissingDependencyError, make_dirs
+from fp4_attention.backends import deterministic_mode as fa_deterministic_mode
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -98,6 +99,9 @@ class Trainer:
     def run(self) -> int:
         cfg = self.cfg
         use_cuda = torch.cuda.is_available()
+        # torch's deterministic mode as found, restored at the end: a run leaves it as it was
+        was = torch.are_deterministic_algorithms_enabled()
+        was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         if cfg.runtime.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -110,6 +114,7 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
             shutdown(env)
+            torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
 
     def _setup(self, use_cuda: bool):
         """Everything that can fail because of the config, the data or the checkpoint to resume.
@@ -122,7 +127,7 @@ class Trainer:
         self.plan = make_plan(cfg, env.world_size)
         # the deterministic mode the attention calls will see (interface.attention reads torch's):
         # runtime.deterministic sets it in run(), but it may be on already (an earlier run in-process)
-        deterministic = cfg.runtime.deterministic or torch.are_deterministic_algorithms_enabled()
+        deterministic = cfg.runtime.deterministic or fa_deterministic_mode()
         attention, why = cfg.attention.resolve(
             torch.device("cuda" if use_cuda else "cpu"), deterministic=deterministic
         )

@@ -47,10 +47,11 @@ from pathlib import Path
 from . import REPO
 
 BASE_CONFIG = "configs/llama3_1_8b_100b_bf16.yaml"
-# The fastest backend of each recipe, forward + backward at B4 H32/8 S4096 causal on the H200
-# (results/cute_prep_h200/README.md and attention_bench_cute_h200.md there): bf16 on FA4 3.78 ms
-# (cuDNN 4.13); fp8 on cute 5.56 ms (triton 10.18); nvfp4qk_fp8pv cute 12.65 = triton 12.65 ms, cute
-# because its forward is the faster (1.63 vs 1.75 ms).
+# The fastest backend of each recipe, forward + backward at B4 H32/8 S4096 causal on the H200: bf16 on
+# FA4 3.86 ms (cuDNN 4.23), fp8 on cute 4.86 ms (triton 9.83; results/cute_unpromoted_h200);
+# nvfp4qk_fp8pv cute 12.65 = triton 12.65 ms (results/cute_prep_h200): cute here, whose forward is the
+# faster (1.63 vs 1.75 ms) and whose backward is triton's; auto keeps triton for it (the per-recipe
+# priority in backends/cute/__init__.py), which B1's 4.17 vs 4.42 ms fwd+bwd favours.
 FASTEST_BACKEND = {"bf16": "fa4", "fp8": "cute", "nvfp4qk_fp8pv": "cute"}
 
 

@@ -194,6 +194,14 @@ def _unsupported(
     return UnsupportedError(f"{spec.name} backend {reason}; {instead}")
 
 
+def deterministic_mode() -> bool:
+    """Whether torch's deterministic mode is on and strict (``torch.use_deterministic_algorithms(True)``
+    without ``warn_only``: that one asks for warnings, and gets the fastest backend): then only
+    backends whose backward is bitwise reproducible run (``BackendSpec.nondeterministic``)."""
+    strict = not torch.is_deterministic_algorithms_warn_only_enabled()
+    return torch.are_deterministic_algorithms_enabled() and strict
+
+
 def check_supported(
     name: str, recipe: str | Recipe, q: torch.Tensor, *, training: bool = False, deterministic: bool = False
 ) -> None:

@@ -1,6 +1,7 @@
 """The trainer resolves ``attention.backend: auto`` in the deterministic mode its attention calls
-see: torch's, which may be on before the run (an earlier in-process run with
-``runtime.deterministic: true`` leaves it on) even with ``runtime.deterministic: false``."""
+see: torch's, which may be on before the run (the caller's script set it) even with
+``runtime.deterministic: false``; and a run with ``runtime.deterministic: true`` leaves torch's
+mode as it found it."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ def test_auto_follows_torchs_deterministic_mode_already_on(make_cfg, train):
         torch.use_deterministic_algorithms(was)
         backends._SPECS.pop("atomic_trainer_test")
         backends._INSTANCES.pop("atomic_trainer_test", None)
+
+
+def test_a_deterministic_run_restores_torchs_mode(make_cfg, train):
+    assert not torch.are_deterministic_algorithms_enabled()
+    over = ("training.train_iters=2", "training.warmup_iters=1", "checkpoint.save=false")
+    cfg = make_cfg(*over, "runtime.deterministic=true")
+    code, log = train(cfg)
+    assert code == EXIT_DONE, log.text()
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -1,7 +1,7 @@
 """The megatron-core engine on a CUDA GPU (run on the H200: python -m pytest -m gpu tests/training).
 
-* the default job (configs/default.yaml, shortened) runs with the Triton backend, trains, and logs
-  tokens/s/GPU, MFU and peak memory;
+* the default job (configs/default.yaml, shortened) runs with auto's backend (cute with the cute
+  extra, else Triton), trains, and logs tokens/s/GPU, MFU and peak memory;
 * resume is exact in deterministic mode: 8 steps in one run vs 4 + resume + 4 (a copied step-4
   checkpoint); bitwise-equal losses are asserted, see RESUME_RTOL for the tolerance used otherwise;
 * an asynchronous save completes (manifest, marker) and resumes;
@@ -42,7 +42,7 @@ def triton_backend():
         pytest.skip(f"fp4_attention.backends.triton.backend is not importable: {type(exc).__name__}: {exc}")
 
 
-def test_default_job_runs_with_triton_and_logs_throughput(train, tmp_path):
+def test_default_job_runs_with_autos_backend_and_logs_throughput(train, tmp_path):
     cfg = load_config(
         None,
         [
@@ -96,7 +96,7 @@ def check_resume_is_exact(make_cfg, train, tmp_path, over, label=None) -> str:
     return log.text()
 
 
-@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv", "bf16"])  # bf16: FA4's deterministic backward
 def test_resume_is_exact_in_deterministic_mode(make_cfg, train, tmp_path, recipe):
     over = (*GPU_MODEL, f"attention.recipe={recipe}", "runtime.deterministic=true")
     check_resume_is_exact(make_cfg, train, tmp_path, over, recipe)

@@ -13,6 +13,7 @@ import torch
 
 from ...numerics.operands import SavedState
 from ...numerics.recipes import Recipe
+from .. import deterministic_mode
 from . import SPEC
 
 try:
@@ -63,6 +64,6 @@ class FA4Backend:
             causal,
             # FA4's deterministic dQ accumulation in deterministic mode (runtime.deterministic), its
             # FP32 atomics otherwise
-            deterministic=torch.are_deterministic_algorithms_enabled(),
+            deterministic=deterministic_mode(),
         )
         return _bshd(dq), _bshd(dk), _bshd(dv)

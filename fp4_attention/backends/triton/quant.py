@@ -272,13 +272,15 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
         which is NaN anyway), the keys of each 16 permuted so that slot k holds key
         ``pv_layout.V_PERM16[k]`` (``pv_layout.unpermute_v_keys`` inverts it).
     Raises:
-        ValueError: not a 4-D CUDA tensor, or D not a power of two <= 256.
+        ValueError: not a 4-D CUDA tensor, no keys, or D not a power of two <= 256.
     """
     if (not v.is_cuda and not interpreted()) or v.dim() != 4:
         raise ValueError("quantize_fp8_v_transposed: needs a CUDA tensor [B, H, S, D]")
     b, h, sk, d = v.shape
     if d & (d - 1) or d > 256:
         raise ValueError(f"quantize_fp8_v_transposed: head dim must be a power of two <= 256, got {d}")
+    if sk == 0:
+        raise ValueError("quantize_fp8_v_transposed: V has no keys (S = 0); its channel scales are undefined")
     check_int32_span("quantize_fp8_v_transposed", v)
     _, fmax = FP8_FORMATS["e4m3"]
     # two passes (the amax of every channel, then the scale and the codes): no torch op in between
