@@ -88,3 +88,42 @@ def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
         st = sass_stats(kernel)
         assert st["STL"] == 0 and st["LDL"] == 0, f"{name}: register spills: {st}"
         assert "st.global.b8" not in kernel.asm["ptx"], f"{name}: byte stores to global memory"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_quantizers_compile_for_any_strides_without_spills(d):
+    """The quantizers that read the caller's [B, H, S, D] views in place (strides as runtime
+    integers, not the contiguous specialisation) and V's two passes compile for sm_90 without
+    spills."""
+    from fp4_attention.backends.triton import dout_quant, quant
+
+    rot = dict(SIGNS=None, ROTATE=False, LOG2_D=0, INV_SQRT_D=1.0)
+    kernels = {
+        "fp8 rows": _compile_or_skip(
+            quant._fp8_rows_kernel,
+            dict(X="bf16", Y="u8", S="fp32"),
+            dict(D=d, FMAX=448.0, E5M2=False, ROWS=2048 // d, **rot),
+        ),
+        "nvfp4 rows": _compile_or_skip(
+            quant._nvfp4_rows_kernel,
+            dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16"),
+            dict(D=d, ROWS=1024 // d, **rot),
+        ),
+        "V amax": _compile_or_skip(
+            quant._v_amax_kernel, dict(X="bf16", AMAX="fp32", BAD="i32"), dict(D=d, BLOCK_S=64)
+        ),
+        "dO amax": _compile_or_skip(
+            dout_quant._dout_amax_kernel,
+            dict(DO="bf16", VS="fp32", AMAX="fp32", BAD="i32"),
+            dict(D=d, BLOCK=64),
+        ),
+    }
+    for perm16 in (False, True):
+        kernels[f"V transposed perm16={perm16}"] = _compile_or_skip(
+            quant._fp8_v_t_kernel,
+            dict(X="bf16", AMAX="fp32", BAD="i32", SC="fp32", Y="u8"),
+            dict(D=d, FMAX=448.0, BLOCK_S=64, PERM16=perm16),
+        )
+    for name, kernel in kernels.items():
+        st = sass_stats(kernel)
+        assert st["STL"] == 0 and st["LDL"] == 0, f"{name}: register spills: {st}"
