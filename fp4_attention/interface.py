@@ -110,6 +110,8 @@ class _AttentionFunction(torch.autograd.Function):
         ctx.skeleton = skeleton
         ctx.meta = (recipe, causal, softmax_scale, backend_name, options)
         ctx.mark_non_differentiable(lse)
+        # the LSE gets no gradient: autograd need not make a zero tensor for it (a GPU fill per step)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod

@@ -115,48 +115,54 @@ class Backend(Protocol):
 
 def flatten_state(state: Any) -> tuple[Any, list[torch.Tensor]]:
     """Split a (nested) dataclass state into a tensor-free skeleton and the list of its tensors, so
-    that the tensors go through autograd's ``save_for_backward``."""
+    that the tensors go through autograd's ``save_for_backward``. Fields that are neither tensors nor
+    dataclasses (ints, bools, None, strings) stay in the skeleton as they are. Runs once per
+    attention forward: the field names of each dataclass type are looked up once per process."""
     tensors: list[torch.Tensor] = []
     return _flatten_state(state, tensors), tensors
 
 
-def restore_state(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    """Inverse of :func:`flatten_state`."""
-    return _restore_state(skeleton, list(tensors))
+def restore_state(skeleton: Any, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> Any:
+    """Inverse of :func:`flatten_state`: the same dataclass types, each tensor in its field."""
+    return _restore_state(skeleton, tensors)
+
+
+class _Ref(int):
+    """The index of a tensor in :func:`flatten_state`'s list (a type of its own, so that an int
+    field of a state stays an int)."""
+
+
+class _Node(tuple):
+    """A flattened dataclass: ``(type, ((field name, flattened value), ...))``."""
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The field names of dataclass type ``cls`` (None for any other type), computed once per type."""
+    try:
+        return _FIELD_NAMES[cls]
+    except KeyError:
+        names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+        _FIELD_NAMES[cls] = names
+        return names
 
 
 def _flatten_state(obj: Any, out: list[torch.Tensor]) -> Any:
-    """Replace every tensor inside (nested) dataclasses by its index in ``out``."""
     if isinstance(obj, torch.Tensor):
         out.append(obj)
-        return len(out) - 1
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.replace(
-            obj,
-            **{
-                f.name: _flatten_state(getattr(obj, f.name), out)
-                for f in dataclasses.fields(obj)
-                if isinstance(getattr(obj, f.name), torch.Tensor)
-                or dataclasses.is_dataclass(getattr(obj, f.name))
-            },
-        )
-    return obj
+        return _Ref(len(out) - 1)
+    names = _field_names(type(obj))
+    if names is None:
+        return obj
+    return _Node((type(obj), tuple((n, _flatten_state(getattr(obj, n), out)) for n in names)))
 
 
-def _is_index(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _restore_state(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if _is_index(obj):
+def _restore_state(obj: Any, tensors) -> Any:
+    if type(obj) is _Ref:
         return tensors[obj]
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.replace(
-            obj,
-            **{
-                f.name: _restore_state(getattr(obj, f.name), tensors)
-                for f in dataclasses.fields(obj)
-                if _is_index(getattr(obj, f.name)) or dataclasses.is_dataclass(getattr(obj, f.name))
-            },
-        )
+    if type(obj) is _Node:
+        cls, fields = obj
+        return cls(**{n: _restore_state(v, tensors) for n, v in fields})
     return obj
