@@ -18,6 +18,7 @@ def _interpreted_checks() -> list[str]:
     from fp4_attention.backends.pv_layout import permute_v_for_pv
     from fp4_attention.numerics.operands import SavedState
     from fp4_attention.numerics.quant import quantize_fp8
+    from tests.dispatch_ops import FILL_OPS, OpNames
 
     failed = []
     g = torch.Generator().manual_seed(0)
@@ -29,7 +30,27 @@ def _interpreted_checks() -> list[str]:
         v_q = quantize_fp8(v, "e4m3", (-2,), pow2=True)
         v_s = type(v_q)(data=permute_v_for_pv(v_q.data.transpose(-1, -2).contiguous()), scale=v_q.scale)
         state = SavedState(q=q_s, k=k_s, v=v_s, out=o, lse=torch.randn(b, hq, s, generator=g))
-        ops = cb.backward_operands(state, do, d**-0.5)
+        with OpNames() as names:
+            ops = cb.backward_operands(state, do, d**-0.5)
+        # one fill for dO's amax and flag, one for the FP32 accumulators (four on a GPU before)
+        fills = [op for op in names.names if op in FILL_OPS]
+        if fills != ["zeros", "zeros"]:
+            failed.append(f"{case}: fills {fills}")
+        tile_m, tile_n = cb.BWD_TILES
+        accs = {"dq_accum": (b, hq, -(-s // tile_m) * tile_m * d)}
+        if hq != hkv:
+            accs.update(dk=(b, hkv, -(-s // tile_n) * tile_n * d), dv=(b, hkv, -(-s // tile_n) * tile_n * d))
+        spans = []
+        for name, shape in accs.items():
+            t = ops[name]
+            if tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_contiguous():
+                failed.append(f"{case}: {name} is {t.dtype} {tuple(t.shape)} {t.stride()}, want {shape}")
+            elif not bool((t == 0).all()):
+                failed.append(f"{case}: {name} not zeroed")
+            spans.append((t.data_ptr(), t.data_ptr() + 4 * t.numel()))
+        spans.sort()
+        if any(a[1] > b_[0] for a, b_ in zip(spans, spans[1:])):
+            failed.append(f"{case}: accumulators overlap {spans}")
         want = dict(
             qb=q_s.data.to(torch.bfloat16),
             kb=k_s.data.to(torch.bfloat16),

@@ -20,6 +20,7 @@ def _interpreted_checks() -> list[str]:
     from fp4_attention.backends.pv_layout import permute_v_for_pv
     from fp4_attention.backends.triton.dout_quant import quantize_dout_fused
     from fp4_attention.numerics.quant import pow2_ceil
+    from tests.dispatch_ops import FILL_OPS, OpNames
 
     failed = []
     g = torch.Generator().manual_seed(0)
@@ -80,6 +81,12 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"{case}: padding")
         if not bool((got.stat[..., sq:] == -torch.inf).all()):
             failed.append(f"{case}: stat padding")
+    # the per-head amax and non-finite flag start from one fill (a launch each on a GPU before)
+    with OpNames() as ops:
+        quantize_dout_fused(dout, out, vs, lse, lift=8, pad_to=pad, transposed=True, q_scale=qs, q8=q8)
+    fills = [op for op in ops.names if op in FILL_OPS]
+    if fills != ["zeros"]:
+        failed.append(f"the accumulators take the fills {fills}, not one")
     return failed
 
 

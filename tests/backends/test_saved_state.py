@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import fp4_attention as fa
 from fp4_attention import backends
@@ -16,6 +15,8 @@ from fp4_attention.numerics.quant import FP8Tensor, MXFP4Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from interface_overhead import NAME, NullBackend, measure  # noqa: E402
+
+from ..dispatch_ops import FILL_OPS, OpNames  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -45,16 +46,6 @@ def test_flatten_restore_keeps_every_field():
     assert back.out is t[5] and back.lse is t[0]
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
-
-
 def test_backward_makes_no_tensor_for_the_lse_gradient():
     """The LSE is non-differentiable: autograd is told not to materialize a zero gradient for it,
     which on a GPU is a fill kernel in every backward. With the null backend of
@@ -72,11 +63,10 @@ def _backward_ops_are_not_fills():
     k = torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16, requires_grad=True)
     v = torch.zeros(1, 16, 2, 128, dtype=torch.bfloat16, requires_grad=True)
     out = fa.attention(q, k, v, recipe="fp8", causal=True, backend=NAME)
-    with _Ops() as mode:
+    with OpNames() as ops:
         out.backward(torch.ones_like(out))
     assert q.grad is not None and q.grad.shape == q.shape
-    fills = ("zeros", "zeros_like", "zero_", "fill_", "full", "new_zeros")
-    assert not [op for op in mode.ops if op in fills], mode.ops
+    assert not [op for op in ops.names if op in FILL_OPS], ops.names
 
 
 def test_interface_overhead_bench_runs():

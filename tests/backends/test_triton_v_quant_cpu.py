@@ -16,6 +16,7 @@ def _interpreted_checks() -> list[str]:
 
     from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed
     from fp4_attention.numerics.quant import amax_scale, pow2_ceil
+    from tests.dispatch_ops import FILL_OPS, OpNames
 
     failed = []
     g = torch.Generator().manual_seed(0)
@@ -54,6 +55,12 @@ def _interpreted_checks() -> list[str]:
             codes = got.data.view(torch.uint8)  # [B, H, D, S(16)]
             if not (bool((codes[0, 0, 1] == 0x7F).all()) and bool((codes[0, 1, 2] == 0x7F).all())):
                 failed.append(f"{name} perm16={perm16}: codes of a non-finite channel")
+    # the amax and the non-finite flag start from one fill (a launch each on a GPU before)
+    with OpNames() as ops:
+        quantize_fp8_v_transposed(v16, perm16=True)
+    fills = [op for op in ops.names if op in FILL_OPS]
+    if fills != ["zeros"]:
+        failed.append(f"the accumulators take the fills {fills}, not one")
     return failed
 
 

@@ -32,6 +32,7 @@ Scope, said plainly:
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -282,7 +283,7 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
     payload from two Triton kernels (``triton.dout_quant``); the BF16 image of the K payload and V in
-    key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators with torch."""
+    key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators with torch (one fill)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     b, hq, sq, d = dout.shape
@@ -319,15 +320,20 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         col2=(k_scale * 2.0**-LIFT).contiguous(),
         s_do=dv.s_do,
         v_scale=v_scale,
-        dq_accum=torch.zeros((b, hq, _round_up(sq, tile_m) * d), dtype=torch.float32, device=dev),
     )
+    # the FP32 accumulators the kernel bulk-adds into, zeroed by one fill: dQ's, and for GQA dK's
+    # and dV's (each a contiguous slice; offsets are multiples of tile_m * d * 4 bytes)
+    dq_shape = (b, hq, _round_up(sq, tile_m) * d)
+    kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
+    n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
+    acc = torch.zeros(n_dq + 2 * n_kv, dtype=torch.float32, device=dev)
+    ops["dq_accum"] = acc[:n_dq].view(dq_shape)
     if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
         ops["dv"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
     else:
-        sk_pad = _round_up(sk, tile_n)
-        ops["dk"] = torch.zeros((b, hkv, sk_pad * d), dtype=torch.float32, device=dev)
-        ops["dv"] = torch.zeros_like(ops["dk"])
+        ops["dk"] = acc[n_dq : n_dq + n_kv].view(kv_shape)
+        ops["dv"] = acc[n_dq + n_kv :].view(kv_shape)
     return ops
 
 

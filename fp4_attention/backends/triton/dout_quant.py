@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
-from .quant import check_int32_span
+from .quant import check_int32_span, zeroed_amax_and_flag
 from .quant import interpreted as _interpreted
 
 __all__ = ["DoutOperands", "e4m3_to_bf16", "quantize_dout_fused"]
@@ -216,8 +216,7 @@ def quantize_dout_fused(
     dev = dout.device
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
-    amax = torch.zeros(b * hq, dtype=torch.float32, device=dev)
-    bad = torch.zeros(b * hq, dtype=torch.int32, device=dev)
+    amax, bad = zeroed_amax_and_flag((b * hq,), dev)
     block = 64
     grid = (triton.cdiv(sq, block), b * hq)
     strides = (dout.stride(0), dout.stride(1), dout.stride(2))

@@ -61,6 +61,13 @@ def check_int32_span(who: str, *tensors: torch.Tensor) -> None:
             )
 
 
+def zeroed_amax_and_flag(shape: tuple[int, ...], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two zeroed accumulators of ``shape`` from one fill (one kernel launch, not two): FP32 for an
+    atomic-max amax (+0.0 is the all-zero bit pattern) and int32 for a non-finite flag."""
+    both = torch.zeros((2, *shape), dtype=torch.int32, device=device)
+    return both[0].view(torch.float32), both[1]
+
+
 def _row_input(x: torch.Tensor, who: str) -> tuple[torch.Tensor, tuple[int, ...]]:
     """``x`` as the row kernels read it, and their ``(H, SEQ, sxb, sxh, sxs)`` arguments: a contiguous
     ``[..., D]`` tensor is one run of rows; a 4-D ``[B, H, S, D]`` tensor with a unit last stride is
@@ -284,8 +291,7 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
     check_int32_span("quantize_fp8_v_transposed", v)
     _, fmax = FP8_FORMATS["e4m3"]
     # two passes (the amax of every channel, then the scale and the codes): no torch op in between
-    amax = torch.zeros((b * h, d), dtype=torch.float32, device=v.device)
-    bad = torch.zeros((b * h, d), dtype=torch.int32, device=v.device)
+    amax, bad = zeroed_amax_and_flag((b * h, d), v.device)
     scale = torch.empty((b, h, 1, d), dtype=torch.float32, device=v.device)
     so = padded_keys(sk) if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
