@@ -91,11 +91,17 @@ def test_dataloader_workers_ignore_sigint():
     step, saves), so a worker must not die of it."""
     from data.sampler import build_dataloader
 
-    loader = build_dataloader(_PidAndSigint(), consumed_samples=0, micro_batch_size=2, num_workers=1)
-    assert [bool(b["ignores_sigint"].all()) for b in loader] == [True, True]
-    assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN  # this process is left alone
-    in_process = build_dataloader(_PidAndSigint(), consumed_samples=0, micro_batch_size=2, num_workers=0)
-    assert not any(bool(b["ignores_sigint"].any()) for b in in_process)
+    # pytest started in the background of a non-interactive shell inherits SIGINT ignored: give this
+    # process Python's own handler, as a training process at a terminal has it
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        loader = build_dataloader(_PidAndSigint(), consumed_samples=0, micro_batch_size=2, num_workers=1)
+        assert [bool(b["ignores_sigint"].all()) for b in loader] == [True, True]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process is left alone
+        in_process = build_dataloader(_PidAndSigint(), consumed_samples=0, micro_batch_size=2, num_workers=0)
+        assert not any(bool(b["ignores_sigint"].any()) for b in in_process)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_ctrl_c_during_prepare_is_one_line_and_130(tmp_path, capsys, monkeypatch, write_jsonl):
