@@ -11,6 +11,7 @@ The implementation (``spec.impl``) is imported on first use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -136,17 +137,10 @@ class _Node(tuple):
     """A flattened dataclass: ``(type, ((field name, flattened value), ...))``."""
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
-
-
+@functools.cache
 def _field_names(cls: type) -> tuple[str, ...] | None:
     """The field names of dataclass type ``cls`` (None for any other type), computed once per type."""
-    try:
-        return _FIELD_NAMES[cls]
-    except KeyError:
-        names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
-        _FIELD_NAMES[cls] = names
-        return names
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
 
 
 def _flatten_state(obj: Any, out: list[torch.Tensor]) -> Any:
