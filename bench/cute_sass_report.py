@@ -113,9 +113,10 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
-    the compiled function (its cubin is in the dump directory)."""
+    the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
+    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma)."""
     import cutlass
     from cutlass import cute
     from quack.compile_utils import make_fake_tensor as fake
@@ -129,7 +130,8 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512):
     def bshd(h, dt):
         return fake(dt, (b, s, h, d), divisibility=16)
 
-    args = [bshd(hq, e4), bshd(hq, bf), bshd(hkv, e4), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
+    qk = bf if qk_bf16 else e4
+    args = [bshd(hq, qk), bshd(hq, bf), bshd(hkv, qk), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
     args.append(fake(e5, (b, s, hq, d), divisibility=16, leading_dim=1))  # dO^T, queries contiguous
     args += [fake(f32, (b, hq, s), divisibility=4) for _ in range(4)]
     args += [fake(f32, (b, hkv, s), divisibility=4) for _ in range(2)]
@@ -141,15 +143,19 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512):
         args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal), *args, f32(0.1), stream, options="--enable-tvm-ffi"
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
+        *args,
+        f32(0.1),
+        stream,
+        options="--enable-tvm-ffi",
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -164,6 +170,7 @@ def compile_bwd_report(causal=True, group=4, head_dim=128) -> dict:
         "causal": causal,
         "group": group,
         "head_dim": head_dim,
+        "qk_bf16": qk_bf16,
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         **counts,
@@ -250,11 +257,11 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default="128,128,2")
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True")
-    p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernel)")
+    p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
     a = p.parse_args(argv)
     if a.backward:
-        print(json.dumps(compile_bwd_report(not a.non_causal, a.group, a.head_dim)))
+        print(json.dumps(compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)))
         return 0
     rep = compile_report(
         tuple(int(x) for x in a.tiles.split(",")),

@@ -12,10 +12,10 @@
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
 #           GPU tests of both GPU backends, the backward's preparation kernels and the layouts
 #           (TESTS_TIMEOUT, default 360 s; TEST_WORKERS processes, default 8, as the Triton tests of A);
-#         "fidelity": tools/fidelity.py fp8 for each of FID_BACKENDS (default "cute triton"), cute with
+#         "fidelity": tools/fidelity.py FID_RECIPES (default fp8) for each of FID_BACKENDS (default "cute triton"), cute with
 #           the cuDNN FP8 peer (FID_TIMEOUT per backend, 200 s);
-#         "train": configs/small_gpu.yaml, recipe fp8, TRAIN_ITERS (120) steps with backend triton, then
-#           cute, the same seed and data (TRAIN_TIMEOUT per run, 150 s);
+#         "train": configs/small_gpu.yaml, each recipe of TRAIN_RECIPES (default fp8), TRAIN_ITERS (120)
+#           steps with backend triton, then cute, the same seed and data (TRAIN_TIMEOUT per run, 150 s);
 #         "cache": the cute backend tests selected by CACHE_TESTS (a pytest -k expression, default
 #           "matches_reference_shapes and not nvfp4") twice with FP4_ATTENTION_CUTE_CACHE_DIR set:
 #           the second run loads the kernels the first exported (CACHE_TIMEOUT per run, 200 s);
@@ -24,7 +24,8 @@
 #           TILES, causal if PROFILE_CAUSAL=1 (PROFILE_TIMEOUT per variant, default 150 s);
 #         "step_profile": bench/attention_step_profile.py, causal, per kernel and host vs kernel time,
 #           for each of STEP_PROFILE_SHAPES (default "1,32,8,4096 4,32,8,4096") and each backend of
-#           STEP_PROFILE_BACKENDS (default "cute fa4"; fa4 with recipe bf16), the whole step and the
+#           STEP_PROFILE_BACKENDS (default "cute fa4"; recipe STEP_PROFILE_RECIPE, default fp8, fa4 with
+#           bf16), the whole step and the
 #           backward alone (STEP_PROFILE_TIMEOUT per profile, 90 s); STEP_PROFILE_HOST=1 adds the
 #           Python functions by host time (cProfile);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8; BENCH_ARGS, more
@@ -99,7 +100,7 @@ if [[ $steps == *" step_profile "* ]]; then
   host=(); [[ ${STEP_PROFILE_HOST:-0} == 1 ]] && host=(--host-profile)
   for shape in ${STEP_PROFILE_SHAPES:-1,32,8,4096 4,32,8,4096}; do
     for be in ${STEP_PROFILE_BACKENDS:-cute fa4}; do
-      recipe=fp8; [[ $be == fa4 ]] && recipe=bf16
+      recipe=${STEP_PROFILE_RECIPE:-fp8}; [[ $be == fa4 ]] && recipe=bf16
       for part in step backward; do
         tag="step_profile_${be}_${recipe}_B${shape%%,*}_$part"
         timeout "${STEP_PROFILE_TIMEOUT:-90}" python3 bench/attention_step_profile.py --backend "$be" --recipe "$recipe" \
@@ -119,17 +120,21 @@ fi
 if [[ $steps == *" fidelity "* ]]; then
   for be in ${FID_BACKENDS:-cute triton}; do
     peers=(); [[ $be == cute ]] && peers=(--peers cudnn_fp8)
-    timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend "$be" --device cuda --recipes fp8 "${peers[@]}" \
+    read -ra fid_recipes <<< "${FID_RECIPES:-fp8}"
+    timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend "$be" --device cuda --recipes "${fid_recipes[@]}" "${peers[@]}" \
       --out "$out/fidelity_${be}_h200" > "$out/fidelity_$be.log" 2>&1; echo "fidelity $be rc=$?" | tee -a "$out/status.txt"
   done
 fi
 if [[ $steps == *" train "* ]]; then
-  for be in triton cute; do
-    timeout "${TRAIN_TIMEOUT:-150}" python3 pretrain_llama.py --config configs/small_gpu.yaml attention.recipe=fp8 \
-      attention.backend=$be training.train_iters="${TRAIN_ITERS:-120}" checkpoint.save_interval=1000000 \
-      validation.interval=$(( ${TRAIN_ITERS:-120} / 2 )) runtime.output_dir="/tmp/run_$be" \
-      > "$out/train_small_gpu_fp8_$be.log" 2>&1; echo "train $be rc=$?" | tee -a "$out/status.txt"
-    grep "validation loss" "$out/train_small_gpu_fp8_$be.log" | tail -2
+  for recipe in ${TRAIN_RECIPES:-fp8}; do
+    for be in triton cute; do
+      log="$out/train_small_gpu_${recipe}_$be.log"
+      timeout "${TRAIN_TIMEOUT:-150}" python3 pretrain_llama.py --config configs/small_gpu.yaml attention.recipe="$recipe" \
+        attention.backend=$be training.train_iters="${TRAIN_ITERS:-120}" checkpoint.save_interval=1000000 \
+        validation.interval=$(( ${TRAIN_ITERS:-120} / 2 )) runtime.output_dir="/tmp/run_${recipe}_$be" \
+        > "$log" 2>&1; echo "train $recipe $be rc=$?" | tee -a "$out/status.txt"
+      grep "validation loss" "$log" | tail -2
+    done
   done
 fi
 if [[ $steps == *" cache "* ]]; then

@@ -4,6 +4,9 @@ torch expressions the backend used before those kernels wrote them: ``qb``/``kb`
 ``q8/k8.to(torch.bfloat16)``, ``v8`` = V in key order (``unpermute_v(...).transpose(-1, -2)``), each
 with the shape, dtype and layout the kernel's arguments take; dO^T is the ``V_PERM16`` transpose of
 the row-major codes. Causal GQA and MHA shapes, lengths that are not multiples of the tiles.
+The ``nvfp4qk_fp8pv`` state (NVFP4 Q/K) likewise: ``qb``/``kb`` (and ``q8``/``k8``, which its
+``qk_bf16`` kernel takes in their place) are ``scaled_payload()`` in BF16, NaN for a poisoned block,
+and the per-query/per-key vectors are the per-head global scales broadcast per token.
 """
 
 from __future__ import annotations
@@ -15,23 +18,38 @@ def _interpreted_checks() -> list[str]:
     import torch
 
     from fp4_attention.backends.cute import backend as cb
+    from fp4_attention.backends.cute.fwd_sm90 import LIFT
+    from fp4_attention.backends.dout import LOG2E
     from fp4_attention.backends.pv_layout import permute_v_for_pv
     from fp4_attention.numerics.operands import SavedState
-    from fp4_attention.numerics.quant import quantize_fp8
+    from fp4_attention.numerics.quant import nvfp4_global_scale, quantize_fp8, quantize_nvfp4
     from tests.dispatch_ops import FILL_OPS, OpNames
 
     failed = []
     g = torch.Generator().manual_seed(0)
-    for b, hq, hkv, s, d in ((1, 4, 1, 100, 64), (1, 2, 2, 130, 128)):
-        case = f"B{b} H{hq}/{hkv} S{s} D{d}"
+    cases = [(qk, *shape) for qk in ("fp8", "nvfp4") for shape in ((1, 4, 1, 100, 64), (1, 2, 2, 130, 128))]
+    for qk, b, hq, hkv, s, d in cases:
+        case = f"{qk} B{b} H{hq}/{hkv} S{s} D{d}"
         q, k, v, do, o = (torch.randn(b, h, s, d, generator=g).bfloat16() for h in (hq, hkv, hkv, hq, hq))
-        q_s, k_s = quantize_fp8(q, "e4m3", (-1,)), quantize_fp8(k, "e4m3", (-1,))
-        q_s.data.view(torch.uint8)[0, 0, 3, :2] = torch.tensor([0x7F, 0xFF], dtype=torch.uint8)  # NaN codes
+        if qk == "fp8":
+            q_s, k_s = quantize_fp8(q, "e4m3", (-1,)), quantize_fp8(k, "e4m3", (-1,))
+            q_s.data.view(torch.uint8)[0, 0, 3, :2] = torch.tensor(
+                [0x7F, 0xFF], dtype=torch.uint8
+            )  # NaN codes
+            q_img, k_img = q_s.data.to(torch.bfloat16), k_s.data.to(torch.bfloat16)
+            q_sc, k_sc = q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+        else:
+            q_s, k_s = (quantize_nvfp4(t, nvfp4_global_scale(t, dims=(2, 3))) for t in (q, k))
+            q_s.block_scale[0, 0, 3, 1] = 0x7F  # a poisoned block: NaN for its 16 elements
+            k_s.block_scale[0, -1, 5, 0] = 0x7F
+            q_img, k_img = q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16()
+            q_sc = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, s)
+            k_sc = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, s)
         v_q = quantize_fp8(v, "e4m3", (-2,), pow2=True)
         v_s = type(v_q)(data=permute_v_for_pv(v_q.data.transpose(-1, -2).contiguous()), scale=v_q.scale)
         state = SavedState(q=q_s, k=k_s, v=v_s, out=o, lse=torch.randn(b, hq, s, generator=g))
         with OpNames() as names:
-            ops = cb.backward_operands(state, do, d**-0.5)
+            ops = cb.backward_operands(state, do, d**-0.5)  # the scale of `sm` below
         # one fill for dO's amax and flag, one for the FP32 accumulators (four on a GPU before)
         fills = [op for op in names.names if op in FILL_OPS]
         if fills != ["zeros", "zeros"]:
@@ -52,10 +70,22 @@ def _interpreted_checks() -> list[str]:
         if any(a[1] > b_[0] for a, b_ in zip(spans, spans[1:])):
             failed.append(f"{case}: accumulators overlap {spans}")
         want = dict(
-            qb=q_s.data.to(torch.bfloat16),
-            kb=k_s.data.to(torch.bfloat16),
+            qb=q_img,
+            kb=k_img,
             v8=cb.unpermute_v(v_s, s).data.transpose(-1, -2).contiguous(),
         )
+        if qk == "nvfp4":  # the qk_bf16 kernel's S^T operands
+            want.update(q8=q_img, k8=k_img)
+        sm = d**-0.5
+        vecs = dict(
+            r=(q_sc * (sm * LOG2E), ops["r"]),
+            row=(q_sc * 2.0**-LIFT, ops["row"]),
+            col=(k_sc, ops["col"]),
+            col2=(k_sc * 2.0**-LIFT, ops["col2"]),
+        )
+        for name, (ref, got) in vecs.items():
+            if not torch.allclose(got[..., :s], ref, rtol=1e-6, atol=0):
+                failed.append(f"{case}: {name}")
         for name, ref in want.items():
             got = ops[name]
             if (got.shape, got.dtype, got.stride()) != (ref.shape, ref.dtype, ref.stride()):

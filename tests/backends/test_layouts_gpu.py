@@ -35,7 +35,7 @@ def _step(layout, backend, recipe, q, k, v, dout):
     """One forward + backward in ``layout`` from ``[B, H, S, D]`` data; results back in [B, H, S, D]."""
     inv = lambda t: t.permute(*[PERM[layout].index(i) for i in range(4)]) if layout in PERM else t  # noqa: E731
     fwd = lambda t: t.permute(*PERM[layout]).contiguous() if layout in PERM else t.contiguous()  # noqa: E731
-    leaves = [fwd(t).requires_grad_() for t in (q, k, v)]
+    leaves = [fwd(t).detach().requires_grad_() for t in (q, k, v)]  # fresh leaves (bhsd: not q itself)
     out = fa.attention(*leaves, recipe=recipe, causal=True, layout=layout, backend=backend)
     out.backward(fwd(dout))
     return inv(out.detach()), *(inv(t.grad) for t in leaves), leaves

@@ -20,16 +20,17 @@ def _saved(recipe, q, k, v):
     return q_s, k_s, v_s
 
 
-def _bits(t):
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
 @pytest.mark.parametrize("name", ["bf16", "fp8", "nvfp4qk_fp8pv", "nvfp4qk_mxfp4pv_fast"])
 def test_forward_operands(name):
     rec = fa.get_recipe(name)
     q, k, v = make_qkv(2, 4, 2, 40, 40, 64, seed=3)
     q_s, k_s, v_s = _saved(rec, q, k, v)
-    q_op, k_op, v_op, row, col, v_scale = tb.forward_operands(q_s, k_s, v_s, rec, q.shape, k.shape)
+    # NVFP4 Q/K: the decoded pair as the forward has it (without it, the Triton decode runs: on a
+    # GPU, or interpreted in test_triton_nvfp4_quant_cpu.py)
+    decoded = (
+        (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16()) if rec.qk == "nvfp4" else None
+    )
+    q_op, k_op, v_op, row, col, v_scale = tb.forward_operands(q_s, k_s, v_s, rec, q.shape, k.shape, decoded)
     assert row.shape == (2, 4, 40) and col.shape == (2, 2, 40) and v_scale.shape == (2, 2, 64)
     assert v_op.shape[:2] == (2, 2) and v_op.shape[-1] == 64
     if name == "bf16":
@@ -42,19 +43,6 @@ def test_forward_operands(name):
     else:  # NVFP4 Q/K: the exact BF16 decode s_b * q, global scales as row/col
         assert torch.equal(q_op, q_s.scaled_payload().bfloat16())
         assert torch.equal(row, q_s.global_scale.squeeze(-1).expand(2, 4, 40))
-        # decoded pair given (as forward has it) or not: the same operands
-        again = tb.forward_operands(
-            q_s,
-            k_s,
-            v_s,
-            rec,
-            q.shape,
-            k.shape,
-            (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16()),
-        )
-        assert all(
-            torch.equal(_bits(a), _bits(b)) for a, b in zip(again, (q_op, k_op, v_op, row, col, v_scale))
-        )
         if rec.direct_p is not None:  # alpha_V * q_V in BF16, unit channel scales
             assert v_op.dtype == torch.bfloat16 and (v_scale == 1).all()
 

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 from fp4_attention.backends.triton.quant import (  # noqa: E402
     quantize_fp8_rows,
     quantize_fp8_v_transposed,
+    quantize_nvfp4_heads,
     quantize_nvfp4_rows,
 )
 
@@ -72,6 +73,16 @@ def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout):
     assert torch.equal(got.scale.cpu().nan_to_num(), ref.scale.nan_to_num())
 
 
+def _assert_nvfp4_equal(got, dec, ref):
+    """Payload and block scales byte-equal the reference's, the BF16 decode equals its s_b * q."""
+    assert torch.equal(got.payload.cpu(), ref.payload)
+    assert torch.equal(got.block_scale.cpu(), ref.block_scale)
+    sp = ref.scaled_payload()
+    dec = dec.cpu()
+    assert torch.equal(dec.float().isnan(), sp.isnan())
+    assert torch.equal(dec.float().nan_to_num(), sp.nan_to_num())
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("seq", [333, 4096])
 def test_nvfp4_rows_bytes_equal_reference(d, seq):
@@ -80,12 +91,32 @@ def test_nvfp4_rows_bytes_equal_reference(d, seq):
     g = nvfp4_global_scale(x.cpu(), dims=(2, 3))
     got, dec = quantize_nvfp4_rows(x, g.cuda())
     ref = quantize_nvfp4(x.cpu(), g)
-    assert torch.equal(got.payload.cpu(), ref.payload)
-    assert torch.equal(got.block_scale.cpu(), ref.block_scale)
-    sp = ref.scaled_payload()
-    dec = dec.cpu()
-    assert torch.equal(dec.float().isnan(), sp.isnan())
-    assert torch.equal(dec.float().nan_to_num(), sp.nan_to_num())
+    _assert_nvfp4_equal(got, dec, ref)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("seq", [333, 4096])
+@pytest.mark.parametrize(
+    "perm", [None, (0, 2, 1, 3), (2, 0, 1, 3)], ids=["contiguous", "bshd_view", "sbhd_view"]
+)
+def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
+    """The per-head global scale formed in the kernels (``quantize_nvfp4_heads``): payload, block
+    scales, global scale and decode equal the reference with ``nvfp4_global_scale(x, dims=(2, 3))``,
+    for a head holding a NaN, one holding an Inf and an all-zero one, read in place from views."""
+    x = _inputs(d, seq)
+    x[1, 3, 11, 40] = float("nan")
+    x[1, 2, 3, 5] = float("-inf")
+    x[0, 3] = 0.0
+    if perm is not None:
+        x = x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
+        assert not x.is_contiguous()
+    got, dec = quantize_nvfp4_heads(x)
+    ref = quantize_nvfp4(x.cpu(), nvfp4_global_scale(x.cpu(), dims=(2, 3)))
+    g, g_ref = got.global_scale.cpu(), ref.global_scale
+    assert g.shape == g_ref.shape == (2, 4, 1, 1)
+    assert torch.equal(g.isnan(), g_ref.isnan()) and torch.equal(g.nan_to_num(), g_ref.nan_to_num())
+    assert g[0, 3].item() == 1.0 and g[1, 3].isnan() and g[1, 2].isnan()
+    _assert_nvfp4_equal(got, dec, ref)
 
 
 @pytest.mark.parametrize("perm", [(0, 2, 1, 3), (2, 0, 1, 3)], ids=["bshd_view", "sbhd_view"])

@@ -82,9 +82,12 @@ def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
     ptrs.update(YT="u8", SDO="fp32", DELTA="fp32", STAT="fp32", R="fp32", ROW="fp32", Q8="u8", QB="bf16")
     consts = dict(D=d, BLOCK=dout_quant.QUANT_BLOCK, LIFT=8, TRANSPOSED=True, Q_BF16=True)
     quant = _compile_or_skip(dout_quant._dout_quant_kernel, ptrs, consts, num_warps=dout_quant.QUANT_WARPS)
-    kv_ptrs = dict(K8="u8", VT="u8", KB="bf16", V8="u8")
-    kv = _compile_or_skip(bwd_kv._bwd_kv_kernel, kv_ptrs, dict(D=d, BLOCK=bwd_kv.KV_BLOCK))
-    for name, kernel in (("dO preparation", quant), ("K/V operands", kv)):
+    kv_ptrs = dict(K8="u8", KSC="u8", VT="u8", KB="bf16", V8="u8")
+    kernels = {"dO preparation": quant}
+    for nvfp4 in (False, True):  # K from E4M3 codes or NVFP4 (payload and block scales)
+        consts = dict(D=d, BLOCK=bwd_kv.KV_BLOCK, K_NVFP4=nvfp4)
+        kernels[f"K/V operands nvfp4={nvfp4}"] = _compile_or_skip(bwd_kv._bwd_kv_kernel, kv_ptrs, consts)
+    for name, kernel in kernels.items():
         st = sass_stats(kernel)
         assert st["STL"] == 0 and st["LDL"] == 0, f"{name}: register spills: {st}"
         assert "st.global.b8" not in kernel.asm["ptx"], f"{name}: byte stores to global memory"
@@ -93,8 +96,8 @@ def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
 @pytest.mark.parametrize("d", [64, 128])
 def test_quantizers_compile_for_any_strides_without_spills(d):
     """The quantizers that read the caller's [B, H, S, D] views in place (strides as runtime
-    integers, not the contiguous specialisation) and V's two passes compile for sm_90 without
-    spills."""
+    integers, not the contiguous specialisation), V's two passes, the NVFP4 per-head scale's amax
+    pass and the NVFP4 decode compile for sm_90 without spills."""
     from fp4_attention.backends.triton import dout_quant, quant
 
     rot = dict(SIGNS=None, ROTATE=False, LOG2_D=0, INV_SQRT_D=1.0)
@@ -107,7 +110,18 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
         "nvfp4 rows": _compile_or_skip(
             quant._nvfp4_rows_kernel,
             dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16"),
-            dict(D=d, ROWS=1024 // d, **rot),
+            dict(D=d, ROWS=1024 // d, HEAD_AMAX=False, **rot),
+        ),
+        "nvfp4 rows, per-head scale": _compile_or_skip(
+            quant._nvfp4_rows_kernel,
+            dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16", BADH="i32", GOUT="fp32"),
+            dict(D=d, ROWS=1024 // d, HEAD_AMAX=True, **rot),
+        ),
+        "head amax": _compile_or_skip(
+            quant._head_amax_kernel, dict(X="bf16", AMAX="fp32", BAD="i32"), dict(D=d, BLOCK_S=64)
+        ),
+        "nvfp4 decode": _compile_or_skip(
+            quant._nvfp4_decode_kernel, dict(P="u8", SC="u8", OUT="bf16"), dict(D=d, ROWS=2048 // d)
         ),
         "V amax": _compile_or_skip(
             quant._v_amax_kernel, dict(X="bf16", AMAX="fp32", BAD="i32"), dict(D=d, BLOCK_S=64)

@@ -7,14 +7,13 @@ Scope, said plainly:
 * Forward of recipes ``fp8`` and ``nvfp4qk_fp8pv`` on sm_90 (``fwd_sm90.FP8ForwardSm90``; the
   latter with BF16 Q/K operands), head dims 64 and 128, any sequence lengths, causal (bottom-right)
   or not, GQA.
-* Backward of recipe ``fp8`` on sm_90 (``bwd_sm90.FP8BackwardSm90``) on the forward's saved state
-  (no re-quantization of Q/K): same head dims, lengths, masks and GQA. Its operands are prepared
-  by three Triton kernels (:func:`backward_operands`: dO in E5M2 and D, dO^T in the kernel's query
-  order, BF16 images of the E4M3 Q/K payloads for the dQ/dK products, V back in key order); FA4's
-  postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV) accumulators into BF16.
-* Backward of ``nvfp4qk_fp8pv``: the Triton backward kernels (``TritonBackend.backward``) on the same
-  saved state, V put back in key order; there is no CuTe backward for it yet (its QK products are
-  BF16). This is the documented composition, not a fallback.
+* Backward of recipes ``fp8`` and ``nvfp4qk_fp8pv`` on sm_90 (``bwd_sm90.FP8BackwardSm90``) on the
+  forward's saved state (no re-quantization of Q/K): same head dims, lengths, masks and GQA; for
+  NVFP4 Q/K the kernel recomputes S^T as a BF16 wgmma on their exact decodes (``qk_bf16``, the
+  forward's QK product). Its operands are prepared by Triton kernels (:func:`backward_operands`: dO
+  in E5M2 and D, dO^T in the kernel's query order, BF16 images of the Q/K payloads for the dQ/dK
+  products, V back in key order); FA4's postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV)
+  accumulators into BF16.
 * Quantization of Q/K/V: the Triton quantizers (bytes equal ``numerics.quant``'s). The V quantizer
   writes V transposed with its keys permuted within each 16
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
@@ -22,8 +21,7 @@ Scope, said plainly:
 * Layouts (recipe ``fp8``): the quantizers read Q/K (and V) in place from the caller's strides (the
   ``[B, H, S, D]`` views of ``bshd``/``sbhd`` tensors), dO is read in place, and the output and the
   gradients are allocated in the caller's memory order (``layouts.empty_in_layout_of``), so no layout
-  copy is made on either pass. ``nvfp4qk_fp8pv`` reads Q/K in place too; its gradients are the
-  Triton backward's (``TritonBackend.backward``: dQ, and dK/dV without GQA, in the caller's layout).
+  copy is made on either pass; the same for ``nvfp4qk_fp8pv``.
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
   ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them
@@ -38,15 +36,19 @@ import time
 import torch
 
 from ...numerics.operands import SavedState
-from ...numerics.quant import FP8Tensor, NVFP4Tensor, nvfp4_global_scale
+from ...numerics.quant import FP8Tensor, NVFP4Tensor
 from ...numerics.recipes import Recipe
 from ..dout import LOG2E
 from ..layouts import empty_in_layout_of
 from ..pv_layout import padded_keys, unpermute_v_keys
-from ..triton.backend import TritonBackend
 from ..triton.bwd_kv import backward_kv_operands
 from ..triton.dout_quant import quantize_dout_fused
-from ..triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
+from ..triton.quant import (
+    decode_nvfp4_rows,
+    quantize_fp8_rows,
+    quantize_fp8_v_transposed,
+    quantize_nvfp4_heads,
+)
 from . import SPEC
 
 try:
@@ -68,31 +70,40 @@ __all__ = [
     "BWD_TILES",
     "COMPILE_SECONDS",
     "DEFAULT_TILES",
+    "NON_CAUSAL_TILES",
     "CuteBackend",
     "backward_fp8",
     "backward_operands",
+    "default_tiles",
     "forward_fp8",
     "kernel_operands",
     "triton_state",
     "unpermute_v",
 ]
 
-# (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, 128 keys per KV tile.
+# (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, tile_n keys per KV tile.
 # Every kernel test runs at (128, 128, 2) and (128, 96, 2); the others match the reference in
-# test_cute_backend.py's test_other_tiles_match_reference. 160 and 192 keys (FA3's FP8 forward
-# uses wider KV tiles) compile for sm_90a in 4.6 and 4.5 instructions per key per trip against 4.9
-# at 128, the fp8 kernel without spills (192 causal: 2 spill stores outside the loop); 224 spills.
-# Three K/V stages (128 and 160 keys) compile to the same loop, with one more tile of loads ahead.
+# test_cute_backend.py's test_other_tiles_match_reference. Measured on the H200 (2026-12-02, 81a18cf,
+# results/cute_tiles_h200), kernel only, D128: 192 keys win non-causal (B2 H32/32 S8192: fp8 3.109 ms
+# against 3.321 at 128, nvfp4qk_fp8pv 3.554 against 3.734), 128 keys win causal S4096 (B1 0.238
+# against 0.242, B4 0.927 against 0.933; nvfp4qk_fp8pv likewise); 160 keys and three K/V stages were
+# never the fastest and are not offered.
 DEFAULT_TILES = (128, 128, 2)
+NON_CAUSAL_TILES = (128, 192, 2)
 SUPPORTED_TILES = (
     (128, 128, 2),
     (128, 96, 2),
     (128, 64, 2),
-    (128, 160, 2),
     (128, 192, 2),
-    (128, 128, 3),
-    (128, 160, 3),
 )
+
+
+def default_tiles(causal: bool, head_dim: int) -> tuple[int, int, int]:
+    """The forward's tiles when none are given: :data:`NON_CAUSAL_TILES` for non-causal attention at
+    head dim 128, :data:`DEFAULT_TILES` otherwise (the measurements above; D64 was not timed)."""
+    return NON_CAUSAL_TILES if not causal and head_dim == 128 else DEFAULT_TILES
+
+
 BWD_TILES = (64, 128)  # (query rows per step, keys per CTA) of the backward: FA4's head-dim-128 tiles
 _CACHE = make_cache()  # in memory; also on disk with $FP4_ATTENTION_CUTE_CACHE_DIR (compile_cache.py)
 COMPILE_SECONDS: dict = {}
@@ -185,7 +196,7 @@ def kernel_operands(
     if isinstance(q_s, NVFP4Tensor):
         b, hq, sq, _ = q_s.shape
         hkv, sk = k_s.shape[1], k_s.shape[2]
-        q_op, k_op = decoded or (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16())
+        q_op, k_op = decoded or (decode_nvfp4_rows(q_s), decode_nvfp4_rows(k_s))
         row = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq)
         col = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, sk).contiguous()
     else:
@@ -212,8 +223,8 @@ def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     ``nvfp4qk_fp8pv``: Q and K NVFP4 (per-head global scale, 16-element E4M3 block scales) with their
     exact BF16 decodes ``decoded = (s_b * q, s_b * k)``, which feed the BF16 QK product (contract
     §1), and V as in :func:`quantize_inputs` (Triton quantizers)."""
-    q_s, q_dec = quantize_nvfp4_rows(q, nvfp4_global_scale(q, dims=(2, 3)))  # read in place
-    k_s, k_dec = quantize_nvfp4_rows(k, nvfp4_global_scale(k, dims=(2, 3)))
+    q_s, q_dec = quantize_nvfp4_heads(q)  # read in place; the global scale formed in the kernels
+    k_s, k_dec = quantize_nvfp4_heads(k)
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec)
 
 
@@ -283,13 +294,22 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
     payload from two Triton kernels (``triton.dout_quant``); the BF16 image of the K payload and V in
-    key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators with torch (one fill)."""
+    key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators with torch (one fill).
+
+    ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the decodes ``s_b * q`` (Q by
+    ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
+    nvfp4 = isinstance(q_s, NVFP4Tensor)
     b, hq, sq, d = dout.shape
-    hkv, sk = k_s.data.shape[1], k_s.data.shape[2]
+    hkv, sk = (k_s.shape if nvfp4 else k_s.data.shape)[1:3]
     v_scale = v_s.scale.squeeze(2).contiguous()  # [B, Hkv, D]
-    q_scale, k_scale = q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+    if nvfp4:
+        q_scale = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq)
+        k_scale = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, sk)
+    else:
+        q_scale, k_scale = q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
     dv = quantize_dout_fused(
         dout,
         state.out,
@@ -300,14 +320,15 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         transposed=True,
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
-        q8=q_s.data,
+        q8=None if nvfp4 else q_s.data,
     )
-    kb, v8 = backward_kv_operands(k_s.data, v_s.data)
+    qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
+    kb, v8 = backward_kv_operands(k_s if nvfp4 else k_s.data, v_s.data)
     dev = dout.device
     ops = dict(
-        q8=q_s.data,
-        qb=dv.qb,
-        k8=k_s.data,
+        q8=qb if nvfp4 else q_s.data,
+        qb=qb,
+        k8=kb if nvfp4 else k_s.data,
         kb=kb,
         v8=v8,  # [B, Hkv, Sk, D], key order
         do8=dv.do_q.data,
@@ -348,10 +369,10 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(d: int, group: int, causal: bool, args: list, softmax_scale: float):
-    key = ("bwd", d, group, causal)
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES)
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
         cute_args.append(to_cute_tensor(args[6], leading_dim=1))
@@ -368,21 +389,29 @@ def _compiled_bwd(d: int, group: int, causal: bool, args: list, softmax_scale: f
 
 
 def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
-    """CuTe ``fp8`` backward: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this backend's forward state
-    (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``.
+    """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
+    backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
+    run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
+    the rest of the loop is the same FP8 one.
 
     Raises:
-        ValueError: head dim other than 64/128, or a state of another recipe (not E4M3 Q/K).
+        ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
+            Q/K, or V not E4M3).
     """
     b, hq, sq, d = dout.shape
     if d not in (64, 128):
         raise ValueError(f"cute backward: head dim must be 64 or 128, got {d}; use backend='triton'")
-    if not isinstance(state.q, FP8Tensor) or state.q.data.dtype != torch.float8_e4m3fn:
-        raise ValueError("cute backward: needs the fp8 recipe's saved state (E4M3 Q/K from the cute forward)")
-    hkv = state.k.data.shape[1]
+    qk_bf16 = isinstance(state.q, NVFP4Tensor) and isinstance(state.k, NVFP4Tensor)
+    fp8_qk = isinstance(state.q, FP8Tensor) and state.q.data.dtype == torch.float8_e4m3fn
+    if not (qk_bf16 or fp8_qk) or not isinstance(state.v, FP8Tensor):
+        raise ValueError(
+            "cute backward: needs the saved state of the cute forward of recipe fp8 or nvfp4qk_fp8pv "
+            "(E4M3 or NVFP4 Q/K, E4M3 V)"
+        )
+    hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
     ops = backward_operands(state, dout, softmax_scale)  # dout read in place (unit last stride)
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, args, softmax_scale)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
@@ -400,7 +429,7 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
     )
     if hq == hkv:
         return dq, ops["dk"], ops["dv"]
-    sk = state.k.data.shape[2]
+    sk = (state.k.shape if qk_bf16 else state.k.data.shape)[2]
     dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
     dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
     for acc, t in ((ops["dk"], dk), (ops["dv"], dv)):
@@ -416,12 +445,13 @@ class CuteBackend:
 
     spec = SPEC
 
-    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=DEFAULT_TILES):
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, or NVFP4) and V
         per channel (Triton quantizers, V into the kernel's layout), then runs the kernel
-        (``forward_fp8``).
+        (``forward_fp8``) at ``tiles``, by default :func:`default_tiles`.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``."""
+        tiles = default_tiles(causal, q.shape[-1]) if tiles is None else tuple(tiles)
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
         else:
@@ -439,10 +469,6 @@ class CuteBackend:
     def backward(
         self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None
     ):
-        """The CuTe ``fp8`` backward (:func:`backward_fp8`) on this backend's forward state; for
-        ``nvfp4qk_fp8pv`` the Triton backward kernels on it, V back in key order (module docstring)."""
-        if recipe.qk == "fp8":
-            return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)
-        return TritonBackend().backward(
-            triton_state(state), dout, recipe, causal=causal, softmax_scale=softmax_scale
-        )
+        """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
+        ``nvfp4qk_fp8pv``."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

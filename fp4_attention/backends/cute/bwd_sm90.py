@@ -71,6 +71,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         qhead_per_kvhead: GQA group size.
         is_causal: bottom-right causal mask (key j visible to query i iff j <= i + Sk - Sq).
         tile_m, tile_n: query rows per step and keys per CTA (64, 128: FA4's head-dim-128 tiles).
+        qk_bf16: recompute S^T as a BF16 wgmma on the BF16 Q/K images (``mQb``, ``mKb``: the exact
+            decode ``s_b * q`` of ``nvfp4qk_fp8pv``'s NVFP4 Q/K, the forward's ``qk_bf16`` product)
+            instead of the E4M3 one; ``mQ8`` / ``mK8`` are then not read (pass the BF16 tensors in
+            their place), and the token scales are the per-head global scales broadcast per token.
     Raises:
         ValueError: head dim or tiles outside the supported ones.
     """
@@ -82,7 +86,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         is_causal: bool,
         tile_m: int = 64,
         tile_n: int = 128,
+        qk_bf16: bool = False,
     ):
+        self.qk_bf16 = qk_bf16
         if head_dim not in (64, 128):
             raise ValueError(f"FP8BackwardSm90: head dim must be 64 or 128, got {head_dim}")
         if (tile_m, tile_n) != (64, 128):
@@ -180,7 +186,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         k_major, mn_major = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         # S^T = K Q^T and dP^T = V dO^T: keys on M (split over the two warpgroups), queries on N
         sdp = dict(atom_layout_mnk=(self.num_wg_mma, 1, 1), tiler_mn=(64, self.tile_m))
-        tiled_mma_S = sm90_utils_basic.make_trivial_tiled_mma(E4M3, E4M3, k_major, k_major, Float32, **sdp)
+        s_dtype = self.dtype if self.qk_bf16 else E4M3
+        tiled_mma_S = sm90_utils_basic.make_trivial_tiled_mma(
+            s_dtype, s_dtype, k_major, k_major, Float32, **sdp
+        )
         tiled_mma_dP = sm90_utils_basic.make_trivial_tiled_mma(E4M3, E5M2, k_major, k_major, Float32, **sdp)
         dkv = dict(atom_layout_mnk=(self.AtomLayoutNdKV, 1, 1), tiler_mn=(64, self.tile_hdim))
         tiled_mma_dV = sm90_utils_basic.make_trivial_tiled_mma(
@@ -209,6 +218,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         vec = cute.round_up(self.tile_m, 64)
         stat_q = cute.struct.Align[cute.struct.MemRange[Float32, vec * self.Q_stage], 128]
         stat_do = cute.struct.Align[cute.struct.MemRange[Float32, vec * self.dO_stage], 128]
+        # qk_bf16: no E4M3 Q/K tiles (S^T reads sQb and sKb)
+        fp8_qk = not self.qk_bf16
 
         @cute.struct
         class SharedStorage:
@@ -222,8 +233,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             sKb: buf(self.dtype, self.sKb_layout)
             sdS: buf(self.dtype, self.sPdS_layout)
             sQb: buf(self.dtype, self.sQb_layout)
-            sQ8: buf(E4M3, self.sQ8_layout)
-            sK8: buf(E4M3, self.sK8_layout)
+            if fp8_qk:
+                sQ8: buf(E4M3, self.sQ8_layout)
+                sK8: buf(E4M3, self.sK8_layout)
             sV8: buf(E4M3, self.sV8_layout)
             sdO8: buf(E5M2, self.sdO8_layout)
             sdOt8: buf(E5M2, self.sdOt8_layout)
@@ -293,10 +305,12 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         SharedStorage = self._get_shared_storage_cls()
         nbytes = cute.size_in_bytes
         tile2 = partial(cute.select, mode=[0, 1])
+        q8_bytes = 0 if self.qk_bf16 else nbytes(E4M3, tile2(self.sQ8_layout))
+        k8_bytes = 0 if self.qk_bf16 else nbytes(E4M3, self.sK8_layout)
         self.tma_copy_bytes = {
-            "Q": nbytes(E4M3, tile2(self.sQ8_layout)) + nbytes(self.dtype, tile2(self.sQb_layout)),
+            "Q": q8_bytes + nbytes(self.dtype, tile2(self.sQb_layout)),
             "dO": 2 * nbytes(E5M2, tile2(self.sdO8_layout)),
-            "K": nbytes(E4M3, self.sK8_layout) + nbytes(self.dtype, self.sKb_layout),
+            "K": k8_bytes + nbytes(self.dtype, self.sKb_layout),
             "V": nbytes(E4M3, self.sV8_layout),
             "vec": self.tile_m * 4,
             "dQ": self.tile_m * self.tile_hdim * 4 // self.num_wg_dQ,
@@ -315,7 +329,12 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             ("Kb", mKb, self.sKb_layout, (self.tile_n, self.tile_hdim)),
             ("V8", mV8, self.sV8_layout, (self.tile_n, self.tile_hdim)),
         ):
+            if const_expr(self.qk_bf16 and name in ("Q8", "K8")):
+                continue  # not read: the kernel's Q8/K8 arguments are the BF16 images' aliases
             atoms[name], tensors[name] = cpasync.make_tiled_tma_atom(g2s, m, tile2(layout), tile)
+        if const_expr(self.qk_bf16):
+            for name in ("Q", "K"):
+                atoms[f"{name}8"], tensors[f"{name}8"] = atoms[f"{name}b"], tensors[f"{name}b"]
         tma_atom_dK = tma_atom_dV = None
         if const_expr(self.qhead_per_kvhead == 1):
             s2g = cpasync.CopyBulkTensorTileS2GOp()
@@ -469,14 +488,16 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             return field.get_tensor(layout.outer, swizzle=layout.inner)
 
         smem_t = dict(
-            Q8=get(storage.sQ8, sQ8_layout),
             Qb=get(storage.sQb, sQb_layout),
             dO8=get(storage.sdO8, sdO8_layout),
             dOt8=get(storage.sdOt8, sdOt8_layout),
-            K8=get(storage.sK8, sK8_layout),
             Kb=get(storage.sKb, sKb_layout),
             V8=get(storage.sV8, sV8_layout),
         )
+        if const_expr(self.qk_bf16):  # S^T = K Q^T on the BF16 tiles
+            smem_t["Q8"], smem_t["K8"] = smem_t["Qb"], smem_t["Kb"]
+        else:
+            smem_t["Q8"], smem_t["K8"] = get(storage.sQ8, sQ8_layout), get(storage.sK8, sK8_layout)
         vec = cute.round_up(self.tile_m, 64)
         sStat, sR, sRow = [
             f.get_tensor(cute.make_layout((self.tile_m, self.Q_stage), stride=(1, vec)))
@@ -626,11 +647,13 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 first = m_block == m_block_min
                 if first:
                     pipeline_Q.producer_acquire(state_Q, extra_tx_count=self.tma_copy_bytes["K"])
-                    load_K8(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
+                    if const_expr(not self.qk_bf16):
+                        load_K8(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
                     load_Kb(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
                 else:
                     pipeline_Q.producer_acquire(state_Q)
-                q_fns[0](m_block, producer_state=state_Q)
+                if const_expr(not self.qk_bf16):
+                    q_fns[0](m_block, producer_state=state_Q)
                 q_fns[1](m_block, producer_state=state_Q)
                 for f in vec_fns[:3]:
                     f(m_block, producer_state=state_Q)

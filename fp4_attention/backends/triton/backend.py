@@ -29,7 +29,13 @@ from ..layouts import empty_in_layout_of
 from . import SPEC
 from .dout_quant import quantize_dout_fused
 from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
-from .quant import quantize_fp8_rows, quantize_fp8_v_transposed, quantize_nvfp4_rows
+from .quant import (
+    decode_nvfp4_rows,
+    quantize_fp8_rows,
+    quantize_fp8_v_transposed,
+    quantize_nvfp4_heads,
+    quantize_nvfp4_rows,
+)
 from .rotation import rotated_row_amax, unrotate_rows
 
 __all__ = ["TritonBackend", "forward_operands", "launch_forward"]
@@ -73,13 +79,13 @@ def _quantize_qk_fast(q, k, recipe: Recipe):
             None,
         )
     if recipe.qk == "nvfp4":  # the quantizers read Q/K in place; the rotation's amax needs rows
-        if signs is not None:
-            q, k = q.contiguous(), k.contiguous()
-        if signs is None:
-            g_q, g_k = nvfp4_global_scale(q, dims=(2, 3)), nvfp4_global_scale(k, dims=(2, 3))
-        else:  # the per-head scale of the rotated tensor: amax over its rows' rotated amaxes
-            g_q = nvfp4_global_scale(rotated_row_amax(q, signs), dims=(2, 3))
-            g_k = nvfp4_global_scale(rotated_row_amax(k, signs), dims=(2, 3))
+        if signs is None:  # the per-head global scale formed in the kernels
+            (q_s, q_dec), (k_s, k_dec) = quantize_nvfp4_heads(q), quantize_nvfp4_heads(k)
+            return q_s, k_s, (q_dec, k_dec)
+        q, k = q.contiguous(), k.contiguous()
+        # the per-head scale of the rotated tensor: amax over its rows' rotated amaxes
+        g_q = nvfp4_global_scale(rotated_row_amax(q, signs), dims=(2, 3))
+        g_k = nvfp4_global_scale(rotated_row_amax(k, signs), dims=(2, 3))
         q_s, q_dec = quantize_nvfp4_rows(q, g_q, signs=signs)
         k_s, k_dec = quantize_nvfp4_rows(k, g_k, signs=signs)
         return q_s, k_s, (q_dec, k_dec)
@@ -102,8 +108,7 @@ def _qk_kernel_operands(q_s: Saved, k_s: Saved, recipe: Recipe, shape_q, shape_k
         if decoded is not None:
             q_op, k_op = decoded
         else:
-            q_op = q_s.scaled_payload().to(torch.bfloat16)
-            k_op = k_s.scaled_payload().to(torch.bfloat16)
+            q_op, k_op = decode_nvfp4_rows(q_s), decode_nvfp4_rows(k_s)
         return (
             q_op,
             k_op,
@@ -274,8 +279,8 @@ class TritonBackend:
         q_op, k_op, row, col = _qk_kernel_operands(state.q, state.k, recipe, state.out.shape, shape_k)
         lift = recipe.p_lift_log2
         if recipe.pv == "fp8":
-            v_scale = state.v.scale.squeeze(2)  # [B, Hkv, D]
-            v_op = state.v.data.transpose(-1, -2).contiguous()  # [B, Hkv, Sk, D] K-major for dP
+            # V^T as saved, read through its strides as the forward does (no copy)
+            v_op, v_scale = _v_kernel_operands(state.v, recipe, b, hkv, d, dout.device)
             dv_ops = quantize_dout_fused(dout, state.out, v_scale.contiguous(), state.lse, lift=lift)
             do_op, s_do, delta = dv_ops.do_q.data, dv_ops.s_do, dv_ops.delta
         else:

@@ -36,7 +36,9 @@ __all__ = [
     "check_int32_span",
     "interpreted",
     "quantize_fp8_rows",
+    "decode_nvfp4_rows",
     "quantize_fp8_v_transposed",
+    "quantize_nvfp4_heads",
     "quantize_nvfp4_rows",
 ]
 
@@ -359,7 +361,14 @@ def _nvfp4_rows_kernel(
     ROTATE: tl.constexpr = False,
     LOG2_D: tl.constexpr = 0,
     INV_SQRT_D: tl.constexpr = 1.0,
+    HEAD_AMAX: tl.constexpr = False,
+    BADH=None,
+    GOUT=None,
 ):
+    """NVFP4 rows. G: the global scale per row (FP32 [n_rows]); with HEAD_AMAX, G is instead the
+    per-(batch, head) amax of |x| (FP32 [B * H], ``_head_amax_kernel``) and BADH its non-finite flag:
+    the global scale amax / 2688 (1 for an all-zero head, NaN for a non-finite one:
+    ``quant.amax_scale``) is formed here and written to GOUT [B * H]."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = r < n_rows
     NB: tl.constexpr = D // 16
@@ -373,7 +382,14 @@ def _nvfp4_rows_kernel(
         x = tl.load(X + src[:, None, None] + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(
             tl.float32
         )
-    g = tl.load(G + r, mask=ok, other=1.0)
+    if HEAD_AMAX:
+        bh = r // SEQ  # rows enumerate [B, H, S]
+        amax = tl.load(G + bh, mask=ok, other=1.0)
+        g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, tl.full([ROWS], 2688.0, tl.float32)))
+        g = tl.where(tl.load(BADH + bh, mask=ok, other=0) != 0, float("nan"), g)
+        tl.store(GOUT + bh, g, mask=ok)  # every row of a head writes the same value
+    else:
+        g = tl.load(G + r, mask=ok, other=1.0)
     ax = tl.abs(x)
     bad = (tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 2) > 0) | (g != g)[:, None]  # [ROWS, NB]
     x = tl.where(bad[:, :, None], 0.0, x)
@@ -403,6 +419,67 @@ def _nvfp4_rows_kernel(
     tl.store(P + r[:, None] * (D // 2) + tl.arange(0, D // 2)[None, :], packed, mask=ok[:, None])
     tl.store(SC + r[:, None] * NB + tl.arange(0, NB)[None, :], s_bits.to(tl.uint8), mask=ok[:, None])
     tl.store(DEC + r[:, None, None] * D + offs[None, :, :], dec.to(tl.bfloat16), mask=ok[:, None, None])
+
+
+@triton.jit
+def _head_amax_kernel(X, AMAX, BAD, H, SEQ, sxb, sxh, sxs, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Per (batch, head) of ``X [B, H, S, D]`` (any strides, unit last): the amax of |x| (NaN
+    excluded) and whether the head holds a NaN or Inf, by atomic max over blocks of rows."""
+    pid_s, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :], mask=(s < SEQ)[:, None], other=0.0)
+    ax = tl.abs(x.to(tl.float32))
+    tl.atomic_max(BAD + bh, tl.max(tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 1), 0))
+    tl.atomic_max(AMAX + bh, tl.max(tl.max(tl.where(ax == ax, ax, 0.0), 1), 0))
+
+
+def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor]:
+    """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
+    per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
+    per-head amax pass, then the rows, which form the global scale themselves) and one fill.
+
+    Returns:
+        ``(NVFP4Tensor, decoded)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
+        quant.nvfp4_global_scale(x, dims=(2, 3)))`` (global scale ``[B, H, 1, 1]``: amax / 2688, 1
+        for an all-zero head, NaN for a head holding a NaN or Inf); ``decoded`` is ``s_b * q`` in
+        BF16 (exact), NaN for a poisoned block; all contiguous.
+    Raises:
+        ValueError: not 4-D, as ``_row_input``, or D not a power of two in [16, 256].
+    """
+    if x.dim() != 4:
+        raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
+    x, _ = _row_input(x, "quantize_nvfp4_heads")
+    b, h, s, d = x.shape
+    if d % 16 or d & (d - 1) or d > 256:
+        raise ValueError(f"quantize_nvfp4_heads: last dim must be a power of two in [16, 256], got {d}")
+    layout = (h, s, *x.stride()[:3])  # the true heads, also for a contiguous x
+    amax, bad = zeroed_amax_and_flag((b * h,), x.device)
+    block_s = 64
+    _head_amax_kernel[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
+    g = torch.empty((b, h, 1, 1), dtype=torch.float32, device=x.device)
+    payload = torch.empty((b, h, s, d // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
+    dec = torch.empty((b, h, s, d), dtype=torch.bfloat16, device=x.device)
+    n = b * h * s
+    rows = max(1, 1024 // d)
+    _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](
+        x,
+        amax,
+        payload,
+        scales,
+        dec,
+        n,
+        *layout,
+        D=d,
+        ROWS=rows,
+        num_warps=4,
+        HEAD_AMAX=True,
+        BADH=bad,
+        GOUT=g,
+    )
+    return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=g), dec
 
 
 def quantize_nvfp4_rows(
@@ -435,3 +512,56 @@ def quantize_nvfp4_rows(
         x, g, payload, scales, dec, n, *layout, D=d, ROWS=rows, num_warps=4, **_rotation_args(x, signs)
     )
     return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=global_scale.float()), dec
+
+
+@triton.jit
+def nvfp4_to_bf16(packed, scales, ROWS: tl.constexpr, D: tl.constexpr):
+    """NVFP4 rows -> ``s_b * q`` in BF16, exact (<= 6 significant bits, in range): packed E2M1 codes
+    uint8 ``[ROWS, D // 2]`` (low nibble first, ``formats.pack_e2m1``) and E4M3 block-scale codes uint8
+    ``[ROWS, D // 16]``; a NaN scale code (0x7F, a poisoned block) gives NaN for its 16 elements, as
+    ``NVFP4Tensor.scaled_payload`` does."""
+    c = tl.reshape(tl.join(packed & 0xF, packed >> 4), [ROWS, D // 16, 16])
+    mag = _e2m1_value(c & 7)
+    q = tl.where((c & 8) != 0, -mag, mag)
+    s = scales.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    s = tl.where((scales & 0x7F) == 0x7F, float("nan"), s)  # explicit: the interpreter decodes it as 480
+    return tl.reshape(q * s[:, :, None], [ROWS, D]).to(tl.bfloat16)
+
+
+@triton.jit
+def _nvfp4_decode_kernel(P, SC, OUT, n_rows, D: tl.constexpr, ROWS: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = r < n_rows
+    packed = tl.load(P + r[:, None] * (D // 2) + tl.arange(0, D // 2)[None, :], mask=ok[:, None], other=0)
+    scales = tl.load(SC + r[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :], mask=ok[:, None], other=0)
+    y = nvfp4_to_bf16(packed, scales, ROWS, D)
+    tl.store(OUT + r[:, None] * D + tl.arange(0, D)[None, :], y, mask=ok[:, None])
+
+
+def decode_nvfp4_rows(t: NVFP4Tensor) -> torch.Tensor:
+    """The BF16 ``s_b * q`` of a saved NVFP4 tensor (payload ``[..., D // 2]``, block scales
+    ``[..., D // 16]``, both contiguous on CUDA), the operand of the exact BF16 emulation of the NVFP4
+    QK product (contract §1), in one kernel.
+
+    Returns:
+        BF16 ``[..., D]`` contiguous, bytes equal ``t.scaled_payload().bfloat16()`` (NaN for a poisoned
+        block); the global scale is not applied.
+    Raises:
+        ValueError: CPU tensors (outside the Triton interpreter), non-contiguous or mis-shaped parts, or
+            D not a power of two in [16, 256].
+    """
+    p, sc = t.payload, t.block_scale
+    d = 2 * p.shape[-1]
+    if (not p.is_cuda and not interpreted()) or not (p.is_contiguous() and sc.is_contiguous()):
+        raise ValueError("decode_nvfp4_rows: needs contiguous CUDA payload and block scales")
+    if d & (d - 1) or not 16 <= d <= 256 or tuple(sc.shape) != (*p.shape[:-1], d // 16):
+        raise ValueError(
+            f"decode_nvfp4_rows: payload [..., D / 2] and block scales [..., D / 16] with D a power of two "
+            f"in [16, 256]; got {tuple(p.shape)} / {tuple(sc.shape)}"
+        )
+    out = torch.empty((*p.shape[:-1], d), dtype=torch.bfloat16, device=p.device)
+    n = p.numel() * 2 // d
+    rows = max(1, 2048 // d)
+    check_int32_span("decode_nvfp4_rows", out)
+    _nvfp4_decode_kernel[(triton.cdiv(n, rows),)](p, sc, out, n, D=d, ROWS=rows, num_warps=4)
+    return out
