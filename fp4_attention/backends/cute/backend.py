@@ -21,7 +21,9 @@ Scope, said plainly:
 * Layouts (recipe ``fp8``): the quantizers read Q/K (and V) in place from the caller's strides (the
   ``[B, H, S, D]`` views of ``bshd``/``sbhd`` tensors), dO is read in place, and the output and the
   gradients are allocated in the caller's memory order (``layouts.empty_in_layout_of``), so no layout
-  copy is made on either pass; the same for ``nvfp4qk_fp8pv``.
+  copy is made on either pass. ``nvfp4qk_fp8pv`` likewise, but for its per-token FP32 row/col
+  vectors: broadcasts of the per-head global scales (``B * H * S`` floats), made by three small
+  ``.contiguous()`` copies per step (the kernels read those vectors with a unit stride).
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
   ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them
