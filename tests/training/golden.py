@@ -10,17 +10,29 @@ The run differs from the default job only where a test must: ``train_iters`` and
 and checkpoints off, output under a temporary directory. The reference backend runs the attention on
 a CPU (``backend: auto``). The file also holds the same run with the ``bf16`` recipe, so that the
 test can show its tolerance resolves a change of the attention numerics (``test_golden_loss.py``).
+
+The run's numerics are pinned (:data:`PINNED_ENV`, in a fresh process: MKL and ATen read these at
+start): MKL's conditional numerical reproducibility in its ``COMPATIBLE`` code path, and ATen's CPU
+kernels at AVX2. Unpinned, the losses depend on the machine: on a 2-core Sapphire Rapids VM
+(2026-12-02) the first five differed from a file recorded on another CPU by up to 1.06e-3, and one
+thread against two by up to 9.8e-4 on the same machine (an FP8 rounding flipped by a reordered sum
+moves the first Adam steps far more than the reordering itself). Pinned, one and two threads and
+ATen at AVX2 or AVX-512 gave the same losses bit for bit there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "losses" / "default_cpu.json"
 STEPS = 5
+PINNED_ENV = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 def overrides(output_dir: str | Path, *extra: str) -> list[str]:
@@ -56,6 +68,28 @@ def run_losses(*extra: str, log=lambda _msg: None) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
 
 
+def run_pinned_losses(*extra: str) -> dict[int, float]:
+    """:func:`run_losses` in a fresh process with :data:`PINNED_ENV` (module docstring); step ->
+    training loss.
+
+    Raises:
+        RuntimeError: the process failed (its stderr's tail in the message).
+    """
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, **PINNED_ENV, "PYTHONPATH": str(repo)}
+    res = subprocess.run(
+        [sys.executable, "-m", "tests.training.golden", "--json", *extra],
+        env=env,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"the pinned golden run failed (exit {res.returncode}): {res.stderr[-2000:]}")
+    return {int(k): v for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+
+
 def read_golden() -> dict:
     """The committed file, with integer step keys in ``losses`` and ``bf16_losses``."""
     data = json.loads(GOLDEN.read_text())
@@ -66,12 +100,17 @@ def read_golden() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--write", action="store_true", help=f"record the losses into {GOLDEN}")
+    p.add_argument("--write", action="store_true", help=f"record the pinned runs' losses into {GOLDEN}")
+    p.add_argument("--json", action="store_true", help="this process's run; its losses as one JSON line")
+    p.add_argument("extra", nargs="*", help="more overrides (with --json)")
     args = p.parse_args(argv)
-    losses = run_losses(log=print)
+    if args.json:
+        print(json.dumps(run_losses(*args.extra)))
+        return 0
+    losses = run_pinned_losses()
     print(json.dumps(losses, indent=1))
     if args.write:
-        bf16 = run_losses("attention.recipe=bf16")
+        bf16 = run_pinned_losses("attention.recipe=bf16")
         data = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
         data.update(
             steps=STEPS,
