@@ -72,7 +72,7 @@ def _kv_fn(k_s, v_s, s):
             return kb, unpermute_v_keys(v_s.data, s).transpose(-1, -2).contiguous()
 
         return torch_kv, "torch"
-    return (lambda: backward_kv_operands(k_s.data, v_s.data)), "triton.bwd_kv"
+    return (lambda: backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-8)), "triton.bwd_kv"
 
 
 def main(argv=None) -> int:

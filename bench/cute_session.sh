@@ -33,11 +33,17 @@
 #           (BENCH_TIMEOUT, default 280 s).
 #         One device call may run 600 s: split the steps over several B calls (each within 30 s of
 #         the last) when their limits add up to more.
-# Logs and results go to $OUT (default cute-logs).
+# Logs and results are written under /tmp/cute-logs (LOGS) and packed into $OUT/cute_session_<mode>.tgz
+# on exit, with a copy of status.txt beside it (the device tool brings back at most 8 files from
+# $OUT; a call that wrote more lost the rest). $OUT defaults to cute-logs.
 set -uo pipefail
 mode=${1:?usage: bash bench/cute_session.sh A|B [tile_m,tile_n,stages ...]}; shift
 [[ $mode == A || $mode == B ]] || { echo "cute_session: mode must be A or B, got '$mode'" >&2; exit 2; }
-out="${OUT:-cute-logs}"; mkdir -p "$out"
+dest="${OUT:-cute-logs}"; out="${LOGS:-/tmp/cute-logs}"; mkdir -p "$dest" "$out"
+pack() {  # every log and result of this call in one archive (earlier calls' files in LOGS included)
+  tar czf "$dest/cute_session_$mode.tgz" -C "$out" . && { [[ -f $out/status.txt ]] && cp "$out/status.txt" "$dest/"; }
+}
+trap pack EXIT
 if [[ $mode == A ]]; then
   # shellcheck disable=SC1091
   source .gpu-bundle/install.sh .gpu-bundle /tmp/site

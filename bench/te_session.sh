@@ -26,11 +26,14 @@
 #     the final validation losses (PARITY_TIMEOUT per run, 150 s);
 #   "throughput": bench/train_throughput.py with its default arms (TE BF16 + FA4 BF16 as the bf16
 #     baseline), --budget-s THROUGHPUT_BUDGET (560 s).
-# Logs and results go to $OUT (default te-logs).
+# Logs and results are written under /tmp/te-logs (LOGS) and packed into $OUT/te_session_<mode>.tgz on
+# exit, with a copy of status.txt (the device tool brings back at most 8 files). $OUT defaults to te-logs.
 set -uo pipefail
 mode=${1:?usage: bash bench/te_session.sh install|run}
 [[ $mode == install || $mode == run ]] || { echo "te_session: mode must be install or run, got '$mode'" >&2; exit 2; }
-out="${OUT:-te-logs}"; mkdir -p "$out"
+dest="${OUT:-te-logs}"; out="${LOGS:-/tmp/te-logs}"; mkdir -p "$dest" "$out"
+pack() { tar czf "$dest/te_session_$mode.tgz" -C "$out" . && { [[ -f $out/status.txt ]] && cp "$out/status.txt" "$dest/"; }; }
+trap pack EXIT
 [[ -d /tmp/site/nvidia_cutlass_dsl ]] || {
   echo "te_session: /tmp/site has no CUTLASS DSL: run bench/cute_session.sh A and B on this machine first" >&2; exit 2; }
 export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"

@@ -3,7 +3,8 @@
 
 Exact byte checks against torch: ``kb`` is ``k8.to(torch.bfloat16)`` (NaN and the extreme codes
 included), ``v8`` is ``pv_layout.unpermute_v_keys(vt, Sk).transpose(-1, -2)`` for lengths that are
-and are not multiples of 16 or of the kernel's block, head dims 64 and 128, and GQA shapes.
+and are not multiples of 16 or of the kernel's block, head dims 64 and 128, and GQA shapes; ``col``
+is the K token scales (the saved tensor itself) and ``col2 = col * 2^-8``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ def _interpreted_checks() -> list[str]:
 
     from fp4_attention.backends.pv_layout import permute_v_for_pv, unpermute_v_keys
     from fp4_attention.backends.triton.bwd_kv import backward_kv_operands
+    from fp4_attention.numerics.quant import FP8Tensor
 
     failed = []
     g = torch.Generator().manual_seed(0)
@@ -22,7 +24,18 @@ def _interpreted_checks() -> list[str]:
         k8 = torch.randint(0, 256, (b, h, sk, d), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
         v = torch.randint(0, 256, (b, h, sk, d), generator=g, dtype=torch.uint8)
         vt = permute_v_for_pv(v.transpose(-1, -2).contiguous()).contiguous().view(torch.float8_e4m3fn)
-        kb, v8 = backward_kv_operands(k8, vt)
+        ks = torch.rand(b, h, sk, 1, generator=g) + 0.5
+        ks[0, 0, 1] = float("nan")  # a K row holding a NaN: its scale travels as NaN
+        kv = backward_kv_operands(FP8Tensor(data=k8, scale=ks), vt, col2_scale=2.0**-8)
+        kb, v8 = kv["kb"], kv["v8"]
+        if kv["col"].data_ptr() != ks.data_ptr() or tuple(kv["col"].shape) != (b, h, sk):
+            failed.append(f"{case}: col is not the saved token scales")
+        want2 = ks.view(b, h, sk) * 2.0**-8
+        if not (
+            torch.equal(kv["col2"].isnan(), want2.isnan())
+            and torch.equal(kv["col2"].nan_to_num(), want2.nan_to_num())
+        ):
+            failed.append(f"{case}: col2")
         if not torch.equal(kb.isnan(), k8.to(torch.bfloat16).isnan()):
             failed.append(f"{case}: NaN codes of kb")
         if not torch.equal(kb.nan_to_num(0.0), k8.to(torch.bfloat16).nan_to_num(0.0)):
@@ -31,7 +44,8 @@ def _interpreted_checks() -> list[str]:
         if not (torch.equal(v8.view(torch.uint8), want) and torch.equal(want, v)):
             failed.append(f"{case}: v8")
     try:
-        backward_kv_operands(k8, vt[..., :-16] if vt.shape[-1] > 16 else vt[:, :, :1])
+        k_s = FP8Tensor(data=k8, scale=torch.ones(*k8.shape[:-1], 1))
+        backward_kv_operands(k_s, vt[..., :-16] if vt.shape[-1] > 16 else vt[:, :, :1], col2_scale=2.0**-8)
         failed.append("a vt of the wrong length did not raise")
     except ValueError:
         pass

@@ -54,6 +54,12 @@ def _interpreted_checks() -> list[str]:
         fills = [op for op in names.names if op in FILL_OPS]
         if fills != ["zeros", "zeros"]:
             failed.append(f"{case}: fills {fills}")
+        # no copy (the NVFP4 per-head scales are read through stride-0 views or written per token
+        # by the K/V kernel) and no torch arithmetic (col2 = col * 2^-LIFT comes from that kernel);
+        # copy_ itself is left out: the Triton interpreter moves every kernel argument with it
+        copies = [op for op in names.names if op in ("clone", "_to_copy", "mul")]
+        if copies:
+            failed.append(f"{case}: torch ops {copies}")
         tile_m, tile_n = cb.BWD_TILES
         accs = {"dq_accum": (b, hq, -(-s // tile_m) * tile_m * d)}
         if hq != hkv:

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 from fp4_attention.backends.dout import quantize_dout  # noqa: E402
 from fp4_attention.backends.pv_layout import permute_v_for_pv  # noqa: E402
 from fp4_attention.backends.triton.dout_quant import quantize_dout_fused  # noqa: E402
-from fp4_attention.numerics.quant import pow2_ceil  # noqa: E402
+from fp4_attention.numerics.quant import FP8Tensor, pow2_ceil  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,10 @@ def test_backward_kv_operands_equal_torch(b, h, sk, d):
     k8 = torch.randint(0, 256, (b, h, sk, d), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     v = torch.randint(0, 256, (b, h, sk, d), dtype=torch.uint8, device="cuda")
     vt = permute_v_for_pv(v.transpose(-1, -2).contiguous()).contiguous().view(torch.float8_e4m3fn)
-    kb, v8 = backward_kv_operands(k8, vt)
+    ks = torch.rand(b, h, sk, 1, device="cuda") + 0.5
+    kv = backward_kv_operands(FP8Tensor(data=k8, scale=ks), vt, col2_scale=2.0**-8)
+    kb, v8 = kv["kb"], kv["v8"]
+    assert kv["col"].data_ptr() == ks.data_ptr() and torch.equal(kv["col2"], ks.view(b, h, sk) * 2.0**-8)
     ref = k8.to(torch.bfloat16)
     assert torch.equal(kb.isnan(), ref.isnan()) and torch.equal(kb.nan_to_num(0.0), ref.nan_to_num(0.0))
     want = unpermute_v_keys(vt, sk).transpose(-1, -2).contiguous()

@@ -4,7 +4,8 @@
 
 The global scale equals ``nvfp4_global_scale(x, dims=(2, 3))`` exactly (amax / 2688; 1 for an
 all-zero head; NaN for a head holding a NaN or an Inf), for contiguous tensors and the [B, H, S, D]
-views of [B, S, H, D] and [S, B, H, D] memory; the payload, block scales and decode equal those of
+views of [B, S, H, D] and [S, B, H, D] memory, and so does each token's entry of the per-token vector
+written beside it; the payload, block scales and decode equal those of
 ``quantize_nvfp4_rows`` given that scale (the same kernel, interpreted: the codes against the
 reference need the hardware's FP8 conversion, test_triton_quant.py on the GPU); one fill.
 """
@@ -33,7 +34,7 @@ def _interpreted_checks() -> list[str]:
     for name, perm in (("contiguous", None), ("bshd view", (0, 2, 1, 3)), ("sbhd view", (2, 0, 1, 3))):
         t = x if perm is None else x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
         with OpNames() as ops:
-            got, dec = quantize_nvfp4_heads(t)
+            got, dec, tok = quantize_nvfp4_heads(t)
         fills = [op for op in ops.names if op in FILL_OPS]
         if fills != ["zeros"]:
             failed.append(f"{name}: fills {fills}, not one")
@@ -44,6 +45,9 @@ def _interpreted_checks() -> list[str]:
         ):
             failed.append(f"{name}: global scale {gs.flatten().tolist()} != {want_g.flatten().tolist()}")
             continue
+        want_tok = want_g.reshape(2, 3, 1).expand(2, 3, 70)
+        if not (tok.is_contiguous() and torch.equal(tok.nan_to_num(-1.0), want_tok.nan_to_num(-1.0))):
+            failed.append(f"{name}: per-token scales")
         ref, ref_dec = quantize_nvfp4_rows(x, want_g)
         for part in ("payload", "block_scale"):
             if not torch.equal(getattr(got, part), getattr(ref, part)):

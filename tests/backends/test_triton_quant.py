@@ -110,11 +110,13 @@ def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
     if perm is not None:
         x = x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
         assert not x.is_contiguous()
-    got, dec = quantize_nvfp4_heads(x)
+    got, dec, tok = quantize_nvfp4_heads(x)
     ref = quantize_nvfp4(x.cpu(), nvfp4_global_scale(x.cpu(), dims=(2, 3)))
     g, g_ref = got.global_scale.cpu(), ref.global_scale
     assert g.shape == g_ref.shape == (2, 4, 1, 1)
     assert torch.equal(g.isnan(), g_ref.isnan()) and torch.equal(g.nan_to_num(), g_ref.nan_to_num())
+    tok_ref = g_ref.reshape(2, 4, 1).expand(2, 4, seq)  # every token carries its head's scale
+    assert tok.is_contiguous() and torch.equal(tok.cpu().nan_to_num(-1.0), tok_ref.nan_to_num(-1.0))
     assert g[0, 3].item() == 1.0 and g[1, 3].isnan() and g[1, 2].isnan()
     _assert_nvfp4_equal(got, dec, ref)
 

@@ -82,10 +82,10 @@ def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
     ptrs.update(YT="u8", SDO="fp32", DELTA="fp32", STAT="fp32", R="fp32", ROW="fp32", Q8="u8", QB="bf16")
     consts = dict(D=d, BLOCK=dout_quant.QUANT_BLOCK, LIFT=8, TRANSPOSED=True, Q_BF16=True)
     quant = _compile_or_skip(dout_quant._dout_quant_kernel, ptrs, consts, num_warps=dout_quant.QUANT_WARPS)
-    kv_ptrs = dict(K8="u8", KSC="u8", VT="u8", KB="bf16", V8="u8")
+    kv_ptrs = dict(K8="u8", KSC="u8", VT="u8", KB="bf16", V8="u8", KS="fp32", COL="fp32", COL2="fp32")
     kernels = {"dO preparation": quant}
     for nvfp4 in (False, True):  # K from E4M3 codes or NVFP4 (payload and block scales)
-        consts = dict(D=d, BLOCK=bwd_kv.KV_BLOCK, K_NVFP4=nvfp4)
+        consts = dict(D=d, BLOCK=bwd_kv.KV_BLOCK, K_NVFP4=nvfp4, WRITE_COL=nvfp4, COL2_SCALE=2.0**-8)
         kernels[f"K/V operands nvfp4={nvfp4}"] = _compile_or_skip(bwd_kv._bwd_kv_kernel, kv_ptrs, consts)
     for name, kernel in kernels.items():
         st = sass_stats(kernel)
@@ -114,7 +114,7 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
         ),
         "nvfp4 rows, per-head scale": _compile_or_skip(
             quant._nvfp4_rows_kernel,
-            dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16", BADH="i32", GOUT="fp32"),
+            dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16", BADH="i32", GOUT="fp32", TOK="fp32"),
             dict(D=d, ROWS=1024 // d, HEAD_AMAX=True, **rot),
         ),
         "head amax": _compile_or_skip(

@@ -21,9 +21,9 @@ Scope, said plainly:
 * Layouts (recipe ``fp8``): the quantizers read Q/K (and V) in place from the caller's strides (the
   ``[B, H, S, D]`` views of ``bshd``/``sbhd`` tensors), dO is read in place, and the output and the
   gradients are allocated in the caller's memory order (``layouts.empty_in_layout_of``), so no layout
-  copy is made on either pass. ``nvfp4qk_fp8pv`` likewise, but for its per-token FP32 row/col
-  vectors: broadcasts of the per-head global scales (``B * H * S`` floats), made by three small
-  ``.contiguous()`` copies per step (the kernels read those vectors with a unit stride).
+  copy is made on either pass. ``nvfp4qk_fp8pv`` likewise: the per-token row/col vectors of its
+  per-head global scales are written by the quantizer and the K/V kernel, or read through a
+  stride-0 view (the dO kernel), not broadcast by copies.
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
   ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them
@@ -192,15 +192,18 @@ def kernel_operands(
 ) -> tuple:
     """The operands of :func:`forward_fp8` from quantized Q/K/V as :class:`SavedState` saves them:
     ``(q_op, k_op, vt_perm, row_r, col, v_scale)``, ``row_r`` = row scale * softmax_scale * log2 e.
-    FP8 Q/K: the E4M3 payloads and their token scales. NVFP4 Q/K: the BF16 decode ``s_b * q``
-    (``decoded`` when at hand, else decoded here) and the per-head global scales, broadcast per token
-    (as the Triton backend)."""
+    FP8 Q/K: the E4M3 payloads and their token scales. NVFP4 Q/K: the BF16 decode ``s_b * q`` and
+    the per-head global scales broadcast per token (as the Triton backend): ``decoded`` as
+    :func:`quantize_nvfp4_inputs` returns it when at hand, else decoded and broadcast here."""
     if isinstance(q_s, NVFP4Tensor):
         b, hq, sq, _ = q_s.shape
         hkv, sk = k_s.shape[1], k_s.shape[2]
-        q_op, k_op = decoded or (decode_nvfp4_rows(q_s), decode_nvfp4_rows(k_s))
-        row = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq)
-        col = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, sk).contiguous()
+        if decoded is not None:
+            q_op, k_op, row, col = decoded
+        else:
+            q_op, k_op = decode_nvfp4_rows(q_s), decode_nvfp4_rows(k_s)
+            row = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq)
+            col = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, sk).contiguous()
     else:
         q_op, k_op, row, col = q_s.data, k_s.data, q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
     return q_op, k_op, v_s.data, row * (softmax_scale * LOG2E), col, v_s.scale.squeeze(2).contiguous()
@@ -223,11 +226,12 @@ def quantize_inputs(
 def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
     """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA) -> ``(q_s, k_s, v_s, decoded)`` of
     ``nvfp4qk_fp8pv``: Q and K NVFP4 (per-head global scale, 16-element E4M3 block scales) with their
-    exact BF16 decodes ``decoded = (s_b * q, s_b * k)``, which feed the BF16 QK product (contract
-    §1), and V as in :func:`quantize_inputs` (Triton quantizers)."""
-    q_s, q_dec = quantize_nvfp4_heads(q)  # read in place; the global scale formed in the kernels
-    k_s, k_dec = quantize_nvfp4_heads(k)
-    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec)
+    exact BF16 decodes and per-token global scales ``decoded = (s_b * q, s_b * k, g_q, g_k)`` (``g``
+    FP32 ``[B, H, S]``), which feed the BF16 QK product (contract §1), and V as in
+    :func:`quantize_inputs` (Triton quantizers)."""
+    q_s, q_dec, q_tok = quantize_nvfp4_heads(q)  # read in place; the global scale formed in the kernels
+    k_s, k_dec, k_tok = quantize_nvfp4_heads(k)
+    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec, q_tok, k_tok)
 
 
 def forward_fp8(
@@ -307,11 +311,10 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     b, hq, sq, d = dout.shape
     hkv, sk = (k_s.shape if nvfp4 else k_s.data.shape)[1:3]
     v_scale = v_s.scale.squeeze(2).contiguous()  # [B, Hkv, D]
-    if nvfp4:
-        q_scale = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq)
-        k_scale = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, sk)
+    if nvfp4:  # the per-head scale expanded over the queries: read through its strides, not copied
+        q_scale = q_s.global_scale.reshape(b, hq, 1).float().expand(b, hq, sq)
     else:
-        q_scale, k_scale = q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
+        q_scale = q_s.scale.squeeze(-1)
     dv = quantize_dout_fused(
         dout,
         state.out,
@@ -325,22 +328,23 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         q8=None if nvfp4 else q_s.data,
     )
     qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
-    kb, v8 = backward_kv_operands(k_s if nvfp4 else k_s.data, v_s.data)
+    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2
+    kb = kv["kb"]
     dev = dout.device
     ops = dict(
         q8=qb if nvfp4 else q_s.data,
         qb=qb,
         k8=kb if nvfp4 else k_s.data,
         kb=kb,
-        v8=v8,  # [B, Hkv, Sk, D], key order
+        v8=kv["v8"],  # [B, Hkv, Sk, D], key order
         do8=dv.do_q.data,
         dot8=dv.dot,  # [B, Hq, D, Sq16], queries permuted
         stat=dv.stat,
         r=dv.r,
         row=dv.row,
         delta=dv.delta,
-        col=k_scale.contiguous(),
-        col2=(k_scale * 2.0**-LIFT).contiguous(),
+        col=kv["col"],  # K token scales (NVFP4: the head's global scale per key)
+        col2=kv["col2"],  # col * 2^-LIFT
         s_do=dv.s_do,
         v_scale=v_scale,
     )

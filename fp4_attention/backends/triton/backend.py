@@ -80,7 +80,7 @@ def _quantize_qk_fast(q, k, recipe: Recipe):
         )
     if recipe.qk == "nvfp4":  # the quantizers read Q/K in place; the rotation's amax needs rows
         if signs is None:  # the per-head global scale formed in the kernels
-            (q_s, q_dec), (k_s, k_dec) = quantize_nvfp4_heads(q), quantize_nvfp4_heads(k)
+            (q_s, q_dec, _), (k_s, k_dec, _) = quantize_nvfp4_heads(q), quantize_nvfp4_heads(k)
             return q_s, k_s, (q_dec, k_dec)
         q, k = q.contiguous(), k.contiguous()
         # the per-head scale of the rotated tensor: amax over its rows' rotated amaxes

@@ -8,6 +8,9 @@ kernel (one pass over K and V; torch needs a cast, a gather and a transposing co
   K-major operands only), from the forward's PV operand ``[B, Hkv, D, Sk16]`` whose keys of each 16
   are permuted (``pv_layout.V_PERM16``): the same bytes as ``pv_layout.unpermute_v_keys(vt,
   Sk).transpose(-1, -2)``.
+- ``col``, ``col2``: FP32 ``[B, Hkv, Sk]`` per-key scales of the kernel: the K token scales (NVFP4:
+  the global scale of the key's head, written here rather than broadcast by a copy) and ``col *
+  2^-LIFT``.
 """
 
 from __future__ import annotations
@@ -27,12 +30,34 @@ KV_BLOCK = 64  # keys per program
 
 @triton.jit
 def _bwd_kv_kernel(
-    K8, KSC, VT, KB, V8, SK, SK16, D: tl.constexpr, BLOCK: tl.constexpr, K_NVFP4: tl.constexpr
+    K8,
+    KSC,
+    VT,
+    KB,
+    V8,
+    KS,
+    COL,
+    COL2,
+    SK,
+    SK16,
+    sksh,
+    skss,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    K_NVFP4: tl.constexpr,
+    WRITE_COL: tl.constexpr,
+    COL2_SCALE: tl.constexpr,
 ):
     pid, bh = tl.program_id(0), tl.program_id(1)
     j = pid * BLOCK + tl.arange(0, BLOCK)  # keys; in VT, slots
     d = tl.arange(0, D)
     ok = j < SK
+    # the per-key scale vectors of the kernel: col (written only when KS is not already one) and
+    # col2 = col * 2^-LIFT (exact: a power of two)
+    ks = tl.load(KS + bh * sksh + j * skss, mask=ok, other=0.0)
+    if WRITE_COL:
+        tl.store(COL + bh * SK + j, ks, mask=ok)
+    tl.store(COL2 + bh * SK + j, ks * COL2_SCALE, mask=ok)
     rows = bh * SK * D + j[:, None] * D + d[None, :]
     if K_NVFP4:  # K8: packed E2M1 [.., D / 2], KSC: E4M3 block scales [.., D / 16]
         key = bh * SK + j[:, None]
@@ -49,31 +74,37 @@ def _bwd_kv_kernel(
     tl.store(V8 + rows, v, mask=ok[:, None])
 
 
-def backward_kv_operands(k8, vt_perm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(kb, v8)`` for the CuTe backwards (module docstring).
+def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dict:
+    """``kb``, ``v8``, ``col``, ``col2`` for the CuTe backwards (module docstring).
 
     Args:
-        k8: the saved K: E4M3 (``torch.float8_e4m3fn``) ``[B, Hkv, Sk, D]``, contiguous, or an
-            :class:`NVFP4Tensor` of that shape (payload and block scales contiguous).
+        k8: the saved K: E4M3 (``torch.float8_e4m3fn``) ``[B, Hkv, Sk, D]``, contiguous, with its
+            :class:`FP8Tensor` token scales, or an :class:`NVFP4Tensor` of that shape (payload and
+            block scales contiguous; its per-head global scale ``[B, Hkv, 1, 1]``).
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]``, contiguous, Sk16 = Sk rounded up to 16 with the keys of
             each 16 in ``pv_layout.V_PERM16`` order (``quantize_fp8_v_transposed(v, perm16=True)``).
+        col2_scale: the factor of ``col2`` (2^-LIFT), a power of two.
     Returns:
-        kb: BF16 ``[B, Hkv, Sk, D]``: ``k8.to(torch.bfloat16)``, or ``k8.scaled_payload()`` (exact) for
-        NVFP4; v8: E4M3 ``[B, Hkv, Sk, D]`` in key order. Both contiguous.
+        dict: ``kb`` BF16 ``[B, Hkv, Sk, D]``: the E4M3 codes' values, or ``scaled_payload()`` (exact)
+        for NVFP4; ``v8`` E4M3 ``[B, Hkv, Sk, D]`` in key order; ``col`` FP32 ``[B, Hkv, Sk]``, the
+        K token scales (NVFP4: the global scale of each key's head) and ``col2 = col * col2_scale``.
+        All contiguous; ``col`` is the saved token scales themselves for E4M3.
     Raises:
         ValueError: CPU tensors (outside the Triton interpreter), wrong dtypes, shapes or layouts, or
             a head dim that is not a power of two in 16..256.
     """
     nvfp4 = isinstance(k8, NVFP4Tensor)
-    payload = k8.payload if nvfp4 else k8
+    payload = k8.payload if nvfp4 else k8.data
     b, h, sk, d = k8.shape if nvfp4 else payload.shape
     sk16 = -(-sk // 16) * 16
     if not payload.is_cuda and not _interpreted():
         raise ValueError("backward_kv_operands: needs CUDA tensors (the CuTe backward runs on sm_90)")
     if nvfp4:
         k_ok = payload.is_contiguous() and k8.block_scale.is_contiguous()
+        ks, ks_strides = k8.global_scale.reshape(b * h).float().contiguous(), (1, 0)
     else:
-        k_ok = payload.dtype == torch.float8_e4m3fn and payload.is_contiguous()
+        k_ok = payload.dtype == torch.float8_e4m3fn and payload.is_contiguous() and k8.scale.is_contiguous()
+        ks, ks_strides = k8.scale, (sk, 1)
     if (
         not k_ok
         or vt_perm.dtype != torch.float8_e4m3fn
@@ -87,18 +118,27 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor) -> tuple[torch.Tensor, torch
             f"vt_perm [B, Hkv, D, Sk16] = {(b, h, d, sk16)} with D a power of two in 16..256; got "
             f"{'NVFP4' if nvfp4 else payload.dtype} {(b, h, sk, d)} / {vt_perm.dtype} {tuple(vt_perm.shape)}"
         )
-    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=payload.device)
-    v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=payload.device)
+    dev = payload.device
+    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)
+    v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)
+    cols = torch.empty((2 if nvfp4 else 1, b, h, sk), dtype=torch.float32, device=dev)
+    col = cols[1] if nvfp4 else k8.scale.view(b, h, sk)
     _bwd_kv_kernel[(triton.cdiv(sk, KV_BLOCK), b * h)](
         payload.view(torch.uint8),
         k8.block_scale if nvfp4 else None,
         vt_perm.view(torch.uint8),
         kb,
         v8,
+        ks,
+        col,
+        cols[0],
         sk,
         sk16,
+        *ks_strides,
         D=d,
         BLOCK=KV_BLOCK,
         K_NVFP4=nvfp4,
+        WRITE_COL=nvfp4,
+        COL2_SCALE=float(col2_scale),
     )
-    return kb, v8.view(torch.float8_e4m3fn)
+    return dict(kb=kb, v8=v8.view(torch.float8_e4m3fn), col=col, col2=cols[0])

@@ -84,6 +84,8 @@ def _dout_quant_kernel(
     sob,
     soh,
     sos,
+    sqsh,
+    sqss,
     qk_scale_log2,
     D: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -134,7 +136,7 @@ def _dout_quant_kernel(
     stat = tl.where(lse == float("-inf"), float("-inf"), LIFT - lse * LOG2E)
     tl.store(STAT + bh * SPAD + i, stat, mask=in_pad)
     if TRANSPOSED:
-        qs = tl.load(QS + bh * SQ + i, mask=ok, other=0.0)
+        qs = tl.load(QS + bh * sqsh + i * sqss, mask=ok, other=0.0)
         tl.store(R + bh * SPAD + i, qs * qk_scale_log2, mask=in_pad)
         tl.store(ROW + bh * SPAD + i, qs * (1.0 / (1 << LIFT)), mask=in_pad)
     if pid_m == 0:
@@ -180,7 +182,8 @@ def quantize_dout_fused(
         lift: P's lift (log2), for ``stat = lift - LSE log2 e``.
         pad_to: the per-query vectors' length is Sq rounded up to this.
         transposed: also dO^T and the vectors ``r``, ``row`` (the CuTe backward); needs ``q_scale``
-            FP32 ``[B, Hq, Sq]`` contiguous.
+            FP32 ``[B, Hq, Sq]``, read through its strides (the per-head NVFP4 global scale expanded
+            over the queries is not copied).
         q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also its BF16 image ``qb``
             (exact; the CuTe backward's dK operand), in the same pass.
     Returns:
@@ -226,7 +229,12 @@ def quantize_dout_fused(
     s_do = torch.empty((b, hq), dtype=torch.float32, device=dev)
     vec = [torch.empty((b, hq, spad), dtype=torch.float32, device=dev) for _ in range(4)]
     delta, stat, r, row = vec
-    qs = q_scale.contiguous() if transposed else lse
+    # q_scale read through its strides: a per-token vector, or a per-head scale expanded over the
+    # queries (stride 0: NVFP4's global scale), without a copy
+    if transposed and (q_scale.stride(0) != hq * q_scale.stride(1) or q_scale.dtype != torch.float32):
+        q_scale = q_scale.contiguous().float()
+    qs = q_scale if transposed else lse
+    q_strides = (q_scale.stride(1), q_scale.stride(2)) if transposed else (sq, 1)
     qb = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dev) if q8 is not None else None
     grid = (triton.cdiv(max(spad, sq16), QUANT_BLOCK), b * hq)
     _dout_quant_kernel[grid](
@@ -253,6 +261,7 @@ def quantize_dout_fused(
         spad,
         *strides,
         *out.stride()[:3],
+        *q_strides,
         float(qk_scale_log2),
         D=d,
         BLOCK=QUANT_BLOCK,

@@ -364,11 +364,13 @@ def _nvfp4_rows_kernel(
     HEAD_AMAX: tl.constexpr = False,
     BADH=None,
     GOUT=None,
+    TOK=None,
 ):
     """NVFP4 rows. G: the global scale per row (FP32 [n_rows]); with HEAD_AMAX, G is instead the
     per-(batch, head) amax of |x| (FP32 [B * H], ``_head_amax_kernel``) and BADH its non-finite flag:
     the global scale amax / 2688 (1 for an all-zero head, NaN for a non-finite one:
-    ``quant.amax_scale``) is formed here and written to GOUT [B * H]."""
+    ``quant.amax_scale``) is formed here and written to GOUT [B * H], and per row to TOK [n_rows]
+    (the per-token vectors the attention kernels read)."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = r < n_rows
     NB: tl.constexpr = D // 16
@@ -388,6 +390,7 @@ def _nvfp4_rows_kernel(
         g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, tl.full([ROWS], 2688.0, tl.float32)))
         g = tl.where(tl.load(BADH + bh, mask=ok, other=0) != 0, float("nan"), g)
         tl.store(GOUT + bh, g, mask=ok)  # every row of a head writes the same value
+        tl.store(TOK + r, g, mask=ok)
     else:
         g = tl.load(G + r, mask=ok, other=1.0)
     ax = tl.abs(x)
@@ -435,16 +438,18 @@ def _head_amax_kernel(X, AMAX, BAD, H, SEQ, sxb, sxh, sxs, D: tl.constexpr, BLOC
     tl.atomic_max(AMAX + bh, tl.max(tl.max(tl.where(ax == ax, ax, 0.0), 1), 0))
 
 
-def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor]:
+def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
 
     Returns:
-        ``(NVFP4Tensor, decoded)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
+        ``(NVFP4Tensor, decoded, token_scale)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
         quant.nvfp4_global_scale(x, dims=(2, 3)))`` (global scale ``[B, H, 1, 1]``: amax / 2688, 1
         for an all-zero head, NaN for a head holding a NaN or Inf); ``decoded`` is ``s_b * q`` in
-        BF16 (exact), NaN for a poisoned block; all contiguous.
+        BF16 (exact), NaN for a poisoned block; ``token_scale`` FP32 ``[B, H, S]`` the global scale
+        of each token's head (the row/col vector of the attention kernels, written by the same
+        kernel: no broadcast copy); all contiguous.
     Raises:
         ValueError: not 4-D, as ``_row_input``, or D not a power of two in [16, 256].
     """
@@ -462,6 +467,7 @@ def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor]:
     payload = torch.empty((b, h, s, d // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
     dec = torch.empty((b, h, s, d), dtype=torch.bfloat16, device=x.device)
+    tok = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
     n = b * h * s
     rows = max(1, 1024 // d)
     _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](
@@ -478,8 +484,9 @@ def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor]:
         HEAD_AMAX=True,
         BADH=bad,
         GOUT=g,
+        TOK=tok,
     )
-    return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=g), dec
+    return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=g), dec, tok
 
 
 def quantize_nvfp4_rows(
