@@ -72,7 +72,13 @@ def _kv_fn(k_s, v_s, s):
             return kb, unpermute_v_keys(v_s.data, s).transpose(-1, -2).contiguous()
 
         return torch_kv, "torch"
-    return (lambda: backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-8)), "triton.bwd_kv"
+    if "col2_scale" in inspect.signature(backward_kv_operands).parameters:  # col/col2 in the kernel
+        return (lambda: backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-8)), "triton.bwd_kv"
+
+    def older_tree():  # an older tree (bench/variants.sh): the kernel, then torch's col2
+        return backward_kv_operands(k_s.data, v_s.data), (k_s.scale * 2.0**-8).squeeze(-1)
+
+    return older_tree, "triton.bwd_kv + torch col2"
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,9 @@ from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed  # noq
 from . import test_triton_backend as tt  # noqa: E402
 
 RECIPES = ["fp8", "nvfp4qk_fp8pv"]
-TILES = [cute_backend.DEFAULT_TILES, (128, 96, 2) if cute_backend.DEFAULT_TILES[1] != 96 else (128, 128, 2)]
+# the two defaults (cute_backend.default_tiles: causal, and non-causal D128); the other supported
+# tiles run the forward tests of test_other_tiles_match_reference
+TILES = [cute_backend.DEFAULT_TILES, cute_backend.NON_CAUSAL_TILES]
 
 
 class _TiledCute(cute_backend.CuteBackend):
@@ -57,7 +59,7 @@ def _target(tiles) -> tt.Target:
 
 @pytest.fixture(params=TILES, ids=lambda t: "t{}x{}s{}".format(*t))
 def cute(request) -> tt.Target:
-    """Every kernel test at the default tiles and one other (``_target``)."""
+    """Every kernel test at both default tiles (``_target``), causal or not."""
     return _target(request.param)
 
 

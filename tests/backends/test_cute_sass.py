@@ -12,9 +12,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from cute_sass_report import compile_report  # sets the DSL dump options before cutlass loads
 
 
-@pytest.mark.parametrize("tiles", [(128, 128, 2), (128, 96, 2)])
-def test_default_kernel_qgmma_no_spills(tiles):
-    rep = compile_report(tiles)
+@pytest.mark.parametrize(
+    "tiles, causal", [((128, 128, 2), True), ((128, 96, 2), True), ((128, 192, 2), False)]
+)  # the defaults (causal, and non-causal D128: cute.backend.default_tiles) and the tests' other tile
+def test_default_kernel_qgmma_no_spills(tiles, causal):
+    rep = compile_report(tiles, causal=causal)
     n_k = 128 // 32  # head dim 128 in k32 steps (QK) and tile_n // 32 (PV)
     assert rep["QGMMA"] >= n_k + tiles[1] // 32, rep
     assert rep["HGMMA"] == 0, rep
@@ -91,9 +93,12 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal, qk_bf
         assert rep["STL"] <= 3, rep
 
 
-@pytest.mark.parametrize("overlap, tiles", [(False, (128, 128, 2)), (True, (128, 96, 2))])
-def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(overlap, tiles):
-    rep = compile_report(tiles, qk_bf16=True, intra_wg_overlap=overlap)
+@pytest.mark.parametrize(
+    "overlap, tiles, causal",
+    [(False, (128, 128, 2), True), (True, (128, 96, 2), True), (False, (128, 192, 2), False)],
+)
+def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(overlap, tiles, causal):
+    rep = compile_report(tiles, causal=causal, qk_bf16=True, intra_wg_overlap=overlap)
     assert rep["HGMMA"] >= 128 // 16, rep  # QK: BF16 wgmma, k16 steps over the head dim
     assert rep["QGMMA"] >= 128 // 32, rep  # PV: FP8 wgmma
     assert rep["STL"] == 0 and rep["LDL"] == 0, rep

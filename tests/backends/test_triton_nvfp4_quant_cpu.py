@@ -7,10 +7,20 @@ all-zero head; NaN for a head holding a NaN or an Inf), for contiguous tensors a
 views of [B, S, H, D] and [S, B, H, D] memory, and so does each token's entry of the per-token vector
 written beside it; the payload, block scales and decode equal those of
 ``quantize_nvfp4_rows`` given that scale (the same kernel, interpreted: the codes against the
-reference need the hardware's FP8 conversion, test_triton_quant.py on the GPU); one fill.
+reference need the hardware's FP8 conversion, test_triton_quant.py on the GPU); one fill. The
+decodes (the quantizer's and ``decode_nvfp4_rows``) equal ``scaled_payload()`` in BF16 bit for bit,
+the sign of zero included (E2M1 code 8 is -0), and the Triton backend's Q/K kernel operands without
+a decoded pair at hand decode the saved Q/K to those bits.
 """
 
 from __future__ import annotations
+
+
+def _bits(t):
+    """BF16 bit patterns, every NaN as one pattern."""
+    import torch
+
+    return torch.where(t.isnan(), torch.full_like(t, float("nan")), t).view(torch.int16)
 
 
 def _interpreted_checks() -> list[str]:
@@ -30,6 +40,8 @@ def _interpreted_checks() -> list[str]:
     x[0, 1] = 0.0  # all-zero head
     x[1, 0, 5, 7] = float("nan")
     x[1, 2, 9, 2] = float("-inf")
+    x[0, 0, 0, :16] = -1e-6  # a block of tiny negatives and one large entry: codes 8 (-0)
+    x[0, 0, 0, 15] = 1.0
     x = x.bfloat16()
     for name, perm in (("contiguous", None), ("bshd view", (0, 2, 1, 3)), ("sbhd view", (2, 0, 1, 3))):
         t = x if perm is None else x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
@@ -57,11 +69,21 @@ def _interpreted_checks() -> list[str]:
         )
         if not same_dec:
             failed.append(f"{name}: decode")
-        redec = decode_nvfp4_rows(got)  # the standalone decode of the saved tensor: the same values
-        if not (
-            torch.equal(redec.isnan(), dec.isnan()) and torch.equal(redec.nan_to_num(), dec.nan_to_num())
-        ):
-            failed.append(f"{name}: decode_nvfp4_rows differs from the quantizer's decode")
+        want_bits = _bits(got.scaled_payload().bfloat16())
+        for what, t in (("the quantizer's decode", dec), ("decode_nvfp4_rows", decode_nvfp4_rows(got))):
+            if not torch.equal(_bits(t), want_bits):
+                failed.append(f"{name}: {what} differs from scaled_payload() in BF16 (bits)")
+    if not bool(((got.payload & 0xF) == 8).any()):
+        failed.append("the input has no -0 code to check")
+    # the Triton backend's Q/K operands without the decoded pair: the Triton decode of the saved Q/K
+    from fp4_attention import get_recipe
+    from fp4_attention.backends.triton import backend as tb
+
+    k_s = quantize_nvfp4_heads(x[:, :1].contiguous())[0]
+    q_op, k_op, _, _ = tb._qk_kernel_operands(got, k_s, get_recipe("nvfp4qk_fp8pv"), x.shape, (2, 1, 70, 64))
+    for part, op, saved in (("q_op", q_op, got), ("k_op", k_op, k_s)):
+        if not torch.equal(_bits(op), _bits(saved.scaled_payload().bfloat16())):
+            failed.append(f"Q/K kernel operands without a decoded pair: {part}")
     return failed
 
 

@@ -25,8 +25,8 @@ def test_forward_operands(name):
     rec = fa.get_recipe(name)
     q, k, v = make_qkv(2, 4, 2, 40, 40, 64, seed=3)
     q_s, k_s, v_s = _saved(rec, q, k, v)
-    # NVFP4 Q/K: the decoded pair as the forward has it (without it, the Triton decode runs: on a
-    # GPU, or interpreted in test_triton_nvfp4_quant_cpu.py)
+    # NVFP4 Q/K: the decoded pair as the forward has it (without it the Triton decode runs: on a GPU,
+    # or interpreted in test_triton_nvfp4_quant_cpu.py, which checks that path's operands)
     decoded = (
         (q_s.scaled_payload().bfloat16(), k_s.scaled_payload().bfloat16()) if rec.qk == "nvfp4" else None
     )
@@ -40,8 +40,8 @@ def test_forward_operands(name):
         assert torch.equal(row, q_s.scale.squeeze(-1)) and torch.equal(col, k_s.scale.squeeze(-1))
         assert torch.equal(v_op.float(), quantize_v(v, rec).data.float())  # [B, Hkv, Sk, D] view
         assert torch.equal(v_scale, v_s.scale.squeeze(2))
-    else:  # NVFP4 Q/K: the exact BF16 decode s_b * q, global scales as row/col
-        assert torch.equal(q_op, q_s.scaled_payload().bfloat16())
+    else:  # NVFP4 Q/K: the decoded pair passed through, global scales as row/col
+        assert q_op is decoded[0] and k_op is decoded[1]
         assert torch.equal(row, q_s.global_scale.squeeze(-1).expand(2, 4, 40))
         if rec.direct_p is not None:  # alpha_V * q_V in BF16, unit channel scales
             assert v_op.dtype == torch.bfloat16 and (v_scale == 1).all()

@@ -412,7 +412,7 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
     if not (qk_bf16 or fp8_qk) or not isinstance(state.v, FP8Tensor):
         raise ValueError(
             "cute backward: needs the saved state of the cute forward of recipe fp8 or nvfp4qk_fp8pv "
-            "(E4M3 or NVFP4 Q/K, E4M3 V)"
+            "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
     ops = backward_operands(state, dout, softmax_scale)  # dout read in place (unit last stride)
@@ -446,8 +446,8 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
 
 
 class CuteBackend:
-    """CuTe DSL forward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``) and backward (``fp8``; Triton's
-    for ``nvfp4qk_fp8pv``); options ``tiles`` = ``(tile_m, tile_n, stages)`` for benchmarks and tests."""
+    """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); option ``tiles`` =
+    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests."""
 
     spec = SPEC
 

@@ -1,4 +1,5 @@
-"""CuTe DSL backward kernel of the ``fp8`` recipe for Hopper (sm_90a): dK, dV and dQ in one pass.
+"""CuTe DSL backward kernel of the ``fp8`` and ``nvfp4qk_fp8pv`` recipes for Hopper (sm_90a): dK, dV
+and dQ in one pass.
 
 What is ours and what is FA4's
 ------------------------------
@@ -17,6 +18,9 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
 * S^T = K Q^T is the forward's product: E4M3 x E4M3 wgmma, K-major both, the head dim's four k32
   products chained inside the MMA (no FP32 promotion of the QK product: the ``fp8`` recipe's
   definition, as ``FP8ForwardSm90`` and the Triton kernels), so the scores match the forward's.
+  ``qk_bf16`` (``nvfp4qk_fp8pv``): a BF16 wgmma on the exact BF16 decodes ``s_b * q`` of the NVFP4
+  Q/K instead (the forward's ``qk_bf16`` product), with the per-head global scales as the token
+  scales; the rest of the loop is the same.
   P^T = exp2(fma(t * col_j, r_i, stat_i)) with ``col`` the K token scale, ``r`` = Q token scale *
   softmax_scale * log2 e and ``stat = LIFT - LSE log2 e`` (-inf for rows without keys), lifted by
   2^LIFT into E4M3's range.
@@ -27,9 +31,9 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
   backward's), dO in E5M2 with V's per-channel scale folded in and one FP32 scale per head (``s_do``).
 * dS^T = P^T (dP^T s_do - D) 2^-LIFT with D = rowsum(dO^ * O / v_scale) of the same dequantized dO
   (the reference's rule: consistent with dP under a dominant key). dK += BF16(dS^T * row) Q and
-  dQ = BF16(dS * col) K are BF16 wgmmas on the exact BF16 images of the E4M3 Q/K payloads (``row``,
-  ``col`` the token scales); dK is scaled by softmax_scale and dV by s_do 2^-LIFT / v_scale in the
-  epilogue, dQ by softmax_scale in FA4's postprocess.
+  dQ = BF16(dS * col) K are BF16 wgmmas on the exact BF16 images of the Q/K payloads (E4M3 codes,
+  or the NVFP4 decodes; ``row``, ``col`` the token scales); dK is scaled by softmax_scale and dV by
+  s_do 2^-LIFT / v_scale in the epilogue, dQ by softmax_scale in FA4's postprocess.
 
 Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). Requires
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
@@ -64,7 +68,8 @@ E5M2 = cutlass.Float8E5M2
 
 
 class FP8BackwardSm90(FlashAttentionBackwardSm90):
-    """Backward of the ``fp8`` recipe on sm_90a; see the module docstring.
+    """Backward of the ``fp8`` recipe (and, with ``qk_bf16``, ``nvfp4qk_fp8pv``) on sm_90a; see the
+    module docstring.
 
     Args:
         head_dim: 64 or 128.
@@ -600,8 +605,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         SeqlenInfoCls,
         TileSchedulerCls,
     ):
-        """TMA loads: the CTA's K (E4M3 and BF16) and V once; per query block Q (E4M3 and BF16) and
-        the per-query stat, r, row on pipeline_Q; dO and dO^T (E5M2) and D on pipeline_dO."""
+        """TMA loads: the CTA's K (E4M3 and BF16; BF16 only with ``qk_bf16``) and V once; per query
+        block Q (likewise) and the per-query stat, r, row on pipeline_Q; dO and dO^T (E5M2) and D on
+        pipeline_dO."""
         state_Q, state_dO, tile_scheduler, work_tile = self._start(
             cutlass.pipeline.PipelineUserType.Producer, TileSchedulerCls
         )

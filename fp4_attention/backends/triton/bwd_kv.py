@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ...numerics.quant import NVFP4Tensor
 from .dout_quant import _interpreted, e4m3_to_bf16
-from .quant import nvfp4_to_bf16
+from .quant import check_int32_span, nvfp4_to_bf16
 
 __all__ = ["KV_BLOCK", "backward_kv_operands"]
 
@@ -90,8 +90,8 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
         K token scales (NVFP4: the global scale of each key's head) and ``col2 = col * col2_scale``.
         All contiguous; ``col`` is the saved token scales themselves for E4M3.
     Raises:
-        ValueError: CPU tensors (outside the Triton interpreter), wrong dtypes, shapes or layouts, or
-            a head dim that is not a power of two in 16..256.
+        ValueError: CPU tensors (outside the Triton interpreter), wrong dtypes, shapes or layouts, a
+            head dim that is not a power of two in 16..256, or a span beyond 32-bit offsets.
     """
     nvfp4 = isinstance(k8, NVFP4Tensor)
     payload = k8.payload if nvfp4 else k8.data
@@ -100,8 +100,16 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
     if not payload.is_cuda and not _interpreted():
         raise ValueError("backward_kv_operands: needs CUDA tensors (the CuTe backward runs on sm_90)")
     if nvfp4:
-        k_ok = payload.is_contiguous() and k8.block_scale.is_contiguous()
-        ks, ks_strides = k8.global_scale.reshape(b * h).float().contiguous(), (1, 0)
+        gs = k8.global_scale
+        k_ok = (
+            payload.dtype == torch.uint8
+            and payload.is_contiguous()
+            and k8.block_scale.is_contiguous()
+            and tuple(k8.block_scale.shape) == (b, h, sk, d // 16)
+            and gs.numel() == b * h
+            and tuple(gs.shape) in ((b, h, 1, 1), (b, h))
+        )
+        ks, ks_strides = (gs.reshape(b * h).float().contiguous() if k_ok else gs), (1, 0)
     else:
         k_ok = payload.dtype == torch.float8_e4m3fn and payload.is_contiguous() and k8.scale.is_contiguous()
         ks, ks_strides = k8.scale, (sk, 1)
@@ -114,10 +122,12 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
         or not 16 <= d <= 256
     ):
         raise ValueError(
-            f"backward_kv_operands: needs a contiguous float8_e4m3fn (or NVFP4) k8 [B, Hkv, Sk, D] and "
+            f"backward_kv_operands: needs a contiguous float8_e4m3fn (or NVFP4: uint8 payload, block scales "
+            f"[B, Hkv, Sk, D / 16], a per-head global scale [B, Hkv, 1, 1]) k8 [B, Hkv, Sk, D] and "
             f"vt_perm [B, Hkv, D, Sk16] = {(b, h, d, sk16)} with D a power of two in 16..256; got "
             f"{'NVFP4' if nvfp4 else payload.dtype} {(b, h, sk, d)} / {vt_perm.dtype} {tuple(vt_perm.shape)}"
         )
+    check_int32_span("backward_kv_operands", payload, vt_perm)
     dev = payload.device
     kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)
     v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)

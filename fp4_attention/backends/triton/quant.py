@@ -389,7 +389,7 @@ def _nvfp4_rows_kernel(
         amax = tl.load(G + bh, mask=ok, other=1.0)
         g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, tl.full([ROWS], 2688.0, tl.float32)))
         g = tl.where(tl.load(BADH + bh, mask=ok, other=0) != 0, float("nan"), g)
-        tl.store(GOUT + bh, g, mask=ok)  # every row of a head writes the same value
+        tl.store(GOUT + bh, g, mask=ok & (r % SEQ == 0))  # once per head: its first row
         tl.store(TOK + r, g, mask=ok)
     else:
         g = tl.load(G + r, mask=ok, other=1.0)
@@ -414,7 +414,7 @@ def _nvfp4_rows_kernel(
     neg = qv < 0.0
     neg = neg | ((qv == 0.0) & ((x.to(tl.int32, bitcast=True) >> 31) != 0) & okd[:, :, None])
     code = code | tl.where(neg, 8, 0)
-    dec = tl.where(neg, -dec, dec)
+    dec = dec * tl.where(neg, -1.0, 1.0)  # not -dec: Triton's unary minus (0 - x) loses -0
     dec = tl.where(bad[:, :, None], float("nan"), dec)
     code2 = tl.reshape(code, [ROWS, D // 2, 2])
     lo, hi = tl.split(code2)
@@ -451,7 +451,7 @@ def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor, to
         of each token's head (the row/col vector of the attention kernels, written by the same
         kernel: no broadcast copy); all contiguous.
     Raises:
-        ValueError: not 4-D, as ``_row_input``, or D not a power of two in [16, 256].
+        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], or S = 0.
     """
     if x.dim() != 4:
         raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
@@ -459,6 +459,8 @@ def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor, to
     b, h, s, d = x.shape
     if d % 16 or d & (d - 1) or d > 256:
         raise ValueError(f"quantize_nvfp4_heads: last dim must be a power of two in [16, 256], got {d}")
+    if s == 0:
+        raise ValueError("quantize_nvfp4_heads: no tokens (S = 0); the per-head global scale is undefined")
     layout = (h, s, *x.stride()[:3])  # the true heads, also for a contiguous x
     amax, bad = zeroed_amax_and_flag((b * h,), x.device)
     block_s = 64
@@ -528,8 +530,8 @@ def nvfp4_to_bf16(packed, scales, ROWS: tl.constexpr, D: tl.constexpr):
     ``[ROWS, D // 16]``; a NaN scale code (0x7F, a poisoned block) gives NaN for its 16 elements, as
     ``NVFP4Tensor.scaled_payload`` does."""
     c = tl.reshape(tl.join(packed & 0xF, packed >> 4), [ROWS, D // 16, 16])
-    mag = _e2m1_value(c & 7)
-    q = tl.where((c & 8) != 0, -mag, mag)
+    # the sign by a multiply: Triton's unary minus is 0 - x, which turns code 8 (-0) into +0
+    q = _e2m1_value(c & 7) * tl.where((c & 8) != 0, -1.0, 1.0)
     s = scales.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     s = tl.where((scales & 0x7F) == 0x7F, float("nan"), s)  # explicit: the interpreter decodes it as 480
     return tl.reshape(q * s[:, :, None], [ROWS, D]).to(tl.bfloat16)
@@ -560,7 +562,10 @@ def decode_nvfp4_rows(t: NVFP4Tensor) -> torch.Tensor:
     p, sc = t.payload, t.block_scale
     d = 2 * p.shape[-1]
     if (not p.is_cuda and not interpreted()) or not (p.is_contiguous() and sc.is_contiguous()):
-        raise ValueError("decode_nvfp4_rows: needs contiguous CUDA payload and block scales")
+        raise ValueError(
+            "decode_nvfp4_rows: needs contiguous CUDA payload and block scales (on a CPU: "
+            "NVFP4Tensor.scaled_payload().bfloat16(), or TRITON_INTERPRET=1)"
+        )
     if d & (d - 1) or not 16 <= d <= 256 or tuple(sc.shape) != (*p.shape[:-1], d // 16):
         raise ValueError(
             f"decode_nvfp4_rows: payload [..., D / 2] and block scales [..., D / 16] with D a power of two "
