@@ -15,6 +15,11 @@ rotation of Q/K (``ours_<recipe>+hadamard``, forward and forward+backward) and t
 quantization alone without and with it (``quant_qk_<recipe>``, ``quant_qk_<recipe>+hadamard``):
 the rotation's cost is the difference of the ``ours_`` rows (or of the ``quant_qk_`` rows).
 
+``--graphed`` adds forward+backward rows ``<impl>_graphed`` (``GRAPHED``): the same step captured in
+one CUDA graph and replayed, i.e. its kernels without the host's launch cost. Where the eager row is
+bound by the host (B1), the pair separates the two; inside a model the host usually runs ahead.
+Not yet run on a GPU: an implementation that cannot be captured reports its error in its row.
+
 Baselines measured in the same run: cuDNN BF16 and FlashAttention-2 through torch SDPA backends
 (GQA through ``enable_gqa``), and cuDNN FP8 attention through ``nvidia-cudnn-frontend``
 (``sdpa_fp8`` / ``sdpa_fp8_backward``, per-tensor unit scales, P scaled by 256) when importable.
@@ -51,6 +56,26 @@ D = 128
 
 def bench(fn, warmup=100, rep=400) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def graphed(fn, warmup: int = 3):
+    """``fn`` captured in one CUDA graph (after ``warmup`` eager calls on a side stream, as
+    ``torch.cuda.graph`` asks) and returned as the graph's replay: the step's kernels without the
+    host's launch cost. A step inside a larger model, whose host runs ahead of the GPU, or a
+    CUDA-graphed step sees this time; the eager rows measure the host where it bounds (B1)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+GRAPHED = ("cudnn_bf16", "fa4_bf16", "cute_fp8", "cute_nvfp4qk_fp8pv", "ours_fp8", "ours_nvfp4qk_fp8pv")
 
 
 def flops(b, hq, s, causal, pass_):
@@ -207,6 +232,12 @@ def main(argv=None) -> int:
         help="add the rows with the Hadamard Q/K rotation and the Q/K quantization cost with and without it",
     )
     p.add_argument(
+        "--graphed",
+        action="store_true",
+        help="add fwd+bwd rows <impl>_graphed (one CUDA graph replayed: no host launch cost) for "
+        + ", ".join(GRAPHED),
+    )
+    p.add_argument(
         "--cute-tiles",
         nargs="*",
         default=["128,128,2"],
@@ -325,6 +356,12 @@ def main(argv=None) -> int:
                                 (lambda opts=opts: cute_kernel_only(q, k, v, causal, t0, **opts)),
                             )
                         )
+            if args.graphed and pass_ == "fwd_bwd":
+                cands += [
+                    (f"{name}_graphed", (lambda make=make: graphed(make())))
+                    for name, make in cands
+                    if name in GRAPHED
+                ]
             for name, make in cands:
                 rec = {
                     "shape": shape,
