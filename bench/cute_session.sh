@@ -19,6 +19,8 @@
 #         "cache": the cute backend tests selected by CACHE_TESTS (a pytest -k expression, default
 #           "matches_reference_shapes and not nvfp4") twice with FP4_ATTENTION_CUTE_CACHE_DIR set:
 #           the second run loads the kernels the first exported (CACHE_TIMEOUT per run, 200 s);
+#         "quant": bench/quant_bench.py, the Q/K/V quantizers' bandwidth against a same-run copy and
+#           their launch-option sweep (QUANT_TIMEOUT, 200 s);
 #         "profile": Nsight Compute of bench/cute_profile.py, one warm launch per PROFILE_VARIANTS
 #           (default "fp8 fa4_bf16"; also fp8_bwd, fa4_bf16_bwd) at PROFILE_SHAPE (B,Hq,Hkv,S; default 2,32,32,8192), the first
 #           TILES, causal if PROFILE_CAUSAL=1 (PROFILE_TIMEOUT per variant, default 150 s);
@@ -122,6 +124,10 @@ if [[ $steps == *" bench "* ]]; then
   timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute --cute-tiles "${tiles[@]}" \
     "${bench_args[@]}" --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
   grep -v '^{' "$out/bench.log" | tail -40
+fi
+if [[ $steps == *" quant "* ]]; then  # the quantizers' bandwidth against a same-run copy (bench/quant_bench.py)
+  timeout "${QUANT_TIMEOUT:-200}" python3 bench/quant_bench.py --out "$out/quant_bench_h200" > "$out/quant_bench.log" 2>&1
+  echo "quant bench rc=$?" | tee -a "$out/status.txt"; tail -45 "$out/quant_bench.log"
 fi
 if [[ $steps == *" fidelity "* ]]; then
   for be in ${FID_BACKENDS:-cute triton}; do

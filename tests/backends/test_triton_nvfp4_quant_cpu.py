@@ -10,7 +10,8 @@ written beside it; the payload, block scales and decode equal those of
 reference need the hardware's FP8 conversion, test_triton_quant.py on the GPU); one fill. The
 decodes (the quantizer's and ``decode_nvfp4_rows``) equal ``scaled_payload()`` in BF16 bit for bit,
 the sign of zero included (E2M1 code 8 is -0), and the Triton backend's Q/K kernel operands without
-a decoded pair at hand decode the saved Q/K to those bits.
+a decoded pair at hand decode the saved Q/K to those bits. The launch options of the Q/K
+quantizers (rows per program, warps: ``bench/quant_bench.py``'s sweep) do not change their bytes.
 """
 
 from __future__ import annotations
@@ -84,6 +85,27 @@ def _interpreted_checks() -> list[str]:
     for part, op, saved in (("q_op", q_op, got), ("k_op", k_op, k_s)):
         if not torch.equal(_bits(op), _bits(saved.scaled_payload().bfloat16())):
             failed.append(f"Q/K kernel operands without a decoded pair: {part}")
+    from fp4_attention.backends.triton.quant import quantize_fp8_rows
+
+    base_nv, base_fp8 = quantize_nvfp4_heads(x), quantize_fp8_rows(x)
+    for rows, warps in ((4, 8), (32, 2)):
+        nv, f8 = (
+            quantize_nvfp4_heads(x, rows=rows, num_warps=warps),
+            quantize_fp8_rows(x, rows=rows, num_warps=warps),
+        )
+        if not (
+            torch.equal(nv[0].payload, base_nv[0].payload)
+            and torch.equal(nv[0].block_scale, base_nv[0].block_scale)
+        ):
+            failed.append(f"nvfp4 heads at rows={rows} warps={warps}: other bytes")
+        if not torch.equal(f8.data.view(torch.uint8), base_fp8.data.view(torch.uint8)):
+            failed.append(f"fp8 rows at rows={rows} warps={warps}: other bytes")
+    for bad in (3, 0):
+        try:
+            quantize_fp8_rows(x, rows=bad)
+            failed.append(f"rows={bad} did not raise")
+        except ValueError:
+            pass
     return failed
 
 

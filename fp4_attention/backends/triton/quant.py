@@ -144,7 +144,14 @@ def _fp8_rows_kernel(
     tl.store(S + r, scale, mask=ok)
 
 
-def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor | None = None) -> FP8Tensor:
+def quantize_fp8_rows(
+    x: torch.Tensor,
+    fmt: str = "e4m3",
+    *,
+    signs: torch.Tensor | None = None,
+    rows: int | None = None,
+    num_warps: int = 4,
+) -> FP8Tensor:
     """FP8 with one FP32 scale per row of the last dim; bytes equal ``quant.quantize_fp8(x, fmt, (-1,))``.
 
     Args:
@@ -153,6 +160,8 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
             ``[B, H, S, D]`` is read in place; one whose last stride is not 1 is copied first).
         signs: FP32 ``[D]`` signs of a Q/K rotation (``numerics.rotation``): quantize ``x H``,
             rotated in the kernel; bytes equal ``quantize_fp8(rotation.rotate(x, signs), fmt, (-1,))``.
+        rows, num_warps: rows per program (a power of two; default 2048 / D) and warps: launch
+            options for ``bench/quant_bench.py``, the bytes do not depend on them.
     Returns:
         :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``, both contiguous.
     Raises:
@@ -167,7 +176,7 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
     y = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     n = x.numel() // d
-    rows = max(1, 2048 // d)
+    rows = _rows_option("quantize_fp8_rows", rows, max(1, 2048 // d))
     _fp8_rows_kernel[(triton.cdiv(n, rows),)](
         x,
         y,
@@ -178,10 +187,19 @@ def quantize_fp8_rows(x: torch.Tensor, fmt: str = "e4m3", *, signs: torch.Tensor
         FMAX=fmax,
         E5M2=fmt == "e5m2",
         ROWS=rows,
-        num_warps=4,
+        num_warps=num_warps,
         **_rotation_args(x, signs),
     )
     return FP8Tensor(data=y.view(dtype), scale=s)
+
+
+def _rows_option(who: str, rows: int | None, default: int) -> int:
+    """The rows-per-program launch option: ``default`` for None, else a power of two."""
+    if rows is None:
+        return default
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"{who}: rows per program must be a power of two, got {rows}")
+    return rows
 
 
 def _rotation_args(x: torch.Tensor, signs: torch.Tensor | None) -> dict:
@@ -438,10 +456,14 @@ def _head_amax_kernel(X, AMAX, BAD, H, SEQ, sxb, sxh, sxs, D: tl.constexpr, BLOC
     tl.atomic_max(AMAX + bh, tl.max(tl.max(tl.where(ax == ax, ax, 0.0), 1), 0))
 
 
-def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
+def quantize_nvfp4_heads(
+    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4
+) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
+    ``rows`` / ``num_warps``: the rows kernel's launch options (rows per program, a power of two,
+    default 1024 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
 
     Returns:
         ``(NVFP4Tensor, decoded, token_scale)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
@@ -471,7 +493,7 @@ def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor, to
     dec = torch.empty((b, h, s, d), dtype=torch.bfloat16, device=x.device)
     tok = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
     n = b * h * s
-    rows = max(1, 1024 // d)
+    rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 1024 // d))
     _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](
         x,
         amax,
@@ -482,7 +504,7 @@ def quantize_nvfp4_heads(x: torch.Tensor) -> tuple[NVFP4Tensor, torch.Tensor, to
         *layout,
         D=d,
         ROWS=rows,
-        num_warps=4,
+        num_warps=num_warps,
         HEAD_AMAX=True,
         BADH=bad,
         GOUT=g,

@@ -1,0 +1,172 @@
+"""Bandwidth of the forward's Q/K/V quantizers on one GPU, against a device-to-device copy measured in
+the same run (the roofline: each quantizer's fewest bytes, inputs read once and outputs written
+once, over the copy's bytes per second), with a sweep of the row kernels' launch options.
+
+    python bench/quant_bench.py --out results/quant_bench_h200        # writes .json and .md
+
+Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
+- ``fp8 rows`` (``quantize_fp8_rows``, Q or K per token): reads 2 B/element, writes 1 B/element and
+  4 B/row; every (rows per program, warps) of the sweep; the bytes checked equal to the default's.
+- ``nvfp4 heads`` (``quantize_nvfp4_heads``, nvfp4qk_fp8pv's Q/K): the amax pass reads 2 B/element,
+  the rows pass reads 2 and writes 0.5 + 1/16 (payload, block scales) + 2 (the BF16 decode) B/element
+  and 4 B/row (the per-token scale); swept likewise.
+- ``fp8 V transposed`` (``quantize_fp8_v_transposed``, perm16): the amax pass reads 2 B/element, the
+  codes pass reads 2 and writes 1.
+
+The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Times are medians
+of ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+D = 128
+SHAPES = {"Q B4 H32 S4096": (4, 32, 4096), "K B4 H8 S4096": (4, 8, 4096), "Q B1 H32 S4096": (1, 32, 4096)}
+FP8_SWEEP = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (4, 8)]  # default (16, 4)
+NVFP4_SWEEP = [(rows, warps) for rows in (4, 8, 16, 32) for warps in (4, 8)]  # default (8, 4)
+
+
+def _ms(fn) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_bandwidth(n_bytes: int = 1 << 30) -> float:
+    """Bytes per second of a device-to-device copy of ``n_bytes`` (read + write counted)."""
+    src = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = _ms(lambda: dst.copy_(src))
+    return 2 * n_bytes / (ms * 1e-3)
+
+
+def fp8_rows_bytes(n: int, d: int) -> int:
+    return n * 2 + n * 1 + (n // d) * 4
+
+
+def nvfp4_heads_bytes(n: int, d: int) -> int:
+    return n * 2 + n * 2 + n // 2 + n // 16 + n * 2 + (n // d) * 4
+
+
+def v_bytes(n: int) -> int:
+    return n * 2 + n * 2 + n * 1
+
+
+def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
+    from fp4_attention.backends.triton.quant import (
+        quantize_fp8_rows,
+        quantize_fp8_v_transposed,
+        quantize_nvfp4_heads,
+    )
+
+    bw = copy_bandwidth()
+    records = []
+    for label, (b, h, s) in shapes.items():
+        x = torch.randn(b, h, s, D, device="cuda").bfloat16()
+        n = x.numel()
+        ref = quantize_fp8_rows(x)
+        for rows, warps in FP8_SWEEP:
+            got = quantize_fp8_rows(x, rows=rows, num_warps=warps)
+            same = torch.equal(got.data.view(torch.uint8), ref.data.view(torch.uint8)) and torch.equal(
+                got.scale.nan_to_num(), ref.scale.nan_to_num()
+            )
+            ms = _ms(lambda rows=rows, warps=warps: quantize_fp8_rows(x, rows=rows, num_warps=warps))
+            records.append(_rec("fp8 rows", label, rows, warps, ms, fp8_rows_bytes(n, D), bw, same))
+        ref_nv = quantize_nvfp4_heads(x)
+        for rows, warps in NVFP4_SWEEP:
+            got = quantize_nvfp4_heads(x, rows=rows, num_warps=warps)
+            same = all(
+                torch.equal(a, c)
+                for a, c in ((got[0].payload, ref_nv[0].payload), (got[0].block_scale, ref_nv[0].block_scale))
+            )
+            ms = _ms(lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps))
+            records.append(_rec("nvfp4 heads", label, rows, warps, ms, nvfp4_heads_bytes(n, D), bw, same))
+        ms = _ms(lambda: quantize_fp8_v_transposed(x, perm16=True))
+        records.append(_rec("fp8 V transposed", label, None, 4, ms, v_bytes(n), bw, True))
+        for r in records[-len(FP8_SWEEP) - len(NVFP4_SWEEP) - 1 :]:
+            print(json.dumps(r), flush=True)
+    return {"copy_TB_per_s": bw / 1e12}, records
+
+
+def _rec(kind, shape, rows, warps, ms, n_bytes, bw, same) -> dict:
+    tbs = n_bytes / (ms * 1e-3) / 1e12
+    return {
+        "quantizer": kind,
+        "shape": shape,
+        "rows": rows,
+        "warps": warps,
+        "ms": round(ms, 4),
+        "min_bytes": n_bytes,
+        "TB_per_s": round(tbs, 3),
+        "of_copy": round(tbs * 1e12 / bw, 3),
+        "bytes_equal_default": bool(same),
+    }
+
+
+def to_markdown(meta: dict, records: list[dict]) -> str:
+    lines = [
+        f"# Quantizer bandwidth, {meta['gpu']}",
+        "",
+        f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}",
+        f"- same-run device-to-device copy of 1 GiB: {meta['copy_TB_per_s']:.3f} TB/s (read + write); "
+        "`of copy` = the quantizer's fewest bytes per second over it (target >= 0.70)",
+        "",
+        "| quantizer | shape | rows/program | warps | ms | TB/s | of copy | bytes = default |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        rows = r["rows"] if r["rows"] is not None else "-"
+        same = "yes" if r["bytes_equal_default"] else "NO"
+        lines.append(
+            f"| {r['quantizer']} | {r['shape']} | {rows} | {r['warps']} "
+            f"| {r['ms']:.4f} | {r['TB_per_s']:.3f} | {r['of_copy']:.2f} | {same} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("quant_bench: needs a CUDA GPU (the Triton quantizers)", file=sys.stderr)
+        return 2
+    import triton
+
+    commit = (
+        os.environ.get("BENCH_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+    extra, records = run()
+    meta = {
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": commit or "unknown",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        **extra,
+    }
+    md = to_markdown(meta, records)
+    print(md)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out + ".json").write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+        Path(a.out + ".md").write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
