@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import NVFP4Tensor
-from .dout_quant import _interpreted, e4m3_to_bf16
-from .quant import check_int32_span, nvfp4_to_bf16
+from .quant import check_int32_span, e4m3_to_bf16, nvfp4_to_bf16
+from .quant import interpreted as _interpreted
 
 __all__ = ["KV_BLOCK", "backward_kv_operands"]
 
@@ -100,19 +100,15 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
     if not payload.is_cuda and not _interpreted():
         raise ValueError("backward_kv_operands: needs CUDA tensors (the CuTe backward runs on sm_90)")
     if nvfp4:
-        gs = k8.global_scale
         k_ok = (
             payload.dtype == torch.uint8
             and payload.is_contiguous()
             and k8.block_scale.is_contiguous()
             and tuple(k8.block_scale.shape) == (b, h, sk, d // 16)
-            and gs.numel() == b * h
-            and tuple(gs.shape) in ((b, h, 1, 1), (b, h))
+            and tuple(k8.global_scale.shape) in ((b, h, 1, 1), (b, h))
         )
-        ks, ks_strides = (gs.reshape(b * h).float().contiguous() if k_ok else gs), (1, 0)
     else:
         k_ok = payload.dtype == torch.float8_e4m3fn and payload.is_contiguous() and k8.scale.is_contiguous()
-        ks, ks_strides = k8.scale, (sk, 1)
     if (
         not k_ok
         or vt_perm.dtype != torch.float8_e4m3fn
@@ -128,6 +124,11 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
             f"{'NVFP4' if nvfp4 else payload.dtype} {(b, h, sk, d)} / {vt_perm.dtype} {tuple(vt_perm.shape)}"
         )
     check_int32_span("backward_kv_operands", payload, vt_perm)
+    # the per-key scale source: a per-head scale for NVFP4 (stride 0 over the keys), the token scales
+    if nvfp4:
+        ks, ks_strides = k8.global_scale.reshape(b * h).float().contiguous(), (1, 0)
+    else:
+        ks, ks_strides = k8.scale, (sk, 1)
     dev = payload.device
     kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)
     v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)

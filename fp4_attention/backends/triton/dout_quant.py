@@ -19,10 +19,10 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
-from .quant import check_int32_span, zeroed_amax_and_flag
+from .quant import check_int32_span, e4m3_to_bf16, zeroed_amax_and_flag
 from .quant import interpreted as _interpreted
 
-__all__ = ["DoutOperands", "e4m3_to_bf16", "quantize_dout_fused"]
+__all__ = ["DoutOperands", "quantize_dout_fused"]
 
 E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
 # the quantizing kernel's launch, queries per program x warps: 16 x 4 took 0.360 ms with the amax pass at
@@ -30,14 +30,6 @@ E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
 # 64 x 4 needs 255 registers and spills (tests/backends/test_triton_sass.py compiles it for sm_90)
 QUANT_BLOCK, QUANT_WARPS = 16, 4
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def e4m3_to_bf16(c):
-    """E4M3 codes (uint8) -> their BF16 values, exact; codes 0x7F and 0xFF (E4M3's NaN) -> NaN
-    explicitly (the Triton interpreter's converter decodes them as +-480)."""
-    x = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    return tl.where((c & 0x7F) == 0x7F, float("nan"), x).to(tl.bfloat16)
 
 
 @triton.jit

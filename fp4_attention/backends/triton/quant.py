@@ -35,8 +35,8 @@ from .rotation import rotate_rows, rotation_args
 __all__ = [
     "check_int32_span",
     "interpreted",
-    "quantize_fp8_rows",
     "decode_nvfp4_rows",
+    "quantize_fp8_rows",
     "quantize_fp8_v_transposed",
     "quantize_nvfp4_heads",
     "quantize_nvfp4_rows",
@@ -546,6 +546,14 @@ def quantize_nvfp4_rows(
 
 
 @triton.jit
+def e4m3_to_bf16(c):
+    """E4M3 codes (uint8) -> their BF16 values, exact; codes 0x7F and 0xFF (E4M3's NaN) -> NaN
+    explicitly (the Triton interpreter's converter decodes them as +-480)."""
+    x = c.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), x).to(tl.bfloat16)
+
+
+@triton.jit
 def nvfp4_to_bf16(packed, scales, ROWS: tl.constexpr, D: tl.constexpr):
     """NVFP4 rows -> ``s_b * q`` in BF16, exact (<= 6 significant bits, in range): packed E2M1 codes
     uint8 ``[ROWS, D // 2]`` (low nibble first, ``formats.pack_e2m1``) and E4M3 block-scale codes uint8
@@ -554,8 +562,7 @@ def nvfp4_to_bf16(packed, scales, ROWS: tl.constexpr, D: tl.constexpr):
     c = tl.reshape(tl.join(packed & 0xF, packed >> 4), [ROWS, D // 16, 16])
     # the sign by a multiply: Triton's unary minus is 0 - x, which turns code 8 (-0) into +0
     q = _e2m1_value(c & 7) * tl.where((c & 8) != 0, -1.0, 1.0)
-    s = scales.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    s = tl.where((scales & 0x7F) == 0x7F, float("nan"), s)  # explicit: the interpreter decodes it as 480
+    s = e4m3_to_bf16(scales).to(tl.float32)  # exact; NaN for a poisoned block's scale
     return tl.reshape(q * s[:, :, None], [ROWS, D]).to(tl.bfloat16)
 
 
