@@ -11,7 +11,12 @@ trees that ``bench/variants.sh`` lays side by side (their own code, in one run).
   it, else torch's cast, gather and transposing copy;
 - ``total``: both, one after the other.
 ``--dout-launches 32x8 16x4 ...`` adds, at the first shape, the ``dout`` row for each launch of the
-quantizing kernel (queries per program x warps; ``dout_quant.QUANT_BLOCK``, ``QUANT_WARPS``).
+quantizing kernel (queries per program x warps; ``dout_quant.QUANT_BLOCK``, ``QUANT_WARPS``), each
+checked to give the default launch's bytes.
+``--ablate`` adds, at each shape, the ``dout`` pass with parts left out, to show where its time goes:
+without dO^T (``transposed=False``: no transposed store, no ``r``/``row``), without the Q image
+(``q8=None``), without both, the amax pass alone, and a device copy of dO (BF16, read + write) as
+the same run's bandwidth yardstick.
 Medians of ``triton.testing.do_bench`` (CUDA events), GB/s = bytes read and written / time.
 """
 
@@ -81,10 +86,69 @@ def _kv_fn(k_s, v_s, s):
     return older_tree, "triton.bwd_kv + torch col2"
 
 
+def _set_launch(launch: str) -> None:
+    """``BLOCKxWARPS``: the quantizing kernel's queries per program x warps."""
+    dout_quant.QUANT_BLOCK, dout_quant.QUANT_WARPS = (int(x) for x in launch.split("x"))
+
+
+def _check_same(ref, got, launch: str) -> None:
+    """A launch option must not change a byte of the codes or the BF16 image, nor D beyond FP32
+    summation order; raises ``AssertionError`` naming the launch otherwise."""
+    if isinstance(ref, tuple):  # an older tree: (operands, torch's Q image)
+        ref, got = ref[0], got[0]
+    for name in ("dot", "qb"):
+        if hasattr(ref, name):
+            assert torch.equal(getattr(ref, name).view(torch.uint8), getattr(got, name).view(torch.uint8)), (
+                f"launch {launch}: {name} differs from the default launch's"
+            )
+    same_do = torch.equal(ref.do_q.data.view(torch.uint8), got.do_q.data.view(torch.uint8))
+    assert same_do, f"launch {launch}: dO's codes differ from the default launch's"
+    # D sums D products per row: another order moves it by a few FP32 ulps of its largest terms
+    atol = 1e-5 * float(ref.delta.abs().max())
+    torch.testing.assert_close(got.delta, ref.delta, rtol=1e-5, atol=atol, msg=f"launch {launch}: D")
+
+
+def _ablation(q_s, v_s, do, o, lse, shape) -> list[dict]:
+    """The ``--ablate`` rows at one shape (module docstring); GB/s over each row's own bytes."""
+    v_scale = v_s.scale.squeeze(2).contiguous()
+    q_scale = q_s.scale.squeeze(-1)
+    kw = dict(lift=8, pad_to=64, qk_scale_log2=0.1)
+    n = do.numel()
+    b, hq, sq, _ = do.shape
+    amax, bad = torch.zeros(b * hq, device="cuda"), torch.zeros(b * hq, dtype=torch.int32, device="cuda")
+    grid = (triton.cdiv(sq, 64), b * hq)
+    sink = torch.empty_like(do)
+
+    def amax_only():
+        dout_quant._dout_amax_kernel[grid](
+            do, v_scale, amax, bad, hq, hq // v_scale.shape[1], sq, *do.stride()[:3], D=D, BLOCK=64
+        )
+
+    def dout(**extra):
+        return lambda: dout_quant.quantize_dout_fused(do, o, v_scale, lse, **kw, **extra)
+
+    rows = (
+        # (row, fn, bytes), counted as the "dout" row's (the amax pass's second read of dO left out):
+        # dO and O in, dO's codes out; dO^T's codes out; Q's codes in and their BF16 image out
+        ("dout w/o dO^T", dout(q8=q_s.data), n * 8),
+        ("dout w/o Q image", dout(transposed=True, q_scale=q_scale), n * 6),
+        ("dout w/o both", dout(), n * 5),
+        ("amax pass", amax_only, n * 2),
+        ("dO copy", lambda: sink.copy_(do), n * 4),
+    )
+    out = []
+    for row, fn, nbytes in rows:
+        ms = float(triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median"))
+        out.append(dict(shape=shape, row=row, how="ablation", ms=ms, gb_s=nbytes / ms / 1e6))
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     p.add_argument("--dout-launches", nargs="*", default=[], help="BLOCKxWARPS of the dO quantizing kernel")
+    p.add_argument("--ablate", action="store_true", help="the dout pass with parts left out (docstring)")
     args = p.parse_args(argv)
     meta = {
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -111,14 +175,20 @@ def main(argv=None) -> int:
             rec = dict(shape=f"B{b} H{hq}/{hkv} S{s} D{D}", row=row, how=how, ms=ms, gb_s=nbytes / ms / 1e6)
             records.append(rec)
             print(json.dumps(rec), flush=True)
-        default = (dout_quant.QUANT_BLOCK, dout_quant.QUANT_WARPS)
+        if args.ablate:
+            records += _ablation(q_s, v_s, do, o, lse, f"B{b} H{hq}/{hkv} S{s} D{D}")
+        names = ("QUANT_BLOCK", "QUANT_WARPS")
+        default = {n: getattr(dout_quant, n) for n in names}
+        ref = dout_run()
         for launch in args.dout_launches if (b, hq, hkv, s) == SHAPES[0] else []:
-            dout_quant.QUANT_BLOCK, dout_quant.QUANT_WARPS = (int(x) for x in launch.split("x"))
+            _set_launch(launch)
+            _check_same(ref, dout_run(), launch)
             ms = float(triton.testing.do_bench(dout_run, warmup=50, rep=200, return_mode="median"))
             rec = dict(shape=f"B{b} H{hq}/{hkv} S{s} D{D}", row=f"dout {launch}", how=dout_how, ms=ms)
             records.append({**rec, "gb_s": dout_bytes / ms / 1e6})
             print(json.dumps(records[-1]), flush=True)
-        dout_quant.QUANT_BLOCK, dout_quant.QUANT_WARPS = default
+            for n, v in default.items():
+                setattr(dout_quant, n, v)
     if args.out:
         with open(args.out + ".json", "w") as f:
             json.dump({"meta": meta, "records": records}, f, indent=1)

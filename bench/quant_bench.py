@@ -11,7 +11,7 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   the rows pass reads 2 and writes 0.5 + 1/16 (payload, block scales) + 2 (the BF16 decode) B/element
   and 4 B/row (the per-token scale); swept likewise.
 - ``fp8 V transposed`` (``quantize_fp8_v_transposed``, perm16): the amax pass reads 2 B/element, the
-  codes pass reads 2 and writes 1.
+  codes pass reads 2 and writes 1; swept likewise (keys per program x warps of the codes pass).
 
 The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Times are medians
 of ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs).
@@ -35,6 +35,7 @@ D = 128
 SHAPES = {"Q B4 H32 S4096": (4, 32, 4096), "K B4 H8 S4096": (4, 8, 4096), "Q B1 H32 S4096": (1, 32, 4096)}
 FP8_SWEEP = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (4, 8)]  # default (16, 4)
 NVFP4_SWEEP = [(rows, warps) for rows in (4, 8, 16, 32) for warps in (4, 8)]  # default (8, 4)
+V_SWEEP = [(16, 4), (32, 4), (64, 4), (64, 8), (128, 8)]  # keys per program x warps; default (64, 4)
 
 
 def _ms(fn) -> float:
@@ -92,9 +93,17 @@ def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
             )
             ms = _ms(lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps))
             records.append(_rec("nvfp4 heads", label, rows, warps, ms, nvfp4_heads_bytes(n, D), bw, same))
-        ms = _ms(lambda: quantize_fp8_v_transposed(x, perm16=True))
-        records.append(_rec("fp8 V transposed", label, None, 4, ms, v_bytes(n), bw, True))
-        for r in records[-len(FP8_SWEEP) - len(NVFP4_SWEEP) - 1 :]:
+        ref_v = quantize_fp8_v_transposed(x, perm16=True)
+        for rows, warps in V_SWEEP:
+            got = quantize_fp8_v_transposed(x, perm16=True, rows=rows, num_warps=warps)
+            same = torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8))
+            ms = _ms(
+                lambda rows=rows, warps=warps: quantize_fp8_v_transposed(
+                    x, perm16=True, rows=rows, num_warps=warps
+                )
+            )
+            records.append(_rec("fp8 V transposed", label, rows, warps, ms, v_bytes(n), bw, same))
+        for r in records[-len(FP8_SWEEP) - len(NVFP4_SWEEP) - len(V_SWEEP) :]:
             print(json.dumps(r), flush=True)
     return {"copy_TB_per_s": bw / 1e12}, records
 

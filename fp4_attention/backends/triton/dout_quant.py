@@ -19,15 +19,15 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
-from .quant import check_int32_span, e4m3_to_bf16, zeroed_amax_and_flag
+from .quant import check_int32_span, e4m3_to_bf16, transpose_codes, zeroed_amax_and_flag
 from .quant import interpreted as _interpreted
 
 __all__ = ["DoutOperands", "quantize_dout_fused"]
 
 E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
-# the quantizing kernel's launch, queries per program x warps: 16 x 4 took 0.360 ms with the amax pass at
-# B4 H32/8 S4096 D128 on the H200, 32 x 8 0.426, 32 x 4 0.405, 64 x 8 0.570 (results/bwd_prep_h200);
-# 64 x 4 needs 255 registers and spills (tests/backends/test_triton_sass.py compiles it for sm_90)
+# the quantizing kernel's launch, queries per program x warps: 16 x 4 took 0.278 ms with the amax pass at
+# B4 H32/8 S4096 D128 on the H200, 16 x 8 0.294, 32 x 4 0.325, 32 x 8 0.298, 64 x 4 0.366, 64 x 8 0.301,
+# 128 x 8 0.412 (one run, results/bwd_prep_h200/transpose_h200.md)
 QUANT_BLOCK, QUANT_WARPS = 16, 4
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -109,12 +109,10 @@ def _dout_quant_kernel(
     tl.store(Y + row_base + i[:, None] * D + d[None, :], yq, mask=ok[:, None])
     if TRANSPOSED:
         # query i = 8 h + 2 q + c of each 16 goes to slot 4 q + 2 h + c of dO^T (pv_layout.V_PERM16,
-        # as V's keys): a register permutation of the transposed tile, then a store contiguous along
-        # the queries (a store per element at the slot's address would write single bytes D * SQ16
-        # apart); queries past SQ hold code 0 (above), the padding up to SQ16
-        yt = tl.reshape(
-            tl.permute(tl.reshape(tl.trans(yq), [D, BLOCK // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK]
-        )
+        # as V's keys), then a store contiguous along the queries (a store per element at the slot's
+        # address would write single bytes D * SQ16 apart); queries past SQ hold code 0 (above), the
+        # padding up to SQ16
+        yt = transpose_codes(yq, True)
         tl.store(YT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :], yt, mask=(i < SQ16)[None, :])
     if Q_BF16:
         # the BF16 image of the E4M3 Q payload (exact), the B operand of the backward's dK = dS^T Q
@@ -212,6 +210,8 @@ def quantize_dout_fused(
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
     amax, bad = zeroed_amax_and_flag((b * hq,), dev)
+    # the amax pass's launch: 32 to 256 queries per program, 4 or 8 warps, took the same time on the
+    # H200 (results/bwd_prep_h200/transpose_h200.md)
     block = 64
     grid = (triton.cdiv(sq, block), b * hq)
     strides = (dout.stride(0), dout.stride(1), dout.stride(2))

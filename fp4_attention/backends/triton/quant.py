@@ -233,6 +233,22 @@ def _pow2_ceil(s):
 
 
 @triton.jit
+def transpose_codes(yq, PERM16: tl.constexpr):
+    """The ``[N, D]`` uint8 codes ``yq`` transposed to ``[D, N]`` (N a multiple of 16 if ``PERM16``),
+    for a store contiguous along N. ``PERM16``: within each 16 of N, entry ``j = 8h + 2q + c`` goes
+    to slot ``4q + 2h + c`` (``pv_layout.V_PERM16``), a register permutation. The transpose moves
+    32-bit lanes (the codes widened, then narrowed back): on the H200 that took the dO quantizer
+    from 0.358 to 0.278 ms at B4 H32 S4096 D128 against the byte transpose
+    (``results/bwd_prep_h200/transpose_h200.md``)."""
+    yt = tl.trans(yq.to(tl.int32))
+    if PERM16:
+        d: tl.constexpr = yt.shape[0]
+        n: tl.constexpr = yt.shape[1]
+        yt = tl.reshape(tl.permute(tl.reshape(yt, [d, n // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [d, n])
+    return yt.to(tl.uint8)
+
+
+@triton.jit
 def _fp8_v_t_kernel(
     X,
     AMAX,
@@ -272,18 +288,15 @@ def _fp8_v_t_kernel(
     y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
     yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
-    yt = tl.trans(yq)  # [D, BLOCK_S]
-    if PERM16:
-        # within each 16 keys, key j = 8h + 2q + c goes to slot 4q + 2h + c (pv_layout.V_PERM16): a
-        # register permutation, then the same contiguous store; the slots of keys past S hold zeros
-        # (masked loads), which is the padding up to SO (SO == S without PERM16)
-        yt = tl.reshape(
-            tl.permute(tl.reshape(yt, [D, BLOCK_S // 16, 2, 4, 2]), [0, 1, 3, 2, 4]), [D, BLOCK_S]
-        )
+    # [D, BLOCK_S]; the slots of keys past S hold zeros (masked loads), which is the padding up to SO
+    # (SO == S without PERM16)
+    yt = transpose_codes(yq, PERM16)
     tl.store(Y + bh * D * SO + d[:, None] * SO + s[None, :], yt, mask=(s < SO)[None, :])
 
 
-def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Tensor:
+def quantize_fp8_v_transposed(
+    v: torch.Tensor, *, perm16: bool = False, rows: int | None = None, num_warps: int = 4
+) -> FP8Tensor:
     """E4M3 V with one power-of-two FP32 scale per (batch, head, channel), stored transposed.
 
     Args:
@@ -298,6 +311,9 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
         to 16 (``pv_layout.padded_keys``) with padding keys (code 0; 0x7F in a non-finite channel,
         which is NaN anyway), the keys of each 16 permuted so that slot k holds key
         ``pv_layout.V_PERM16[k]`` (``pv_layout.unpermute_v_keys`` inverts it).
+        ``rows`` / ``num_warps``: the codes kernel's keys per program (a power of two >= 16,
+        default 64) and warps, launch options for ``bench/quant_bench.py``; the bytes do not depend
+        on them.
     Raises:
         ValueError: not a 4-D CUDA tensor, no keys, or D not a power of two <= 256.
     """
@@ -315,10 +331,11 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
     scale = torch.empty((b, h, 1, d), dtype=torch.float32, device=v.device)
     so = padded_keys(sk) if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
-    block_s = 64
-    grid = (triton.cdiv(sk, block_s), b * h)
-    _v_amax_kernel[grid](v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=block_s)
-    _fp8_v_t_kernel[grid](
+    block_s = _rows_option("quantize_fp8_v_transposed", rows, 64)
+    if block_s < 16:
+        raise ValueError(f"quantize_fp8_v_transposed: keys per program must be >= 16, got {block_s}")
+    _v_amax_kernel[(triton.cdiv(sk, 64), b * h)](v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=64)
+    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](
         v,
         amax,
         bad,
@@ -332,7 +349,7 @@ def quantize_fp8_v_transposed(v: torch.Tensor, *, perm16: bool = False) -> FP8Te
         FMAX=fmax,
         BLOCK_S=block_s,
         PERM16=perm16,
-        num_warps=4,
+        num_warps=num_warps,
     )
     return FP8Tensor(data=y.view(torch.float8_e4m3fn), scale=scale)
 
@@ -352,12 +369,12 @@ def _e2m1_code(a):
 
 @triton.jit
 def _e2m1_value(c):
-    """E2M1 magnitude code 0..7 -> value (exact)."""
+    """E2M1 magnitude code 0..7 -> value (exact): the FP32 bits built from the code's exponent and
+    mantissa (0.5 for the subnormal code 1, zero for code 0), no exp2."""
+    c = c.to(tl.int32)
     e = c >> 1
-    m = (c & 1).to(tl.float32)
-    sub = m * 0.5
-    nrm = (1.0 + 0.5 * m) * tl.math.exp2((e - 1).to(tl.float32))
-    return tl.where(e == 0, sub, nrm)
+    bits = tl.where(e == 0, 126 << 23, ((e + 126) << 23) | ((c & 1) << 22))
+    return tl.where(c == 0, 0.0, bits.to(tl.float32, bitcast=True))
 
 
 @triton.jit
