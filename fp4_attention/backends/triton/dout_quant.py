@@ -27,7 +27,7 @@ __all__ = ["DoutOperands", "quantize_dout_fused"]
 E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
 # the quantizing kernel's launch, queries per program x warps: 16 x 4 took 0.278 ms with the amax pass at
 # B4 H32/8 S4096 D128 on the H200, 16 x 8 0.294, 32 x 4 0.325, 32 x 8 0.298, 64 x 4 0.366, 64 x 8 0.301,
-# 128 x 8 0.412 (one run, results/bwd_prep_h200/transpose_h200.md)
+# 128 x 8 0.412 (one run, results/prep_transpose_h200/README.md)
 QUANT_BLOCK, QUANT_WARPS = 16, 4
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -211,7 +211,7 @@ def quantize_dout_fused(
     sq16 = -(-sq // 16) * 16
     amax, bad = zeroed_amax_and_flag((b * hq,), dev)
     # the amax pass's launch: 32 to 256 queries per program, 4 or 8 warps, took the same time on the
-    # H200 (results/bwd_prep_h200/transpose_h200.md)
+    # H200 (results/prep_transpose_h200/README.md)
     block = 64
     grid = (triton.cdiv(sq, block), b * hq)
     strides = (dout.stride(0), dout.stride(1), dout.stride(2))

@@ -238,8 +238,8 @@ def transpose_codes(yq, PERM16: tl.constexpr):
     for a store contiguous along N. ``PERM16``: within each 16 of N, entry ``j = 8h + 2q + c`` goes
     to slot ``4q + 2h + c`` (``pv_layout.V_PERM16``), a register permutation. The transpose moves
     32-bit lanes (the codes widened, then narrowed back): on the H200 that took the dO quantizer
-    from 0.358 to 0.278 ms at B4 H32 S4096 D128 against the byte transpose
-    (``results/bwd_prep_h200/transpose_h200.md``)."""
+    from 0.363 to 0.282 ms at B4 H32 S4096 D128 against the byte transpose (same run), and left V's
+    codes kernel where it was (``results/prep_transpose_h200/README.md``)."""
     yt = tl.trans(yq.to(tl.int32))
     if PERM16:
         d: tl.constexpr = yt.shape[0]
