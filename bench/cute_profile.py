@@ -63,7 +63,7 @@ def _backward_launch(variant: str, q, k, v, causal: bool):
     _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
     ops = cute_backend.backward_operands(st, dout, D**-0.5)
     args = cute_backend._bwd_args(ops)
-    fn = cute_backend._compiled_bwd(D, q.shape[1] // k.shape[1], causal, args, D**-0.5)
+    fn = cute_backend._compiled_bwd(D, q.shape[1] // k.shape[1], causal, False, args, D**-0.5)
     raw = [t.view(torch.uint8) if t.element_size() == 1 else t for t in args]
     return lambda: fn(*raw, D**-0.5)
 
