@@ -18,7 +18,8 @@ the rotation's cost is the difference of the ``ours_`` rows (or of the ``quant_q
 ``--graphed`` adds forward+backward rows ``<impl>_graphed`` (``GRAPHED``): the same step captured in
 one CUDA graph and replayed, i.e. its kernels without the host's launch cost. Where the eager row is
 bound by the host (B1), the pair separates the two; inside a model the host usually runs ahead.
-Not yet run on a GPU: an implementation that cannot be captured reports its error in its row.
+An implementation that cannot be captured reports its error in its row (on the H200 at e9713d6 all
+of ``GRAPHED`` were captured: ``results/cute_graphed_h200``). cuDNN FP8 is not in ``GRAPHED``.
 
 Baselines measured in the same run: cuDNN BF16 and FlashAttention-2 through torch SDPA backends
 (GQA through ``enable_gqa``), and cuDNN FP8 attention through ``nvidia-cudnn-frontend``
