@@ -24,6 +24,11 @@ Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
   ``bound`` scale rounded up to a power of two). A CuTe backward option with these numerics lost at
   the training shape on the H200 (results/cute_prep_h200/) and was deleted.
 
+- ``bf16/scales-in-operands``: dS stays BF16, but the Q/K token scales move from dS into the BF16
+  operands (``reference_backward(token_scales="operands")``: one dS for both products, as FA4's
+  BF16 kernel; 2 FMUL and half an F2FP fewer per score element in the CuTe kernel,
+  results/cute_bwd_profile_h200/).
+
 E4M3 (more mantissa) and E5M2 (more range) are both measured. Rounding is to nearest even with
 saturation (torch's conversion after a clamp, as the Triton quantizers do). The dV product and the
 forward are unchanged.
@@ -35,6 +40,7 @@ import argparse
 import datetime as _dt
 import json
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -53,6 +59,7 @@ from fp4_attention.numerics.reference import reference_backward, reference_forwa
 FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
 TILE_M = 64  # the CuTe backward's query rows per step (its keys per tile are the reference's block_n)
 FAMILIES = ["normal", "outliers", "sink", "std=0.5", "std=2", "std=4"]
+ANY_RECIPE = ("bf16 (definition)", "bf16/scales-in-operands")  # the variants --recipe nvfp4qk_fp8pv runs
 
 
 def fp8_round(fmt: str, granularity: str):
@@ -160,7 +167,9 @@ def dk_only_round(state, dout: torch.Tensor):
 
 
 def run(args) -> list[dict]:
-    rec = fa.get_recipe("fp8")
+    rec = fa.get_recipe(args.recipe)
+    if args.recipe != "fp8" and set(args.only or ["all"]) - set(ANY_RECIPE):
+        raise ValueError(f"--recipe {args.recipe}: only the variants {ANY_RECIPE} (pass them with --only)")
     sm = args.headdim**-0.5
     rows = []
     variants = [("bf16 (definition)", None)] + [
@@ -174,12 +183,18 @@ def run(args) -> list[dict]:
         ref.backward(dout.double())
         out, lse, st = reference_forward(q, k, v, rec, causal=True, softmax_scale=sm)
         state = type(st)(q=st.q, k=st.k, v=st.v, out=out, lse=lse)
-        static = [
-            (f"e4m3/{n}", bound_round(state, dout, rec, sm, n == "bounds")) for n in ("bound", "bounds")
-        ]
-        static.append(("e4m3/dk-only", dk_only_round(state, dout)))
+        static = []  # the static-scale variants read the fp8 state's token scales
+        if args.recipe == "fp8":
+            static = [
+                (f"e4m3/{n}", bound_round(state, dout, rec, sm, n == "bounds")) for n in ("bound", "bounds")
+            ]
+            static.append(("e4m3/dk-only", dk_only_round(state, dout)))
+        static.append(("bf16/scales-in-operands", "operands"))
         for name, rnd in (*variants, *static):
-            dq, dk, _ = reference_backward(state, dout, rec, causal=True, softmax_scale=sm, ds_round=rnd)
+            if args.only and name not in args.only:
+                continue
+            kw = {"token_scales": rnd} if rnd == "operands" else {"ds_round": rnd}
+            dq, dk, _ = reference_backward(state, dout, rec, causal=True, softmax_scale=sm, **kw)
             row = {"family": family, "dS": name, "dq": _metrics(dq, qd.grad), "dk": _metrics(dk, kd.grad)}
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -188,12 +203,13 @@ def run(args) -> list[dict]:
 
 def to_markdown(rows: list[dict], args, command: str) -> str:
     lines = [
-        "# FP8 dS in the fp8 backward: gradient fidelity (reference backward, CPU)",
+        f"# The dQ/dK operands of the {args.recipe} backward: gradient fidelity (reference backward, CPU)",
         "",
         f"- command: `{command}`",
         f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; "
         f"machine {platform.machine()} CPU; torch {torch.__version__}",
-        f"- shape: B=1, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, causal; recipe fp8; "
+        f"- shape: B=1, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, causal; "
+        f"recipe {args.recipe}; "
         "cells: cosine / relative L2 against float64 on the same BF16 inputs",
         "",
         "| inputs | dS operand | dQ | dK |",
@@ -208,6 +224,8 @@ def to_markdown(rows: list[dict], args, command: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", nargs="+", default=FAMILIES)
+    p.add_argument("--recipe", default="fp8", choices=["fp8", "nvfp4qk_fp8pv"])
+    p.add_argument("--only", nargs="*", default=None, help="these dS variants only (names as in the table)")
     p.add_argument("--hq", type=int, default=8)
     p.add_argument("--hkv", type=int, default=2)
     p.add_argument("--seqlen", type=int, default=1024)
@@ -216,7 +234,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
     rows = run(args)
-    md = to_markdown(rows, args, "python bench/ds_fp8_numerics.py " + " ".join(argv or sys.argv[1:]))
+    md = to_markdown(rows, args, shlex.join(["python", "bench/ds_fp8_numerics.py", *(argv or sys.argv[1:])]))
     print(md)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -255,6 +255,7 @@ def reference_backward(
     softmax_scale: float,
     block_n: int = DEFAULT_BLOCK_N,
     ds_round=None,
+    token_scales: str = "ds",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of a training recipe from its saved state (see the module docstring).
 
@@ -267,11 +268,18 @@ def reference_backward(
             returns the rounded values in FP32, the same shape. None = BF16, the recipes'
             definition. Another rounding (FP8 with a per-tile scale, ``bench/ds_fp8_numerics.py``)
             measures a kernel option's numerics.
+        token_scales: where the dQ/dK products apply the Q/K token scales. ``"ds"`` (the recipes'
+            definition): on dS, as above. ``"operands"`` (a numerics option of the CuTe backward,
+            ``results/cute_bwd_profile_h200/``: one BF16 dS for both products, as FA4's BF16
+            kernel): ``ds_round(dS) @ bf16(k_op * col)`` and ``ds_round(dS)^T @ bf16(q_op * row)``,
+            ``ds_round`` then called with ``t = dS``.
     Returns:
         ``(dq, dk, dv)`` in BF16, shaped like q, k, v (straight-through to the BF16 inputs).
     Raises:
         NotImplementedError: for a forward-only (Direct-P) recipe.
     """
+    if token_scales not in ("ds", "operands"):
+        raise ValueError(f"reference_backward: token_scales must be 'ds' or 'operands', got {token_scales!r}")
     if not recipe.trainable:
         raise NotImplementedError(
             f"recipe {recipe.name} is forward-only (MXFP4 P/V diverged in every training run of the paper); "
@@ -317,8 +325,14 @@ def reference_backward(
         col = ops.col_scale.unsqueeze(2)
         col = col[..., j0:j1] if col.shape[-1] != 1 else col
         k_t = ops.k_op[:, :, j0:j1].unsqueeze(2)
-        dq += torch.matmul(ds_round(ds * col, "dq", j0), k_t)
-        dk[:, :, j0:j1] = torch.matmul(ds_round(ds * row_g, "dk", j0).transpose(-1, -2), qg).sum(2)
+        if token_scales == "operands":
+            k_s = (k_t * col.transpose(-1, -2)).bfloat16().float()
+            q_s = (qg * row_g).bfloat16().float()
+            dq += torch.matmul(ds_round(ds, "dq", j0), k_s)
+            dk[:, :, j0:j1] = torch.matmul(ds_round(ds, "dk", j0).transpose(-1, -2), q_s).sum(2)
+        else:
+            dq += torch.matmul(ds_round(ds * col, "dq", j0), k_t)
+            dk[:, :, j0:j1] = torch.matmul(ds_round(ds * row_g, "dk", j0).transpose(-1, -2), qg).sum(2)
     dq = (dq * ops.softmax_scale).flatten(1, 2)
     dk = dk * ops.softmax_scale
     dv = dv * (2.0**-lift) / vo.v_scale
