@@ -179,6 +179,19 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
+def cute_bwd_direct(recipe, q, k, v, causal, scaled_operands):
+    """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
+    one forward's state, without autograd: the same-run A/B of its ``scaled_operands`` option."""
+    from fp4_attention.backends.cute import backend as cute_backend
+
+    rec = fa.get_recipe(recipe)
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
+    dout = torch.randn_like(q)
+    return lambda: cute_backend.backward_fp8(
+        st, dout, causal=causal, softmax_scale=D**-0.5, scaled_operands=scaled_operands
+    )
+
+
 def ours_kernel_only(recipe, q, k, v, causal):
     """Forward kernel alone on operands quantized once outside the timed region."""
     be = triton_backend.TritonBackend()
@@ -226,6 +239,12 @@ def main(argv=None) -> int:
     p.add_argument("--cute", action="store_true", help="add the cute fp8 backend and the FA4 BF16 control")
     p.add_argument(
         "--cute-fwd-options", action="store_true", help="also time the cute forward's measurement options"
+    )
+    p.add_argument(
+        "--cute-bwd-options",
+        action="store_true",
+        help="bwd rows cute_<recipe>_bwd_direct and _bwd_scaled_operands: the backward without autograd, "
+        "without and with its scaled_operands option",
     )
     p.add_argument(
         "--qk-rotation",
@@ -314,6 +333,16 @@ def main(argv=None) -> int:
                     cands.append(
                         ("cute_fp8_bwd_operands_only", lambda: cute_bwd_operands_only(q, k, v, causal))
                     )
+                if pass_ == "bwd" and args.cute_bwd_options:
+                    cands += [
+                        (
+                            f"cute_{r}_bwd_{tag}",
+                            (lambda r=r, sc=sc: cute_bwd_direct(r, q, k, v, causal, sc)),
+                        )
+                        for r in args.recipes
+                        if r in ("fp8", "nvfp4qk_fp8pv")
+                        for tag, sc in (("direct", False), ("scaled_operands", True))
+                    ]
                 if pass_ == "fwd":
                     cands += [
                         (

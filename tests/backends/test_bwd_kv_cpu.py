@@ -4,7 +4,8 @@
 Exact byte checks against torch: ``kb`` is ``k8.to(torch.bfloat16)`` (NaN and the extreme codes
 included), ``v8`` is ``pv_layout.unpermute_v_keys(vt, Sk).transpose(-1, -2)`` for lengths that are
 and are not multiples of 16 or of the kernel's block, head dims 64 and 128, and GQA shapes; ``col``
-is the K token scales (the saved tensor itself) and ``col2 = col * 2^-8``.
+is the K token scales (the saved tensor itself) and ``col2 = col * 2^-8``; with ``scaled=True``,
+``kb_scaled = BF16(k * col2)`` (either BF16 rounding: ``tests/interp_rounding.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ def _interpreted_checks() -> list[str]:
     from fp4_attention.backends.pv_layout import permute_v_for_pv, unpermute_v_keys
     from fp4_attention.backends.triton.bwd_kv import backward_kv_operands
     from fp4_attention.numerics.quant import FP8Tensor
+    from tests.interp_rounding import bf16_either_rounding
 
     failed = []
     g = torch.Generator().manual_seed(0)
@@ -43,6 +45,12 @@ def _interpreted_checks() -> list[str]:
         want = unpermute_v_keys(vt, sk).transpose(-1, -2).contiguous().view(torch.uint8)
         if not (torch.equal(v8.view(torch.uint8), want) and torch.equal(want, v)):
             failed.append(f"{case}: v8")
+        # the scaled_operands option: BF16(k * col2) instead of kb (E4M3 K: kb is not written)
+        kvs = backward_kv_operands(FP8Tensor(data=k8, scale=ks), vt, col2_scale=2.0**-8, scaled=True)
+        if "kb" in kvs or not bf16_either_rounding(kvs["kb_scaled"], k8.float() * want2.unsqueeze(-1)):
+            failed.append(f"{case}: kb_scaled")
+        if not torch.equal(kvs["v8"].view(torch.uint8), v8.view(torch.uint8)):
+            failed.append(f"{case}: v8 with scaled=True")
     try:
         k_s = FP8Tensor(data=k8, scale=torch.ones(*k8.shape[:-1], 1))
         backward_kv_operands(k_s, vt[..., :-16] if vt.shape[-1] > 16 else vt[:, :, :1], col2_scale=2.0**-8)

@@ -24,6 +24,7 @@ def _interpreted_checks() -> list[str]:
     from fp4_attention.numerics.operands import SavedState
     from fp4_attention.numerics.quant import nvfp4_global_scale, quantize_fp8, quantize_nvfp4
     from tests.dispatch_ops import FILL_OPS, OpNames
+    from tests.interp_rounding import bf16_either_rounding
 
     failed = []
     g = torch.Generator().manual_seed(0)
@@ -113,6 +114,29 @@ def _interpreted_checks() -> list[str]:
         dot = permute_v_for_pv(ops["do8"].transpose(-1, -2).contiguous())
         if not torch.equal(dot.view(torch.uint8), ops["dot8"].view(torch.uint8)):
             failed.append(f"{case}: dO^T")
+        # scaled_operands (E4M3 Q/K only): qb = BF16(q8 * row), kb = BF16(k8 * col2) (either BF16
+        # rounding here, tests/interp_rounding.py); the S^T operands and the rest unchanged
+        if qk == "nvfp4":
+            try:
+                cb.backward_operands(state, do, sm, scaled_operands=True)
+                failed.append(f"{case}: scaled_operands with NVFP4 Q/K did not raise")
+            except ValueError:
+                pass
+            continue
+        sc = cb.backward_operands(state, do, sm, scaled_operands=True)
+        q_row = (q_sc * 2.0**-LIFT).unsqueeze(-1)
+        k_col2 = (k_sc * 2.0**-LIFT).unsqueeze(-1)
+        for name, exact in (("qb", q_img.float() * q_row), ("kb", k_img.float() * k_col2)):
+            if sc[name].shape != exact.shape or not bf16_either_rounding(sc[name], exact):
+                failed.append(f"{case}: scaled {name}")
+        for name in ("q8", "k8", "v8", "do8", "dot8", "delta", "stat", "r", "col"):
+            a, b_ = ops[name], sc[name]
+            if a.dtype.itemsize == 1:
+                same = torch.equal(a.view(torch.uint8), b_.view(torch.uint8))
+            else:
+                same = torch.equal(a.nan_to_num(7.0), b_.nan_to_num(7.0))
+            if not same:
+                failed.append(f"{case}: {name} changed with scaled_operands")
     return failed
 
 

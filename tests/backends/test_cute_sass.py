@@ -102,3 +102,29 @@ def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(overlap, tiles, causal):
     assert rep["HGMMA"] >= 128 // 16, rep  # QK: BF16 wgmma, k16 steps over the head dim
     assert rep["QGMMA"] >= 128 // 32, rep  # PV: FP8 wgmma
     assert rep["STL"] == 0 and rep["LDL"] == 0, rep
+
+
+@pytest.mark.parametrize("group", [4, 1])
+def test_backward_scaled_operands_one_ds(group):
+    """The backward's ``scaled_operands`` option (one BF16 dS for dK and dQ, the token scales in the
+    BF16 operands) compiles for sm_90a with the same products and two FMUL and half an F2FP fewer per
+    score element: per loop trip at GQA 4, D128 causal (32 scores per thread), FMUL 128 -> 64, F2FP
+    48 -> 32, 557 -> 470 instructions (E4M3 Q/K), and no spill in the loop (the default's loop
+    reloads one spilled register per trip)."""
+    from cute_sass_report import compile_bwd_report
+
+    from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
+
+    with pytest.raises(ValueError, match="scaled_operands needs E4M3 Q/K"):
+        FP8BackwardSm90(128, group, True, qk_bf16=True, scaled_operands=True)
+    base = compile_bwd_report(True, group, 128)
+    rep = compile_bwd_report(True, group, 128, scaled_operands=True)
+    assert (rep["QGMMA"], rep["HGMMA"], rep["MUFU.EX2"]) == (base["QGMMA"], base["HGMMA"], base["MUFU.EX2"])
+    (loop,), (base_loop,) = rep["inner_loops"], base["inner_loops"]
+    assert loop["FMUL"] == base_loop["FMUL"] - 64, (loop, base_loop)  # x * row and x * col2, per score
+    assert loop["F2FP"] == base_loop["F2FP"] - 16, (loop, base_loop)  # one dS conversion (pairs)
+    assert loop["instructions"] < base_loop["instructions"] - 60, (
+        loop["instructions"],
+        base_loop["instructions"],
+    )
+    assert loop["STL"] == 0 and loop["LDL"] == 0, loop

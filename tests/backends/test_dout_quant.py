@@ -36,9 +36,8 @@ def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
     lse = torch.randn(b, hq, sq, device="cuda")
     qs = torch.rand(b, hq, sq, device="cuda")
     q8 = torch.randint(0, 256, (b, hq, sq, d), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
-    got = quantize_dout_fused(
-        dout, out, vs, lse, lift=8, pad_to=64, transposed=True, q_scale=qs, qk_scale_log2=0.3, q8=q8
-    )
+    kw = dict(lift=8, pad_to=64, transposed=True, q_scale=qs, qk_scale_log2=0.3, q8=q8)
+    got = quantize_dout_fused(dout, out, vs, lse, **kw)
     ref_q, ref_s, ref_delta = quantize_dout(dout, out, vs)
     ref_qb = q8.to(torch.bfloat16)
     assert torch.equal(got.qb.isnan(), ref_qb.isnan())
@@ -55,6 +54,12 @@ def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
     err = (got.delta[..., :sq] - ref_delta).abs()
     ok = (err <= d * 2.0**-24 * mag) | (got.delta[..., :sq].isnan() & ref_delta.isnan())
     assert bool(ok.all()), float((err / mag).nan_to_num(0.0).max())
+    # the scaled_operands option's Q image: BF16(q * Q scale * 2^-8), rounded to nearest even
+    scaled = quantize_dout_fused(dout, out, vs, lse, **kw, q8_scaled=True)
+    want = (q8.float() * (qs * 2.0**-8).unsqueeze(-1)).bfloat16()
+    assert torch.equal(scaled.qb.isnan(), want.isnan())
+    assert torch.equal(scaled.qb.nan_to_num(0.0), want.nan_to_num(0.0))
+    assert torch.equal(scaled.dot.view(torch.uint8), got.dot.view(torch.uint8))
 
 
 @pytest.mark.parametrize("b, h, sk, d", [(1, 2, 100, 64), (2, 8, 1000, 128), (4, 8, 4096, 128)])

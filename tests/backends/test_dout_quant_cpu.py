@@ -21,6 +21,7 @@ def _interpreted_checks() -> list[str]:
     from fp4_attention.backends.triton.dout_quant import quantize_dout_fused
     from fp4_attention.numerics.quant import pow2_ceil
     from tests.dispatch_ops import FILL_OPS, OpNames
+    from tests.interp_rounding import bf16_either_rounding
 
     failed = []
     g = torch.Generator().manual_seed(0)
@@ -37,11 +38,15 @@ def _interpreted_checks() -> list[str]:
         case = f"B{b} H{hq}/{hkv} S{sq} D{d} pad {pad}"
         q8 = (torch.randn(b, hq, sq, d, generator=g) * 100).to(torch.float8_e4m3fn)
         q8.view(torch.uint8)[0, 0, 1, :2] = torch.tensor([0x7F, 0xFE], dtype=torch.uint8)  # NaN, -448
-        got = quantize_dout_fused(
-            dout, out, vs, lse, lift=8, pad_to=pad, transposed=True, q_scale=qs, qk_scale_log2=0.3, q8=q8
-        )
+        kw = dict(lift=8, pad_to=pad, transposed=True, q_scale=qs, qk_scale_log2=0.3, q8=q8)
+        got = quantize_dout_fused(dout, out, vs, lse, **kw)
         if not torch.equal(got.qb.nan_to_num(1e9), q8.to(torch.bfloat16).nan_to_num(1e9)):
             failed.append(f"{case}: BF16 image of Q")
+        # the scaled_operands option: BF16(q * Q scale * 2^-8), as reference_backward(token_scales="operands")
+        scaled = quantize_dout_fused(dout, out, vs, lse, **kw, q8_scaled=True)
+        exact = q8.float() * (qs * 2.0**-8).unsqueeze(-1)
+        if not bf16_either_rounding(scaled.qb, exact):
+            failed.append(f"{case}: scaled BF16 image of Q")
         # dO read in place from [B, S, H, D] memory and O from [S, B, H, D] memory: the same results
         do_s = dout.transpose(1, 2).contiguous().transpose(1, 2)
         o_s = out.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)

@@ -53,6 +53,8 @@ class Target:
     block_n: Callable[[int], int]
     reverse_tiles: bool = False
     reference_v: Callable = _untransposed_v
+    # keyword options of reference_backward that the backend's backward implements (pairs: frozen)
+    reference_backward_options: tuple = ()
 
     def reference(self, state, recipe, *, causal, softmax_scale, d):
         return reference_forward_quantized(
@@ -98,7 +100,12 @@ def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True
     got = target.backend.backward(st, dout, rec, causal=causal, softmax_scale=sm)
     # the reference backward reads the kernel's own forward output and LSE (identical inputs)
     ref = reference_backward(
-        SavedState(q=rst.q, k=rst.k, v=rst.v, out=out, lse=lse), dout, rec, causal=causal, softmax_scale=sm
+        SavedState(q=rst.q, k=rst.k, v=rst.v, out=out, lse=lse),
+        dout,
+        rec,
+        causal=causal,
+        softmax_scale=sm,
+        **dict(target.reference_backward_options),
     )
     for name, g, r in zip("qkv", got, ref):
         assert torch.isfinite(g).all()

@@ -295,7 +295,9 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
+def backward_operands(
+    state: SavedState, dout: torch.Tensor, softmax_scale: float, scaled_operands: bool = False
+) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
@@ -304,10 +306,19 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
 
     ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
+
+    ``scaled_operands`` (the kernel's option of that name, ``reference_backward(token_scales=
+    "operands")``; E4M3 Q/K only, ValueError otherwise): ``qb`` = BF16(q8 * row) and ``kb`` =
+    BF16(k8 * col2), written by the same kernels."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
+    if scaled_operands and nvfp4:
+        raise ValueError(
+            "backward_operands: scaled_operands needs the fp8 recipe's E4M3 Q/K (the nvfp4qk_fp8pv kernel's "
+            "S^T reads the BF16 Q/K tiles, which must stay unscaled)"
+        )
     b, hq, sq, d = dout.shape
     hkv, sk = (k_s.shape if nvfp4 else k_s.data.shape)[1:3]
     v_scale = v_s.scale.squeeze(2).contiguous()  # [B, Hkv, D]
@@ -326,10 +337,12 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
         q8=None if nvfp4 else q_s.data,
+        q8_scaled=scaled_operands,
     )
     qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
-    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2
-    kb = kv["kb"]
+    # kb (or kb_scaled), v8, col, col2
+    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT, scaled=scaled_operands)
+    kb = kv["kb_scaled"] if scaled_operands else kv["kb"]
     dev = dout.device
     ops = dict(
         q8=qb if nvfp4 else q_s.data,
@@ -375,10 +388,18 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
-    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
+def _compiled_bwd(
+    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, scaled_operands=False
+):
+    key = (
+        ("bwd", d, group, causal)
+        + (("qk_bf16",) if qk_bf16 else ())
+        + (("scaled",) if scaled_operands else ())
+    )
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
+        kernel = FP8BackwardSm90(
+            d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, scaled_operands=scaled_operands
+        )
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
         cute_args.append(to_cute_tensor(args[6], leading_dim=1))
@@ -394,11 +415,20 @@ def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, s
     return _CACHE[key]
 
 
-def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
+def backward_fp8(
+    state: SavedState,
+    dout: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    scaled_operands: bool = False,
+):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
-    the rest of the loop is the same FP8 one.
+    the rest of the loop is the same FP8 one. ``scaled_operands``: the kernel's numerics option
+    (``FP8BackwardSm90``; ``fp8`` only; off by default until the GPU tests and the fidelity table
+    carry it).
 
     Raises:
         ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
@@ -415,9 +445,9 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
-    ops = backward_operands(state, dout, softmax_scale)  # dout read in place (unit last stride)
+    ops = backward_operands(state, dout, softmax_scale, scaled_operands)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, scaled_operands)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
@@ -447,9 +477,13 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
 
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); option ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests."""
+    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests; ``scaled_operands``: the
+    backward kernel's numerics option (``backward_fp8``), off by default."""
 
     spec = SPEC
+
+    def __init__(self, scaled_operands: bool = False):
+        self.scaled_operands = scaled_operands  # the backward kernel's numerics option (backward_fp8)
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
@@ -477,4 +511,6 @@ class CuteBackend:
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
         ``nvfp4qk_fp8pv``."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)
+        return backward_fp8(
+            state, dout, causal=causal, softmax_scale=softmax_scale, scaled_operands=self.scaled_operands
+        )

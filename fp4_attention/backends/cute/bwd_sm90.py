@@ -80,8 +80,16 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             decode ``s_b * q`` of ``nvfp4qk_fp8pv``'s NVFP4 Q/K, the forward's ``qk_bf16`` product)
             instead of the E4M3 one; ``mQ8`` / ``mK8`` are then not read (pass the BF16 tensors in
             their place), and the token scales are the per-head global scales broadcast per token.
+        scaled_operands: the numerics option ``reference_backward(token_scales="operands")``: ``mQb``
+            and ``mKb`` hold the BF16 images of the *scaled* payloads, ``BF16(q * row)`` and
+            ``BF16(k * col2)``, and one BF16 dS = BF16(2^LIFT dS) feeds both dK (from registers) and
+            dQ (through shared memory), as in FA4's BF16 kernel: per score element two FMUL and half
+            an F2FP fewer (``results/cute_bwd_profile_h200/``). ``mRow`` and ``mCol2`` are not read
+            by the consumers. Not with ``qk_bf16``: its S^T reads the BF16 tiles, which must then stay
+            unscaled, and separate unscaled tiles do not fit beside them in shared memory.
     Raises:
-        ValueError: head dim or tiles outside the supported ones.
+        ValueError: head dim or tiles outside the supported ones, or ``scaled_operands`` with
+            ``qk_bf16``.
     """
 
     def __init__(
@@ -92,8 +100,15 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
+        scaled_operands: bool = False,
     ):
         self.qk_bf16 = qk_bf16
+        self.scaled_operands = scaled_operands
+        if scaled_operands and qk_bf16:
+            raise ValueError(
+                "FP8BackwardSm90: scaled_operands needs E4M3 Q/K (the fp8 recipe); with qk_bf16 the S^T "
+                "operands are the BF16 tiles themselves, which must stay unscaled"
+            )
         if head_dim not in (64, 128):
             raise ValueError(f"FP8BackwardSm90: head dim must be 64 or 128, got {head_dim}")
         if (tile_m, tile_n) != (64, 128):
@@ -783,12 +798,13 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             # this thread's K token scales (clamped past the last key, whose scores are masked);
             # a NaN scale (a K row holding a NaN/Inf) is taken as 1 as in the forward
             col = cute.make_rmem_tensor(n_keys, Float32)
-            col2 = cute.make_rmem_tensor(n_keys, Float32)
+            col2 = cute.make_rmem_tensor(n_keys if const_expr(not self.scaled_operands) else 1, Float32)
             k_last = seqlen.seqlen_k - 1
             for c in cutlass.range(n_keys, unroll_full=True):
                 k_idx = cutlass.min(n_block * self.tile_n + tScS_mn[0, c][0], k_last)
                 col[c] = mCol[k_idx, head_kv, batch_idx]
-                col2[c] = mCol2[k_idx, head_kv, batch_idx]
+                if const_expr(not self.scaled_operands):
+                    col2[c] = mCol2[k_idx, head_kv, batch_idx]
                 col[c] = Float32(1.0) if col[c] != col[c] else col[c]
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
             mask_fn = partial(
@@ -927,18 +943,26 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         )
         warpgroup.wait_group(1)  # dP^T done (dV may still run)
         delta = copy_utils.load_s2r(tDelta[None, idx_dO])
-        row = copy_utils.load_s2r(tRow[None, idx_Q])
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=True)
-        acc_dQs = cute.make_fragment_like(acc_dP, Float32)
-        acc_dQs_mn = layout_utils.reshape_acc_to_mn(acc_dQs, transpose=True)
-        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-            for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
-                x = acc_S_mn[r, c] * (acc_dP_mn[r, c] * s_do - delta[r])  # 2^LIFT dS
-                acc_dP_mn[r, c] = x * row[r]  # row = Q scale * 2^-LIFT
-                acc_dQs_mn[r, c] = x * col2[c]  # col2 = K scale * 2^-LIFT
-        tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
-        tdQrdS_cvt = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dQs), self.dtype)
-        copy_dS_r2s(tdQrdS_cvt, dst_idx=idx_Q)
+        if const_expr(self.scaled_operands):
+            # one BF16 dS (lifted by 2^LIFT) for both products: the token scales are in Qb and Kb
+            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
+                    acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] * s_do - delta[r])
+            tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
+            copy_dS_r2s(tdKrdS, dst_idx=idx_Q)
+        else:
+            row = copy_utils.load_s2r(tRow[None, idx_Q])
+            acc_dQs = cute.make_fragment_like(acc_dP, Float32)
+            acc_dQs_mn = layout_utils.reshape_acc_to_mn(acc_dQs, transpose=True)
+            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
+                    x = acc_S_mn[r, c] * (acc_dP_mn[r, c] * s_do - delta[r])  # 2^LIFT dS
+                    acc_dP_mn[r, c] = x * row[r]  # row = Q scale * 2^-LIFT
+                    acc_dQs_mn[r, c] = x * col2[c]  # col2 = K scale * 2^-LIFT
+            tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
+            tdQrdS_cvt = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dQs), self.dtype)
+            copy_dS_r2s(tdQrdS_cvt, dst_idx=idx_Q)
         cute.arch.fence_view_async_shared()
         PdS_barrier.arrive_and_wait()
         acc_dQ = mma_dq(A_idx=idx_Q, wg_wait=1)  # dV done

@@ -47,6 +47,9 @@ def _bwd_kv_kernel(
     K_NVFP4: tl.constexpr,
     WRITE_COL: tl.constexpr,
     COL2_SCALE: tl.constexpr,
+    KBS=None,
+    SCALED: tl.constexpr = False,
+    WRITE_KB: tl.constexpr = True,
 ):
     pid, bh = tl.program_id(0), tl.program_id(1)
     j = pid * BLOCK + tl.arange(0, BLOCK)  # keys; in VT, slots
@@ -63,10 +66,15 @@ def _bwd_kv_kernel(
         key = bh * SK + j[:, None]
         packed = tl.load(K8 + key * (D // 2) + tl.arange(0, D // 2)[None, :], mask=ok[:, None], other=0)
         scales = tl.load(KSC + key * (D // 16) + tl.arange(0, D // 16)[None, :], mask=ok[:, None], other=0)
-        tl.store(KB + rows, nvfp4_to_bf16(packed, scales, BLOCK, D), mask=ok[:, None])
+        kb = nvfp4_to_bf16(packed, scales, BLOCK, D)
     else:
-        k8 = tl.load(K8 + rows, mask=ok[:, None], other=0)
-        tl.store(KB + rows, e4m3_to_bf16(k8), mask=ok[:, None])
+        kb = e4m3_to_bf16(tl.load(K8 + rows, mask=ok[:, None], other=0))
+    if WRITE_KB:
+        tl.store(KB + rows, kb, mask=ok[:, None])
+    if SCALED:  # BF16(k * col2): the backward's scaled_operands option
+        tl.store(
+            KBS + rows, (kb.to(tl.float32) * (ks * COL2_SCALE)[:, None]).to(tl.bfloat16), mask=ok[:, None]
+        )
     vt = tl.load(VT + bh * D * SK16 + d[:, None] * SK16 + j[None, :], mask=(j < SK16)[None, :], other=0)
     # slot 4 q + 2 h + c of each 16 holds key 8 h + 2 q + c: (q, h, c) -> (h, q, c), then keys-major
     v = tl.reshape(tl.permute(tl.reshape(vt, [D, BLOCK // 16, 4, 2, 2]), [0, 1, 3, 2, 4]), [D, BLOCK])
@@ -74,7 +82,7 @@ def _bwd_kv_kernel(
     tl.store(V8 + rows, v, mask=ok[:, None])
 
 
-def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dict:
+def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled: bool = False) -> dict:
     """``kb``, ``v8``, ``col``, ``col2`` for the CuTe backwards (module docstring).
 
     Args:
@@ -84,6 +92,9 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]``, contiguous, Sk16 = Sk rounded up to 16 with the keys of
             each 16 in ``pv_layout.V_PERM16`` order (``quantize_fp8_v_transposed(v, perm16=True)``).
         col2_scale: the factor of ``col2`` (2^-LIFT), a power of two.
+        scaled: also ``kb_scaled`` BF16 ``[B, Hkv, Sk, D]`` = ``BF16(kb * col2)`` (the CuTe
+            backward's ``scaled_operands`` option, ``reference_backward(token_scales="operands")``)
+            instead of ``kb``; E4M3 K only.
     Returns:
         dict: ``kb`` BF16 ``[B, Hkv, Sk, D]``: the E4M3 codes' values, or ``scaled_payload()`` (exact)
         for NVFP4; ``v8`` E4M3 ``[B, Hkv, Sk, D]`` in key order; ``col`` FP32 ``[B, Hkv, Sk]``, the
@@ -123,6 +134,10 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
             f"vt_perm [B, Hkv, D, Sk16] = {(b, h, d, sk16)} with D a power of two in 16..256; got "
             f"{'NVFP4' if nvfp4 else payload.dtype} {(b, h, sk, d)} / {vt_perm.dtype} {tuple(vt_perm.shape)}"
         )
+    if scaled and nvfp4:
+        raise ValueError(
+            "backward_kv_operands: scaled=True needs E4M3 K (the CuTe backward's option is fp8 only)"
+        )
     check_int32_span("backward_kv_operands", payload, vt_perm)
     # the per-key scale source: a per-head scale for NVFP4 (stride 0 over the keys), the token scales
     if nvfp4:
@@ -130,7 +145,9 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
     else:
         ks, ks_strides = k8.scale, (sk, 1)
     dev = payload.device
-    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)
+    write_kb = not scaled
+    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev) if write_kb else None
+    kbs = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev) if scaled else None
     v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)
     cols = torch.empty((2 if nvfp4 else 1, b, h, sk), dtype=torch.float32, device=dev)
     col = cols[1] if nvfp4 else k8.scale.view(b, h, sk)
@@ -138,7 +155,7 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
         payload.view(torch.uint8),
         k8.block_scale if nvfp4 else None,
         vt_perm.view(torch.uint8),
-        kb,
+        kb if write_kb else kbs,
         v8,
         ks,
         col,
@@ -151,5 +168,13 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
         K_NVFP4=nvfp4,
         WRITE_COL=nvfp4,
         COL2_SCALE=float(col2_scale),
+        KBS=kbs,
+        SCALED=scaled,
+        WRITE_KB=write_kb,
     )
-    return dict(kb=kb, v8=v8.view(torch.float8_e4m3fn), col=col, col2=cols[0])
+    out = dict(v8=v8.view(torch.float8_e4m3fn), col=col, col2=cols[0])
+    if write_kb:
+        out["kb"] = kb
+    if scaled:
+        out["kb_scaled"] = kbs
+    return out

@@ -84,6 +84,7 @@ def _dout_quant_kernel(
     LIFT: tl.constexpr,
     TRANSPOSED: tl.constexpr,
     Q_BF16: tl.constexpr,
+    Q_SCALED: tl.constexpr = False,
 ):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -114,10 +115,16 @@ def _dout_quant_kernel(
         # padding up to SQ16
         yt = transpose_codes(yq, True)
         tl.store(YT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :], yt, mask=(i < SQ16)[None, :])
+    if TRANSPOSED:
+        qs = tl.load(QS + bh * sqsh + i * sqss, mask=ok, other=0.0)
     if Q_BF16:
-        # the BF16 image of the E4M3 Q payload (exact), the B operand of the backward's dK = dS^T Q
+        # the BF16 image of the E4M3 Q payload (exact), the B operand of the backward's dK = dS^T Q;
+        # Q_SCALED: BF16(q * Q scale * 2^-LIFT) instead (the backward's scaled_operands option)
         q8 = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
-        tl.store(QB + row_base + i[:, None] * D + d[None, :], e4m3_to_bf16(q8), mask=ok[:, None])
+        qb = e4m3_to_bf16(q8)
+        if Q_SCALED:
+            qb = (qb.to(tl.float32) * (qs * (1.0 / (1 << LIFT)))[:, None]).to(tl.bfloat16)
+        tl.store(QB + row_base + i[:, None] * D + d[None, :], qb, mask=ok[:, None])
     deq = yq.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
     delta = tl.sum(deq * o / vs[None, :], 1)
     in_pad = i < SPAD
@@ -126,7 +133,6 @@ def _dout_quant_kernel(
     stat = tl.where(lse == float("-inf"), float("-inf"), LIFT - lse * LOG2E)
     tl.store(STAT + bh * SPAD + i, stat, mask=in_pad)
     if TRANSPOSED:
-        qs = tl.load(QS + bh * sqsh + i * sqss, mask=ok, other=0.0)
         tl.store(R + bh * SPAD + i, qs * qk_scale_log2, mask=in_pad)
         tl.store(ROW + bh * SPAD + i, qs * (1.0 / (1 << LIFT)), mask=in_pad)
     if pid_m == 0:
@@ -162,6 +168,7 @@ def quantize_dout_fused(
     q_scale: torch.Tensor | None = None,
     qk_scale_log2: float = 0.0,
     q8: torch.Tensor | None = None,
+    q8_scaled: bool = False,
 ) -> DoutOperands:
     """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
 
@@ -176,6 +183,9 @@ def quantize_dout_fused(
             over the queries is not copied).
         q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also its BF16 image ``qb``
             (exact; the CuTe backward's dK operand), in the same pass.
+        q8_scaled: ``qb`` is ``BF16(q8 * q_scale * 2^-lift)`` instead (the CuTe backward's
+            ``scaled_operands`` option, ``reference_backward(token_scales="operands")``); needs
+            ``transposed`` and ``q8``.
     Returns:
         :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
         (the GPU tests check it); D equals its value up to FP32 summation order.
@@ -206,6 +216,8 @@ def quantize_dout_fused(
             f"quantize_dout_fused: q8 must be a contiguous float8_e4m3fn [B, Hq, Sq, D] = {(b, hq, sq, d)}, "
             f"got {q8.dtype} {tuple(q8.shape)}"
         )
+    if q8_scaled and (q8 is None or not transposed):
+        raise ValueError("quantize_dout_fused: q8_scaled=True needs q8 and transposed=True (the Q scales)")
     dev = dout.device
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
@@ -260,6 +272,7 @@ def quantize_dout_fused(
         LIFT=lift,
         TRANSPOSED=transposed,
         Q_BF16=q8 is not None,
+        Q_SCALED=q8_scaled,
         num_warps=QUANT_WARPS,
     )
     do_q = FP8Tensor(data=y.view(torch.float8_e5m2), scale=s_do.view(b, hq, 1, 1))
