@@ -243,8 +243,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct and _bwd_scaled_operands: the backward without autograd, "
-        "without and with its scaled_operands option",
+        help="bwd rows cute_<recipe>_bwd_direct: the backward without autograd, and "
+        "cute_fp8_bwd_scaled_operands: the same with its scaled_operands option (fp8 only)",
     )
     p.add_argument(
         "--qk-rotation",
@@ -342,6 +342,7 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                         for tag, sc in (("direct", False), ("scaled_operands", True))
+                        if r == "fp8" or not sc  # the option is fp8 only
                     ]
                 if pass_ == "fwd":
                     cands += [

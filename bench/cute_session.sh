@@ -120,7 +120,7 @@ if [[ $steps == *" step_profile "* ]]; then
 fi
 if [[ $steps == *" bench "* ]]; then
   read -ra recipes <<< "${BENCH_RECIPES:-fp8}"
-  read -ra bench_args <<< "${BENCH_ARGS:-}"  # e.g. "--shapes 0 1 2 --cute-fwd-options"
+  read -ra bench_args <<< "${BENCH_ARGS:-}"  # e.g. "--shapes 0 1 2 --cute-fwd-options --cute-bwd-options"
   timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute --cute-tiles "${tiles[@]}" \
     "${bench_args[@]}" --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
   grep -v '^{' "$out/bench.log" | tail -40

@@ -79,3 +79,10 @@ def test_backward_kv_operands_equal_torch(b, h, sk, d):
     want = unpermute_v_keys(vt, sk).transpose(-1, -2).contiguous()
     assert torch.equal(v8.view(torch.uint8), want.view(torch.uint8))
     assert torch.equal(v8.view(torch.uint8), v)
+    # the scaled_operands option: kb_scaled = BF16(k8 * col2), rounded to nearest even, and no kb
+    kvs = backward_kv_operands(FP8Tensor(data=k8, scale=ks), vt, col2_scale=2.0**-8, scaled=True)
+    want_s = (k8.float() * (ks * 2.0**-8)).bfloat16()
+    got_s = kvs["kb_scaled"]
+    assert "kb" not in kvs and torch.equal(got_s.isnan(), want_s.isnan())
+    assert torch.equal(got_s.nan_to_num(0.0), want_s.nan_to_num(0.0))
+    assert torch.equal(kvs["v8"].view(torch.uint8), v) and torch.equal(kvs["col2"], kv["col2"])

@@ -34,6 +34,9 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
   dQ = BF16(dS * col) K are BF16 wgmmas on the exact BF16 images of the Q/K payloads (E4M3 codes,
   or the NVFP4 decodes; ``row``, ``col`` the token scales); dK is scaled by softmax_scale and dV by
   s_do 2^-LIFT / v_scale in the epilogue, dQ by softmax_scale in FA4's postprocess.
+* Option ``scaled_operands`` (fp8 only; ``reference_backward(token_scales="operands")``): the token
+  scales move into the BF16 operands (``Qb = BF16(q8 * row)``, ``Kb = BF16(k8 * col2)``) and one
+  BF16(2^LIFT dS) feeds both dK (registers) and dQ (shared memory), as in FA4's BF16 kernel.
 
 Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). Requires
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).

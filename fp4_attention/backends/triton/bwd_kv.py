@@ -92,12 +92,13 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]``, contiguous, Sk16 = Sk rounded up to 16 with the keys of
             each 16 in ``pv_layout.V_PERM16`` order (``quantize_fp8_v_transposed(v, perm16=True)``).
         col2_scale: the factor of ``col2`` (2^-LIFT), a power of two.
-        scaled: also ``kb_scaled`` BF16 ``[B, Hkv, Sk, D]`` = ``BF16(kb * col2)`` (the CuTe
+        scaled: ``kb_scaled`` BF16 ``[B, Hkv, Sk, D]`` = ``BF16(kb * col2)`` (nearest even; the CuTe
             backward's ``scaled_operands`` option, ``reference_backward(token_scales="operands")``)
-            instead of ``kb``; E4M3 K only.
+            in place of ``kb``, which is then not written; E4M3 K only.
     Returns:
-        dict: ``kb`` BF16 ``[B, Hkv, Sk, D]``: the E4M3 codes' values, or ``scaled_payload()`` (exact)
-        for NVFP4; ``v8`` E4M3 ``[B, Hkv, Sk, D]`` in key order; ``col`` FP32 ``[B, Hkv, Sk]``, the
+        dict: ``kb`` BF16 ``[B, Hkv, Sk, D]`` (absent with ``scaled``, replaced by ``kb_scaled``): the
+        E4M3 codes' values, or ``scaled_payload()`` (exact) for NVFP4;
+        ``v8`` E4M3 ``[B, Hkv, Sk, D]`` in key order; ``col`` FP32 ``[B, Hkv, Sk]``, the
         K token scales (NVFP4: the global scale of each key's head) and ``col2 = col * col2_scale``.
         All contiguous; ``col`` is the saved token scales themselves for E4M3.
     Raises:

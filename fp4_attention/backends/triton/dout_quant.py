@@ -115,6 +115,7 @@ def _dout_quant_kernel(
         # padding up to SQ16
         yt = transpose_codes(yq, True)
         tl.store(YT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :], yt, mask=(i < SQ16)[None, :])
+    tl.static_assert(TRANSPOSED or not Q_SCALED, "Q_SCALED needs TRANSPOSED (the Q scales)")
     if TRANSPOSED:
         qs = tl.load(QS + bh * sqsh + i * sqss, mask=ok, other=0.0)
     if Q_BF16:
@@ -149,7 +150,8 @@ class DoutOperands:
         dot: E5M2 ``[B, Hq, D, Sq16]`` dO^T with the ``V_PERM16`` query order (``transposed=True``).
         r, row: FP32 ``[B, Hq, S_pad]`` Q token scale * ``qk_scale_log2`` and * 2^-LIFT
             (``transposed=True``, from ``q_scale``); 0 past Sq.
-        qb: BF16 ``[B, Hq, Sq, D]``, the E4M3 ``q8`` converted exactly (given ``q8``).
+        qb: BF16 ``[B, Hq, Sq, D]``, the E4M3 ``q8`` converted exactly (given ``q8``), or with
+            ``q8_scaled`` ``BF16(q8 * q_scale * 2^-lift)`` (nearest even).
     """
 
     def __init__(self, **kw):
