@@ -33,6 +33,7 @@ Scope, said plainly:
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -475,6 +476,9 @@ def backward_fp8(
     return dq, dk, dv
 
 
+SCALED_OPERANDS_ENV = "FP4_ATTENTION_CUTE_SCALED_OPERANDS"
+
+
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); option ``tiles`` =
     ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests; ``scaled_operands``: the
@@ -482,8 +486,19 @@ class CuteBackend:
 
     spec = SPEC
 
-    def __init__(self, scaled_operands: bool = False):
-        self.scaled_operands = scaled_operands  # the backward kernel's numerics option (backward_fp8)
+    def __init__(self, scaled_operands: bool | None = None):
+        """``scaled_operands``: the backward kernel's numerics option (:func:`backward_fp8`); None reads
+        ``FP4_ATTENTION_CUTE_SCALED_OPERANDS`` (``0``, the default, or ``1``), so that a tool or a
+        training run can measure the option without code changes.
+
+        Raises:
+            ValueError: that variable set to anything else."""
+        if scaled_operands is None:
+            env = os.environ.get(SCALED_OPERANDS_ENV, "0")
+            if env not in ("0", "1"):
+                raise ValueError(f"{SCALED_OPERANDS_ENV} must be 0 or 1, got {env!r}")
+            scaled_operands = env == "1"
+        self.scaled_operands = scaled_operands
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
