@@ -28,6 +28,9 @@ Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
   operands (``reference_backward(token_scales="operands")``: one dS for both products, as FA4's
   BF16 kernel; 2 FMUL and half an F2FP fewer per score element in the CuTe kernel,
   results/cute_bwd_profile_h200/).
+- ``bf16/one-ds-col`` (nvfp4qk_fp8pv, whose token scales are per-head constants): one BF16
+  ``dS * col`` for both products and dK rescaled by ``row / col`` after its product
+  (:func:`ds_col_round`): the one-dS loop without scaled BF16 tiles, which that kernel's S^T reads.
 
 E4M3 (more mantissa) and E5M2 (more range) are both measured. Rounding is to nearest even with
 saturation (torch's conversion after a clamp, as the Triton quantizers do). The dV product and the
@@ -59,7 +62,8 @@ from fp4_attention.numerics.reference import reference_backward, reference_forwa
 FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
 TILE_M = 64  # the CuTe backward's query rows per step (its keys per tile are the reference's block_n)
 FAMILIES = ["normal", "outliers", "sink", "std=0.5", "std=2", "std=4"]
-ANY_RECIPE = ("bf16 (definition)", "bf16/scales-in-operands")  # the variants --recipe nvfp4qk_fp8pv runs
+# the variants --recipe nvfp4qk_fp8pv runs
+ANY_RECIPE = ("bf16 (definition)", "bf16/scales-in-operands", "bf16/one-ds-col")
 
 
 def fp8_round(fmt: str, granularity: str):
@@ -166,6 +170,29 @@ def dk_only_round(state, dout: torch.Tensor):
     return rnd
 
 
+def ds_col_round(state, rec, sm: float):
+    """The ``bf16/one-ds-col`` variant (nvfp4qk_fp8pv only: its Q/K token scales are per-head
+    constants): one BF16 dS scaled by the K head's scale feeds both products, and dK is rescaled by
+    row / col afterwards (a kernel would do it in dK's epilogue). As a ``ds_round``: dQ's operand is
+    the definition's ``bf16(dS * col)``; dK's is ``bf16(t * col / row) * row / col`` for ``t = dS *
+    row`` (``t * col / row`` equals ``dS * col`` to an FP32 ulp or two)."""
+    from fp4_attention.numerics.operands import qk_operands
+
+    ops = qk_operands(state.q, state.k, rec, sm)
+    hkv = ops.k_op.shape[1]
+    if ops.row_scale.shape[-2] != 1 or ops.col_scale.shape[-1] != 1:
+        raise ValueError("bf16/one-ds-col needs per-head Q/K scales (nvfp4qk_fp8pv)")
+    row = ops.row_scale.unflatten(1, (hkv, -1))  # [B, Hkv, G, 1, 1]
+    ratio = ops.col_scale.unsqueeze(2) / row  # col / row per query head
+
+    def rnd(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
+        if product == "dq":
+            return t.bfloat16().float()
+        return (t * ratio).bfloat16().float() / ratio
+
+    return rnd
+
+
 def run(args) -> list[dict]:
     rec = fa.get_recipe(args.recipe)
     if args.recipe != "fp8" and set(args.only or ["all"]) - set(ANY_RECIPE):
@@ -190,6 +217,8 @@ def run(args) -> list[dict]:
             ]
             static.append(("e4m3/dk-only", dk_only_round(state, dout)))
         static.append(("bf16/scales-in-operands", "operands"))
+        if args.recipe == "nvfp4qk_fp8pv":
+            static.append(("bf16/one-ds-col", ds_col_round(state, rec, sm)))
         for name, rnd in (*variants, *static):
             if args.only and name not in args.only:
                 continue
