@@ -81,7 +81,6 @@ def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
     ptrs = dict(DO="bf16", O="bf16", VS="fp32", AMAX="fp32", BAD="i32", LSE="fp32", QS="fp32", Y="u8")
     ptrs.update(YT="u8", SDO="fp32", DELTA="fp32", STAT="fp32", R="fp32", ROW="fp32", Q8="u8", QB="bf16")
     kv_ptrs = dict(K8="u8", KSC="u8", VT="u8", KB="bf16", V8="u8", KS="fp32", COL="fp32", COL2="fp32")
-    kv_ptrs["KBS"] = "bf16"
     kernels = {}
     for q_scaled in (False, True):  # the Q image, and the scaled_operands option's scaled one
         consts = dict(
@@ -93,7 +92,7 @@ def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
     # K from E4M3 codes or NVFP4 (payload and block scales); E4M3 with the scaled_operands option
     for nvfp4, scaled in ((False, False), (True, False), (False, True)):
         consts = dict(D=d, BLOCK=bwd_kv.KV_BLOCK, K_NVFP4=nvfp4, WRITE_COL=nvfp4, COL2_SCALE=2.0**-8)
-        consts.update(SCALED=scaled, WRITE_KB=not scaled)
+        consts["SCALED"] = scaled
         kernels[f"K/V operands nvfp4={nvfp4} scaled={scaled}"] = _compile_or_skip(
             bwd_kv._bwd_kv_kernel, kv_ptrs, consts
         )

@@ -47,9 +47,7 @@ def _bwd_kv_kernel(
     K_NVFP4: tl.constexpr,
     WRITE_COL: tl.constexpr,
     COL2_SCALE: tl.constexpr,
-    KBS=None,
     SCALED: tl.constexpr = False,
-    WRITE_KB: tl.constexpr = True,
 ):
     pid, bh = tl.program_id(0), tl.program_id(1)
     j = pid * BLOCK + tl.arange(0, BLOCK)  # keys; in VT, slots
@@ -69,12 +67,9 @@ def _bwd_kv_kernel(
         kb = nvfp4_to_bf16(packed, scales, BLOCK, D)
     else:
         kb = e4m3_to_bf16(tl.load(K8 + rows, mask=ok[:, None], other=0))
-    if WRITE_KB:
-        tl.store(KB + rows, kb, mask=ok[:, None])
-    if SCALED:  # BF16(k * col2): the backward's scaled_operands option
-        tl.store(
-            KBS + rows, (kb.to(tl.float32) * (ks * COL2_SCALE)[:, None]).to(tl.bfloat16), mask=ok[:, None]
-        )
+    if SCALED:  # BF16(k * col2) in its place: the backward's scaled_operands option
+        kb = (kb.to(tl.float32) * (ks * COL2_SCALE)[:, None]).to(tl.bfloat16)
+    tl.store(KB + rows, kb, mask=ok[:, None])
     vt = tl.load(VT + bh * D * SK16 + d[:, None] * SK16 + j[None, :], mask=(j < SK16)[None, :], other=0)
     # slot 4 q + 2 h + c of each 16 holds key 8 h + 2 q + c: (q, h, c) -> (h, q, c), then keys-major
     v = tl.reshape(tl.permute(tl.reshape(vt, [D, BLOCK // 16, 4, 2, 2]), [0, 1, 3, 2, 4]), [D, BLOCK])
@@ -146,9 +141,7 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
     else:
         ks, ks_strides = k8.scale, (sk, 1)
     dev = payload.device
-    write_kb = not scaled
-    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev) if write_kb else None
-    kbs = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev) if scaled else None
+    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)  # kb_scaled with `scaled`
     v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)
     cols = torch.empty((2 if nvfp4 else 1, b, h, sk), dtype=torch.float32, device=dev)
     col = cols[1] if nvfp4 else k8.scale.view(b, h, sk)
@@ -156,7 +149,7 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
         payload.view(torch.uint8),
         k8.block_scale if nvfp4 else None,
         vt_perm.view(torch.uint8),
-        kb if write_kb else kbs,
+        kb,
         v8,
         ks,
         col,
@@ -169,13 +162,11 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
         K_NVFP4=nvfp4,
         WRITE_COL=nvfp4,
         COL2_SCALE=float(col2_scale),
-        KBS=kbs,
         SCALED=scaled,
-        WRITE_KB=write_kb,
     )
-    out = dict(v8=v8.view(torch.float8_e4m3fn), col=col, col2=cols[0])
-    if write_kb:
-        out["kb"] = kb
-    if scaled:
-        out["kb_scaled"] = kbs
-    return out
+    return {
+        "kb_scaled" if scaled else "kb": kb,
+        "v8": v8.view(torch.float8_e4m3fn),
+        "col": col,
+        "col2": cols[0],
+    }
