@@ -107,7 +107,7 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
     """The quantizers that read the caller's [B, H, S, D] views in place (strides as runtime
     integers, not the contiguous specialisation), V's two passes, the NVFP4 per-head scale's amax
     pass and the NVFP4 decode compile for sm_90 without spills."""
-    from fp4_attention.backends.triton import dout_quant, quant
+    from fp4_attention.backends.triton import quant
 
     rot = dict(SIGNS=None, ROTATE=False, LOG2_D=0, INV_SQRT_D=1.0)
     kernels = {
@@ -127,7 +127,9 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
             dict(D=d, ROWS=1024 // d, HEAD_AMAX=True, **rot),
         ),
         "head amax": _compile_or_skip(
-            quant._head_amax_kernel, dict(X="bf16", AMAX="fp32", BAD="i32"), dict(D=d, BLOCK_S=64)
+            quant._head_amax_kernel,
+            dict(X="bf16", AMAX="fp32", BAD="i32"),
+            dict(D=d, BLOCK_S=64, CHANNEL_SCALED=False),
         ),
         "nvfp4 decode": _compile_or_skip(
             quant._nvfp4_decode_kernel, dict(P="u8", SC="u8", OUT="bf16"), dict(D=d, ROWS=2048 // d)
@@ -135,10 +137,10 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
         "V amax": _compile_or_skip(
             quant._v_amax_kernel, dict(X="bf16", AMAX="fp32", BAD="i32"), dict(D=d, BLOCK_S=64)
         ),
-        "dO amax": _compile_or_skip(
-            dout_quant._dout_amax_kernel,
-            dict(DO="bf16", VS="fp32", AMAX="fp32", BAD="i32"),
-            dict(D=d, BLOCK=64),
+        "dO amax (head amax of dO times V's channel scales)": _compile_or_skip(
+            quant._head_amax_kernel,
+            dict(X="bf16", VS="fp32", AMAX="fp32", BAD="i32"),
+            dict(D=d, BLOCK_S=64, CHANNEL_SCALED=True),
         ),
     }
     for perm16 in (False, True):

@@ -1,8 +1,9 @@
 """dO's E5M2 operand, D and the per-query vectors of the FP8 backwards in two Triton kernels (no FP32
 copy of dO): the torch definition is ``backends/dout.py`` (``quantize_dout``, ``lse_stat``).
 
-1. ``_dout_amax_kernel``: the per-(batch, query head) amax of ``|dO * v_scale|`` (exact: V's
-   per-channel scale is a power of two) and whether the head holds a NaN/Inf, by atomic max.
+1. ``quant._head_amax_kernel`` (``CHANNEL_SCALED``): the per-(batch, query head) amax of
+   ``|dO * v_scale|`` (exact: V's per-channel scale is a power of two) and whether the head holds a
+   NaN/Inf, by atomic max.
 2. ``_dout_quant_kernel``: per block of queries, the scale ``amax / 57344`` (IEEE division; 1 for an
    all-zero head, NaN and code 0x7F for a non-finite one), the E5M2 codes ``dO * v_scale / s``
    (round to nearest even, clamped), stored row-major and, optionally, transposed with the queries
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
-from .quant import check_int32_span, e4m3_to_bf16, transpose_codes, zeroed_amax_and_flag
+from .quant import _head_amax_kernel, check_int32_span, e4m3_to_bf16, transpose_codes, zeroed_amax_and_flag
 from .quant import interpreted as _interpreted
 
 __all__ = ["DoutOperands", "quantize_dout_fused"]
@@ -30,21 +31,6 @@ E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
 # 128 x 8 0.412 (one run, results/prep_transpose_h200/README.md)
 QUANT_BLOCK, QUANT_WARPS = 16, 4
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _dout_amax_kernel(DO, VS, AMAX, BAD, H, G, SQ, sb, sh, ss, D: tl.constexpr, BLOCK: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    i = pid_m * BLOCK + tl.arange(0, BLOCK)
-    d = tl.arange(0, D)
-    x = tl.load(DO + b * sb + h * sh + i[:, None] * ss + d[None, :], mask=(i < SQ)[:, None], other=0.0)
-    vs = tl.load(VS + (b * (H // G) + h // G) * D + d)
-    ax = tl.abs(x.to(tl.float32) * vs[None, :])
-    bad = tl.max(tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 1), 0)
-    amax = tl.max(tl.max(tl.where(ax == ax, ax, 0.0), 1), 0)
-    tl.atomic_max(AMAX + bh, amax)
-    tl.atomic_max(BAD + bh, bad)
 
 
 @triton.jit
@@ -229,7 +215,9 @@ def quantize_dout_fused(
     block = 64
     grid = (triton.cdiv(sq, block), b * hq)
     strides = (dout.stride(0), dout.stride(1), dout.stride(2))
-    _dout_amax_kernel[grid](dout, v_scale, amax, bad, hq, hq // hkv, sq, *strides, D=d, BLOCK=block)
+    _head_amax_kernel[grid](
+        dout, amax, bad, hq, sq, *strides, D=d, BLOCK_S=block, VS=v_scale, G=hq // hkv, CHANNEL_SCALED=True
+    )
     y = torch.empty((b, hq, sq, d), dtype=torch.uint8, device=dev)
     yt = torch.empty((b, hq, d, sq16), dtype=torch.uint8, device=dev) if transposed else y
     s_do = torch.empty((b, hq), dtype=torch.float32, device=dev)

@@ -460,15 +460,34 @@ def _nvfp4_rows_kernel(
 
 
 @triton.jit
-def _head_amax_kernel(X, AMAX, BAD, H, SEQ, sxb, sxh, sxs, D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _head_amax_kernel(
+    X,
+    AMAX,
+    BAD,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    VS=None,
+    G=1,
+    CHANNEL_SCALED: tl.constexpr = False,
+):
     """Per (batch, head) of ``X [B, H, S, D]`` (any strides, unit last): the amax of |x| (NaN
-    excluded) and whether the head holds a NaN or Inf, by atomic max over blocks of rows."""
+    excluded) and whether the head holds a NaN or Inf, by atomic max over blocks of rows.
+    ``CHANNEL_SCALED``: of ``|x * vs|`` instead, ``vs`` FP32 ``[B, H // G, D]`` per channel, shared
+    by the G heads of a group (dO times V's channel scales: ``dout_quant``)."""
     pid_s, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
     x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :], mask=(s < SEQ)[:, None], other=0.0)
-    ax = tl.abs(x.to(tl.float32))
+    x = x.to(tl.float32)
+    if CHANNEL_SCALED:
+        x = x * tl.load(VS + (b * (H // G) + h // G) * D + d)[None, :]
+    ax = tl.abs(x)
     tl.atomic_max(BAD + bh, tl.max(tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 1), 0))
     tl.atomic_max(AMAX + bh, tl.max(tl.max(tl.where(ax == ax, ax, 0.0), 1), 0))
 
