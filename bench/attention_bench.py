@@ -168,14 +168,21 @@ def cute_nvfp4_kernel_only(q, k, v, causal, tiles, **kernel_options):
     return f
 
 
+def _cute_state(recipe, q, k, v, causal):
+    """One cute forward's saved state and a random BF16 dO, for the backward rows that skip autograd."""
+    from fp4_attention.backends.cute import backend as cute_backend
+
+    rec = fa.get_recipe(recipe)
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
+    return st, torch.randn_like(q)
+
+
 def cute_bwd_operands_only(q, k, v, causal):
     """The cute backward's host-side operand preparation alone (``backend.backward_operands``: dO's
     E5M2 quantization and D, dO^T, the BF16 Q/K images, V in key order), on one forward's state."""
     from fp4_attention.backends.cute import backend as cute_backend
 
-    rec = fa.get_recipe("fp8")
-    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
-    dout = torch.randn_like(q)
+    st, dout = _cute_state("fp8", q, k, v, causal)
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
@@ -184,9 +191,7 @@ def cute_bwd_direct(recipe, q, k, v, causal, scaled_operands):
     one forward's state, without autograd: the same-run A/B of its ``scaled_operands`` option."""
     from fp4_attention.backends.cute import backend as cute_backend
 
-    rec = fa.get_recipe(recipe)
-    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
-    dout = torch.randn_like(q)
+    st, dout = _cute_state(recipe, q, k, v, causal)
     return lambda: cute_backend.backward_fp8(
         st, dout, causal=causal, softmax_scale=D**-0.5, scaled_operands=scaled_operands
     )
