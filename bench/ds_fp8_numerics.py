@@ -199,8 +199,11 @@ def run(args) -> list[dict]:
         raise ValueError(f"--recipe {args.recipe}: only the variants {ANY_RECIPE} (pass them with --only)")
     sm = args.headdim**-0.5
     rows = []
-    variants = [("bf16 (definition)", None)] + [
-        (f"{fmt}/{gran}", fp8_round(fmt, gran)) for fmt in ("e4m3", "e5m2") for gran in ("tile", "outer")
+    # (name, keyword options of reference_backward)
+    variants = [("bf16 (definition)", {})] + [
+        (f"{fmt}/{gran}", {"ds_round": fp8_round(fmt, gran)})
+        for fmt in ("e4m3", "e5m2")
+        for gran in ("tile", "outer")
     ]
     for family in args.families:
         q, k, v = make_inputs(family, 1, args.hq, args.hkv, args.seqlen, args.headdim, args.seed)
@@ -213,16 +216,16 @@ def run(args) -> list[dict]:
         static = []  # the static-scale variants read the fp8 state's token scales
         if args.recipe == "fp8":
             static = [
-                (f"e4m3/{n}", bound_round(state, dout, rec, sm, n == "bounds")) for n in ("bound", "bounds")
+                (f"e4m3/{n}", {"ds_round": bound_round(state, dout, rec, sm, n == "bounds")})
+                for n in ("bound", "bounds")
             ]
-            static.append(("e4m3/dk-only", dk_only_round(state, dout)))
-        static.append(("bf16/scales-in-operands", "operands"))
+            static.append(("e4m3/dk-only", {"ds_round": dk_only_round(state, dout)}))
+        static.append(("bf16/scales-in-operands", {"token_scales": "operands"}))
         if args.recipe == "nvfp4qk_fp8pv":
-            static.append(("bf16/one-ds-col", ds_col_round(state, rec, sm)))
-        for name, rnd in (*variants, *static):
+            static.append(("bf16/one-ds-col", {"ds_round": ds_col_round(state, rec, sm)}))
+        for name, kw in (*variants, *static):
             if args.only and name not in args.only:
                 continue
-            kw = {"token_scales": rnd} if rnd == "operands" else {"ds_round": rnd}
             dq, dk, _ = reference_backward(state, dout, rec, causal=True, softmax_scale=sm, **kw)
             row = {"family": family, "dS": name, "dq": _metrics(dq, qd.grad), "dk": _metrics(dk, kd.grad)}
             rows.append(row)
