@@ -186,15 +186,13 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, scaled_operands):
+def cute_bwd_direct(recipe, q, k, v, causal):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd: the same-run A/B of its ``scaled_operands`` option."""
+    one forward's state, without autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal)
-    return lambda: cute_backend.backward_fp8(
-        st, dout, causal=causal, softmax_scale=D**-0.5, scaled_operands=scaled_operands
-    )
+    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5)
 
 
 def ours_kernel_only(recipe, q, k, v, causal):
@@ -248,8 +246,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct: the backward without autograd, and "
-        "cute_fp8_bwd_scaled_operands: the same with its scaled_operands option (fp8 only)",
+        help="bwd rows cute_<recipe>_bwd_direct: the backward without autograd",
     )
     p.add_argument(
         "--qk-rotation",
@@ -340,14 +337,9 @@ def main(argv=None) -> int:
                     )
                 if pass_ == "bwd" and args.cute_bwd_options:
                     cands += [
-                        (
-                            f"cute_{r}_bwd_{tag}",
-                            (lambda r=r, sc=sc: cute_bwd_direct(r, q, k, v, causal, sc)),
-                        )
+                        (f"cute_{r}_bwd_direct", (lambda r=r: cute_bwd_direct(r, q, k, v, causal)))
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
-                        for tag, sc in (("direct", False), ("scaled_operands", True))
-                        if r == "fp8" or not sc  # the option is fp8 only
                     ]
                 if pass_ == "fwd":
                     cands += [

@@ -113,11 +113,10 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, scaled_operands=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
-    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma); ``scaled_operands``: the kernel's
-    option of that name (the token scales in the BF16 operands, one dS)."""
+    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
     import cutlass
     from cutlass import cute
     from quack.compile_utils import make_fake_tensor as fake
@@ -144,7 +143,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, scal
         args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, scaled_operands=scaled_operands),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
         f32(0.1),
         stream,
@@ -152,11 +151,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, scal
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, scaled_operands=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, scaled_operands=scaled_operands)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -172,7 +171,6 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, scaled
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
-        "scaled_operands": scaled_operands,
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         **counts,
@@ -261,10 +259,9 @@ def main(argv=None) -> int:
     p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
-    p.add_argument("--scaled-operands", action="store_true", help="backward: token scales in BF16 operands")
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.scaled_operands)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(

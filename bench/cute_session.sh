@@ -35,8 +35,6 @@
 #           (BENCH_TIMEOUT, default 280 s).
 #         One device call may run 600 s: split the steps over several B calls (each within 30 s of
 #         the last) when their limits add up to more.
-# The cute backward's numerics option scaled_operands (fp8) reaches every step through the environment:
-# FP4_ATTENTION_CUTE_SCALED_OPERANDS=1 (cute.backend.CuteBackend), e.g. for the fidelity and train steps.
 # Logs and results are written under /tmp/cute-logs (LOGS) and packed into $OUT/cute_session_<mode>.tgz
 # on exit, with a copy of status.txt beside it (the device tool brings back at most 8 files from
 # $OUT; a call that wrote more lost the rest). $OUT defaults to cute-logs.

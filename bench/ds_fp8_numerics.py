@@ -2,11 +2,12 @@
 
     python bench/ds_fp8_numerics.py --out results/ds_fp8_numerics_cpu     # writes .md and .json
 
-Today the dQ and dK products read dS in BF16 (``reference_backward``: ``bf16(dS * col) @ K`` and
-``bf16(dS * row)^T @ Q``). In FP8 they would run at FP8 rate: all five backward products on the
-FP8 tensor cores. This script runs the reference backward of the ``fp8`` recipe with those two
-operands rounded to FP8 instead (the ``ds_round`` hook). It reports the dQ/dK cosines against
-float64 on the input families of ``tools/fidelity.py``, beside the BF16 definition, in the same run.
+The dQ and dK products read dS in BF16 (``reference_backward``; the FP8 variants below start from
+its ``token_scales="ds"`` placement: ``bf16(dS * col) @ K`` and ``bf16(dS * row)^T @ Q``). In FP8
+they would run at FP8 rate: all five backward products on the FP8 tensor cores. This script runs the
+reference backward of the ``fp8`` recipe with those two operands rounded to FP8 instead (the
+``ds_round`` hook). It reports the dQ/dK cosines against float64 on the input families of
+``tools/fidelity.py``, beside the BF16 definition, in the same run.
 
 Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
 - ``tile``: one scale per tile, amax / FMAX, for both operands.
@@ -27,7 +28,9 @@ Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
 - ``bf16/scales-in-operands``: dS stays BF16, but the Q/K token scales move from dS into the BF16
   operands (``reference_backward(token_scales="operands")``: one dS for both products, as FA4's
   BF16 kernel; 2 FMUL and half an F2FP fewer per score element in the CuTe kernel,
-  results/cute_bwd_profile_h200/).
+  results/cute_bwd_profile_h200/). The ``fp8`` recipe's definition since
+  results/cute_scaled_operands_h200/; ``bf16/scales-on-ds`` (``token_scales="ds"``) is the
+  placement it replaced, and ``nvfp4qk_fp8pv``'s definition.
 - ``bf16/one-ds-col`` (nvfp4qk_fp8pv, whose token scales are per-head constants): one BF16
   ``dS * col`` for both products and dK rescaled by ``row / col`` after its product
   (:func:`ds_col_round`): the one-dS loop without scaled BF16 tiles, which that kernel's S^T reads.
@@ -63,7 +66,7 @@ FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 573
 TILE_M = 64  # the CuTe backward's query rows per step (its keys per tile are the reference's block_n)
 FAMILIES = ["normal", "outliers", "sink", "std=0.5", "std=2", "std=4"]
 # the variants --recipe nvfp4qk_fp8pv runs
-ANY_RECIPE = ("bf16 (definition)", "bf16/scales-in-operands", "bf16/one-ds-col")
+ANY_RECIPE = ("bf16 (definition)", "bf16/scales-in-operands", "bf16/scales-on-ds", "bf16/one-ds-col")
 
 
 def fp8_round(fmt: str, granularity: str):
@@ -201,7 +204,7 @@ def run(args) -> list[dict]:
     rows = []
     # (name, keyword options of reference_backward)
     variants = [("bf16 (definition)", {})] + [
-        (f"{fmt}/{gran}", {"ds_round": fp8_round(fmt, gran)})
+        (f"{fmt}/{gran}", {"ds_round": fp8_round(fmt, gran), "token_scales": "ds"})
         for fmt in ("e4m3", "e5m2")
         for gran in ("tile", "outer")
     ]
@@ -214,15 +217,16 @@ def run(args) -> list[dict]:
         out, lse, st = reference_forward(q, k, v, rec, causal=True, softmax_scale=sm)
         state = type(st)(q=st.q, k=st.k, v=st.v, out=out, lse=lse)
         static = []  # the static-scale variants read the fp8 state's token scales
+        on_ds = {"token_scales": "ds"}  # the placement the FP8 variants were designed on
         if args.recipe == "fp8":
             static = [
-                (f"e4m3/{n}", {"ds_round": bound_round(state, dout, rec, sm, n == "bounds")})
+                (f"e4m3/{n}", {"ds_round": bound_round(state, dout, rec, sm, n == "bounds"), **on_ds})
                 for n in ("bound", "bounds")
             ]
-            static.append(("e4m3/dk-only", {"ds_round": dk_only_round(state, dout)}))
-        static.append(("bf16/scales-in-operands", {"token_scales": "operands"}))
+            static.append(("e4m3/dk-only", {"ds_round": dk_only_round(state, dout), **on_ds}))
+        static += [("bf16/scales-in-operands", {"token_scales": "operands"}), ("bf16/scales-on-ds", on_ds)]
         if args.recipe == "nvfp4qk_fp8pv":
-            static.append(("bf16/one-ds-col", {"ds_round": ds_col_round(state, rec, sm)}))
+            static.append(("bf16/one-ds-col", {"ds_round": ds_col_round(state, rec, sm), **on_ds}))
         for name, kw in (*variants, *static):
             if args.only and name not in args.only:
                 continue

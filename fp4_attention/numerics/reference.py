@@ -35,8 +35,11 @@ Conventions (contract §2, "facts from the paper's code release"):
       is what the ``bf16`` recipe has too: O's BF16 rounding where the other keys hold between
       about 2^-9 and 2^-20 of the mass (a relative error near 1 of a gradient that is itself tiny).
     - dS = P * (dP - D) with P = exp2(z + stat) / 256 in FP32 (unrounded), kept in BF16
-      (contract: dS is the most error-sensitive tensor) for dQ = (bf16(dS * col) @ k_op) * scale and
-      dK = (bf16(dS * row)^T @ q_op) * scale.
+      (contract: dS is the most error-sensitive tensor). ``fp8`` (per-token scales) rounds one
+      BF16 dS for both products and puts the token scales in the operands: dQ = (bf16(dS) @
+      bf16(k_op * col)) * scale, dK = (bf16(dS)^T @ bf16(q_op * row)) * scale; per-head scales
+      (``nvfp4qk_fp8pv``, ``bf16``) stay on dS: dQ = (bf16(dS * col) @ k_op) * scale and
+      dK = (bf16(dS * row)^T @ q_op) * scale (``reference_backward``'s ``token_scales``).
     - With a Q/K rotation (``recipe.qk_rotation``, ``rotation.py``) the saved Q/K are those of
       ``Q H``, ``K H``; dQ and dK above are then gradients in the rotated basis, and are returned
       as ``unrotate(dQ) = dQ H^T`` (same for dK), in FP32 before the final BF16 rounding.
@@ -255,7 +258,7 @@ def reference_backward(
     softmax_scale: float,
     block_n: int = DEFAULT_BLOCK_N,
     ds_round=None,
-    token_scales: str = "ds",
+    token_scales: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of a training recipe from its saved state (see the module docstring).
 
@@ -263,21 +266,29 @@ def reference_backward(
         state: from :func:`reference_forward` with the same recipe.
         dout: BF16 ``[B, Hq, Sq, D]``.
         ds_round: how the dQ/dK products' dS operands are rounded: called as
-            ``ds_round(t, "dq", j0)`` with ``t = dS * col`` and ``ds_round(t, "dk", j0)`` with
-            ``t = dS * row``, FP32 ``[B, Hkv, G, Sq, keys of the tile]`` (its first key ``j0``);
+            ``ds_round(t, "dq", j0)`` and ``ds_round(t, "dk", j0)`` with ``t`` FP32 ``[B, Hkv, G,
+            Sq, keys of the tile]`` (its first key ``j0``): dS itself, or ``dS * col`` and
+            ``dS * row`` with the ``"ds"`` placement of ``token_scales``;
             returns the rounded values in FP32, the same shape. None = BF16, the recipes'
             definition. Another rounding (FP8 with a per-tile scale, ``bench/ds_fp8_numerics.py``)
             measures a kernel option's numerics.
-        token_scales: where the dQ/dK products apply the Q/K token scales. ``"ds"`` (the recipes'
-            definition): on dS, as above. ``"operands"`` (a numerics option of the CuTe backward,
-            ``results/cute_bwd_profile_h200/``: one BF16 dS for both products, as FA4's BF16
-            kernel): ``ds_round(dS) @ bf16(k_op * col)`` and ``ds_round(dS)^T @ bf16(q_op * row)``,
-            ``ds_round`` then called with ``t = dS``.
+        token_scales: where the dQ/dK products apply the Q/K token scales. ``"ds"``: on dS (two
+            BF16 dS per score, ``bf16(dS * col) @ k_op`` and ``bf16(dS * row)^T @ q_op``).
+            ``"operands"``: in the BF16 operands, one BF16 dS for both products, as FA4's BF16
+            kernel: ``ds_round(dS) @ bf16(k_op * col)`` and ``ds_round(dS)^T @ bf16(q_op * row)``,
+            ``ds_round`` then called with ``t = dS``. None (the recipes' definition): ``"operands"``
+            for per-token scales (``fp8``: E4M3 Q/K, whose BF16 images times an FP32 scale are
+            rounded once), ``"ds"`` for per-head ones (``nvfp4qk_fp8pv``, whose exact BF16 decodes
+            the S^T product reads, and ``bf16``). ``fp8`` took ``"operands"`` on the H200 measurement
+            of ``results/cute_scaled_operands_h200/`` (2-3% faster CuTe backward, every fidelity
+            family within 6e-5 cosine of ``"ds"``); the contract's rule, dS in BF16, holds both ways.
     Returns:
         ``(dq, dk, dv)`` in BF16, shaped like q, k, v (straight-through to the BF16 inputs).
     Raises:
         NotImplementedError: for a forward-only (Direct-P) recipe.
     """
+    if token_scales is None:
+        token_scales = "operands" if recipe.qk == "fp8" else "ds"
     if token_scales not in ("ds", "operands"):
         raise ValueError(f"reference_backward: token_scales must be 'ds' or 'operands', got {token_scales!r}")
     if not recipe.trainable:

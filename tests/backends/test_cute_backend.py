@@ -36,26 +36,24 @@ TILES = [cute_backend.DEFAULT_TILES, cute_backend.NON_CAUSAL_TILES]
 class _TiledCute(cute_backend.CuteBackend):
     """The cute backend at fixed tiles (the ``tiles`` option of every forward and backward call)."""
 
-    def __init__(self, tiles, scaled_operands=False):
-        super().__init__(scaled_operands=scaled_operands)
+    def __init__(self, tiles):
+        super().__init__()
         self.tiles = tiles
 
     def forward(self, q, k, v, recipe, *, causal, softmax_scale, tiles=None):
         return super().forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles)
 
 
-def _target(tiles, scaled_operands=False) -> tt.Target:
+def _target(tiles) -> tt.Target:
     """The cute backend at ``tiles`` against the reference at the kernel's KV tile, visited like the
     kernel (FA4's producer order) last to first; the saved V is put back in key order
     (``triton_state``) for it. Nothing of the Triton backend is patched: the backward (the CuTe
-    kernel) runs at its own tiles. ``scaled_operands``: the backward's numerics option, against
-    ``reference_backward(token_scales="operands")``."""
+    kernel) runs at its own tiles."""
     return tt.Target(
-        _TiledCute(tiles, scaled_operands),
+        _TiledCute(tiles),
         lambda d: tiles[1],
         reverse_tiles=True,
         reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
-        reference_backward_options=(("token_scales", "operands"),) if scaled_operands else (),
     )
 
 
@@ -103,38 +101,11 @@ def test_matches_reference_shapes(recipe, causal, d, group, cute):
     tt.compare(recipe, 2, 2 * group, 2, 300, 300, d, causal, target=cute)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("group", [1, 4, 6])
-def test_scaled_operands_match_reference(causal, d, group):
-    """The backward's ``scaled_operands`` option (fp8: one BF16 dS, the token scales in Qb/Kb)
-    against the reference with the same numerics, at the default tiles; also the training shape and
-    ragged lengths. nvfp4qk_fp8pv state is refused."""
-    target = _target(cute_backend.default_tiles(causal, d), scaled_operands=True)
-    tt.compare("fp8", 2, 2 * group, 2, 300, 300, d, causal, target=target)
-    if group == 1:
-        # the option is on: the reference tolerance (2e-2) exceeds the option's own effect (< 8e-3,
-        # test_reference.py), so compare it with the default on one state. MHA dK and dV are
-        # written by TMA stores (deterministic): dV must not change, dK must
-        rec = fa.get_recipe("fp8")
-        q, k, v = make_qkv(1, 4, 4, 300, 300, d, seed=7, device="cuda")
-        _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=d**-0.5)
-        dout = torch.randn_like(q)
-        grads = [
-            cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=d**-0.5, scaled_operands=sc)
-            for sc in (False, True)
-        ]
-        assert torch.equal(grads[0][2], grads[1][2])
-        assert not torch.equal(grads[0][1], grads[1][1])
-        assert rel_l2(grads[1][1], grads[0][1]) < 8e-3
-    if (d, group) == (128, 4):
-        tt.compare("fp8", 1, 32, 8, 4096, 4096, 128, causal, target=target)
-        tt.compare("fp8", 1, 4, 1, 129, 257, 128, causal, target=target)
-        q, k, v = make_qkv(1, 4, 1, 128, 128, 128, device="cuda")
-        rec = fa.get_recipe("nvfp4qk_fp8pv")
-        _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=d**-0.5)
-        with pytest.raises(ValueError, match="scaled_operands needs the fp8 recipe"):
-            target.backend.backward(st, torch.randn_like(q), rec, causal=causal, softmax_scale=d**-0.5)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_token_scale_placement(recipe):
+    """The backward places the token scales as the recipe defines them: in the BF16 Q/K operands
+    with one BF16 dS for ``fp8``, on dS for ``nvfp4qk_fp8pv`` (``tt.check_token_scale_placement``)."""
+    tt.check_token_scale_placement(recipe, target=_target(cute_backend.DEFAULT_TILES))
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -78,16 +78,3 @@ def test_cute_profile_says_what_is_wrong():
     if not torch.cuda.is_available():
         res = run([sys.executable, str(script)])
         assert res.returncode != 0 and "needs a CUDA GPU" in res.stderr, res.stderr
-
-
-def test_scaled_operands_option_from_the_environment(monkeypatch):
-    """``CuteBackend(scaled_operands=None)`` reads ``FP4_ATTENTION_CUTE_SCALED_OPERANDS`` (0 by
-    default, 1 on); anything else is refused with the valid values; an explicit value wins."""
-    monkeypatch.delenv(cute_backend.SCALED_OPERANDS_ENV, raising=False)
-    assert cute_backend.CuteBackend().scaled_operands is False
-    monkeypatch.setenv(cute_backend.SCALED_OPERANDS_ENV, "1")
-    assert cute_backend.CuteBackend().scaled_operands is True
-    assert cute_backend.CuteBackend(scaled_operands=False).scaled_operands is False
-    monkeypatch.setenv(cute_backend.SCALED_OPERANDS_ENV, "yes")
-    with pytest.raises(ValueError, match="must be 0 or 1, got 'yes'"):
-        cute_backend.CuteBackend()

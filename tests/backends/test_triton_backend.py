@@ -158,6 +158,39 @@ def test_long_kv_no_drift(recipe):
     compare(recipe, 1, 2, 1, 256, 131072, 128, False, grads=False)
 
 
+def check_token_scale_placement(recipe, target=TRITON):
+    """The backward places the Q/K token scales as the recipe defines them (``reference_backward``'s
+    ``token_scales``: in the BF16 operands for ``fp8``, on dS for ``nvfp4qk_fp8pv``). The two
+    placements differ by BF16 roundings, below the kernel's own distance from the exact-QK reference
+    (its unpromoted QK accumulation), so a tolerance cannot tell them apart; the projection of
+    ``got - ref_ds`` on ``ref_operands - ref_ds`` can: 1 for the operands placement, 0 for dS (the
+    kernel's other differences are uncorrelated with that direction; with 4e-3 relative Gaussian
+    noise added to the reference's own gradients the coefficient stayed within 5e-3 of 0 and 1)."""
+    rec = fa.get_recipe(recipe)
+    q, k, v = make_qkv(1, 8, 2, 512, 512, 128, seed=3, device="cuda")
+    sm = 128**-0.5
+    out, lse, st = target.backend.forward(q, k, v, rec, causal=True, softmax_scale=sm)
+    _, _, rst = target.reference(st, rec, causal=True, softmax_scale=sm, d=128)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).bfloat16().cuda()
+    got = target.backend.backward(st, dout, rec, causal=True, softmax_scale=sm)
+    state = SavedState(q=rst.q, k=rst.k, v=rst.v, out=out, lse=lse)
+    ref = {
+        ts: reference_backward(state, dout, rec, causal=True, softmax_scale=sm, token_scales=ts)
+        for ts in ("ds", "operands")
+    }
+    want = 1.0 if rec.qk == "fp8" else 0.0
+    for name, g, a, b in zip("qk", got, ref["ds"], ref["operands"]):
+        d = b.float() - a.float()
+        assert d.any(), name
+        coef = float(((g.float() - a.float()) * d).sum() / (d * d).sum())
+        assert abs(coef - want) < 0.2, (recipe, name, coef)
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
+def test_token_scale_placement(recipe):
+    check_token_scale_placement(recipe)
+
+
 def check_per_head_scales_matter(recipe, target=TRITON):
     """Contract §4 case 5 at a real size: per-(batch, kv-head) magnitudes 1e-2..1e2."""
     rec = fa.get_recipe(recipe)

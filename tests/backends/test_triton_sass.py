@@ -82,20 +82,13 @@ def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
     ptrs.update(YT="u8", SDO="fp32", DELTA="fp32", STAT="fp32", R="fp32", ROW="fp32", Q8="u8", QB="bf16")
     kv_ptrs = dict(K8="u8", KSC="u8", VT="u8", KB="bf16", V8="u8", KS="fp32", COL="fp32", COL2="fp32")
     kernels = {}
-    for q_scaled in (False, True):  # the Q image, and the scaled_operands option's scaled one
-        consts = dict(
-            D=d, BLOCK=dout_quant.QUANT_BLOCK, LIFT=8, TRANSPOSED=True, Q_BF16=True, Q_SCALED=q_scaled
-        )
-        kernels[f"dO preparation q_scaled={q_scaled}"] = _compile_or_skip(
-            dout_quant._dout_quant_kernel, ptrs, consts, num_warps=dout_quant.QUANT_WARPS
-        )
-    # K from E4M3 codes or NVFP4 (payload and block scales); E4M3 with the scaled_operands option
-    for nvfp4, scaled in ((False, False), (True, False), (False, True)):
+    consts = dict(D=d, BLOCK=dout_quant.QUANT_BLOCK, LIFT=8, TRANSPOSED=True, Q_BF16=True)
+    kernels["dO preparation"] = _compile_or_skip(
+        dout_quant._dout_quant_kernel, ptrs, consts, num_warps=dout_quant.QUANT_WARPS
+    )
+    for nvfp4 in (False, True):  # K from E4M3 codes (scaled into kb) or NVFP4 (payload and block scales)
         consts = dict(D=d, BLOCK=bwd_kv.KV_BLOCK, K_NVFP4=nvfp4, WRITE_COL=nvfp4, COL2_SCALE=2.0**-8)
-        consts["SCALED"] = scaled
-        kernels[f"K/V operands nvfp4={nvfp4} scaled={scaled}"] = _compile_or_skip(
-            bwd_kv._bwd_kv_kernel, kv_ptrs, consts
-        )
+        kernels[f"K/V operands nvfp4={nvfp4}"] = _compile_or_skip(bwd_kv._bwd_kv_kernel, kv_ptrs, consts)
     for name, kernel in kernels.items():
         st = sass_stats(kernel)
         assert st["STL"] == 0 and st["LDL"] == 0, f"{name}: register spills: {st}"

@@ -1,5 +1,7 @@
 """The torch reference attention against float64 (contract §4 cases 1-9 on CPU)."""
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -314,33 +316,28 @@ def test_ds_round_hook_replaces_the_bf16_rounding_of_the_ds_operands():
 
 
 @pytest.mark.parametrize("recipe", FP8_TRAIN)
-def test_token_scales_in_the_operands_change_only_dq_dk_by_bf16_roundings(recipe):
-    """``token_scales="operands"`` (a numerics option: one BF16 dS for both products, the Q/K token
-    scales in the BF16 operands) moves dQ and dK by BF16 roundings only: dV is unchanged, dQ/dK
-    differ (the option does something) and stay within 8e-3 relative L2 of the definition (two BF16
+def test_token_scales_placement_changes_only_dq_dk_by_bf16_roundings(recipe):
+    """The two placements of the Q/K token scales (``token_scales``: on dS, or in the BF16 operands
+    with one BF16 dS for both products) move dQ and dK by BF16 roundings only: dV is unchanged, dQ/dK
+    differ (the option does something) and stay within 8e-3 relative L2 of each other (two BF16
     ulps, 2^-8 each: the BF16 gradients round differently where the FP32 sums moved; the recipes'
-    own error against float64 is about 0.07 here), and the
-    ``ds_round`` hook then receives dS itself (zeroing it zeroes dQ and dK)."""
+    own error against float64 is about 0.07 here). The default is the recipe's definition:
+    ``"operands"`` for ``fp8``'s per-token scales, ``"ds"`` for ``nvfp4qk_fp8pv``'s per-head ones.
+    With ``"operands"`` the ``ds_round`` hook receives dS itself (zeroing it zeroes dQ and dK)."""
     rec = fa.get_recipe(recipe)
     q, k, v = make_qkv(1, 4, 2, 200, 200, 64, seed=5)
     out, lse, st = reference_forward(q, k, v, rec, causal=True, softmax_scale=0.125)
     state = SavedState(q=st.q, k=st.k, v=st.v, out=out, lse=lse)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(6)).bfloat16()
-    base = reference_backward(state, dout, rec, causal=True, softmax_scale=0.125)
-    ops = reference_backward(state, dout, rec, causal=True, softmax_scale=0.125, token_scales="operands")
-    assert torch.equal(ops[2], base[2])
-    for a, b in zip(ops[:2], base[:2]):
+    run = partial(reference_backward, state, dout, rec, causal=True, softmax_scale=0.125)
+    on_ds, ops, default = run(token_scales="ds"), run(token_scales="operands"), run()
+    want = ops if rec.qk == "fp8" else on_ds
+    assert all(torch.equal(a, b) for a, b in zip(default, want))
+    assert torch.equal(ops[2], on_ds[2])
+    for a, b in zip(ops[:2], on_ds[:2]):
         assert not torch.equal(a, b)
         assert rel_l2(a.float(), b.float()) < 8e-3
-    zero = reference_backward(
-        state,
-        dout,
-        rec,
-        causal=True,
-        softmax_scale=0.125,
-        token_scales="operands",
-        ds_round=lambda t, p, j0: torch.zeros_like(t),
-    )
-    assert not zero[0].any() and not zero[1].any() and torch.equal(zero[2], base[2])
+    zero = run(token_scales="operands", ds_round=lambda t, p, j0: torch.zeros_like(t))
+    assert not zero[0].any() and not zero[1].any() and torch.equal(zero[2], on_ds[2])
     with pytest.raises(ValueError, match="token_scales must be 'ds' or 'operands'"):
-        reference_backward(state, dout, rec, causal=True, softmax_scale=0.125, token_scales="dq")
+        run(token_scales="dq")

@@ -33,7 +33,6 @@ Scope, said plainly:
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import torch
@@ -296,30 +295,22 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def backward_operands(
-    state: SavedState, dout: torch.Tensor, softmax_scale: float, scaled_operands: bool = False
-) -> dict:
+def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
     payload from two Triton kernels (``triton.dout_quant``); the BF16 image of the K payload and V in
     key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators with torch (one fill).
 
-    ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the decodes ``s_b * q`` (Q by
+    ``fp8`` state (E4M3 Q/K): the BF16 operands of dK and dQ carry the token scales, ``qb`` =
+    BF16(q8 * row) and ``kb`` = BF16(k8 * col2) (``row``, ``col2``: the Q and K token scales times
+    2^-LIFT), as ``reference_backward`` defines the recipe's dQ/dK.
+    ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the exact decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
-
-    ``scaled_operands`` (the kernel's option of that name, ``reference_backward(token_scales=
-    "operands")``; E4M3 Q/K only, ValueError otherwise): ``qb`` = BF16(q8 * row) and ``kb`` =
-    BF16(k8 * col2), written by the same kernels."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
-    if scaled_operands and nvfp4:
-        raise ValueError(
-            "backward_operands: scaled_operands needs the fp8 recipe's E4M3 Q/K (the nvfp4qk_fp8pv kernel's "
-            "S^T reads the BF16 Q/K tiles, which must stay unscaled)"
-        )
     b, hq, sq, d = dout.shape
     hkv, sk = (k_s.shape if nvfp4 else k_s.data.shape)[1:3]
     v_scale = v_s.scale.squeeze(2).contiguous()  # [B, Hkv, D]
@@ -338,12 +329,10 @@ def backward_operands(
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
         q8=None if nvfp4 else q_s.data,
-        q8_scaled=scaled_operands,
     )
     qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
-    # kb (or kb_scaled), v8, col, col2
-    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT, scaled=scaled_operands)
-    kb = kv["kb_scaled"] if scaled_operands else kv["kb"]
+    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2
+    kb = kv["kb"]
     dev = dout.device
     ops = dict(
         q8=qb if nvfp4 else q_s.data,
@@ -389,18 +378,10 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(
-    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, scaled_operands=False
-):
-    key = (
-        ("bwd", d, group, causal)
-        + (("qk_bf16",) if qk_bf16 else ())
-        + (("scaled",) if scaled_operands else ())
-    )
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(
-            d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, scaled_operands=scaled_operands
-        )
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
         cute_args.append(to_cute_tensor(args[6], leading_dim=1))
@@ -416,20 +397,12 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
-def backward_fp8(
-    state: SavedState,
-    dout: torch.Tensor,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    scaled_operands: bool = False,
-):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
-    the rest of the loop is the same FP8 one. ``scaled_operands``: the kernel's numerics option
-    (``FP8BackwardSm90``; ``fp8`` only; off by default until the GPU tests and the fidelity table
-    carry it).
+    the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
+    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition).
 
     Raises:
         ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
@@ -446,9 +419,9 @@ def backward_fp8(
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
-    ops = backward_operands(state, dout, softmax_scale, scaled_operands)  # dout read in place
+    ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, scaled_operands)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
@@ -476,29 +449,11 @@ def backward_fp8(
     return dq, dk, dv
 
 
-SCALED_OPERANDS_ENV = "FP4_ATTENTION_CUTE_SCALED_OPERANDS"
-
-
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); option ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests; ``scaled_operands``: the
-    backward kernel's numerics option (``backward_fp8``), off by default."""
+    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests."""
 
     spec = SPEC
-
-    def __init__(self, scaled_operands: bool | None = None):
-        """``scaled_operands``: the backward kernel's numerics option (:func:`backward_fp8`); None reads
-        ``FP4_ATTENTION_CUTE_SCALED_OPERANDS`` (``0``, the default, or ``1``), so that a tool or a
-        training run can measure the option without code changes.
-
-        Raises:
-            ValueError: that variable set to anything else."""
-        if scaled_operands is None:
-            env = os.environ.get(SCALED_OPERANDS_ENV, "0")
-            if env not in ("0", "1"):
-                raise ValueError(f"{SCALED_OPERANDS_ENV} must be 0 or 1, got {env!r}")
-            scaled_operands = env == "1"
-        self.scaled_operands = scaled_operands
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
@@ -526,6 +481,4 @@ class CuteBackend:
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
         ``nvfp4qk_fp8pv``."""
-        return backward_fp8(
-            state, dout, causal=causal, softmax_scale=softmax_scale, scaled_operands=self.scaled_operands
-        )
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

@@ -30,13 +30,16 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
 * dP^T = V dO^T as an E4M3 x E5M2 wgmma (chained inside the MMA over the head dim, as the Triton
   backward's), dO in E5M2 with V's per-channel scale folded in and one FP32 scale per head (``s_do``).
 * dS^T = P^T (dP^T s_do - D) 2^-LIFT with D = rowsum(dO^ * O / v_scale) of the same dequantized dO
-  (the reference's rule: consistent with dP under a dominant key). dK += BF16(dS^T * row) Q and
-  dQ = BF16(dS * col) K are BF16 wgmmas on the exact BF16 images of the Q/K payloads (E4M3 codes,
-  or the NVFP4 decodes; ``row``, ``col`` the token scales); dK is scaled by softmax_scale and dV by
-  s_do 2^-LIFT / v_scale in the epilogue, dQ by softmax_scale in FA4's postprocess.
-* Option ``scaled_operands`` (fp8 only; ``reference_backward(token_scales="operands")``): the token
-  scales move into the BF16 operands (``Qb = BF16(q8 * row)``, ``Kb = BF16(k8 * col2)``) and one
-  BF16(2^LIFT dS) feeds both dK (registers) and dQ (shared memory), as in FA4's BF16 kernel.
+  (the reference's rule: consistent with dP under a dominant key). dK += dS^T Q and dQ = dS K are
+  BF16 wgmmas, with the token scales placed as ``reference_backward`` defines them:
+  ``fp8`` (E4M3 Q/K): in the BF16 operands, ``Qb = BF16(q8 * row)`` and ``Kb = BF16(k8 * col2)``
+  (``row``, ``col2``: the token scales times 2^-LIFT), and one BF16(2^LIFT dS) feeds both dK (from
+  registers) and dQ (through shared memory), as in FA4's BF16 kernel (two FMUL and half an F2FP per
+  score element fewer than two scaled dS; 2-3% faster on the H200, results/cute_scaled_operands_h200/);
+  ``qk_bf16``: on dS, ``BF16(dS^T * row)`` and ``BF16(dS * col2)`` against the exact NVFP4 decodes
+  (its S^T reads those BF16 tiles, which must stay unscaled).
+  dK is scaled by softmax_scale and dV by s_do 2^-LIFT / v_scale in the epilogue, dQ by
+  softmax_scale in FA4's postprocess.
 
 Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). Requires
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
@@ -83,16 +86,11 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             decode ``s_b * q`` of ``nvfp4qk_fp8pv``'s NVFP4 Q/K, the forward's ``qk_bf16`` product)
             instead of the E4M3 one; ``mQ8`` / ``mK8`` are then not read (pass the BF16 tensors in
             their place), and the token scales are the per-head global scales broadcast per token.
-        scaled_operands: the numerics option ``reference_backward(token_scales="operands")``: ``mQb``
-            and ``mKb`` hold the BF16 images of the *scaled* payloads, ``BF16(q * row)`` and
-            ``BF16(k * col2)``, and one BF16 dS = BF16(2^LIFT dS) feeds both dK (from registers) and
-            dQ (through shared memory), as in FA4's BF16 kernel: per score element two FMUL and half
-            an F2FP fewer (``results/cute_bwd_profile_h200/``). ``mRow`` and ``mCol2`` are not read
-            by the consumers. Not with ``qk_bf16``: its S^T reads the BF16 tiles, which must then stay
-            unscaled, and separate unscaled tiles do not fit beside them in shared memory.
+            Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
+            payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
+            read (module docstring: where the token scales go).
     Raises:
-        ValueError: head dim or tiles outside the supported ones, or ``scaled_operands`` with
-            ``qk_bf16``.
+        ValueError: head dim or tiles outside the supported ones.
     """
 
     def __init__(
@@ -103,15 +101,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
-        scaled_operands: bool = False,
     ):
         self.qk_bf16 = qk_bf16
-        self.scaled_operands = scaled_operands
-        if scaled_operands and qk_bf16:
-            raise ValueError(
-                "FP8BackwardSm90: scaled_operands needs E4M3 Q/K (the fp8 recipe); with qk_bf16 the S^T "
-                "operands are the BF16 tiles themselves, which must stay unscaled"
-            )
+        # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
+        self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
             raise ValueError(f"FP8BackwardSm90: head dim must be 64 or 128, got {head_dim}")
         if (tile_m, tile_n) != (64, 128):
@@ -138,6 +131,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             num_threads=384,
         )
         assert self.mma_dkv_is_rs and self.num_wg_mma == 2
+        # the per-query vectors loaded with each Q block: stat and r, and row where it scales dS
+        self.n_q_vectors = 2 if self.scales_in_operands else 3
 
     OPERANDS = (
         "Q8",
@@ -495,7 +490,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             num_stages=self.Q_stage,
             producer_group=producer,
             consumer_group=consumers,
-            tx_count=self.tma_copy_bytes["Q"] + 3 * self.tma_copy_bytes["vec"],
+            tx_count=self.tma_copy_bytes["Q"] + self.n_q_vectors * self.tma_copy_bytes["vec"],
             defer_sync=True,
         )
         pipeline_dO = pipeline.PipelineTmaAsync.create(
@@ -624,8 +619,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         TileSchedulerCls,
     ):
         """TMA loads: the CTA's K (E4M3 and BF16; BF16 only with ``qk_bf16``) and V once; per query
-        block Q (likewise) and the per-query stat, r, row on pipeline_Q; dO and dO^T (E5M2) and D on
-        pipeline_dO."""
+        block Q (likewise) and the per-query stat, r (and row, with ``qk_bf16``) on pipeline_Q; dO
+        and dO^T (E5M2) and D on pipeline_dO."""
         state_Q, state_dO, tile_scheduler, work_tile = self._start(
             cutlass.pipeline.PipelineUserType.Producer, TileSchedulerCls
         )
@@ -679,7 +674,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 if const_expr(not self.qk_bf16):
                     q_fns[0](m_block, producer_state=state_Q)
                 q_fns[1](m_block, producer_state=state_Q)
-                for f in vec_fns[:3]:
+                for f in vec_fns[: self.n_q_vectors]:  # stat, r (and row on dS)
                     f(m_block, producer_state=state_Q)
                 if first:
                     pipeline_dO.producer_acquire(state_dO, extra_tx_count=self.tma_copy_bytes["V"])
@@ -801,12 +796,12 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             # this thread's K token scales (clamped past the last key, whose scores are masked);
             # a NaN scale (a K row holding a NaN/Inf) is taken as 1 as in the forward
             col = cute.make_rmem_tensor(n_keys, Float32)
-            col2 = cute.make_rmem_tensor(n_keys if const_expr(not self.scaled_operands) else 1, Float32)
+            col2 = cute.make_rmem_tensor(1 if const_expr(self.scales_in_operands) else n_keys, Float32)
             k_last = seqlen.seqlen_k - 1
             for c in cutlass.range(n_keys, unroll_full=True):
                 k_idx = cutlass.min(n_block * self.tile_n + tScS_mn[0, c][0], k_last)
                 col[c] = mCol[k_idx, head_kv, batch_idx]
-                if const_expr(not self.scaled_operands):
+                if const_expr(not self.scales_in_operands):
                     col2[c] = mCol2[k_idx, head_kv, batch_idx]
                 col[c] = Float32(1.0) if col[c] != col[c] else col[c]
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
@@ -947,7 +942,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         warpgroup.wait_group(1)  # dP^T done (dV may still run)
         delta = copy_utils.load_s2r(tDelta[None, idx_dO])
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=True)
-        if const_expr(self.scaled_operands):
+        if const_expr(self.scales_in_operands):
             # one BF16 dS (lifted by 2^LIFT) for both products: the token scales are in Qb and Kb
             for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                 for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):

@@ -1,9 +1,10 @@
 """The K and V operands of the CuTe backwards from the forward's saved payloads, in one Triton
 kernel (one pass over K and V; torch needs a cast, a gather and a transposing copy for them).
 
-- ``kb``: BF16 image of the saved K payload (exact): the E4M3 codes (``fp8``) or the NVFP4 ``s_b * q``
-  (``nvfp4qk_fp8pv``, without the global scale), the B operand of dQ = dS K (BF16 wgmma) and, for
-  NVFP4, the A operand of the recomputed S^T = K Q^T.
+- ``kb``: the B operand of dQ = dS K (BF16 wgmma): ``BF16(k8 * col2)`` for E4M3 K (``fp8``: the
+  token scale in the operand, ``reference_backward``'s placement; nearest even), or the exact NVFP4
+  decode ``s_b * q`` (``nvfp4qk_fp8pv``, without the global scale), which is also the A operand of
+  its recomputed S^T = K Q^T.
 - ``v8``: E4M3 V ``[B, Hkv, Sk, D]`` in key order, the B operand of dP = dO V^T (an FP8 wgmma takes
   K-major operands only), from the forward's PV operand ``[B, Hkv, D, Sk16]`` whose keys of each 16
   are permuted (``pv_layout.V_PERM16``): the same bytes as ``pv_layout.unpermute_v_keys(vt,
@@ -47,7 +48,6 @@ def _bwd_kv_kernel(
     K_NVFP4: tl.constexpr,
     WRITE_COL: tl.constexpr,
     COL2_SCALE: tl.constexpr,
-    SCALED: tl.constexpr = False,
 ):
     pid, bh = tl.program_id(0), tl.program_id(1)
     j = pid * BLOCK + tl.arange(0, BLOCK)  # keys; in VT, slots
@@ -65,9 +65,8 @@ def _bwd_kv_kernel(
         packed = tl.load(K8 + key * (D // 2) + tl.arange(0, D // 2)[None, :], mask=ok[:, None], other=0)
         scales = tl.load(KSC + key * (D // 16) + tl.arange(0, D // 16)[None, :], mask=ok[:, None], other=0)
         kb = nvfp4_to_bf16(packed, scales, BLOCK, D)
-    else:
+    else:  # BF16(k * col2)
         kb = e4m3_to_bf16(tl.load(K8 + rows, mask=ok[:, None], other=0))
-    if SCALED:  # BF16(k * col2) in its place: the backward's scaled_operands option
         kb = (kb.to(tl.float32) * (ks * COL2_SCALE)[:, None]).to(tl.bfloat16)
     tl.store(KB + rows, kb, mask=ok[:, None])
     vt = tl.load(VT + bh * D * SK16 + d[:, None] * SK16 + j[None, :], mask=(j < SK16)[None, :], other=0)
@@ -77,7 +76,7 @@ def _bwd_kv_kernel(
     tl.store(V8 + rows, v, mask=ok[:, None])
 
 
-def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled: bool = False) -> dict:
+def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dict:
     """``kb``, ``v8``, ``col``, ``col2`` for the CuTe backwards (module docstring).
 
     Args:
@@ -87,12 +86,9 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]``, contiguous, Sk16 = Sk rounded up to 16 with the keys of
             each 16 in ``pv_layout.V_PERM16`` order (``quantize_fp8_v_transposed(v, perm16=True)``).
         col2_scale: the factor of ``col2`` (2^-LIFT), a power of two.
-        scaled: ``kb_scaled`` BF16 ``[B, Hkv, Sk, D]`` = ``BF16(kb * col2)`` (nearest even; the CuTe
-            backward's ``scaled_operands`` option, ``reference_backward(token_scales="operands")``)
-            in place of ``kb``, which is then not written; E4M3 K only.
     Returns:
-        dict: ``kb`` BF16 ``[B, Hkv, Sk, D]`` (absent with ``scaled``, replaced by ``kb_scaled``): the
-        E4M3 codes' values, or ``scaled_payload()`` (exact) for NVFP4;
+        dict: ``kb`` BF16 ``[B, Hkv, Sk, D]``: ``BF16(k8 * col2)`` (nearest even) for E4M3, or
+        ``scaled_payload()`` (exact) for NVFP4;
         ``v8`` E4M3 ``[B, Hkv, Sk, D]`` in key order; ``col`` FP32 ``[B, Hkv, Sk]``, the
         K token scales (NVFP4: the global scale of each key's head) and ``col2 = col * col2_scale``.
         All contiguous; ``col`` is the saved token scales themselves for E4M3.
@@ -130,10 +126,6 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
             f"vt_perm [B, Hkv, D, Sk16] = {(b, h, d, sk16)} with D a power of two in 16..256; got "
             f"{'NVFP4' if nvfp4 else payload.dtype} {(b, h, sk, d)} / {vt_perm.dtype} {tuple(vt_perm.shape)}"
         )
-    if scaled and nvfp4:
-        raise ValueError(
-            "backward_kv_operands: scaled=True needs E4M3 K (the CuTe backward's option is fp8 only)"
-        )
     check_int32_span("backward_kv_operands", payload, vt_perm)
     # the per-key scale source: a per-head scale for NVFP4 (stride 0 over the keys), the token scales
     if nvfp4:
@@ -141,7 +133,7 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
     else:
         ks, ks_strides = k8.scale, (sk, 1)
     dev = payload.device
-    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)  # kb_scaled with `scaled`
+    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)
     v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)
     cols = torch.empty((2 if nvfp4 else 1, b, h, sk), dtype=torch.float32, device=dev)
     col = cols[1] if nvfp4 else k8.scale.view(b, h, sk)
@@ -162,10 +154,9 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, scaled
         K_NVFP4=nvfp4,
         WRITE_COL=nvfp4,
         COL2_SCALE=float(col2_scale),
-        SCALED=scaled,
     )
     return {
-        "kb_scaled" if scaled else "kb": kb,
+        "kb": kb,
         "v8": v8.view(torch.float8_e4m3fn),
         "col": col,
         "col2": cols[0],

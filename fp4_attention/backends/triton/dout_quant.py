@@ -9,8 +9,9 @@ copy of dO): the torch definition is ``backends/dout.py`` (``quantize_dout``, ``
    (round to nearest even, clamped), stored row-major and, optionally, transposed with the queries
    of each 16 permuted (``pv_layout.V_PERM16``, the CuTe backward's dV operand); D =
    rowsum((q * s) * O / v_scale) of the same dequantized dO; and the LSE statistic, the Q-scale
-   products the CuTe backward reads, zero-padded (stat -inf) to the buffers' length; optionally the
-   BF16 image of the saved E4M3 Q payload (the CuTe backward's dK operand) in the same pass.
+   products the CuTe backward reads, zero-padded (stat -inf) to the buffers' length; optionally
+   ``BF16(q8 * Q scale * 2^-LIFT)`` from the saved E4M3 Q payload (the CuTe backward's dK operand,
+   with the token scale in it: ``reference_backward``'s ``fp8``) in the same pass.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ def _dout_quant_kernel(
     LIFT: tl.constexpr,
     TRANSPOSED: tl.constexpr,
     Q_BF16: tl.constexpr,
-    Q_SCALED: tl.constexpr = False,
 ):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -101,16 +101,14 @@ def _dout_quant_kernel(
         # padding up to SQ16
         yt = transpose_codes(yq, True)
         tl.store(YT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :], yt, mask=(i < SQ16)[None, :])
-    tl.static_assert(TRANSPOSED or not Q_SCALED, "Q_SCALED needs TRANSPOSED (the Q scales)")
+    tl.static_assert(TRANSPOSED or not Q_BF16, "Q_BF16 needs TRANSPOSED (the Q scales)")
     if TRANSPOSED:
         qs = tl.load(QS + bh * sqsh + i * sqss, mask=ok, other=0.0)
     if Q_BF16:
-        # the BF16 image of the E4M3 Q payload (exact), the B operand of the backward's dK = dS^T Q;
-        # Q_SCALED: BF16(q * Q scale * 2^-LIFT) instead (the backward's scaled_operands option)
+        # BF16(q * Q scale * 2^-LIFT) from the E4M3 Q payload (round to nearest even), the B operand
+        # of the backward's dK = dS^T Q with the token scale in it
         q8 = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
-        qb = e4m3_to_bf16(q8)
-        if Q_SCALED:
-            qb = (qb.to(tl.float32) * (qs * (1.0 / (1 << LIFT)))[:, None]).to(tl.bfloat16)
+        qb = (e4m3_to_bf16(q8).to(tl.float32) * (qs * (1.0 / (1 << LIFT)))[:, None]).to(tl.bfloat16)
         tl.store(QB + row_base + i[:, None] * D + d[None, :], qb, mask=ok[:, None])
     deq = yq.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
     delta = tl.sum(deq * o / vs[None, :], 1)
@@ -136,8 +134,7 @@ class DoutOperands:
         dot: E5M2 ``[B, Hq, D, Sq16]`` dO^T with the ``V_PERM16`` query order (``transposed=True``).
         r, row: FP32 ``[B, Hq, S_pad]`` Q token scale * ``qk_scale_log2`` and * 2^-LIFT
             (``transposed=True``, from ``q_scale``); 0 past Sq.
-        qb: BF16 ``[B, Hq, Sq, D]``, the E4M3 ``q8`` converted exactly (given ``q8``), or with
-            ``q8_scaled`` ``BF16(q8 * q_scale * 2^-lift)`` (nearest even).
+        qb: BF16 ``[B, Hq, Sq, D]`` = ``BF16(q8 * q_scale * 2^-lift)`` (nearest even; given ``q8``).
     """
 
     def __init__(self, **kw):
@@ -156,7 +153,6 @@ def quantize_dout_fused(
     q_scale: torch.Tensor | None = None,
     qk_scale_log2: float = 0.0,
     q8: torch.Tensor | None = None,
-    q8_scaled: bool = False,
 ) -> DoutOperands:
     """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
 
@@ -169,11 +165,9 @@ def quantize_dout_fused(
         transposed: also dO^T and the vectors ``r``, ``row`` (the CuTe backward); needs ``q_scale``
             FP32 ``[B, Hq, Sq]``, read through its strides (the per-head NVFP4 global scale expanded
             over the queries is not copied).
-        q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also its BF16 image ``qb``
-            (exact; the CuTe backward's dK operand), in the same pass.
-        q8_scaled: ``qb`` is ``BF16(q8 * q_scale * 2^-lift)`` instead (the CuTe backward's
-            ``scaled_operands`` option, ``reference_backward(token_scales="operands")``); needs
-            ``transposed`` and ``q8``.
+        q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also ``qb`` = ``BF16(q8 *
+            q_scale * 2^-lift)`` (the CuTe backward's dK operand, ``reference_backward``'s ``fp8``
+            placement of the token scales), in the same pass; needs ``transposed``.
     Returns:
         :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
         (the GPU tests check it); D equals its value up to FP32 summation order.
@@ -204,8 +198,8 @@ def quantize_dout_fused(
             f"quantize_dout_fused: q8 must be a contiguous float8_e4m3fn [B, Hq, Sq, D] = {(b, hq, sq, d)}, "
             f"got {q8.dtype} {tuple(q8.shape)}"
         )
-    if q8_scaled and (q8 is None or not transposed):
-        raise ValueError("quantize_dout_fused: q8_scaled=True needs q8 and transposed=True (the Q scales)")
+    if q8 is not None and not transposed:
+        raise ValueError("quantize_dout_fused: q8 needs transposed=True (qb carries the Q scales)")
     dev = dout.device
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
@@ -262,7 +256,6 @@ def quantize_dout_fused(
         LIFT=lift,
         TRANSPOSED=transposed,
         Q_BF16=q8 is not None,
-        Q_SCALED=q8_scaled,
         num_warps=QUANT_WARPS,
     )
     do_q = FP8Tensor(data=y.view(torch.float8_e5m2), scale=s_do.view(b, hq, 1, 1))

@@ -27,7 +27,10 @@ Every recipe is one instance of the same two products (``operands.py``):
   the GQA group's FP32 partials are summed after it) and ``_bwd_dq`` (one program per query block
   and head).
   Both rebuild the lifted P from the saved LSE statistic; dV and dP are FP8 MMAs of E4M3 P / V with
-  E5M2 dO; dQ and dK are BF16 MMAs of BF16 dS. No Sq x Sk tensor is ever stored.
+  E5M2 dO; dQ and dK are BF16 MMAs of BF16 dS: for ``QK_FP8`` one BF16 dS with the token scales
+  in the BF16 Q/K operands (``bf16(q8 * row)``, ``bf16(k8 * col)``), otherwise ``bf16(dS * col)``
+  and ``bf16(dS * row)`` on the exact Q/K operands (``reference_backward``'s ``token_scales``). No
+  Sq x Sk tensor is ever stored.
 * ``DIRECT_P`` (forward-only MXFP4 recipes): ``_direct_p_tile`` classifies each 32-key block of the
   score tile into E2M1 codes (``direct_p.py``), with the integer row anchor; P's represented values
   2^(e_B - m) q and V's alpha_V q_V are exact in BF16, so the PV product is a BF16 MMA (Hopper has
@@ -511,8 +514,8 @@ def _bwd_dkdv_kernel(
             dpt = tl.dot(v, tl.trans(do))
         dst = pt * (1.0 / (1 << LIFT)) * (dpt - delta[None, :])
         dst = tl.where(valid, dst, 0.0)
-        if QK_FP8:
-            dk += tl.dot((dst * row[None, :]).to(tl.bfloat16), q.to(tl.bfloat16))
+        if QK_FP8:  # per-token scales in the BF16 operand, one BF16 dS (reference_backward's fp8)
+            dk += tl.dot(dst.to(tl.bfloat16), (q.to(tl.float32) * row[:, None]).to(tl.bfloat16))
         else:
             dk += tl.dot((dst * row[None, :]).to(tl.bfloat16), q)
     dk = dk * sm_scale
@@ -643,8 +646,8 @@ def _bwd_dq_kernel(
             dp = tl.dot(do, vt)
         ds = p * (1.0 / (1 << LIFT)) * (dp - delta[:, None])
         ds = tl.where(valid, ds, 0.0)
-        if QK_FP8:
-            dq += tl.dot((ds * col[None, :]).to(tl.bfloat16), tl.trans(kt).to(tl.bfloat16))
+        if QK_FP8:  # per-token scales in the BF16 operand, one BF16 dS (reference_backward's fp8)
+            dq += tl.dot(ds.to(tl.bfloat16), tl.trans((kt.to(tl.float32) * col[None, :]).to(tl.bfloat16)))
         else:
             dq += tl.dot((ds * col[None, :]).to(tl.bfloat16), tl.trans(kt))
     dq = dq * sm_scale
