@@ -81,15 +81,11 @@ def _interpreted_checks() -> list[str]:
         want = dict(v8=cb.unpermute_v(v_s, s).data.transpose(-1, -2).contiguous())
         if qk == "nvfp4":  # the exact decodes, also the qk_bf16 kernel's S^T operands
             want.update(qb=q_img, kb=k_img, q8=q_img, k8=k_img)
-        else:  # the token scales in the BF16 operands
-            q_row = (q_sc * 2.0**-LIFT).unsqueeze(-1)
-            k_col2 = (k_sc * 2.0**-LIFT).unsqueeze(-1)
-            for name, exact in (("qb", q_img.float() * q_row), ("kb", k_img.float() * k_col2)):
-                got = ops[name]
-                if (got.shape, got.dtype, got.stride()) != (exact.shape, torch.bfloat16, exact.stride()):
-                    failed.append(f"{case}: {name} is {got.dtype} {tuple(got.shape)} {got.stride()}")
-                elif not bf16_either_rounding(got, exact):
-                    failed.append(f"{case}: {name} values")
+        else:  # the token scales in the BF16 operands: FP32 exact values of the BF16 outputs
+            want.update(
+                qb=q_img.float() * (q_sc * 2.0**-LIFT).unsqueeze(-1),
+                kb=k_img.float() * (k_sc * 2.0**-LIFT).unsqueeze(-1),
+            )
         sm = d**-0.5
         vecs = dict(
             r=(q_sc * (sm * LOG2E), ops["r"]),
@@ -107,8 +103,13 @@ def _interpreted_checks() -> list[str]:
                 failed.append(f"{case}: {name}")
         for name, ref in want.items():
             got = ops[name]
-            if (got.shape, got.dtype, got.stride()) != (ref.shape, ref.dtype, ref.stride()):
+            rounded = ref.dtype == torch.float32  # a BF16 output given by its exact FP32 values
+            dtype = torch.bfloat16 if rounded else ref.dtype
+            if (got.shape, got.dtype, got.stride()) != (ref.shape, dtype, ref.stride()):
                 failed.append(f"{case}: {name} is {got.dtype} {tuple(got.shape)} {got.stride()}")
+            elif rounded:
+                if not bf16_either_rounding(got, ref):
+                    failed.append(f"{case}: {name} values")
             elif ref.dtype == torch.bfloat16:
                 if not (
                     torch.equal(got.isnan(), ref.isnan())

@@ -3,13 +3,17 @@
 Needs nvidia-cutlass-dsl and flash-attn-4 (the ``cute`` extra, which scripts/bootstrap.sh installs,
 so CI runs it); where they are missing these tests fail."""
 
+import functools
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from cute_sass_report import compile_report  # sets the DSL dump options before cutlass loads
+from cute_sass_report import compile_bwd_report, compile_report  # sets the DSL dump options first
+
+# the backward's report per (causal, group, head_dim, qk_bf16): two tests read the same kernels
+_bwd_report = functools.cache(compile_bwd_report)
 
 
 @pytest.mark.parametrize(
@@ -67,9 +71,7 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal, qk_bf
     QGMMAs over the 64 queries; dQ (128 keys) and dK (64 queries) in k16 HGMMAs; one exp2 per score.
     ``qk_bf16`` (nvfp4qk_fp8pv): S^T in k16 HGMMAs instead, the rest the same (567 instructions per
     trip at GQA 4, D128 causal, against 473 for E4M3 Q/K, whose one dS saves the rest)."""
-    from cute_sass_report import compile_bwd_report
-
-    rep = compile_bwd_report(causal, group, head_dim, qk_bf16)
+    rep = _bwd_report(causal, group, head_dim, qk_bf16)
     s_qgmma, s_hgmma = (0, head_dim // 16) if qk_bf16 else (head_dim // 32, 0)
     per_block_qgmma = s_qgmma + head_dim // 32 + 64 // 32
     assert rep["QGMMA"] == 2 * per_block_qgmma, rep
@@ -112,10 +114,8 @@ def test_backward_fp8_one_ds(group):
     unscaled BF16 tiles). Per loop trip at D128 causal (32 scores per thread) the fp8 loop has two
     FMUL and half an F2FP per score fewer: FMUL 128 -> 64, F2FP 48 -> 32, 567 -> 473 instructions
     at GQA 4 (the same softmax, products and exponentials otherwise), and no spill at all."""
-    from cute_sass_report import compile_bwd_report
-
-    two = compile_bwd_report(True, group, 128, qk_bf16=True)
-    one = compile_bwd_report(True, group, 128)
+    two = _bwd_report(True, group, 128, True)
+    one = _bwd_report(True, group, 128, False)
     assert one["MUFU.EX2"] == two["MUFU.EX2"], (one, two)
     (loop,), (two_loop,) = one["inner_loops"], two["inner_loops"]
     assert loop["FMUL"] == two_loop["FMUL"] - 64, (loop, two_loop)  # x * row and x * col2, per score
