@@ -186,13 +186,13 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, **options):
+def cute_bwd_direct(recipe, q, k, v, causal):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd; ``options``: the kernel's (``softmax_ahead``)."""
+    one forward's state, without autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal)
-    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5, **options)
+    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5)
 
 
 def ours_kernel_only(recipe, q, k, v, causal):
@@ -246,8 +246,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct: the backward without autograd, and "
-        "cute_fp8_bwd_direct_softmax_ahead: with the fp8 kernel's schedule option softmax_ahead",
+        help="bwd rows cute_<recipe>_bwd_direct: the backward without autograd",
     )
     p.add_argument(
         "--qk-rotation",
@@ -342,13 +341,6 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ]
-                    if "fp8" in args.recipes:  # the schedule option of the fp8 kernel
-                        cands.append(
-                            (
-                                "cute_fp8_bwd_direct_softmax_ahead",
-                                lambda: cute_bwd_direct("fp8", q, k, v, causal, softmax_ahead=True),
-                            )
-                        )
                 if pass_ == "fwd":
                     cands += [
                         (

@@ -113,7 +113,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, softmax_ahead=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
     kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
@@ -143,7 +143,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, soft
         args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, softmax_ahead=softmax_ahead),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
         f32(0.1),
         stream,
@@ -151,11 +151,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, soft
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, softmax_ahead=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, softmax_ahead=softmax_ahead)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -171,7 +171,6 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, softma
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
-        "softmax_ahead": softmax_ahead,
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         **counts,
@@ -260,12 +259,9 @@ def main(argv=None) -> int:
     p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
-    p.add_argument(
-        "--softmax-ahead", action="store_true", help="backward: the schedule option softmax_ahead (fp8)"
-    )
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.softmax_ahead)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(

@@ -165,38 +165,6 @@ def test_backward_through_the_api_is_the_backends():
         assert rel_l2(g_api, g) <= 1e-3
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d, group", [(128, 1), (64, 1), (128, 4)])
-def test_softmax_ahead_schedule_same_gradients(causal, d, group):
-    """The fp8 backward's schedule option ``softmax_ahead`` (the next query block's S^T and P^T while
-    this block's dQ and dK run) computes the same products on the same inputs: MHA dK/dV (stored once
-    per CTA) bit for bit; dQ, and GQA's dK/dV, up to the FP32 order of their bulk-adds across CTAs
-    (then rounded to BF16). Ragged 700 / 900 tokens: partial first and last query blocks, and every
-    CTA's last block (its redundant S^T, no softmax)."""
-    q, k, v = make_qkv(2, 4 * group, 4, 700, 700 if causal else 900, d, device="cuda")
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).bfloat16().cuda()
-    be, rec, sm = cute_backend.CuteBackend(), fa.get_recipe("fp8"), d**-0.5
-    _, _, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
-    base = cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=sm)
-    ahead = cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=sm, softmax_ahead=True)
-    for name, g0, g1 in zip("qkv", base, ahead):
-        assert torch.isfinite(g1).all(), name
-        if group == 1 and name != "q":
-            assert torch.equal(g0, g1), name
-        else:
-            assert rel_l2(g1, g0) <= 1e-3, name
-
-
-def test_softmax_ahead_refused_for_nvfp4():
-    q, k, v = make_qkv(1, 4, 4, 256, 256, 128, device="cuda")
-    be, rec = cute_backend.CuteBackend(), fa.get_recipe("nvfp4qk_fp8pv")
-    _, _, st = be.forward(q, k, v, rec, causal=True, softmax_scale=128**-0.5)
-    with pytest.raises(ValueError, match="softmax_ahead"):
-        cute_backend.backward_fp8(
-            st, torch.randn_like(q), causal=True, softmax_scale=128**-0.5, softmax_ahead=True
-        )
-
-
 @pytest.mark.parametrize("sq, sk", [(300, 200), (400, 200), (600, 200)])
 def test_rows_without_keys_first_tile_below_key_zero(sq, sk, cute):
     """Causal Sq > Sk: the first query block's first KV tile is block -1 (400/200) or -3 (600/200),

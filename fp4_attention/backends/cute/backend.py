@@ -378,22 +378,10 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(
-    d: int,
-    group: int,
-    causal: bool,
-    qk_bf16: bool,
-    args: list,
-    softmax_scale: float,
-    softmax_ahead: bool = False,
-):
-    key = (
-        ("bwd", d, group, causal)
-        + (("qk_bf16",) if qk_bf16 else ())
-        + (("softmax_ahead",) if softmax_ahead else ())
-    )
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, softmax_ahead=softmax_ahead)
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
         cute_args.append(to_cute_tensor(args[6], leading_dim=1))
@@ -409,19 +397,16 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
-def backward_fp8(
-    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, softmax_ahead: bool = False
-):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
-    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). ``softmax_ahead``: the
-    fp8 kernel's schedule option of that name (a measurement; the same gradients).
+    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition).
 
     Raises:
-        ValueError: head dim other than 64/128, a state of another recipe (neither E4M3 nor NVFP4
-            Q/K, or V not E4M3), or ``softmax_ahead`` with an ``nvfp4qk_fp8pv`` state.
+        ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
+            Q/K, or V not E4M3).
     """
     b, hq, sq, d = dout.shape
     if d not in (64, 128):
@@ -433,15 +418,10 @@ def backward_fp8(
             "cute backward: needs the saved state of the cute forward of recipe fp8 or nvfp4qk_fp8pv "
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
-    if softmax_ahead and qk_bf16:
-        raise ValueError(
-            "cute backward: softmax_ahead is an option of the fp8 kernel; for an nvfp4qk_fp8pv state "
-            "use softmax_ahead=False"
-        )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
     ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, softmax_ahead)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)

@@ -47,7 +47,6 @@ Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). 
 
 import math
 from functools import partial
-from types import SimpleNamespace
 
 import cutlass
 import cutlass.utils.hopper_helpers as sm90_utils_basic
@@ -90,15 +89,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
             payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
             read (module docstring: where the token scales go).
-        softmax_ahead: a schedule option (measurement; fp8 only): software-pipelined query blocks.
-            Once a block's dS is in shared memory, the warpgroup issues the next block's S^T, then
-            this block's dQ and dK, and computes the next block's P^T (mask, exp2, E4M3) while those
-            run on the tensor cores; a block then starts with dP^T and dV. The products and their
-            inputs are the default schedule's, so the gradients are the same (bit for bit where no
-            atomic order enters). The cost is registers: the next P^T (32 FP32 and 8 packed E4M3 per
-            thread) is live beside dQ, dK's BF16 dS^T and the dK/dV accumulators.
     Raises:
-        ValueError: head dim or tiles outside the supported ones, ``softmax_ahead`` with ``qk_bf16``.
+        ValueError: head dim or tiles outside the supported ones.
     """
 
     def __init__(
@@ -109,15 +101,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
-        softmax_ahead: bool = False,
     ):
         self.qk_bf16 = qk_bf16
-        self.softmax_ahead = softmax_ahead
-        if softmax_ahead and qk_bf16:
-            raise ValueError(
-                "FP8BackwardSm90: softmax_ahead is an option of the fp8 kernel (E4M3 Q/K); the qk_bf16 "
-                "kernel spills with it (two scaled dS), use softmax_ahead=False"
-            )
         # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
         self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
@@ -228,17 +213,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tiled_mma_dV = sm90_utils_basic.make_trivial_tiled_mma(
             E4M3, E5M2, k_major, k_major, Float32, a_source=warpgroup.OperandSource.RMEM, **dkv
         )
-        # dK's dS^T from registers; with softmax_ahead from shared memory (the transposed view of the
-        # dS tile that dQ reads: 16 registers fewer while the next S^T, dQ and dK are in flight)
-        ds_smem = self.softmax_ahead
         tiled_mma_dK = sm90_utils_basic.make_trivial_tiled_mma(
-            self.dtype,
-            self.dtype,
-            mn_major if ds_smem else k_major,
-            mn_major,
-            Float32,
-            a_source=warpgroup.OperandSource.SMEM if ds_smem else warpgroup.OperandSource.RMEM,
-            **dkv,
+            self.dtype, self.dtype, k_major, mn_major, Float32, a_source=warpgroup.OperandSource.RMEM, **dkv
         )
         tiled_mma_dQ = sm90_utils_basic.make_trivial_tiled_mma(
             self.dtype,
@@ -773,13 +749,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             None,
             layout_utils.transpose_view(smem_t["dOt8"]),
         )
-        # dK += dS^T Q (BF16): dS^T from registers (softmax_ahead: the dS^T view of shared memory), Q^T
-        # view (MN-major)
-        acc_dK, tdKrdSt, tdKrQt = sm90_utils.partition_fragment_ABC(
-            wg_dK,
-            (self.tile_n, self.tile_hdim, self.tile_m),
-            layout_utils.transpose_view(sdS) if const_expr(self.softmax_ahead) else None,
-            layout_utils.transpose_view(smem_t["Qb"]),
+        # dK += dS^T Q (BF16): dS^T from registers, Q^T view (MN-major)
+        acc_dK, _, tdKrQt = sm90_utils.partition_fragment_ABC(
+            wg_dK, (self.tile_n, self.tile_hdim, self.tile_m), None, layout_utils.transpose_view(smem_t["Qb"])
         )
         # dQ = dS K (BF16): dS from shared memory, K^T view (MN-major)
         _, tdQrdS, tdQrKt = sm90_utils.partition_fragment_ABC(
@@ -844,9 +816,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             )
             s_do = mSdo[head_idx, batch_idx]
             m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-            softmax = partial(self.softmax_p, tStat=tStat, tR=tR, col=col, mask_fn=mask_fn)
-            common = SimpleNamespace(
-                softmax=softmax,
+            step = partial(
+                self.mma_one_m_block_fp8,
                 tiled_mma_S=tiled_mma_S,
                 tSrQ=tSrQ,
                 tSrK=tSrK,
@@ -860,26 +831,20 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 tdKrQt=tdKrQt,
                 mma_dq=mma_dq,
                 copy_dS_r2s=copy_dS_r2s,
+                tStat=tStat,
+                tR=tR,
+                tRow=tRow,
                 tDelta=tDelta,
+                col=col,
+                col2=col2,
                 s_do=s_do,
                 tdQsdQaccum=tdQsdQaccum,
                 pipeline_Q=pipeline_Q,
                 pipeline_dO=pipeline_dO,
                 PdS_barrier=PdS_barrier,
                 wg_idx=wg_idx,
+                mask_fn=mask_fn,
             )
-            if const_expr(self.softmax_ahead):
-                # the first block's S^T and P^T; every later one is computed by the block before it
-                acc_S = cute.make_rmem_tensor(
-                    tiled_mma_S.partition_shape_C((self.tile_n, self.tile_m)), Float32
-                )
-                pipeline_Q.consumer_wait(state_Q, pipeline_Q.consumer_try_wait(state_Q))
-                sm90_utils.gemm_w_idx(tiled_mma_S, acc_S, tSrK, tSrQ, True, B_idx=state_Q.index, wg_wait=0)
-                softmax(acc_S, tdVrPt, m_block_min, state_Q.index)
-                ahead = dict(acc_S=acc_S, m_block_max=m_block_max, tdKrdSt=tdKrdSt)
-                step = partial(self.mma_one_m_block_ahead, o=common, **ahead)
-            else:
-                step = partial(self.mma_one_m_block_fp8, o=common, tRow=tRow, col2=col2)
             state_Q, state_dO = step(m_block_min, state_Q, state_dO, dKV_accumulate=False)
             for m_block in cutlass.range(m_block_min + 1, m_block_max, unroll=1):
                 state_Q, state_dO = step(m_block, state_Q, state_dO, dKV_accumulate=True)
@@ -917,11 +882,51 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def softmax_p(self, acc_S, tdVrPt, m_block, idx_Q, tStat, tR, col, mask_fn):
-        """P^T of one query block in place of its S^T accumulator: masked, then
-        ``exp2(fma(t * col_j, r_i, stat_i))`` (lifted by 2^LIFT: module docstring), and its E4M3 image
-        in ``tdVrPt``, the A operand of dV in the accumulator's column order. ``idx_Q``: the Q stage
-        whose per-query vectors (stat, r) belong to this block."""
+    def mma_one_m_block_fp8(
+        self,
+        m_block: Int32,
+        state_Q,
+        state_dO,
+        dKV_accumulate,
+        tiled_mma_S,
+        tSrQ,
+        tSrK,
+        mma_dp,
+        tiled_mma_dV,
+        acc_dV,
+        tdVrPt,
+        tdVrdOt,
+        tiled_mma_dK,
+        acc_dK,
+        tdKrQt,
+        mma_dq,
+        copy_dS_r2s,
+        tStat,
+        tR,
+        tRow,
+        tDelta,
+        col,
+        col2,
+        s_do,
+        tdQsdQaccum,
+        pipeline_Q,
+        pipeline_dO,
+        PdS_barrier,
+        wg_idx,
+        mask_fn,
+    ):
+        """One query block: S^T, P^T, dV, dP^T, dS^T, dQ, dK (module docstring)."""
+        idx_Q = state_Q.index
+        idx_dO = state_dO.index
+        pipeline_Q.consumer_wait(state_Q, pipeline_Q.consumer_try_wait(state_Q))
+        pipeline_dO.consumer_wait(state_dO, pipeline_dO.consumer_try_wait(state_dO))
+        # S^T (the head dim's k32 products chained inside the MMA, as the forward's QK) and dP^T in
+        # flight together; the softmax of S^T runs while dP^T finishes
+        acc_S = sm90_utils.gemm_zero_init(
+            tiled_mma_S, (self.tile_n, self.tile_m), tSrK, tSrQ, B_idx=idx_Q, wg_wait=-1
+        )
+        acc_dP = mma_dp(A_idx=idx_dO, wg_wait=-1)
+        warpgroup.wait_group(1)  # S^T done
         mask_fn(acc_S, m_block=m_block)
         stat = copy_utils.load_s2r(tStat[None, idx_Q])
         r_q = copy_utils.load_s2r(tR[None, idx_Q])
@@ -929,162 +934,52 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
             for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
                 acc_S_mn[r, c] = cute.math.exp2((acc_S_mn[r, c] * col[c]) * r_q[r] + stat[r], fastmath=True)
+        # P^T (lifted) -> E4M3 A operand of dV, in the accumulator's column order
         p_to_e4m3_operand(acc_S, tdVrPt)
-
-    @cute.jit
-    def one_ds(self, o, acc_S, acc_dP, delta, idx_Q):
-        """The fp8 recipe's one BF16 dS^T (lifted by 2^LIFT) from P^T and dP^T, in place of dP^T:
-        ``P^T (dP^T s_do - D)``, the token scales being in the BF16 operands Qb and Kb (module
-        docstring). Stores it for dQ into dS stage ``idx_Q`` and returns it as dK's A fragment."""
-        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S, transpose=True)
+        sm90_utils.gemm_w_idx(
+            tiled_mma_dV, acc_dV, tdVrPt, tdVrdOt, not dKV_accumulate, B_idx=idx_dO, wg_wait=-1
+        )
+        warpgroup.wait_group(1)  # dP^T done (dV may still run)
+        delta = copy_utils.load_s2r(tDelta[None, idx_dO])
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=True)
-        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-            for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
-                acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] * o.s_do - delta[r])
-        tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
-        o.copy_dS_r2s(tdKrdS, dst_idx=idx_Q)
-        return tdKrdS
-
-    @cute.jit
-    def store_dQ(self, o, acc_dQ):
-        """This warpgroup's FP32 dQ tile into shared memory for the dQ warp's bulk-add (FA4's
-        handshake: wait until the warp has drained the buffer, store, signal it)."""
-        cute.arch.barrier(
-            barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + o.wg_idx,
-            number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE,
-        )
-        cute.autovec_copy(
-            cute.make_tensor(acc_dQ.iterator, cute.make_layout(o.tdQsdQaccum.shape)), o.tdQsdQaccum
-        )
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(
-            barrier_id=int(NamedBarrierBwd.dQFullWG0) + o.wg_idx,
-            number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE,
-        )
-
-    @cute.jit
-    def mma_one_m_block_ahead(
-        self,
-        m_block: Int32,
-        state_Q,
-        state_dO,
-        dKV_accumulate,
-        o,
-        acc_S,
-        m_block_max,
-        tdKrdSt,
-    ):
-        """One query block of the ``softmax_ahead`` schedule (fp8): its P^T is in ``acc_S`` (FP32) and
-        ``tdVrPt`` (E4M3) already. dP^T and dV, dS^T; then the next block's S^T, this block's dQ and
-        dK; the dQ store and the next block's P^T while dK runs. The last block of a CTA issues a
-        redundant S^T on its own Q tile (no branch around a wgmma) and skips the softmax."""
-        idx_Q = state_Q.index
-        idx_dO = state_dO.index
-        o.pipeline_dO.consumer_wait(state_dO, o.pipeline_dO.consumer_try_wait(state_dO))
-        acc_dP = o.mma_dp(A_idx=idx_dO, wg_wait=-1)
-        sm90_utils.gemm_w_idx(
-            o.tiled_mma_dV, o.acc_dV, o.tdVrPt, o.tdVrdOt, not dKV_accumulate, B_idx=idx_dO, wg_wait=-1
-        )
-        warpgroup.wait_group(1)  # dP^T done (dV may still run)
-        delta = copy_utils.load_s2r(o.tDelta[None, idx_dO])
-        self.one_ds(o, acc_S, acc_dP, delta, idx_Q)
-        cute.arch.fence_view_async_shared()
-        o.PdS_barrier.arrive_and_wait()
-        # the next block's S^T first, then this block's dQ and dK behind it
-        has_next = m_block + 1 < m_block_max
-        state_next = state_Q.clone()
-        state_next.advance()
-        # plain names for what the dynamic `if`s below call: the DSL flattens what a branch touches,
-        # which it cannot do for the namespace
-        pipeline_Q, softmax = o.pipeline_Q, o.softmax
-        if has_next:
-            pipeline_Q.consumer_wait(state_next, pipeline_Q.consumer_try_wait(state_next))
-        idx_next = (idx_Q + Int32(has_next)) % self.Q_stage
-        # a wgmma reads its accumulator registers even when it zero-initializes them: define them
-        # here, or this block's P^T would count as live into the wgmma (ptxas then serializes them all)
-        acc_S.fill(0.0)
-        sm90_utils.gemm_w_idx(o.tiled_mma_S, acc_S, o.tSrK, o.tSrQ, True, B_idx=idx_next, wg_wait=-1)
-        acc_dQ = o.mma_dq(A_idx=idx_Q, wg_wait=-1)
-        sm90_utils.gemm_w_idx(
-            o.tiled_mma_dK,
-            o.acc_dK,
-            tdKrdSt,
-            o.tdKrQt,
-            not dKV_accumulate,
-            A_idx=idx_Q,
-            B_idx=idx_Q,
-            wg_wait=-1,
-        )
-        warpgroup.wait_group(1)  # dV, the next S^T and dQ done (dK may run): tdVrPt is free
-        o.pipeline_dO.consumer_release(state_dO)
-        self.store_dQ(o, acc_dQ)
-        # the next block's P^T while dK runs (after the dQ store: its accumulator is dead by then,
-        # the registers that the softmax needs; during dQ as well, ptxas serialized the wgmmas, C7512)
-        tdVrPt = o.tdVrPt
-        if has_next:
-            softmax(acc_S, tdVrPt, m_block + 1, idx_next)
-        warpgroup.wait_group(0)  # dK done: nothing in flight across the loop's back edge
-        o.pipeline_Q.consumer_release(state_Q)
-        state_Q.advance()
-        state_dO.advance()
-        return state_Q, state_dO
-
-    @cute.jit
-    def mma_one_m_block_fp8(
-        self,
-        m_block: Int32,
-        state_Q,
-        state_dO,
-        dKV_accumulate,
-        o,
-        tRow,
-        col2,
-    ):
-        """One query block: S^T, P^T, dV, dP^T, dS^T, dQ, dK (module docstring)."""
-        idx_Q = state_Q.index
-        idx_dO = state_dO.index
-        o.pipeline_Q.consumer_wait(state_Q, o.pipeline_Q.consumer_try_wait(state_Q))
-        o.pipeline_dO.consumer_wait(state_dO, o.pipeline_dO.consumer_try_wait(state_dO))
-        # S^T (the head dim's k32 products chained inside the MMA, as the forward's QK) and dP^T in
-        # flight together; the softmax of S^T runs while dP^T finishes
-        acc_S = sm90_utils.gemm_zero_init(
-            o.tiled_mma_S, (self.tile_n, self.tile_m), o.tSrK, o.tSrQ, B_idx=idx_Q, wg_wait=-1
-        )
-        acc_dP = o.mma_dp(A_idx=idx_dO, wg_wait=-1)
-        warpgroup.wait_group(1)  # S^T done
-        o.softmax(acc_S, o.tdVrPt, m_block, idx_Q)
-        sm90_utils.gemm_w_idx(
-            o.tiled_mma_dV, o.acc_dV, o.tdVrPt, o.tdVrdOt, not dKV_accumulate, B_idx=idx_dO, wg_wait=-1
-        )
-        warpgroup.wait_group(1)  # dP^T done (dV may still run)
-        delta = copy_utils.load_s2r(o.tDelta[None, idx_dO])
         if const_expr(self.scales_in_operands):
             # one BF16 dS (lifted by 2^LIFT) for both products: the token scales are in Qb and Kb
-            tdKrdS = self.one_ds(o, acc_S, acc_dP, delta, idx_Q)
+            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
+                    acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] * s_do - delta[r])
+            tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
+            copy_dS_r2s(tdKrdS, dst_idx=idx_Q)
         else:
             row = copy_utils.load_s2r(tRow[None, idx_Q])
-            acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S, transpose=True)
-            acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=True)
             acc_dQs = cute.make_fragment_like(acc_dP, Float32)
             acc_dQs_mn = layout_utils.reshape_acc_to_mn(acc_dQs, transpose=True)
             for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                 for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
-                    x = acc_S_mn[r, c] * (acc_dP_mn[r, c] * o.s_do - delta[r])  # 2^LIFT dS
+                    x = acc_S_mn[r, c] * (acc_dP_mn[r, c] * s_do - delta[r])  # 2^LIFT dS
                     acc_dP_mn[r, c] = x * row[r]  # row = Q scale * 2^-LIFT
                     acc_dQs_mn[r, c] = x * col2[c]  # col2 = K scale * 2^-LIFT
             tdKrdS = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
             tdQrdS_cvt = fa_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dQs), self.dtype)
-            o.copy_dS_r2s(tdQrdS_cvt, dst_idx=idx_Q)
+            copy_dS_r2s(tdQrdS_cvt, dst_idx=idx_Q)
         cute.arch.fence_view_async_shared()
-        o.PdS_barrier.arrive_and_wait()
-        acc_dQ = o.mma_dq(A_idx=idx_Q, wg_wait=1)  # dV done
-        o.pipeline_dO.consumer_release(state_dO)
+        PdS_barrier.arrive_and_wait()
+        acc_dQ = mma_dq(A_idx=idx_Q, wg_wait=1)  # dV done
+        pipeline_dO.consumer_release(state_dO)
         sm90_utils.gemm_w_idx(
-            o.tiled_mma_dK, o.acc_dK, tdKrdS, o.tdKrQt, not dKV_accumulate, B_idx=idx_Q, wg_wait=1
+            tiled_mma_dK, acc_dK, tdKrdS, tdKrQt, not dKV_accumulate, B_idx=idx_Q, wg_wait=1
         )
-        self.store_dQ(o, acc_dQ)
+        cute.arch.barrier(
+            barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + wg_idx,
+            number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE,
+        )
+        cute.autovec_copy(cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQsdQaccum.shape)), tdQsdQaccum)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(
+            barrier_id=int(NamedBarrierBwd.dQFullWG0) + wg_idx,
+            number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE,
+        )
         warpgroup.wait_group(0)
-        o.pipeline_Q.consumer_release(state_Q)
+        pipeline_Q.consumer_release(state_Q)
         state_Q.advance()
         state_dO.advance()
         return state_Q, state_dO
