@@ -44,6 +44,7 @@ from .engine import (
     restore_rng_state,
     save_rng_state,
 )
+from .te_extra_state import allow_vetted_te_extra_state
 
 __all__ = ["MegatronEngine"]
 
@@ -375,6 +376,9 @@ class MegatronEngine:
             DamagedCheckpointError: the RNG file does not deserialize (nothing changed yet), or
                 ``dist_checkpointing.load`` fails (the model may be partly overwritten: load another
                 checkpoint, which overwrites all of it, or stop).
+            UnsafeExtraStateError: a Transformer Engine extra state would unpickle something other
+                than FP8 scaling state (``training/te_extra_state.py``; the model may be partly
+                overwritten, as above).
         """
         from megatron.core import dist_checkpointing
 
@@ -398,7 +402,10 @@ class MegatronEngine:
                 f"{ckpt} cannot be loaded by megatron-core's dist_checkpointing.load "
                 f"({describe_load_error(err)}): a file is damaged, or it is not this model's checkpoint"
             ) from None
-        self.model.load_state_dict(state["model"], strict=True)
+        # TE FP8 modules with delayed scaling keep their scales in a pickled extra state: vetted here
+        # (an allow-list unpickler) before TE may unpickle it (training/te_extra_state.py)
+        with allow_vetted_te_extra_state(state["model"]):
+            self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self._restore_adam_step(applied_updates)
         if rng_saved is not None:
