@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Transformer Engine projections on the GPU machine, with the CuTe bundle beside them (the default
 # arms of bench/train_throughput.py need both: TE projections, FA4 BF16 and CuTe fp8 attention).
-# Nine back-to-back device calls, each within 30 s of the last (the machine stays up 30 s after a
-# call); every bundle stays git-ignored in the checkout (../shared/offline-gpu/README.md builds them):
+# Ten back-to-back device calls, each within 30 s of the last (the machine stays up 30 s after a
+# call); every bundle stays git-ignored in the checkout (../shared/offline-gpu/README.md builds them;
+# then `bash bench/te_bundle_parts.sh` re-cuts TE's core wheel into 48 MiB parts: a 60 MiB part and
+# the ~6 MB checkout exceed the 64 MiB a call carries). Run 2026-12-03: results/te_h200/README.md.
 #
 #   1  carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh
 #        SKIP_TRITON_TESTS=1 bash bench/cute_session.sh A
 #   2  carry .gpu-bundle/cute-b.tar.xz .whl
 #        STEPS=" " bash bench/cute_session.sh B            (CuTe part B and the megatron-core wheels)
-#   3-7  carry .te-bundle/te-core.part-0N .te-bundle/te-core.name .te-bundle/te-core.count
-#        .te-bundle/te_install.sh (N = 0..4; with part 04 also .te-bundle/te-wheels)
+#   3-8  carry .te-bundle/te-core.part-0N .te-bundle/te-core.name .te-bundle/te-core.count
+#        .te-bundle/te_install.sh (N = 0..5; with part 05 also .te-bundle/te-wheels)
 #        bash bench/te_session.sh install
-#   8  carry .te-bundle/te_install.sh
-#        BENCH_COMMIT=<sha> STEPS="tests parity" bash bench/te_session.sh run
 #   9  carry .te-bundle/te_install.sh
-#        BENCH_COMMIT=<sha> STEPS=throughput bash bench/te_session.sh run
+#        BENCH_COMMIT=<sha> STEPS="tests parity" TE_TESTS_TIMEOUT=250 PARITY_TIMEOUT=100 bash bench/te_session.sh run
+#        (about 360 s: the tests 141 s, each parity run about 70 s)
+#   10 carry .te-bundle/te_install.sh
+#        BENCH_COMMIT=<sha> STEPS=throughput THROUGHPUT_BUDGET=520 bash bench/te_session.sh run
+#        (the micro-batch 4 runs and the 32-layer extrapolation fit 520 s; micro-batch 2 and 1 need
+#        a second call of bench/train_throughput.py --micro-batches 2 1 --extrapolate-from-layers 0)
 #
 # run STEPS, each with its own time limit:
 #   "tests": pytest -m gpu tests/llama tests/training/test_train_te_gpu.py: TE FP8 builds and trains
