@@ -22,6 +22,9 @@
 #        a second call of bench/train_throughput.py --micro-batches 2 1 --extrapolate-from-layers 0)
 #
 # run STEPS, each with its own time limit:
+# The "tests" step alone needs no CuTe calls: carry megatron-core's wheel (and llama-models') from
+# .whl with the last TE part (all of .whl, 30 MB, does not fit beside it), e.g. to re-run the TE tests
+# after a fix: 6 install calls, then STEPS=tests.
 #   "tests": pytest -m gpu tests/llama tests/training/test_train_te_gpu.py: TE FP8 builds and trains
 #     with current and delayed scaling, resumes bitwise in deterministic mode with either (the FP8
 #     scaling state in the checkpoint), SIGTERM mid-run saves and the relaunch finishes
@@ -39,16 +42,24 @@ mode=${1:?usage: bash bench/te_session.sh install|run}
 dest="${OUT:-te-logs}"; out="${LOGS:-/tmp/te-logs}"; mkdir -p "$dest" "$out"
 pack() { tar czf "$dest/te_session_$mode.tgz" -C "$out" . && { [[ -f $out/status.txt ]] && cp "$out/status.txt" "$dest/"; }; }
 trap pack EXIT
-[[ -d /tmp/site/nvidia_cutlass_dsl ]] || {
-  echo "te_session: /tmp/site has no CUTLASS DSL: run bench/cute_session.sh A and B on this machine first" >&2; exit 2; }
 export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+# megatron-core & co: cute_session.sh B installs them; without the CuTe calls, carry .whl once
+if ! python3 -c "import megatron.core" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
+need_cute() {  # parity (FA4 attention) and throughput (FA4 and cute arms) need the CUTLASS DSL
+  [[ -d /tmp/site/nvidia_cutlass_dsl ]] || {
+    echo "te_session: step $1 needs the CUTLASS DSL in /tmp/site: run bench/cute_session.sh A and B on this machine first" >&2
+    exit 2
+  }
+}
 # shellcheck disable=SC1091
 source .te-bundle/te_install.sh .te-bundle /tmp/te || { echo "te_session: te_install.sh failed" >&2; exit 2; }
 if [[ $mode == install ]]; then
   [[ -f /tmp/te/.te.done ]] && python3 -c "import transformer_engine as t, transformer_engine.pytorch; print('TE', t.__version__)"
   exit 0
 fi
-[[ -f /tmp/te/.te.done ]] || { echo "te_session: Transformer Engine is not installed yet: send its five parts first (install)" >&2; exit 2; }
+[[ -f /tmp/te/.te.done ]] || { echo "te_session: Transformer Engine is not installed yet: send its parts first (install)" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 steps=" ${STEPS:-tests parity} "
 if [[ $steps == *" tests "* ]]; then
@@ -57,6 +68,7 @@ if [[ $steps == *" tests "* ]]; then
   tail -8 "$out/te_tests.log"
 fi
 if [[ $steps == *" parity "* ]]; then
+  need_cute parity
   iters=${PARITY_ITERS:-120}
   for run in local:1234 transformer_engine:1234 local:1235; do
     impl=${run%%:*}; seed=${run##*:}
@@ -69,6 +81,7 @@ if [[ $steps == *" parity "* ]]; then
   done
 fi
 if [[ $steps == *" throughput "* ]]; then
+  need_cute throughput
   budget=${THROUGHPUT_BUDGET:-560}
   timeout $((budget + 30)) python3 bench/train_throughput.py --budget-s "$budget" --run-dir /tmp/train_throughput_runs \
     --out "$out/train_throughput_te_h200" > "$out/throughput.log" 2>&1; echo "throughput rc=$?" | tee -a "$out/status.txt"
