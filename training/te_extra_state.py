@@ -7,12 +7,20 @@ payload unless ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1`` (a pickle can run code
 with delayed scaling could not resume (found on the H200, ``results/te_h200/``). Current scaling
 stores an empty extra state and is not affected.
 
-This module keeps the checkpoint data-only in the sense of ``torch.load(weights_only=True)``: it
-unpickles every ``_extra_state`` payload first with an unpickler that resolves only an allow-list
-of globals (the recipe classes, TE's format enum, OrderedDict, tensor rebuilding; a tensor's
-storage bytes are read with ``torch.load(weights_only=True)``) and raises for anything else. Only
-when every payload passes is TE's own loader run, with the opt-in set for that call alone: it then
-unpickles bytes shown to build nothing outside the allow-list.
+This module keeps TE's own unpickling data-only in the sense of ``torch.load(weights_only=True)``:
+it unpickles every ``_extra_state`` payload first with an unpickler that resolves only an
+allow-list of globals (the recipe classes, TE's format enum, OrderedDict, tensor rebuilding; a
+tensor's storage bytes are read with ``torch.load(weights_only=True)``) and raises for anything
+else. What TE then unpickles, with the opt-in set for that call alone, is not the checkpoint's bytes
+but ``pickle.dumps`` of the objects the vetting built: no byte of the file reaches TE's
+``pickle.loads``.
+
+Not covered here (found in review, 2026-12-03): megatron-core's ``dist_checkpointing.load`` reads
+every ShardedObject of a torch_dist checkpoint, these extra states included, through torch DCP's
+``DefaultLoadPlanner.load_bytes``, which calls ``torch.load(weights_only=False)``. A hostile
+torch_dist checkpoint can run code there, before this vetting. Resume only from checkpoints you
+trust until that load path is made data-only as well (a load planner whose ``load_bytes`` uses
+``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import contextlib
 import io
 import os
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, MutableMapping
 
 import torch
 
@@ -60,29 +68,37 @@ class _VettingUnpickler(pickle.Unpickler):
         return replacement if replacement is not None else super().find_class(module, name)
 
 
-def vet_extra_state(key: str, value) -> None:
-    """Unpickle one ``_extra_state`` value with the allow-list unpickler; return if it builds only
-    allowed objects (or holds no pickle: ``None``, an empty tensor, anything not a uint8 tensor).
+def vet_extra_state(key: str, value):
+    """Unpickle one ``_extra_state`` value with the allow-list unpickler and return what TE may load
+    in its place: ``value`` itself when it holds no pickle (``None``, an empty tensor), else a uint8
+    tensor of ``pickle.dumps`` of the objects the vetting built.
 
     Args:
         key: its state-dict key, for the message.
         value: what the checkpoint holds for it; TE writes a 1-D ``torch.uint8`` tensor of pickle
-            bytes (``TransformerEngineBaseModule.get_extra_state``).
+            bytes (``TransformerEngineBaseModule.get_extra_state``), and its ``set_extra_state``
+            unpickles the bytes of a tensor of any dtype, so every non-empty tensor is vetted.
     Raises:
         UnsafeExtraStateError: the pickle references a global outside the allow-list, its tensor
             storage is not ``weights_only``-loadable, it does not unpickle, or it is TE's deprecated
-            ``io.BytesIO`` form (a ``torch.save`` blob loaded with ``weights_only=False``).
+            ``io.BytesIO`` form (a ``torch.save`` blob loaded with ``weights_only=False``), or it
+            is neither ``None`` nor a tensor.
     """
     if isinstance(value, io.BytesIO):
         raise UnsafeExtraStateError(
             f"{key}: Transformer Engine extra state in the deprecated io.BytesIO form, which TE loads "
             "with torch.load(weights_only=False); resume from a checkpoint written by this version"
         )
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.numel() == 0:
-        return
-    data = value.detach().cpu().numpy().tobytes()
+    if value is None or (isinstance(value, torch.Tensor) and value.numel() == 0):
+        return value
+    if not isinstance(value, torch.Tensor):
+        raise UnsafeExtraStateError(
+            f"{key}: Transformer Engine extra state of type {type(value).__name__}, not a tensor of "
+            "pickle bytes; resume from a checkpoint written by this version"
+        )
+    data = value.detach().cpu().contiguous().numpy().tobytes()
     try:
-        _VettingUnpickler(io.BytesIO(data)).load()
+        built = _VettingUnpickler(io.BytesIO(data)).load()
     except UnsafeExtraStateError as err:
         raise UnsafeExtraStateError(
             f"{key}: the checkpoint's Transformer Engine extra state was not loaded: {err} "
@@ -94,13 +110,15 @@ def vet_extra_state(key: str, value) -> None:
             f"{key}: the checkpoint's Transformer Engine extra state does not unpickle as FP8 "
             f"scaling state ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
         ) from None
+    return torch.frombuffer(bytearray(pickle.dumps(built)), dtype=torch.uint8)
 
 
 @contextlib.contextmanager
-def allow_vetted_te_extra_state(model_state: Mapping) -> Iterator[None]:
-    """Vet every ``*._extra_state`` entry of ``model_state`` (:func:`vet_extra_state`), then let TE
-    unpickle them inside the ``with`` block: ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1`` there, its
-    previous value (or absence) restored after, also on error.
+def allow_vetted_te_extra_state(model_state: MutableMapping) -> Iterator[None]:
+    """Vet every ``*._extra_state`` entry of ``model_state`` (:func:`vet_extra_state`), replace it in
+    ``model_state`` by the re-pickled objects the vetting built, then let TE unpickle them inside the
+    ``with`` block: ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1`` there, its previous value (or absence)
+    restored after, also on error.
 
         with allow_vetted_te_extra_state(state["model"]):
             model.load_state_dict(state["model"], strict=True)
@@ -108,9 +126,8 @@ def allow_vetted_te_extra_state(model_state: Mapping) -> Iterator[None]:
     Raises:
         UnsafeExtraStateError: as :func:`vet_extra_state`, before anything is loaded.
     """
-    for key, value in model_state.items():
-        if key.endswith("_extra_state"):
-            vet_extra_state(key, value)
+    vetted = {k: vet_extra_state(k, v) for k, v in model_state.items() if k.endswith("_extra_state")}
+    model_state.update(vetted)
     before = os.environ.get(UNSAFE_PICKLE_ENV)
     os.environ[UNSAFE_PICKLE_ENV] = "1"
     try:

@@ -51,6 +51,7 @@ from .resolved import resolved_dict
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 from .state import TrainerState
+from .te_extra_state import UnsafeExtraStateError
 from .writable import check_writable_dir
 
 __all__ = ["Trainer"]
@@ -298,15 +299,27 @@ class Trainer:
         return saved
 
     def _resume(self) -> TrainerState:
-        """Load :attr:`resumed_from`; when it is damaged, warn and load the previous usable one."""
+        """Load :attr:`resumed_from`; when it is damaged, warn and load the previous usable one.
+
+        Raises:
+            ValueError: on every rank, when any rank refused the checkpoint's Transformer Engine
+                extra state (``te_extra_state.UnsafeExtraStateError``: not a damage, so no fall-back
+                to an older checkpoint; gathered so that no rank is left waiting in a collective).
+        """
         while True:
             path = self.resumed_from
-            damage = None
+            damage = refused = None
             try:
                 saved = self._load(path)
             except ckpt.DamagedCheckpointError as err:
                 damage = str(err)
-            damages = [d for d in all_gather_objects(damage, self.env) if d is not None]
+            except UnsafeExtraStateError as err:
+                refused = str(err)
+            outcomes = all_gather_objects((damage, refused), self.env)
+            refusals = [r for _, r in outcomes if r is not None]
+            if refusals:
+                raise ValueError(f"checkpoint {path} was not loaded: {refusals[0]}")
+            damages = [d for d, _ in outcomes if d is not None]
             if not damages:
                 return saved
             it = ckpt.iteration_of(path)

@@ -110,3 +110,26 @@ def test_nothing_usable_stops_and_deletes_nothing(resumable, make_cfg, train):
     )
     assert "engine:" not in log.text()  # stopped before the model was built
     assert sorted(p.name for p in resumable.iterdir()) == before
+
+
+def test_a_refused_te_extra_state_stops_without_falling_back(resumable, make_cfg, train, monkeypatch):
+    """A checkpoint whose Transformer Engine extra state the vetting refuses (``te_extra_state``) is
+    not a damage: the run stops with a configuration error naming it, does not resume from the older
+    checkpoint, and deletes nothing. (The CPU engine has no TE modules: its load raises as the GPU
+    engine's vetting would.)"""
+    from training.engine_cpu import CPUEngine
+    from training.te_extra_state import UnsafeExtraStateError
+
+    def refuse(self, path, **kwargs):
+        raise UnsafeExtraStateError(
+            "decoder.x._extra_state: it references posix.system, which is not allowed"
+        )
+
+    monkeypatch.setattr(CPUEngine, "load", refuse)
+    before = sorted(p.name for p in resumable.iterdir())
+    code, log = train(make_cfg())
+    assert code == EXIT_CONFIG, log.text()
+    text = log.text()
+    assert f"checkpoint {ckpt.iter_dir(resumable, 8)} was not loaded: decoder.x._extra_state" in text, text
+    assert "resuming from the previous" not in text
+    assert sorted(p.name for p in resumable.iterdir()) == before

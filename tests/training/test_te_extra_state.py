@@ -50,13 +50,37 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_scaling_state_passes():
-    vet_extra_state("layer._extra_state", as_extra_state(scaling_state()))
+def test_scaling_state_passes_and_is_repickled():
+    """What TE gets is pickle.dumps of the objects the vetting built, equal to the saved ones."""
+    state = scaling_state()
+    out = vet_extra_state("layer._extra_state", as_extra_state(state))
+    assert out.dtype == torch.uint8 and out.dim() == 1
+    loaded = pickle.loads(out.numpy().tobytes())
+    assert loaded.keys() == state.keys() and loaded["extra_fp8_variables"] == state["extra_fp8_variables"]
+    for k in ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd"):
+        assert torch.equal(loaded[k], state[k]), k
 
 
-@pytest.mark.parametrize("value", [None, torch.empty(0, dtype=torch.uint8), torch.ones(3), 7])
-def test_values_without_a_pickle_pass(value):
-    vet_extra_state("layer._extra_state", value)
+@pytest.mark.parametrize("value", [None, torch.empty(0, dtype=torch.uint8), torch.empty(0, 4)])
+def test_values_without_a_pickle_pass_unchanged(value):
+    assert vet_extra_state("layer._extra_state", value) is value
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float32])
+def test_a_pickle_in_a_tensor_of_another_dtype_is_vetted(tmp_path, dtype):
+    """TE's set_extra_state unpickles the bytes of a tensor of any dtype: so does the vetting."""
+    marker = tmp_path / "ran"
+    data = bytearray(pickle.dumps(_RunsCode(marker)))
+    data += b"\0" * (-len(data) % 4)  # whole float32 elements; pickle stops at its STOP opcode
+    bad = torch.frombuffer(data, dtype=torch.uint8).view(dtype)
+    with pytest.raises(UnsafeExtraStateError, match=r"(posix|os)\.system"):
+        vet_extra_state("layer._extra_state", bad)
+    assert not marker.exists()
+
+
+def test_a_value_that_is_not_a_tensor_is_refused():
+    with pytest.raises(UnsafeExtraStateError, match="of type int"):
+        vet_extra_state("layer._extra_state", 7)
 
 
 def test_a_global_outside_the_allow_list_is_refused_and_not_called(tmp_path):
@@ -101,9 +125,11 @@ def test_te_opt_in_only_inside_the_block(monkeypatch, before):
         monkeypatch.delenv(UNSAFE_PICKLE_ENV, raising=False)
     else:
         monkeypatch.setenv(UNSAFE_PICKLE_ENV, before)
-    state = {"w": torch.ones(2), "layer._extra_state": as_extra_state(scaling_state())}
+    saved = as_extra_state(scaling_state())
+    state = {"w": torch.ones(2), "layer._extra_state": saved}
     with allow_vetted_te_extra_state(state):
         assert os.environ[UNSAFE_PICKLE_ENV] == "1"
+        assert state["layer._extra_state"] is not saved  # TE reads the re-pickled objects
     assert os.environ.get(UNSAFE_PICKLE_ENV) == before
     with pytest.raises(RuntimeError, match="boom"), allow_vetted_te_extra_state(state):
         raise RuntimeError("boom")
