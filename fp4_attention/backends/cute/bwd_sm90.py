@@ -95,8 +95,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             and dV in registers across them and storing them once in BF16 (as for MHA): no FP32
             dK/dV accumulators to zero, bulk-add and convert. dV accumulates P^T dO in units of the
             current head's dO scale ``s_do``; between heads it is multiplied by ``s_do[h-1] /
-            s_do[h]`` (one FP32 rounding per head change). Grid: Hkv instead of Hq CTAs per (KV
-            block, batch).
+            s_do[h]`` (one FP32 rounding per head change; dO scales that differ by more than FP32's
+            range within a group, about 1e38, would overflow where the default kernel does not).
+            Grid: Hkv instead of Hq CTAs per (KV block, batch).
     Raises:
         ValueError: head dim or tiles outside the supported ones.
     """
@@ -894,6 +895,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 if const_expr(not self.scales_in_operands):
                     col2[c] = mCol2[k_idx, head_kv, batch_idx]
                 col[c] = Float32(1.0) if col[c] != col[c] else col[c]
+            if const_expr(self.kv_group_loop):  # from here on: the KV head's first query head
+                head_idx = head_kv * self.qhead_per_kvhead
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
             mask_fn = partial(
                 mask.apply_mask,
@@ -904,8 +907,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 mask_seqlen=True,
                 mask_causal=self.is_causal,
             )
-            if const_expr(self.kv_group_loop):
-                head_idx = head_kv * self.qhead_per_kvhead
             s_do = mSdo[head_idx, batch_idx]
             m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
             step = partial(
