@@ -101,7 +101,7 @@ def vet_extra_state(key: str, value):
         built = _VettingUnpickler(io.BytesIO(data)).load()
     except UnsafeExtraStateError as err:
         raise UnsafeExtraStateError(
-            f"{key}: the checkpoint's Transformer Engine extra state was not loaded: {err} "
+            f"{key}: Transformer Engine extra state refused: {err} "
             "(this project loads only FP8 scaling state built from tensors, TE's recipe classes and "
             "plain values; a checkpoint from another source may run code when unpickled)"
         ) from None

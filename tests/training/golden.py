@@ -63,15 +63,16 @@ def cpu_class() -> str:
     the vendor where that file does not exist): the classes between which the pinned losses were
     seen to differ (module docstring)."""
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return f"{platform.processor() or 'unknown'} avx2"
-    fields = dict(
-        line.split(":", 1) for line in info.splitlines() if ":" in line and line.split(":", 1)[0].strip()
-    )
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    isa = "avx512" if "avx512f" in fields.get("flags", "").split() else "avx2"
-    return f"{fields.get('vendor_id', 'unknown')} {isa}"
+    first = {}  # the first processor's fields: every core of one machine is the same class
+    for line in lines:
+        key, sep, value = line.partition(":")
+        if sep:
+            first.setdefault(key.strip(), value.strip())
+    isa = "avx512" if "avx512f" in first.get("flags", "").split() else "avx2"
+    return f"{first.get('vendor_id', 'unknown')} {isa}"
 
 
 def run_losses(*extra: str, log=lambda _msg: None) -> dict[int, float]:

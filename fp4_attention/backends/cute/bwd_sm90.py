@@ -657,8 +657,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
             vecs = ((mStat, sStat), (mR, sR), (mRow, sRow), (mDelta, sDelta))
             io = (tensors, atoms, smem_t, vecs, kv_fns)
-            load = partial(self.load_q_blocks, batch_idx=batch_idx, io=io, pipes=(pipeline_Q, pipeline_dO))
-            load = partial(load, m_blocks=(m_block_min, m_block_max))
+            pipes, m_blocks = (pipeline_Q, pipeline_dO), (m_block_min, m_block_max)
+            load = partial(self.load_q_blocks, batch_idx=batch_idx, io=io, pipes=pipes, m_blocks=m_blocks)
             if const_expr(self.kv_group_loop):  # the group's query heads in turn
                 for h in cutlass.range(self.qhead_per_kvhead, unroll=1):
                     state_Q, state_dO = load(head_kv * self.qhead_per_kvhead + h, h, state_Q, state_dO)
