@@ -104,6 +104,7 @@ def fp8_settings(config: LlamaConfig) -> dict:
     kwargs = {
         "fp8": proj.fp8_format,
         "fp8_recipe": "delayed" if proj.fp8_scaling == "delayed" else "tensorwise",
+        "disable_parameter_transpose_cache": not proj.fp8_weight_cache,
     }
     if proj.fp8_scaling == "delayed":
         kwargs.update(

@@ -29,6 +29,8 @@ Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
   parallelism), times the micro-batch tokens, the layers of a stage and the micro-batches in
   flight on the first stage (min(PP, accumulation) under 1F1B), plus the logits (BF16 + FP32
   softmax, ``6 V / TP`` bytes per token). Quantized attention saves less than this BF16 figure.
+* with Transformer Engine FP8 projections and ``projection.fp8_weight_cache`` (the default), the
+  cached FP8 weights: ``2`` bytes per projection weight of a stage / TP (row- and column-wise E4M3).
 * checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v), ``checkpoint.keep_last``
   of them on disk, one more while the next is written (the oldest goes once the new one is complete).
 
@@ -188,14 +190,19 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         "optimizer": 12 * p_gpu / dp,
         "activations": activations,
     }
-    memory["total"] = sum(memory.values())
     proj = cfg.projection
+    if proj.precision == "te_fp8" and proj.fp8_weight_cache:
+        # Transformer Engine keeps each FP8 projection weight row- and column-wise between steps
+        # (projection.fp8_weight_cache); the norms' 2 * h per layer are not projections
+        memory["fp8 weight cache"] = 2 * layers * (_layer_params(m) - 2 * h) / tp
+    memory["total"] = sum(memory.values())
     projection = (
         "bf16"
         if proj.precision == "bf16"
         else (
             f"te_fp8 (format {proj.fp8_format}, {proj.fp8_scaling} scaling, BF16 first/last layers "
-            f"{proj.fp8_bf16_first_layers}/{proj.fp8_bf16_last_layers})"
+            f"{proj.fp8_bf16_first_layers}/{proj.fp8_bf16_last_layers}, FP8 weight cache "
+            f"{'on' if proj.fp8_weight_cache else 'off'})"
         )
     )
     return Plan(
@@ -285,6 +292,16 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
             ),
         ),
         ("activations/GPU", f"{mem['activations'] / GIB:.2f} GiB (estimate, BF16, no recomputation)"),
+        *(
+            [
+                (
+                    "FP8 weight cache/GPU",
+                    f"{mem['fp8 weight cache'] / GIB:.2f} GiB (projection.fp8_weight_cache)",
+                )
+            ]
+            if "fp8 weight cache" in mem
+            else []
+        ),
         ("total/GPU", f"{mem['total'] / GIB:.2f} GiB (estimate)"),
         ("checkpoint", _checkpoint_text(plan)),
         ("precision attention", plan.precision["attention"]),

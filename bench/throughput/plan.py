@@ -4,7 +4,8 @@ Every (arm, micro-batch) is its own ``pretrain_llama.py`` process (clean GPU mem
 the other (never two at once; the embedded corpus is prepared once, before the first): the 8B recipe
 ``configs/llama3_1_8b_100b_bf16.yaml`` with ``model.num_layers=L`` (default 12; hidden 4096, 32/8
 heads, head dim 128, FFN 14336, vocab 128256 as in ``model.preset=llama3_1_8b``), sequence 4096,
-micro-batch 1, 2, 4 with global batch = micro-batch (no accumulation), the embedded corpus,
+micro-batch 1, 2, 4 with global batch = micro-batch (no accumulation; ``--accumulation K``: K
+micro-batches per step, as the 8B recipe's 4 at 64 GPUs), the embedded corpus,
 validation, telemetry and TensorBoard off, a log line per step, ``checkpoint.save=false`` (an 8B-shaped
 checkpoint would take ~70 GB and minutes) and ``train_iters`` = warm-up + timed steps (3 + 6).
 
@@ -21,9 +22,11 @@ Arms, in this order, each an attention recipe on its backend with a projection p
 (1) its forward is the CuTe kernel, its backward Triton's.
 
 (``model.transformer_impl=transformer_engine``: megatron-core's TE layer spec, which a user of the
-BF16 stack runs; ``projection.precision=bf16`` or ``te_fp8``.) The backend of each recipe is its
-fastest on the H200 (:data:`FASTEST_BACKEND`); ``--backend-override RECIPE=BACKEND`` changes it for
-every arm of that recipe. Opt-in arms with megatron-core's local projections
+BF16 stack runs; ``projection.precision=bf16`` or ``te_fp8``, the latter with the rest of the
+projection section of ``configs/llama3_1_8b_100b_fp8.yaml``: :func:`fp8_projection_overrides`.)
+The backend of each recipe is its fastest on the H200 (:data:`FASTEST_BACKEND`);
+``--backend-override RECIPE=BACKEND`` changes it for every arm of that recipe. Opt-in arms with
+megatron-core's local projections
 (``model.transformer_impl=local``, no Transformer Engine): ``local-bf16``, ``local-bf16+fp8-attn``,
 ``local-bf16+nvfp4qk_fp8pv``; ``results/train_throughput_h200.md`` was measured with these (named
 ``bf16``, ``fp8``, ``nvfp4qk_fp8pv`` then) on ``triton`` (``--backend-override bf16=triton
@@ -47,6 +50,9 @@ from pathlib import Path
 from . import REPO
 
 BASE_CONFIG = "configs/llama3_1_8b_100b_bf16.yaml"
+# The Transformer Engine FP8 arms take every projection setting (format, scaling, BF16 layers, FP8
+# weight cache) from the 8B low-precision recipe, so that they time what that recipe trains
+FP8_CONFIG = "configs/llama3_1_8b_100b_fp8.yaml"
 # The fastest backend of each recipe, forward + backward at B4 H32/8 S4096 causal on the H200: bf16 on
 # FA4 3.86 ms (cuDNN 4.23), fp8 on cute 4.86 ms (triton 9.83; results/cute_unpromoted_h200);
 # nvfp4qk_fp8pv cute 12.65 = triton 12.65 ms (results/cute_prep_h200): cute here, whose forward is the
@@ -110,6 +116,7 @@ class RunSpec:
     overrides: list[str]
     argv: list[str]
     plan: dict = field(default_factory=dict)
+    accumulation: int = 1  # micro-batches per step (global batch = accumulation x micro-batch)
 
     @property
     def name(self) -> str:
@@ -126,12 +133,14 @@ def run_overrides(
     output_dir: Path,
     backends: dict[str, str] | None = None,
     extra: list[str] = (),
+    accumulation: int = 1,
 ) -> list[str]:
     """The ``section.key=value`` overrides of one run on top of :data:`BASE_CONFIG` (``extra`` last, so
     it wins).
 
     Args:
         backends: recipe -> attention backend (default :data:`FASTEST_BACKEND`).
+        accumulation: micro-batches per step: global batch = ``accumulation * micro_batch``.
     Raises:
         KeyError: an arm that is not in :data:`ALL_ARMS`, or a recipe without a backend.
     """
@@ -143,10 +152,11 @@ def run_overrides(
         f"attention.recipe={a.recipe}",
         f"attention.backend={backend}",
         f"projection.precision={a.projection}",
+        *(fp8_projection_overrides() if a.projection == "te_fp8" else []),
         "data.corpus=default",
         f"data.seq_length={seq}",
         f"training.micro_batch_size={micro_batch}",
-        f"training.global_batch_size={micro_batch}",
+        f"training.global_batch_size={accumulation * micro_batch}",
         "training.train_tokens=null",
         f"training.train_iters={train_iters}",
         "training.warmup_iters=1",
@@ -162,6 +172,26 @@ def run_overrides(
         "runtime.exit_duration_mins=null",
         f"runtime.output_dir={output_dir}",
         *extra,
+    ]
+
+
+def fp8_projection_overrides() -> list[str]:
+    """The ``projection.*`` overrides (all but ``precision``) of :data:`FP8_CONFIG`'s projection section.
+
+    Raises:
+        ValueError: :data:`FP8_CONFIG` does not validate or its projection is not ``te_fp8``.
+    """
+    import dataclasses
+
+    from training.config import load_config
+
+    proj = load_config(REPO / FP8_CONFIG).projection
+    if proj.precision != "te_fp8":
+        raise ValueError(f"{FP8_CONFIG}: projection.precision={proj.precision!r}, expected te_fp8")
+    return [
+        f"projection.{f.name}={getattr(proj, f.name)}"
+        for f in dataclasses.fields(proj)
+        if f.name != "precision"
     ]
 
 
@@ -202,6 +232,7 @@ def plan_runs(args) -> list[RunSpec]:
     order. ``args.backends``: recipe -> backend (default :data:`FASTEST_BACKEND`)."""
     specs = []
     backends = getattr(args, "backends", None)
+    accumulation = getattr(args, "accumulation", 1)
 
     def add(arm, mb, layers, purpose):
         out = Path(args.run_dir) / f"{arm}_mb{mb}_L{layers}"
@@ -214,6 +245,7 @@ def plan_runs(args) -> list[RunSpec]:
             output_dir=out,
             backends=backends,
             extra=args.override,
+            accumulation=accumulation,
         )
         argv = [
             sys.executable,
@@ -231,6 +263,7 @@ def plan_runs(args) -> list[RunSpec]:
                 output_dir=out,
                 overrides=overrides,
                 argv=argv,
+                accumulation=accumulation,
             )
         )
 
@@ -264,8 +297,11 @@ def validate_runs(specs: list[RunSpec], config: str) -> None:
             model = cfg.llama()
         except (ValueError, FileNotFoundError) as err:
             raise ValueError(f"run {spec.name}: {err}") from None
-        if cfg.checkpoint.save or plan.accumulation != 1:
-            raise ValueError(f"run {spec.name}: expected checkpoint.save=false and no accumulation")
+        if cfg.checkpoint.save or plan.accumulation != spec.accumulation:
+            raise ValueError(
+                f"run {spec.name}: expected checkpoint.save=false and {spec.accumulation} micro-batch(es) "
+                f"per step, got checkpoint.save={cfg.checkpoint.save} and {plan.accumulation}"
+            )
         spec.plan = {
             "flops_per_token": plan.flops_per_token,
             "peak_flops_per_gpu": cfg.logging.peak_flops_per_gpu,

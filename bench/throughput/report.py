@@ -51,6 +51,11 @@ def cell(x, fmt: str, none: str = "-") -> str:
     return format(x, fmt[:-1] if suffix else fmt) + suffix
 
 
+def _accumulation_text(meta: dict) -> str:
+    k = meta.get("accumulation", 1)
+    return "micro-batch" if k == 1 else f"{k} x micro-batch ({k} micro-batches per step)"
+
+
 def _md_header(meta: dict) -> list[str]:
     L, m = meta["layers"], meta["model"]
     fpt = meta.get("flops_per_token_main")
@@ -67,7 +72,8 @@ def _md_header(meta: dict) -> list[str]:
             f"- {L} layers of hidden {m['hidden_size']}, {m['num_attention_heads']}/{m['num_kv_heads']} "
             "heads, "
             f"head dim {m['head_dim']}, FFN {m['ffn_hidden_size']}, vocab {m['vocab_size']}; sequence "
-            f"{meta['seq_length']}, global batch = micro-batch on one GPU, {meta['warmup_steps']} warm-up + "
+            f"{meta['seq_length']}, global batch = {_accumulation_text(meta)} on one GPU, "
+            f"{meta['warmup_steps']} warm-up + "
             f"{meta['timed_steps']} timed steps per run (median step time of the timed steps); no "
             "checkpoints "
             "written"
@@ -326,6 +332,7 @@ def metadata(args, dependencies: list[str]) -> dict:
         "layers": args.layers,
         "seq_length": args.seq,
         "micro_batches": args.micro_batches,
+        "accumulation": getattr(args, "accumulation", 1),
         "arms": args.arms,
         "baseline": baseline_arm(args.arms),
         "backends": getattr(args, "backends", None),

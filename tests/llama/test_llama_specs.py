@@ -66,16 +66,21 @@ def test_fp8_settings_mapping():
     assert fp8_settings(current) == {
         "fp8": "hybrid",
         "fp8_recipe": "tensorwise",
+        "disable_parameter_transpose_cache": False,
         "first_last_layers_bf16": True,
         "num_layers_at_start_in_bf16": 1,
         "num_layers_at_end_in_bf16": 1,
     }
     delayed = preset(
-        "tiny", projection=ProjectionConfig(precision="te_fp8", fp8_format="e4m3", fp8_scaling="delayed")
+        "tiny",
+        projection=ProjectionConfig(
+            precision="te_fp8", fp8_format="e4m3", fp8_scaling="delayed", fp8_weight_cache=False
+        ),
     )
     assert fp8_settings(delayed) == {
         "fp8": "e4m3",
         "fp8_recipe": "delayed",
+        "disable_parameter_transpose_cache": True,
         "fp8_amax_history_len": 1024,
         "fp8_amax_compute_algo": "max",
     }

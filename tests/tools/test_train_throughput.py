@@ -110,6 +110,38 @@ def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
     )  # the plan's estimate (without the CE workspace) fits an H200
 
 
+def test_te_fp8_arms_train_the_projection_section_of_the_fp8_recipe(tmp_path):
+    """Every projection setting of configs/llama3_1_8b_100b_fp8.yaml (its FP8 weight cache off
+    included) reaches the TE FP8 arms; the BF16 arms keep the BF16 recipe's."""
+    from training.config import load_config
+
+    recipe = load_config(REPO / "configs/llama3_1_8b_100b_fp8.yaml").projection
+    for arm in ("te-fp8", "te-fp8+fp8-attn", "te-fp8+nvfp4qk_fp8pv"):
+        ov = run_overrides(arm, 2, 12, seq=4096, train_iters=9, output_dir=tmp_path / arm)
+        assert load_config(REPO / BASE_CONFIG, ov).projection == recipe
+    assert recipe.fp8_weight_cache is False
+    ov = run_overrides("bf16", 2, 12, seq=4096, train_iters=9, output_dir=tmp_path / "bf16")
+    assert not any(o.startswith("projection.fp8") for o in ov)
+
+
+def test_accumulation_sets_the_global_batch_and_is_checked(tmp_path):
+    """--accumulation K: global batch = K x micro-batch, the plan's accumulation must be K (an override
+    that changes the global batch behind it is refused), tokens per step count every micro-batch."""
+    args = tt.parse_args(
+        ["--run-dir", str(tmp_path), "--arms", "te-fp8", "--micro-batches", "2", "--accumulation", "4"]
+    )
+    specs = tt.plan_runs(args)
+    assert {s.accumulation for s in specs} == {4}
+    assert all("training.global_batch_size=8" in s.overrides for s in specs)
+    tt.validate_runs(specs, args.config)
+    assert specs[0].plan["tokens_per_step"] == 8 * 4096
+    args.override = ["training.global_batch_size=2"]
+    with pytest.raises(ValueError, match="4 micro-batch\\(es\\) per step, got checkpoint.save=False and 1"):
+        tt.validate_runs(tt.plan_runs(args), args.config)
+    with pytest.raises(SystemExit):
+        tt.parse_args(["--accumulation", "0"])
+
+
 # arm -> (model.transformer_impl, attention.recipe, attention.backend, projection.precision)
 EXPECTED_ARMS = {
     "bf16": ("transformer_engine", "bf16", "fa4", "bf16"),

@@ -56,6 +56,29 @@ def test_plan_numbers():
     assert "precision projection  te_fp8" in format_plan(plan)
 
 
+def test_fp8_weight_cache_in_the_memory_estimate():
+    """Transformer Engine's cached FP8 weights (row- and column-wise, 2 bytes per projection weight)
+    are counted when projection.fp8_weight_cache is on; off (the 8B recipe) they are not."""
+    off = make_plan(load_config("configs/llama3_1_8b_100b_fp8.yaml"), 64)
+    on = make_plan(load_config("configs/llama3_1_8b_100b_fp8.yaml", ["projection.fp8_weight_cache=true"]), 64)
+    projection_weights = 32 * (4096 * (32 + 2 * 8) * 128 + 32 * 128 * 4096 + 3 * 4096 * 14336)
+    assert "fp8 weight cache" not in off.memory_bytes
+    assert on.memory_bytes["fp8 weight cache"] == 2 * projection_weights
+    assert on.memory_bytes["total"] - off.memory_bytes["total"] == 2 * projection_weights
+    assert "FP8 weight cache/GPU  13.00 GiB" in format_plan(on) and "FP8 weight cache on" in format_plan(on)
+    assert "FP8 weight cache/GPU" not in format_plan(off) and "FP8 weight cache off" in format_plan(off)
+    tp2 = make_plan(
+        load_config(
+            "configs/llama3_1_8b_100b_fp8.yaml", ["projection.fp8_weight_cache=true", "parallel.tensor=2"]
+        ),
+        64,
+    )
+    assert tp2.memory_bytes["fp8 weight cache"] == projection_weights  # split by TP
+    bf16_cfg = load_config("configs/llama3_1_8b_100b_bf16.yaml", ["projection.fp8_weight_cache=true"])
+    bf16 = make_plan(bf16_cfg, 64)
+    assert "fp8 weight cache" not in bf16.memory_bytes  # BF16 projections quantize nothing
+
+
 @pytest.mark.parametrize(
     "overrides, world, match",
     [
