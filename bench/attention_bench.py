@@ -186,13 +186,13 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, **options):
+def cute_bwd_direct(recipe, q, k, v, causal):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd; ``options``: its measurement options (``kv_group_loop``)."""
+    one forward's state, without autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal)
-    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5, **options)
+    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5)
 
 
 def ours_kernel_only(recipe, q, k, v, causal):
@@ -246,8 +246,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct: the backward without autograd (and, for GQA shapes, "
-        "_kv_group_loop: with the kernel's option of that name)",
+        help="bwd rows cute_<recipe>_bwd_direct: the backward without autograd",
     )
     p.add_argument(
         "--qk-rotation",
@@ -342,15 +341,6 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ]
-                    if hq != hkv:  # GQA: one CTA per KV head over its query heads, dK/dV in BF16 once
-                        cands += [
-                            (
-                                f"cute_{r}_bwd_direct_kv_group_loop",
-                                (lambda r=r: cute_bwd_direct(r, q, k, v, causal, kv_group_loop=True)),
-                            )
-                            for r in args.recipes
-                            if r in ("fp8", "nvfp4qk_fp8pv")
-                        ]
                 if pass_ == "fwd":
                     cands += [
                         (

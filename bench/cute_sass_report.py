@@ -113,7 +113,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, kv_group_loop=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
     kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
@@ -137,13 +137,13 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, kv_g
     args += [fake(f32, (b, hkv, s), divisibility=4) for _ in range(2)]
     args += [fake(f32, (b, hq)), fake(f32, (b, hkv, d), divisibility=4)]
     args.append(fake(f32, (b, hq, s * d), divisibility=4))
-    if group == 1 or kv_group_loop:  # dK/dV stored once in BF16
+    if group == 1:
         args += [bshd(hkv, bf), bshd(hkv, bf)]
     else:
         args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, kv_group_loop=kv_group_loop),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
         f32(0.1),
         stream,
@@ -151,11 +151,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, kv_g
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, kv_group_loop=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, kv_group_loop=kv_group_loop)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -171,7 +171,6 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, kv_gro
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
-        "kv_group_loop": kv_group_loop,
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         **counts,
@@ -260,12 +259,9 @@ def main(argv=None) -> int:
     p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
-    p.add_argument(
-        "--kv-group-loop", action="store_true", help="backward: one CTA per KV head over its query heads"
-    )
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.kv_group_loop)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(

@@ -295,9 +295,7 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def backward_operands(
-    state: SavedState, dout: torch.Tensor, softmax_scale: float, dkv_direct: bool = False
-) -> dict:
+def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
@@ -309,9 +307,7 @@ def backward_operands(
     2^-LIFT), as ``reference_backward`` defines the recipe's dQ/dK.
     ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the exact decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
-    ``dkv_direct`` (the kernel's ``kv_group_loop``): GQA's dK/dV as BF16 outputs the kernel writes, as
-    for MHA, instead of zeroed FP32 accumulators."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -359,11 +355,10 @@ def backward_operands(
     # and dV's (each a contiguous slice; offsets are multiples of tile_m * d * 4 bytes)
     dq_shape = (b, hq, _round_up(sq, tile_m) * d)
     kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
-    direct = hq == hkv or dkv_direct  # dK/dV written once in BF16 by the kernel (MHA, kv_group_loop)
-    n_dq, n_kv = math.prod(dq_shape), (0 if direct else math.prod(kv_shape))
+    n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
     acc = torch.zeros(n_dq + 2 * n_kv, dtype=torch.float32, device=dev)
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
-    if direct:  # written by the kernel, in the layout of the forward's output (the caller's)
+    if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
         ops["dv"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
     else:
@@ -383,22 +378,10 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(
-    d: int,
-    group: int,
-    causal: bool,
-    qk_bf16: bool,
-    args: list,
-    softmax_scale: float,
-    kv_group_loop: bool = False,
-):
-    key = (
-        ("bwd", d, group, causal)
-        + (("qk_bf16",) if qk_bf16 else ())
-        + (("kv_group_loop",) if kv_group_loop else ())
-    )
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, kv_group_loop=kv_group_loop)
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
         cute_args.append(to_cute_tensor(args[6], leading_dim=1))
@@ -414,16 +397,12 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
-def backward_fp8(
-    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, kv_group_loop: bool = False
-):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
     scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition).
-    ``kv_group_loop``: the kernel's GQA option of that name (a measurement, off by default): dK/dV
-    written once in BF16 by the kernel, no FP32 accumulators or their conversion; no effect for MHA.
 
     Raises:
         ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
@@ -440,10 +419,9 @@ def backward_fp8(
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
-    kv_group_loop = kv_group_loop and hq != hkv
-    ops = backward_operands(state, dout, softmax_scale, dkv_direct=kv_group_loop)  # dout read in place
+    ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, kv_group_loop)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
@@ -459,7 +437,7 @@ def backward_fp8(
         atom_layout=1,
         **post,
     )
-    if hq == hkv or kv_group_loop:
+    if hq == hkv:
         return dq, ops["dk"], ops["dv"]
     sk = (state.k.shape if qk_bf16 else state.k.data.shape)[2]
     dk = empty_in_layout_of(state.out, (b, hkv, sk, d))

@@ -45,7 +45,6 @@ Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). 
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
 """
 
-import copy
 import math
 from functools import partial
 
@@ -90,14 +89,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
             payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
             read (module docstring: where the token scales go).
-        kv_group_loop: a measurement option for GQA (ignored for MHA): one CTA per (KV block, KV
-            head, batch) runs the query blocks of every query head of its group in turn, keeping dK
-            and dV in registers across them and storing them once in BF16 (as for MHA): no FP32
-            dK/dV accumulators to zero, bulk-add and convert. dV accumulates P^T dO in units of the
-            current head's dO scale ``s_do``; between heads it is multiplied by ``s_do[h-1] /
-            s_do[h]`` (one FP32 rounding per head change; dO scales that differ by more than FP32's
-            range within a group, about 1e38, would overflow where the default kernel does not).
-            Grid: Hkv instead of Hq CTAs per (KV block, batch).
     Raises:
         ValueError: head dim or tiles outside the supported ones.
     """
@@ -110,13 +101,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
-        kv_group_loop: bool = False,
     ):
         self.qk_bf16 = qk_bf16
-        # GQA with kv_group_loop: one CTA per KV head loops over its query heads (module docstring)
-        self.kv_group_loop = kv_group_loop and qhead_per_kvhead > 1
-        # dK/dV stored once in BF16 by TMA (MHA, or the group loop), else FP32 bulk-adds per query head
-        self.dkv_direct = qhead_per_kvhead == 1 or self.kv_group_loop
         # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
         self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
@@ -319,7 +305,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mQ8, mQb, mK8, mKb, mV8, mdO8, mdOt8 = [
             layout_utils.select(t, [1, 3, 2, 0]) for t in (mQ8, mQb, mK8, mKb, mV8, mdO8, mdOt8)
         ]
-        if const_expr(self.dkv_direct):
+        if const_expr(self.qhead_per_kvhead == 1):
             mdK, mdV = [layout_utils.select(t, [1, 3, 2, 0]) for t in (mdK, mdV)]
         else:
             mdK, mdV = [layout_utils.select(t, [2, 1, 0]) for t in (mdK, mdV)]
@@ -368,7 +354,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             for name in ("Q", "K"):
                 atoms[f"{name}8"], tensors[f"{name}8"] = atoms[f"{name}b"], tensors[f"{name}b"]
         tma_atom_dK = tma_atom_dV = None
-        if const_expr(self.dkv_direct):
+        if const_expr(self.qhead_per_kvhead == 1):
             s2g = cpasync.CopyBulkTensorTileS2GOp()
             tma_atom_dK, mdK = cpasync.make_tiled_tma_atom(
                 s2g, mdK, self.sKb_layout, (self.tile_n, self.tile_hdim)
@@ -378,7 +364,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             )
         sched_args = TileSchedulerArguments(
             cute.ceil_div(cute.size(mK8.shape[0]), self.tile_n),
-            cute.size(mK8.shape[2]) if const_expr(self.kv_group_loop) else cute.size(mQ8.shape[2]),
+            cute.size(mQ8.shape[2]),
             cute.size(mK8.shape[3]),
             1,
             cute.size(mQ8.shape[0]),
@@ -392,7 +378,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         )
         sched_params = SingleTileScheduler.to_underlying_arguments(sched_args)
         group_divmod = None
-        if const_expr(not self.dkv_direct):
+        if const_expr(self.qhead_per_kvhead > 1):
             group_divmod = FastDivmodDivisorV2(self.qhead_per_kvhead)
         self.kernel(
             *[tensors[n] for n in self.OPERANDS],
@@ -570,10 +556,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                     TileSchedulerCls,
                 )
             if warp_idx == 1:
-                if const_expr(self.kv_group_loop):
-                    self.dQaccum_store_group(mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls)
-                else:
-                    self.dQaccum_store(mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls)
+                self.dQaccum_store(mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls)
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             tidx, _, _ = cute.arch.thread_idx()
@@ -644,7 +627,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         while work_tile.is_valid_tile:
             n_block, head_idx, batch_idx, _ = work_tile.tile_idx
             seqlen = SeqlenInfoCls(batch_idx)
-            head_kv = head_idx if const_expr(self.kv_group_loop) else head_idx // self.qhead_per_kvhead
+            head_kv = head_idx // self.qhead_per_kvhead
             kv_fns = []
             for name in ("K8", "Kb", "V8"):
                 g = cute.local_tile(
@@ -654,125 +637,58 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                     atoms[name], 0, cute.make_layout(1), g, smem_t[name], single_stage=True
                 )
                 kv_fns.append(fn)
+            load_K8, load_Kb, load_V8 = kv_fns
+            q_fns = []
+            for name, pipe in (
+                ("Q8", pipeline_Q),
+                ("Qb", pipeline_Q),
+                ("dO8", pipeline_dO),
+                ("dOt8", pipeline_dO),
+            ):
+                g = cute.local_tile(
+                    tensors[name][None, None, head_idx, batch_idx], (self.tile_m, self.tile_hdim), (None, 0)
+                )
+                fn, _, _ = copy_utils.tma_get_copy_fn(atoms[name], 0, cute.make_layout(1), g, smem_t[name])
+                q_fns.append(copy_utils.tma_producer_copy_fn(fn, pipe))
+            vec_fns = []
+            for m, s, pipe in (
+                (mStat, sStat, pipeline_Q),
+                (mR, sR, pipeline_Q),
+                (mRow, sRow, pipeline_Q),
+                (mDelta, sDelta, pipeline_dO),
+            ):
+                g = cute.local_tile(m[None, head_idx, batch_idx], (self.tile_m,), (None,))
+                vec_fns.append(
+                    copy_utils.tma_producer_copy_fn(copy_utils.cpasync_bulk_get_copy_fn(g, s), pipe)
+                )
             m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-            vecs = ((mStat, sStat), (mR, sR), (mRow, sRow), (mDelta, sDelta))
-            io = (tensors, atoms, smem_t, vecs, kv_fns)
-            pipes, m_blocks = (pipeline_Q, pipeline_dO), (m_block_min, m_block_max)
-            load = partial(self.load_q_blocks, batch_idx=batch_idx, io=io, pipes=pipes, m_blocks=m_blocks)
-            if const_expr(self.kv_group_loop):  # the group's query heads in turn
-                for h in cutlass.range(self.qhead_per_kvhead, unroll=1):
-                    state_Q, state_dO = load(head_kv * self.qhead_per_kvhead + h, h, state_Q, state_dO)
-            else:
-                state_Q, state_dO = load(head_idx, None, state_Q, state_dO)
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                first = m_block == m_block_min
+                if first:
+                    pipeline_Q.producer_acquire(state_Q, extra_tx_count=self.tma_copy_bytes["K"])
+                    if const_expr(not self.qk_bf16):
+                        load_K8(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
+                    load_Kb(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
+                else:
+                    pipeline_Q.producer_acquire(state_Q)
+                if const_expr(not self.qk_bf16):
+                    q_fns[0](m_block, producer_state=state_Q)
+                q_fns[1](m_block, producer_state=state_Q)
+                for f in vec_fns[: self.n_q_vectors]:  # stat, r (and row on dS)
+                    f(m_block, producer_state=state_Q)
+                if first:
+                    pipeline_dO.producer_acquire(state_dO, extra_tx_count=self.tma_copy_bytes["V"])
+                    load_V8(tma_bar_ptr=pipeline_dO.producer_get_barrier(state_dO))
+                else:
+                    pipeline_dO.producer_acquire(state_dO)
+                q_fns[2](m_block, producer_state=state_dO)
+                q_fns[3](m_block, producer_state=state_dO)
+                vec_fns[3](m_block, producer_state=state_dO)
+                state_Q.advance()
+                state_dO.advance()
             tile_scheduler.prefetch_next_work()
             tile_scheduler.advance_to_next_work()
             work_tile = tile_scheduler.get_current_work()
-
-    @cute.jit
-    def load_q_blocks(
-        self,
-        head_q,
-        h,
-        state_Q,
-        state_dO,
-        batch_idx,
-        io,
-        pipes,
-        m_blocks,
-    ):
-        """The query blocks of query head ``head_q``: Q (E4M3 and BF16; BF16 only with ``qk_bf16``)
-        and the per-query stat, r (and row, with ``qk_bf16``) on pipeline_Q; dO and dO^T (E5M2) and D
-        on pipeline_dO. The CTA's K and V come with its first block: ``h`` is the query head's index
-        in the KV group (``kv_group_loop``), or None (one query head per CTA). ``io``: the TMA-loaded
-        tensors, their atoms and shared-memory tiles, the per-query vectors (global, shared) and the
-        K/V copy functions; ``pipes``: pipeline_Q and pipeline_dO; ``m_blocks``: the block range."""
-        tensors, atoms, smem_t, vecs, (load_K8, load_Kb, load_V8) = io
-        pipeline_Q, pipeline_dO = pipes
-        m_block_min, m_block_max = m_blocks
-        q_fns = []
-        for name, pipe in (
-            ("Q8", pipeline_Q),
-            ("Qb", pipeline_Q),
-            ("dO8", pipeline_dO),
-            ("dOt8", pipeline_dO),
-        ):
-            g = cute.local_tile(
-                tensors[name][None, None, head_q, batch_idx], (self.tile_m, self.tile_hdim), (None, 0)
-            )
-            fn, _, _ = copy_utils.tma_get_copy_fn(atoms[name], 0, cute.make_layout(1), g, smem_t[name])
-            q_fns.append(copy_utils.tma_producer_copy_fn(fn, pipe))
-        vec_fns = []
-        for (m, sv), pipe in zip(vecs, (pipeline_Q, pipeline_Q, pipeline_Q, pipeline_dO)):
-            g = cute.local_tile(m[None, head_q, batch_idx], (self.tile_m,), (None,))
-            vec_fns.append(copy_utils.tma_producer_copy_fn(copy_utils.cpasync_bulk_get_copy_fn(g, sv), pipe))
-        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            # the CTA's first block: the first of its (first) query head
-            first = m_block == m_block_min if const_expr(h is None) else (m_block - m_block_min + h) == 0
-            if first:
-                pipeline_Q.producer_acquire(state_Q, extra_tx_count=self.tma_copy_bytes["K"])
-                if const_expr(not self.qk_bf16):
-                    load_K8(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
-                load_Kb(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
-            else:
-                pipeline_Q.producer_acquire(state_Q)
-            if const_expr(not self.qk_bf16):
-                q_fns[0](m_block, producer_state=state_Q)
-            q_fns[1](m_block, producer_state=state_Q)
-            for f in vec_fns[: self.n_q_vectors]:  # stat, r (and row on dS)
-                f(m_block, producer_state=state_Q)
-            if first:
-                pipeline_dO.producer_acquire(state_dO, extra_tx_count=self.tma_copy_bytes["V"])
-                load_V8(tma_bar_ptr=pipeline_dO.producer_get_barrier(state_dO))
-            else:
-                pipeline_dO.producer_acquire(state_dO)
-            q_fns[2](m_block, producer_state=state_dO)
-            q_fns[3](m_block, producer_state=state_dO)
-            vec_fns[3](m_block, producer_state=state_dO)
-            state_Q.advance()
-            state_dO.advance()
-        return state_Q, state_dO
-
-    @cute.jit
-    def dQaccum_store_group(self, mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls):
-        """``kv_group_loop``'s dQ warp: FA4's ``dQaccum_store`` (non-deterministic, fixed lengths) over
-        the query heads of the CTA's KV head in the consumers' order: per query head, per query block,
-        each warpgroup's FP32 dQ tile from shared memory bulk-added into ``mdQaccum``."""
-        tile_scheduler = TileSchedulerCls()
-        work_tile = tile_scheduler.initial_work_tile_info()
-        n_wg = self.num_wg_dQ
-        while work_tile.is_valid_tile:
-            n_block, head_kv, batch_idx, _ = work_tile.tile_idx
-            seqlen = SeqlenInfoCls(batch_idx)
-            m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-            for h in cutlass.range(self.qhead_per_kvhead, unroll=1):
-                head_q = head_kv * self.qhead_per_kvhead + h
-                gdQaccum = cute.local_tile(
-                    mdQaccum[None, head_q, batch_idx],
-                    (cute.make_layout((self.tile_m * self.tile_hdim // n_wg, n_wg)),),
-                    (None,),
-                )
-                for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                    for wg in cutlass.range_constexpr(n_wg):
-                        cute.arch.cp_async_bulk_wait_group(n_wg - 1 - wg, read=True)
-                        cute.arch.barrier_arrive(
-                            barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + wg,
-                            number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE,
-                        )
-                    for wg in cutlass.range_constexpr(n_wg):
-                        cute.arch.barrier(
-                            barrier_id=int(NamedBarrierBwd.dQFullWG0) + wg,
-                            number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE,
-                        )
-                        with cute.arch.elect_one():
-                            copy_utils.cpasync_reduce_bulk_add_f32(
-                                sdQaccum[None, wg].iterator,
-                                gdQaccum[(None, wg), m_block].iterator,
-                                self.tma_copy_bytes["dQ"],
-                            )
-                        cute.arch.cp_async_bulk_commit_group()
-            tile_scheduler.advance_to_next_work()
-            work_tile = tile_scheduler.get_current_work()
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- consumer warpgroups -----------------------------------------------------------------
     @cute.jit
@@ -870,20 +786,13 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         )
         n_keys = cute.size(tScS_mn, mode=[1])
 
-        # FA4's epilogue stores BF16 dK/dV by TMA when its group size is 1: the group loop's case too
-        # (one result per KV head), so it runs on a copy of this kernel object that says 1
-        epilogue_dKV = self.epilogue_dKV
-        if const_expr(self.kv_group_loop):
-            direct = copy.copy(self)
-            direct.qhead_per_kvhead = 1
-            epilogue_dKV = direct.epilogue_dKV
         state_Q, state_dO, tile_scheduler, work_tile = self._start(
             cutlass.pipeline.PipelineUserType.Consumer, TileSchedulerCls
         )
         while work_tile.is_valid_tile:
             n_block, head_idx, batch_idx, _ = work_tile.tile_idx
             seqlen = SeqlenInfoCls(batch_idx)
-            head_kv = head_idx if const_expr(self.kv_group_loop) else head_idx // self.qhead_per_kvhead
+            head_kv = head_idx // self.qhead_per_kvhead
             # this thread's K token scales (clamped past the last key, whose scores are masked);
             # a NaN scale (a K row holding a NaN/Inf) is taken as 1 as in the forward
             col = cute.make_rmem_tensor(n_keys, Float32)
@@ -895,8 +804,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 if const_expr(not self.scales_in_operands):
                     col2[c] = mCol2[k_idx, head_kv, batch_idx]
                 col[c] = Float32(1.0) if col[c] != col[c] else col[c]
-            if const_expr(self.kv_group_loop):  # from here on: the KV head's first query head
-                head_idx = head_kv * self.qhead_per_kvhead
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
             mask_fn = partial(
                 mask.apply_mask,
@@ -941,15 +848,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             state_Q, state_dO = step(m_block_min, state_Q, state_dO, dKV_accumulate=False)
             for m_block in cutlass.range(m_block_min + 1, m_block_max, unroll=1):
                 state_Q, state_dO = step(m_block, state_Q, state_dO, dKV_accumulate=True)
-            if const_expr(self.kv_group_loop):
-                # the group's other query heads (head_idx: the KV head's first query head here)
-                for h in cutlass.range(1, self.qhead_per_kvhead, unroll=1):
-                    # dV so far in units of the previous head's dO scale: to this head's
-                    s_do_prev = s_do
-                    s_do = mSdo[head_idx + h, batch_idx]
-                    acc_dV.store(acc_dV.load() * (s_do_prev / s_do))
-                    for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                        state_Q, state_dO = step(m_block, state_Q, state_dO, dKV_accumulate=True, s_do=s_do)
             # epilogue scales: dK by softmax_scale; dV by s_do 2^-LIFT / v_scale (per channel, a power of two)
             acc_dK.store(acc_dK.load() * softmax_scale)
             acc_dV_mn = layout_utils.reshape_acc_to_mn(acc_dV)
@@ -959,10 +857,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             for r in cutlass.range_constexpr(cute.size(acc_dV_mn, mode=[0])):
                 for c in cutlass.range(cute.size(dv_scale), unroll_full=True):
                     acc_dV_mn[r, c] = acc_dV_mn[r, c] * dv_scale[c]
-            epilogue_dKV(
+            self.epilogue_dKV(
                 acc_dV,
                 mdV,
-                sdV if const_expr(self.dkv_direct) else smem_t["Kb"],
+                sdV if const_expr(self.qhead_per_kvhead == 1) else smem_t["Kb"],
                 acc_dK,
                 mdK,
                 smem_t["Kb"],
@@ -973,7 +871,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 tiled_mma_dV,
                 tidx,
                 n_block,
-                head_kv if const_expr(self.kv_group_loop) else head_idx,
+                head_idx,
                 batch_idx,
                 group_divmod,
             )
