@@ -69,6 +69,7 @@ __all__ = [
     "TRAINER_STATE_FILE",
     "ConfigMismatchError",
     "DamagedCheckpointError",
+    "UnsafeCheckpointError",
     "check_resume_compatible",
     "checksum_shard",
     "file_checksum",
@@ -118,6 +119,11 @@ class ConfigMismatchError(ValueError):
 
 class DamagedCheckpointError(ValueError):
     """A checkpoint file exists and has its size but cannot be read back (does not deserialize)."""
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint holds a pickle that would build something other than data (a global outside the
+    allow-list of its loader): not a damage, so the trainer stops rather than falling back."""
 
 
 def iter_dir(root: str | os.PathLike, iteration: int) -> Path:

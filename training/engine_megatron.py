@@ -45,6 +45,7 @@ from .engine import (
     save_rng_state,
 )
 from .te_extra_state import allow_vetted_te_extra_state
+from .torch_dist_vetting import read_metadata, vet_torch_dist_checkpoint
 
 __all__ = ["MegatronEngine"]
 
@@ -87,20 +88,15 @@ def _signal_proof_write_results_queue() -> None:
 
 
 def dcp_tensor_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
-    """Global shape of every tensor in a torch_dist checkpoint, from its ``.metadata`` (no tensor is read).
+    """Global shape of every tensor in a torch_dist checkpoint, from its ``.metadata`` (no tensor is
+    read; unpickled with an allow-list, ``torch_dist_vetting.read_metadata``).
 
     Raises:
         DamagedCheckpointError: ``.metadata`` is missing or does not deserialize (names the file), so
             that the trainer falls back to the previous checkpoint as for any other damaged file.
+        UnsafeCheckpointError: ``.metadata`` references a global outside the allow-list.
     """
-    from torch.distributed.checkpoint import FileSystemReader
-
-    try:
-        meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
-    except Exception as err:  # UnpicklingError, ValueError (pickle protocol), EOFError, OSError, ...
-        raise DamagedCheckpointError(
-            f"{ckpt / '.metadata'} does not deserialize as torch_dist metadata ({describe_load_error(err)})"
-        ) from None
+    meta = read_metadata(ckpt).state_dict_metadata
     return {k: tuple(m.size) for k, m in meta.items() if hasattr(m, "size")}
 
 
@@ -376,11 +372,17 @@ class MegatronEngine:
             DamagedCheckpointError: the RNG file does not deserialize (nothing changed yet), or
                 ``dist_checkpointing.load`` fails (the model may be partly overwritten: load another
                 checkpoint, which overwrites all of it, or stop).
-            UnsafeExtraStateError: a Transformer Engine extra state would unpickle something other
-                than FP8 scaling state (``training/te_extra_state.py``; the model may be partly
-                overwritten, as above).
+            UnsafeCheckpointError: ``.metadata`` or a ShardedObject would unpickle something other
+                than data (``training/torch_dist_vetting.py``; nothing changed yet), or a Transformer
+                Engine extra state something other than FP8 scaling state
+                (``te_extra_state.UnsafeExtraStateError``; the model may be partly overwritten, as
+                above).
         """
         from megatron.core import dist_checkpointing
+
+        # torch DCP unpickles .metadata and every ShardedObject without restriction: both are read
+        # as data first (an allow-list unpickler; torch.load(weights_only=True) on the meta device)
+        vet_torch_dist_checkpoint(ckpt)
 
         check_tensor_shapes(
             ckpt,

@@ -15,12 +15,9 @@ else. What TE then unpickles, with the opt-in set for that call alone, is not th
 but ``pickle.dumps`` of the objects the vetting built: no byte of the file reaches TE's
 ``pickle.loads``.
 
-Not covered here (found in review, 2026-12-03): megatron-core's ``dist_checkpointing.load`` reads
-every ShardedObject of a torch_dist checkpoint, these extra states included, through torch DCP's
-``DefaultLoadPlanner.load_bytes``, which calls ``torch.load(weights_only=False)``. A hostile
-torch_dist checkpoint can run code there, before this vetting. Resume only from checkpoints you
-trust until that load path is made data-only as well (a load planner whose ``load_bytes`` uses
-``weights_only=True``).
+The outer layer, the torch_dist files megatron-core's ``dist_checkpointing.load`` reads these extra
+states from (``.metadata`` and the ShardedObjects' ``torch.save`` bytes, which torch DCP unpickles
+without restriction), is vetted before that load by ``training/torch_dist_vetting.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +29,8 @@ import pickle
 from collections.abc import Iterator, MutableMapping
 
 import torch
+
+from .checkpoint import UnsafeCheckpointError
 
 __all__ = ["UNSAFE_PICKLE_ENV", "UnsafeExtraStateError", "allow_vetted_te_extra_state", "vet_extra_state"]
 
@@ -56,7 +55,7 @@ _ALLOWED = {
 }
 
 
-class UnsafeExtraStateError(ValueError):
+class UnsafeExtraStateError(UnsafeCheckpointError):
     """A checkpoint's Transformer Engine extra state would build something outside the allow-list."""
 
 

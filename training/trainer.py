@@ -51,7 +51,6 @@ from .resolved import resolved_dict
 from .schedule import lr_at
 from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
 from .state import TrainerState
-from .te_extra_state import UnsafeExtraStateError
 from .writable import check_writable_dir
 
 __all__ = ["Trainer"]
@@ -302,9 +301,10 @@ class Trainer:
         """Load :attr:`resumed_from`; when it is damaged, warn and load the previous usable one.
 
         Raises:
-            ValueError: on every rank, when any rank refused the checkpoint's Transformer Engine
-                extra state (``te_extra_state.UnsafeExtraStateError``: not a damage, so no fall-back
-                to an older checkpoint; gathered so that no rank is left waiting in a collective).
+            ValueError: on every rank, when any rank refused a pickle of the checkpoint
+                (``checkpoint.UnsafeCheckpointError``: a torch_dist file, ``torch_dist_vetting``, or a
+                Transformer Engine extra state, ``te_extra_state``; not a damage, so no fall-back to
+                an older checkpoint; gathered so that no rank is left waiting in a collective).
         """
         while True:
             path = self.resumed_from
@@ -313,7 +313,7 @@ class Trainer:
                 saved = self._load(path)
             except ckpt.DamagedCheckpointError as err:
                 damage = str(err)
-            except UnsafeExtraStateError as err:
+            except ckpt.UnsafeCheckpointError as err:
                 refused = str(err)
             outcomes = all_gather_objects((damage, refused), self.env)
             refusals = [r for _, r in outcomes if r is not None]

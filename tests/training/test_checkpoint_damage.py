@@ -112,24 +112,35 @@ def test_nothing_usable_stops_and_deletes_nothing(resumable, make_cfg, train):
     assert sorted(p.name for p in resumable.iterdir()) == before
 
 
-def test_a_refused_te_extra_state_stops_without_falling_back(resumable, make_cfg, train, monkeypatch):
-    """A checkpoint whose Transformer Engine extra state the vetting refuses (``te_extra_state``) is
-    not a damage: the run stops with a configuration error naming it, does not resume from the older
-    checkpoint, and deletes nothing. (The CPU engine has no TE modules: its load raises as the GPU
-    engine's vetting would.)"""
+@pytest.mark.parametrize(
+    "error, message",
+    [
+        ("te", "decoder.x._extra_state: it references posix.system, which is not allowed"),
+        (
+            "torch_dist",
+            "iter_0000008/.metadata references posix.system, which torch_dist metadata does not hold",
+        ),
+    ],
+)
+def test_a_refused_pickle_stops_without_falling_back(resumable, make_cfg, train, monkeypatch, error, message):
+    """A checkpoint with a pickle the vetting refuses (a Transformer Engine extra state,
+    ``te_extra_state``; a torch_dist file, ``torch_dist_vetting``) is not a damage: the run stops
+    with a configuration error naming it, does not resume from the older checkpoint, and deletes
+    nothing. (The CPU engine has neither: its load raises as the GPU engine's vetting would.)"""
+    from training.checkpoint import UnsafeCheckpointError
     from training.engine_cpu import CPUEngine
     from training.te_extra_state import UnsafeExtraStateError
 
+    cls = UnsafeExtraStateError if error == "te" else UnsafeCheckpointError
+
     def refuse(self, path, **kwargs):
-        raise UnsafeExtraStateError(
-            "decoder.x._extra_state: it references posix.system, which is not allowed"
-        )
+        raise cls(message)
 
     monkeypatch.setattr(CPUEngine, "load", refuse)
     before = sorted(p.name for p in resumable.iterdir())
     code, log = train(make_cfg())
     assert code == EXIT_CONFIG, log.text()
     text = log.text()
-    assert f"checkpoint {ckpt.iter_dir(resumable, 8)} was not loaded: decoder.x._extra_state" in text, text
+    assert f"checkpoint {ckpt.iter_dir(resumable, 8)} was not loaded: {message}" in text, text
     assert "resuming from the previous" not in text
     assert sorted(p.name for p in resumable.iterdir()) == before

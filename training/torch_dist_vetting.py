@@ -1,0 +1,243 @@
+"""A torch_dist checkpoint read as data before megatron-core loads it (the GPU engine's resume).
+
+megatron-core's ``dist_checkpointing.load`` reads a torch_dist checkpoint through torch DCP, which
+unpickles without restriction in two places: the ``.metadata`` file (``FileSystemReader.
+read_metadata``: ``pickle.load``) and every ShardedObject (the ``common_state``, the distributed
+optimizer's ``param_state`` and ``param_groups``, Transformer Engine's ``_extra_state``), whose
+``torch.save`` bytes ``DefaultLoadPlanner.load_bytes`` reads with ``torch.load(weights_only=False)``.
+A crafted checkpoint could run code there (found in review, 2026-12-03; the reviewer ran an
+``os.system`` payload through ``load_bytes``).
+
+:func:`vet_torch_dist_checkpoint` reads both as data first, and raises before megatron-core reads
+anything:
+
+* ``.metadata`` with an unpickler that resolves only torch DCP's metadata classes
+  (:data:`METADATA_GLOBALS`: ``Metadata``, the storage and chunk metadata, ``MetadataIndex``,
+  ``StorageMeta``, ``_StorageInfo``), ``torch.Size``, torch dtypes, layouts
+  (``torch.serialization._get_layout``), ``pathlib`` paths and ``OrderedDict``;
+* every ShardedObject's bytes, located by ``.metadata`` (a file inside the checkpoint directory, an
+  offset and a length; no storage transform), with ``torch.load(weights_only=True)``, megatron-core's
+  safe globals allowed (``megatron.core.safe_globals.SAFE_GLOBALS``: what megatron-core itself
+  loads with ``weights_only=True``), and ``map_location="meta"``: the pickle is vetted, the tensor
+  storages are not read (the optimizer state of an 8B model is tens of GB).
+
+What this does not change: megatron-core then reads the same files its own way. A file replaced
+between the vetting and the load (another writer in the checkpoint directory while the job starts)
+is outside this check; the trainer has verified every file's CRC-32 against the manifest before.
+Transformer Engine's ``_extra_state`` tensors hold a second pickle, vetted after the load by
+``training/te_extra_state.py`` before TE unpickles it.
+
+Errors: a global outside the allow-lists is :class:`training.checkpoint.UnsafeCheckpointError`
+(every rank stops, no fall-back to an older checkpoint: the trainer); bytes that do not deserialize
+at all (truncated, not a pickle, a missing file) are :class:`training.checkpoint.
+DamagedCheckpointError` (the trainer falls back to the previous checkpoint).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import pickletools
+import zipfile
+from pathlib import Path
+
+import torch
+
+from .checkpoint import DamagedCheckpointError, UnsafeCheckpointError
+
+__all__ = ["METADATA_GLOBALS", "read_metadata", "vet_torch_dist_checkpoint"]
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+# (module, name) the .metadata unpickler may resolve, besides torch dtypes ("torch", <dtype name>)
+METADATA_GLOBALS = frozenset(
+    {
+        *(
+            (_DCP_METADATA, name)
+            for name in (
+                "Metadata",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+                "TensorProperties",
+                "MetadataIndex",
+                "StorageMeta",
+                "_MEM_FORMAT_ENCODING",
+            )
+        ),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("collections", "OrderedDict"),
+    }
+)
+
+
+class _RefusedGlobal(Exception):
+    pass
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in METADATA_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
+            return super().find_class(module, name)
+        raise _RefusedGlobal(f"{module}.{name}")
+
+
+def read_metadata(ckpt: str | os.PathLike):
+    """The ``torch.distributed.checkpoint.metadata.Metadata`` of a torch_dist checkpoint, unpickled
+    with the allow-list of :data:`METADATA_GLOBALS` (and torch dtypes).
+
+    Raises:
+        UnsafeCheckpointError: the pickle references a global outside the allow-list (names it).
+        DamagedCheckpointError: ``.metadata`` is missing, or does not unpickle, or is not a
+            ``Metadata`` (names the file).
+    """
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = Path(ckpt) / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            meta = _MetadataUnpickler(f).load()
+    except _RefusedGlobal as err:
+        raise UnsafeCheckpointError(
+            f"{path} references {err}, which torch_dist metadata does not hold; this checkpoint was "
+            "not written by megatron-core's dist_checkpointing and may run code when unpickled: it "
+            "was not loaded"
+        ) from None
+    except Exception as err:  # UnpicklingError, EOFError, ValueError (protocol), OSError, ...
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise DamagedCheckpointError(
+            f"{path} does not deserialize as torch_dist metadata ({type(err).__name__}: {first})"
+        ) from None
+    if not isinstance(meta, Metadata):
+        raise DamagedCheckpointError(
+            f"{path} does not deserialize as torch_dist metadata (it holds a {type(meta).__name__})"
+        )
+    return meta
+
+
+class _Slice(io.RawIOBase):
+    """``length`` bytes of an open binary file from ``offset``, as a seekable file of its own."""
+
+    def __init__(self, f, offset: int, length: int):
+        self._f, self._start, self._len, self._pos = f, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._len}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        n = max(0, min(len(buf), self._len - self._pos))
+        self._f.seek(self._start + self._pos)
+        got = self._f.readinto(memoryview(buf)[:n])
+        self._pos += got
+        return got
+
+
+def _is_valid_pickle(f) -> bool:
+    """Whether ``f`` is a ``torch.save`` zip whose ``data.pkl`` parses as a pickle (read, not run):
+    then a ``weights_only`` failure is a refusal of what it builds, else the bytes are damaged."""
+    try:
+        with zipfile.ZipFile(f) as z:
+            name = next(n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl")
+            for _ in pickletools.genops(z.read(name)):
+                pass
+    except Exception:  # noqa: BLE001 - not a zip, no data.pkl, a truncated or garbled pickle
+        return False
+    return True
+
+
+def _safe_globals() -> list:
+    try:
+        from megatron.core.safe_globals import SAFE_GLOBALS
+    except ImportError:  # megatron-core is a dependency; without it nothing loads torch_dist anyway
+        return []
+    return list(SAFE_GLOBALS)
+
+
+def _vet_object(ckpt: Path, key: str, info) -> None:
+    """One ShardedObject's ``torch.save`` bytes, loaded with ``weights_only=True`` on ``meta``."""
+    where = f"{ckpt}: the object {key!r}"
+    if getattr(info, "transform_descriptors", None):
+        raise UnsafeCheckpointError(
+            f"{where} is stored with transforms {list(info.transform_descriptors)}, which this "
+            "project does not write; it was not loaded"
+        )
+    rel = Path(info.relative_path)
+    path = (ckpt / rel).resolve()
+    if rel.is_absolute() or ckpt.resolve() not in path.parents:
+        raise UnsafeCheckpointError(f"{where} points outside the checkpoint directory ({rel}); not loaded")
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise DamagedCheckpointError(f"{where} is in {path}, which cannot be read ({err})") from None
+    if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+        raise DamagedCheckpointError(
+            f"{where} lies past the end of {path} (bytes {info.offset}+{info.length} of {size})"
+        )
+    try:
+        with open(path, "rb") as f, torch.serialization.safe_globals(_safe_globals()):
+            torch.load(
+                io.BufferedReader(_Slice(f, info.offset, info.length)),
+                map_location="meta",
+                weights_only=True,
+            )
+    except pickle.UnpicklingError as err:  # torch's weights_only refusals and unreadable pickles alike
+        text = str(err)
+        with open(path, "rb") as f:
+            valid = _is_valid_pickle(_Slice(f, info.offset, info.length))
+        if valid:
+            detail = next(
+                (line.strip() for line in text.splitlines() if "GLOBAL" in line or "Unsupported" in line), ""
+            )
+            raise UnsafeCheckpointError(
+                f"{where} is not data: torch.load(weights_only=True) refuses it ({detail}); this "
+                "checkpoint may run code when unpickled: it was not loaded"
+            ) from None
+        raise DamagedCheckpointError(f"{where} does not deserialize ({text.splitlines()[0]})") from None
+    except Exception as err:  # a truncated zip, garbage bytes, ...
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise DamagedCheckpointError(
+            f"{where} does not deserialize ({type(err).__name__}: {first})"
+        ) from None
+
+
+def vet_torch_dist_checkpoint(ckpt: str | os.PathLike):
+    """Read a torch_dist checkpoint's ``.metadata`` and every ShardedObject it lists as data
+    (module docstring); return the ``Metadata``.
+
+    Raises:
+        UnsafeCheckpointError: a pickle references a global outside the allow-lists, an object is
+            stored with a transform, or points outside ``ckpt`` (the message names file and key).
+        DamagedCheckpointError: a file is missing, truncated or does not deserialize.
+    """
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    ckpt = Path(ckpt)
+    meta = read_metadata(ckpt)
+    objects = {k for k, m in meta.state_dict_metadata.items() if isinstance(m, BytesStorageMetadata)}
+    storage = meta.storage_data or {}
+    for index, info in storage.items():
+        if getattr(index, "fqn", None) in objects:
+            _vet_object(ckpt, index.fqn, info)
+    missing = objects - {getattr(i, "fqn", None) for i in storage}
+    if missing:
+        raise DamagedCheckpointError(
+            f"{ckpt / '.metadata'} lists objects without storage: {sorted(missing)[:3]}"
+        )
+    return meta
