@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import DamagedCheckpointError, rng_file
+from .checkpoint import DamagedCheckpointError, UnsafeCheckpointError, rng_file
 from .engine import (
     StepResult,
     check_tensor_shapes,
@@ -45,7 +45,7 @@ from .engine import (
     save_rng_state,
 )
 from .te_extra_state import allow_vetted_te_extra_state
-from .torch_dist_vetting import read_metadata, vet_torch_dist_checkpoint
+from .torch_dist_vetting import data_only_torch_load, read_metadata, refused_pickle, vet_torch_dist_checkpoint
 
 __all__ = ["MegatronEngine"]
 
@@ -373,8 +373,9 @@ class MegatronEngine:
                 ``dist_checkpointing.load`` fails (the model may be partly overwritten: load another
                 checkpoint, which overwrites all of it, or stop).
             UnsafeCheckpointError: ``.metadata`` or a ShardedObject would unpickle something other
-                than data (``training/torch_dist_vetting.py``; nothing changed yet), or a Transformer
-                Engine extra state something other than FP8 scaling state
+                than data (``training/torch_dist_vetting.py``: found by the vetting, nothing changed
+                yet; or refused during the load, which reads as data too), or a Transformer Engine
+                extra state something other than FP8 scaling state
                 (``te_extra_state.UnsafeExtraStateError``; the model may be partly overwritten, as
                 above).
         """
@@ -394,12 +395,19 @@ class MegatronEngine:
         rng_saved = load_weights_only(rng) if same_world else None
         self._materialize_optimizer_state()
         try:
-            state = dist_checkpointing.load(
-                sharded_state_dict=self._sharded_state_dict(is_loading=True), checkpoint_dir=str(ckpt)
-            )
-        except torch.cuda.OutOfMemoryError:
+            with data_only_torch_load():  # the load reads as data too (torch_dist_vetting)
+                state = dist_checkpointing.load(
+                    sharded_state_dict=self._sharded_state_dict(is_loading=True), checkpoint_dir=str(ckpt)
+                )
+        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt, SystemExit):
             raise
-        except Exception as err:  # torch DCP gathers every rank's read errors and raises them on all
+        # torch DCP gathers every rank's read errors into a CheckpointException, a BaseException
+        except BaseException as err:  # noqa: BLE001
+            if refused_pickle(err):
+                raise UnsafeCheckpointError(
+                    f"{ckpt}: megatron-core's dist_checkpointing.load met a pickle that is not data "
+                    f"({describe_load_error(err)}); it may run code when unpickled: not loaded"
+                ) from None
             raise DamagedCheckpointError(
                 f"{ckpt} cannot be loaded by megatron-core's dist_checkpointing.load "
                 f"({describe_load_error(err)}): a file is damaged, or it is not this model's checkpoint"

@@ -21,32 +21,47 @@ anything:
   loads with ``weights_only=True``), and ``map_location="meta"``: the pickle is vetted, the tensor
   storages are not read (the optimizer state of an 8B model is tens of GB).
 
-What this does not change: megatron-core then reads the same files its own way. A file replaced
-between the vetting and the load (another writer in the checkpoint directory while the job starts)
-is outside this check; the trainer has verified every file's CRC-32 against the manifest before.
-Transformer Engine's ``_extra_state`` tensors hold a second pickle, vetted after the load by
+The load itself then runs inside :func:`data_only_torch_load`: ``torch.load`` with
+``weights_only=True`` (torch DCP's ``load_bytes``, megatron-core's legacy ``common.pt``) and torch
+DCP's ``.metadata`` reader with the allow-list unpickler (also its fall-back to a per-rank
+``__0.metadata`` when ``.metadata`` fails, which the vetting does not read). So a file replaced
+between the vetting and the load, or a file the vetting does not read, is still read as data; the
+vetting first makes the refusal a clean error before anything is loaded. Transformer Engine's
+``_extra_state`` tensors hold a second pickle, vetted after the load by
 ``training/te_extra_state.py`` before TE unpickles it.
 
-Errors: a global outside the allow-lists is :class:`training.checkpoint.UnsafeCheckpointError`
-(every rank stops, no fall-back to an older checkpoint: the trainer); bytes that do not deserialize
-at all (truncated, not a pickle, a missing file) are :class:`training.checkpoint.
-DamagedCheckpointError` (the trainer falls back to the previous checkpoint).
+Errors: a global outside the allow-lists (or a TorchScript archive, which DCP would load with
+``torch.jit.load``) is :class:`training.checkpoint.UnsafeCheckpointError` (every rank stops, no
+fall-back to an older checkpoint: the trainer); bytes that do not deserialize at all (truncated, not
+a pickle, a missing file) are :class:`training.checkpoint.DamagedCheckpointError` (the trainer falls
+back to the previous checkpoint). An object's bytes count as damaged only when torch names no
+refused global and its ``data.pkl`` does not parse (:func:`refused_pickle`); the trainer has
+verified every file's CRC-32 against the manifest before, so damage there is rare.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import pickletools
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 from .checkpoint import DamagedCheckpointError, UnsafeCheckpointError
 
-__all__ = ["METADATA_GLOBALS", "read_metadata", "vet_torch_dist_checkpoint"]
+__all__ = [
+    "METADATA_GLOBALS",
+    "data_only_torch_load",
+    "read_metadata",
+    "refused_pickle",
+    "vet_torch_dist_checkpoint",
+]
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 # (module, name) the .metadata unpickler may resolve, besides torch dtypes ("torch", <dtype name>)
@@ -97,18 +112,14 @@ def read_metadata(ckpt: str | os.PathLike):
         DamagedCheckpointError: ``.metadata`` is missing, or does not unpickle, or is not a
             ``Metadata`` (names the file).
     """
-    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
     path = Path(ckpt) / ".metadata"
     try:
         with open(path, "rb") as f:
-            meta = _MetadataUnpickler(f).load()
-    except _RefusedGlobal as err:
-        raise UnsafeCheckpointError(
-            f"{path} references {err}, which torch_dist metadata does not hold; this checkpoint was "
-            "not written by megatron-core's dist_checkpointing and may run code when unpickled: it "
-            "was not loaded"
-        ) from None
+            meta = _load_metadata(f, path)
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:  # UnpicklingError, EOFError, ValueError (protocol), OSError, ...
         first = str(err).splitlines()[0] if str(err) else ""
         raise DamagedCheckpointError(
@@ -118,7 +129,31 @@ def read_metadata(ckpt: str | os.PathLike):
         raise DamagedCheckpointError(
             f"{path} does not deserialize as torch_dist metadata (it holds a {type(meta).__name__})"
         )
+    # torch DCP's reader fails on other field types, then falls back to a per-rank metadata file
+    fields = (meta.state_dict_metadata, meta.storage_data, getattr(meta, "storage_meta", None))
+    if not (
+        isinstance(fields[0], dict)
+        and isinstance(fields[1], dict | None)
+        and isinstance(fields[2], StorageMeta | None)
+    ):
+        raise DamagedCheckpointError(
+            f"{path} does not deserialize as torch_dist metadata (malformed fields: "
+            f"{', '.join(type(f).__name__ for f in fields)})"
+        )
     return meta
+
+
+def _load_metadata(f, name):
+    """Unpickle a metadata file with :class:`_MetadataUnpickler`; a refused global is
+    :class:`UnsafeCheckpointError` (naming ``name`` and the global)."""
+    try:
+        return _MetadataUnpickler(f).load()
+    except _RefusedGlobal as err:
+        raise UnsafeCheckpointError(
+            f"{name} references {err}, which torch_dist metadata does not hold; this checkpoint was "
+            "not written by megatron-core's dist_checkpointing and may run code when unpickled: it "
+            "was not loaded"
+        ) from None
 
 
 class _Slice(io.RawIOBase):
@@ -162,6 +197,65 @@ def _is_valid_pickle(f) -> bool:
     return True
 
 
+# what torch's weights_only loader says when it refuses a global or a TorchScript archive (torch
+# 2.6-2.11: "Unsupported global: GLOBAL m.n", "Trying to load unsupported GLOBAL m.n whose module m
+# is blocked", "Cannot use weights_only=True with TorchScript archives"), and this module's own
+# refusals; not "Unsupported operand", which garbage bytes give as well (an invalid opcode)
+_REFUSAL_MARKS = ("GLOBAL", "TorchScript", "UnsafeCheckpointError")
+
+
+def refused_pickle(err: BaseException) -> bool:
+    """Whether ``err`` (or, for torch DCP's ``CheckpointException``, one of the failures it gathers
+    from the ranks) is a refusal to build something rather than damage: torch's ``weights_only``
+    refusal of a global or a TorchScript archive, or an :class:`UnsafeCheckpointError`."""
+    if isinstance(err, UnsafeCheckpointError):
+        return True
+    failures = getattr(err, "failures", None) or {}
+    nested = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    if any(isinstance(e, UnsafeCheckpointError) for e in nested):
+        return True
+    text = " ".join([str(err), *map(str, nested)])
+    return any(m in text for m in _REFUSAL_MARKS)
+
+
+class _SafePickle:
+    """Stands for the ``pickle`` module inside torch DCP's ``filesystem`` module: ``load`` is the
+    metadata allow-list unpickler, the rest is ``pickle``'s."""
+
+    def __getattr__(self, name):
+        return getattr(pickle, name)
+
+    @staticmethod
+    def load(f, *args, **kwargs):
+        return _load_metadata(f, getattr(f, "name", "a torch_dist metadata file"))
+
+
+@contextlib.contextmanager
+def data_only_torch_load() -> Iterator[None]:
+    """Inside the block, ``torch.load`` runs with ``weights_only=True`` whatever its caller asks
+    (megatron-core's safe globals allowed) and torch DCP's ``FileSystemReader.read_metadata``
+    unpickles with the allow-list of :data:`METADATA_GLOBALS`: megatron-core's
+    ``dist_checkpointing.load`` then reads the checkpoint as data. Both are process-wide while the
+    block runs (the trainer loads in its main thread; nothing else in the process unpickles then)
+    and restored after it, also on error.
+
+    Raises (from the loads inside): ``pickle.UnpicklingError`` (a ``weights_only`` refusal) or
+    :class:`UnsafeCheckpointError` (a metadata file), which torch DCP wraps in its
+    ``CheckpointException`` (a ``BaseException``); :func:`refused_pickle` tells them from damage.
+    """
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+
+    real = torch.load
+
+    def load(f, *args, **kwargs):
+        kwargs["weights_only"] = True
+        with torch.serialization.safe_globals(_safe_globals()):
+            return real(f, *args, **kwargs)
+
+    with mock.patch.object(torch, "load", load), mock.patch.object(dcp_fs, "pickle", _SafePickle()):
+        yield
+
+
 def _safe_globals() -> list:
     try:
         from megatron.core.safe_globals import SAFE_GLOBALS
@@ -178,6 +272,11 @@ def _vet_object(ckpt: Path, key: str, info) -> None:
             f"{where} is stored with transforms {list(info.transform_descriptors)}, which this "
             "project does not write; it was not loaded"
         )
+    if not (
+        isinstance(info.relative_path, str)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in (info.offset, info.length))
+    ):
+        raise DamagedCheckpointError(f"{where} has a malformed storage entry in .metadata ({info!r})")
     rel = Path(info.relative_path)
     path = (ckpt / rel).resolve()
     if rel.is_absolute() or ckpt.resolve() not in path.parents:
@@ -197,21 +296,17 @@ def _vet_object(ckpt: Path, key: str, info) -> None:
                 map_location="meta",
                 weights_only=True,
             )
-    except pickle.UnpicklingError as err:  # torch's weights_only refusals and unreadable pickles alike
-        text = str(err)
+    except Exception as err:  # torch's weights_only refusals, a truncated zip, garbage bytes, ...
         with open(path, "rb") as f:
             valid = _is_valid_pickle(_Slice(f, info.offset, info.length))
-        if valid:
-            detail = next(
-                (line.strip() for line in text.splitlines() if "GLOBAL" in line or "Unsupported" in line), ""
-            )
+        first = str(err).splitlines()[0] if str(err) else ""
+        if valid or refused_pickle(err):
+            found = (line.strip() for line in str(err).splitlines())
+            detail = next((line for line in found if any(m in line for m in _REFUSAL_MARKS)), first)
             raise UnsafeCheckpointError(
                 f"{where} is not data: torch.load(weights_only=True) refuses it ({detail}); this "
                 "checkpoint may run code when unpickled: it was not loaded"
             ) from None
-        raise DamagedCheckpointError(f"{where} does not deserialize ({text.splitlines()[0]})") from None
-    except Exception as err:  # a truncated zip, garbage bytes, ...
-        first = str(err).splitlines()[0] if str(err) else ""
         raise DamagedCheckpointError(
             f"{where} does not deserialize ({type(err).__name__}: {first})"
         ) from None
@@ -223,12 +318,19 @@ def vet_torch_dist_checkpoint(ckpt: str | os.PathLike):
 
     Raises:
         UnsafeCheckpointError: a pickle references a global outside the allow-lists, an object is
-            stored with a transform, or points outside ``ckpt`` (the message names file and key).
+            stored with a transform, or points outside ``ckpt``, or ``ckpt`` holds per-rank
+            ``__<rank>.metadata`` files (the message names file and key).
         DamagedCheckpointError: a file is missing, truncated or does not deserialize.
     """
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     ckpt = Path(ckpt)
+    per_rank = sorted(p.name for p in ckpt.glob("__*.metadata"))
+    if per_rank:  # torch DCP reads __<rank>.metadata when .metadata fails to load
+        raise UnsafeCheckpointError(
+            f"{ckpt} holds per-rank metadata files {per_rank[:3]}, which megatron-core does not write "
+            "(torch DCP reads them when .metadata fails to load); it was not loaded"
+        )
     meta = read_metadata(ckpt)
     objects = {k for k, m in meta.state_dict_metadata.items() if isinstance(m, BytesStorageMetadata)}
     storage = meta.storage_data or {}

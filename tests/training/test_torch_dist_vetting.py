@@ -9,16 +9,21 @@ megatron-core's own checkpoints.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import pickle
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from training.checkpoint import DamagedCheckpointError, UnsafeCheckpointError
 from training.engine_megatron import dcp_tensor_shapes
 from training.torch_dist_vetting import read_metadata, vet_torch_dist_checkpoint
+
+# torch DCP gathers read errors into CheckpointException, a BaseException
+LOAD_ERRORS = (Exception, CheckpointException)
 
 
 class Payload:
@@ -150,3 +155,114 @@ def test_tensor_storages_are_not_read(tmp_path, monkeypatch):
     monkeypatch.setattr(torch_dist_vetting._Slice, "readinto", counting)
     vet_torch_dist_checkpoint(ckpt)
     assert 0 < sum(reads) < 1 << 20, sum(reads)  # the two storages are 8 MiB
+
+
+def _store_object(ckpt, key, blob):
+    """Append ``blob`` to the checkpoint's data file and point object ``key`` of .metadata at it."""
+    meta = pickle.loads((ckpt / ".metadata").read_bytes())
+    with open(ckpt / "__0_0.distcp", "ab") as f:
+        offset = f.tell()
+        f.write(blob)
+    for index, info in meta.storage_data.items():
+        if index.fqn == key:
+            info.offset, info.length = offset, len(blob)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(meta))
+
+
+def test_a_refusal_is_not_disguised_as_damage(tmp_path):
+    """Found in review: a payload whose pickle is broken after its GLOBAL (torch refuses at the
+    GLOBAL, the pickle does not parse) and a TorchScript archive (which DCP's load_bytes hands to
+    torch.jit.load) are refusals, not damage the trainer would fall back from."""
+    import zipfile
+
+    src, out = io.BytesIO(), io.BytesIO()
+    torch.save(Payload(tmp_path / "ran"), src)
+    src.seek(0)
+    with zipfile.ZipFile(src) as zi, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zo:
+        for name in zi.namelist():
+            data = zi.read(name)
+            zo.writestr(name, data[:-1] + b"\xff" if name.endswith("data.pkl") else data)
+    ckpt = save(tmp_path / "a", state())
+    _store_object(ckpt, "optimizer.step", out.getvalue())
+    with pytest.raises(UnsafeCheckpointError, match=r"'optimizer.step' is not data: .*GLOBAL posix.system"):
+        vet_torch_dist_checkpoint(ckpt)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    script = io.BytesIO()
+    torch.jit.save(torch.jit.script(M()), script)
+    ckpt = save(tmp_path / "b", state())
+    _store_object(ckpt, "optimizer.step", script.getvalue())
+    with pytest.raises(UnsafeCheckpointError, match=r"'optimizer.step' is not data: .*TorchScript"):
+        vet_torch_dist_checkpoint(ckpt)
+    _rewrite_storage(ckpt, "optimizer.step", offset="0")
+    with pytest.raises(DamagedCheckpointError, match=r"malformed storage entry"):
+        vet_torch_dist_checkpoint(ckpt)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_load_itself_reads_as_data(tmp_path):
+    """Inside data_only_torch_load, torch DCP's load (what megatron-core's dist_checkpointing.load
+    runs) refuses a code payload in an object, and megatron-core's load_common_state_dict refuses one
+    in the per-rank __0.metadata that DCP falls back to when .metadata fails to load (found in review:
+    a .metadata the vetting accepts, whose storage_meta is not a StorageMeta, made DCP read it)."""
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+
+    from training.torch_dist_vetting import data_only_torch_load, refused_pickle
+
+    marker = tmp_path / "ran"
+    bad = state()
+    bad["optimizer"]["step"] = Payload(marker)
+    ckpt = save(tmp_path / "a", bad)
+    with data_only_torch_load(), pytest.raises(LOAD_ERRORS) as info:
+        dcp.load({"optimizer": {"step": None}}, checkpoint_id=str(ckpt), no_dist=True)
+    assert refused_pickle(info.value) and not marker.exists()
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+
+    assert torch.load is torch.serialization.load and dcp_fs.pickle is pickle  # restored
+
+    ckpt = save(tmp_path / "b", state())
+    (ckpt / "metadata.json").write_text(
+        '{"sharded_backend": "torch_dist", "sharded_backend_version": 1, '
+        '"common_backend": "torch", "common_backend_version": 1}'
+    )
+    meta = pickle.loads((ckpt / ".metadata").read_bytes())
+    meta.storage_meta = 1
+    (ckpt / ".metadata").write_bytes(pickle.dumps(meta))
+    (ckpt / "__0.metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(UnsafeCheckpointError, match=r"per-rank metadata files \['__0.metadata'\]"):
+        vet_torch_dist_checkpoint(ckpt)
+    (ckpt / "__0.metadata").rename(ckpt / "saved")
+    with pytest.raises(DamagedCheckpointError, match=r"malformed fields: dict, dict, int"):
+        vet_torch_dist_checkpoint(ckpt)
+    (ckpt / "saved").rename(ckpt / "__0.metadata")
+    with data_only_torch_load(), pytest.raises(LOAD_ERRORS):  # DCP drops the refusal: "metadata is None"
+        load_common_state_dict(str(ckpt))
+    assert not marker.exists()
+    with pytest.raises(LOAD_ERRORS):  # what the context stands in front of
+        load_common_state_dict(str(ckpt))
+    assert marker.exists()
+
+
+def test_megatron_cores_own_checkpoint_is_vetted_and_loads(tmp_path):
+    """megatron-core's writer (TorchDistSaveShardedStrategy: what the GPU engine saves with) on the
+    CPU: the vetting accepts its .metadata and objects (a TE extra state, optimizer param groups, a
+    dp_reshardable-style param_state keyed by dtypes, a Namespace in the common state), and
+    dist_checkpointing.load inside data_only_torch_load gives back what was saved."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("megatron_torch_dist_cpu.py")
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    env = {**os.environ, "PORT": str(29500 + os.getpid() % 2000)}
+    res = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"files": [".metadata", "__0_0.distcp", "metadata.json"], "same": True}
