@@ -14,8 +14,9 @@
 #        .te-bundle/te_install.sh (N = 0..5; with part 05 also .te-bundle/te-wheels)
 #        bash bench/te_session.sh install
 #   9  carry .te-bundle/te_install.sh
-#        BENCH_COMMIT=<sha> STEPS="tests parity" TE_TESTS_TIMEOUT=250 PARITY_TIMEOUT=100 bash bench/te_session.sh run
-#        (about 360 s: the tests 141 s, each parity run about 70 s)
+#        BENCH_COMMIT=<sha> STEPS=tests bash bench/te_session.sh run      (up to 540 s)
+#        then, when parity is wanted, one more call with STEPS=parity PARITY_TIMEOUT=100 (each parity
+#        run about 70 s)
 #   10 carry .te-bundle/te_install.sh
 #        BENCH_COMMIT=<sha> STEPS=throughput THROUGHPUT_BUDGET=520 bash bench/te_session.sh run
 #        (the micro-batch 4 runs and the 32-layer extrapolation fit 520 s; micro-batch 2 and 1 need
@@ -25,10 +26,11 @@
 # The "tests" step alone needs no CuTe calls: carry megatron-core's wheel (and llama-models') from
 # .whl with the last TE part (all of .whl, 30 MB, does not fit beside it), e.g. to re-run the TE tests
 # after a fix: 6 install calls, then STEPS=tests.
-#   "tests": pytest -m gpu tests/llama tests/training/test_train_te_gpu.py: TE FP8 builds and trains
-#     with current and delayed scaling, resumes bitwise in deterministic mode with either (the FP8
-#     scaling state in the checkpoint), SIGTERM mid-run saves and the relaunch finishes
-#     (TE_TESTS_TIMEOUT, 300 s);
+#   "tests": pytest -m gpu tests/llama tests/training: TE FP8 builds and trains with current and
+#     delayed scaling, resumes bitwise in deterministic mode with either (the FP8 scaling state in
+#     the checkpoint), SIGTERM mid-run saves and the relaunch finishes; the megatron-core engine's
+#     resume, async save and damaged-checkpoint fall-back, all through the torch_dist vetting
+#     (training/torch_dist_vetting.py) (TE_TESTS_TIMEOUT, 540 s; the TE tests alone took 181 s);
 #   "parity": configs/small_gpu.yaml, recipe bf16 on fa4, PARITY_ITERS (120) steps: local projections
 #     seed 1234, TE BF16 projections seed 1234, local seed 1235 (the seed yardstick of the same run);
 #     the final validation losses (PARITY_TIMEOUT per run, 150 s);
@@ -63,7 +65,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 steps=" ${STEPS:-tests parity} "
 if [[ $steps == *" tests "* ]]; then
-  timeout "${TE_TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/llama tests/training/test_train_te_gpu.py \
+  timeout "${TE_TESTS_TIMEOUT:-540}" python3 -m pytest -q -m gpu tests/llama tests/training \
     -p no:cacheprovider -rs > "$out/te_tests.log" 2>&1; echo "te tests rc=$?" | tee -a "$out/status.txt"
   tail -8 "$out/te_tests.log"
 fi
