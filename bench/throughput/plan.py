@@ -19,7 +19,7 @@ Arms, in this order, each an attention recipe on its backend with a projection p
 | ``te-fp8+fp8-attn`` | Transformer Engine FP8 | ``fp8`` on ``cute`` |
 | ``te-fp8+nvfp4qk_fp8pv`` | Transformer Engine FP8 | ``nvfp4qk_fp8pv`` on ``cute`` (1) |
 
-(1) its forward is the CuTe kernel, its backward Triton's.
+(1) its CuTe backward recomputes S^T as a BF16 wgmma on the NVFP4 decodes (results/cute_nvfp4_bwd_h200).
 
 (``model.transformer_impl=transformer_engine``: megatron-core's TE layer spec, which a user of the
 BF16 stack runs; ``projection.precision=bf16`` or ``te_fp8``, the latter with the rest of the
@@ -55,9 +55,8 @@ BASE_CONFIG = "configs/llama3_1_8b_100b_bf16.yaml"
 FP8_CONFIG = "configs/llama3_1_8b_100b_fp8.yaml"
 # The fastest backend of each recipe, forward + backward at B4 H32/8 S4096 causal on the H200: bf16 on
 # FA4 3.86 ms (cuDNN 4.23), fp8 on cute 4.86 ms (triton 9.83; results/cute_unpromoted_h200);
-# nvfp4qk_fp8pv cute 12.65 = triton 12.65 ms (results/cute_prep_h200): cute here, whose forward is the
-# faster (1.63 vs 1.75 ms) and whose backward is triton's; auto keeps triton for it (the per-recipe
-# priority in backends/cute/__init__.py), which B1's 4.17 vs 4.42 ms fwd+bwd favours.
+# nvfp4qk_fp8pv on cute 4.580 ms with its CuTe backward (triton 11.133; results/cute_nvfp4_bwd_h200),
+# which auto picks too.
 FASTEST_BACKEND = {"bf16": "fa4", "fp8": "cute", "nvfp4qk_fp8pv": "cute"}
 
 
