@@ -101,9 +101,14 @@ CHECKSUM = "crc32"  # the manifest's ``checksum``: the algorithm of its ``checks
 _HASH_CHUNK = 16 * 2**20
 _ITER_RE = re.compile(rf"^{ITER_PREFIX}(\d{{7}})$")
 # Resolved-config keys that may change freely between a checkpoint and its resume.
+# projection.fp8_weight_cache (added 2026-12-03; a checkpoint written before has no such key) changes
+# when Transformer Engine quantizes a weight, once per step or once per micro-batch, not the FP8
+# weight it gets: the weights do not change within a step (with delayed scaling, the weight's amax
+# enters the history per micro-batch instead of per step, the same value more often).
 FREE_KEYS = (
     "attention.backend",
     "attention.options",
+    "projection.fp8_weight_cache",
     "checkpoint.*",
     "logging.*",
     "validation.*",

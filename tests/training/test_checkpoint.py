@@ -90,6 +90,25 @@ def test_compatibility_messages():
     assert len(allowed) == 3
 
 
+def test_a_checkpoint_from_before_the_fp8_weight_cache_key_resumes():
+    """A config saved before projection.fp8_weight_cache existed (no such key) resumes under a config
+    that has it, on or off: it changes when TE quantizes the weights, not what is trained."""
+    from training.config import load_config
+    from training.resolved import resolved_dict
+
+    now = resolved_dict(load_config("configs/llama3_1_8b_100b_fp8.yaml"))
+    saved = json.loads(json.dumps(now))
+    del saved["projection"]["fp8_weight_cache"]
+    assert now["projection"]["fp8_weight_cache"] is False
+    assert (
+        ckpt.check_resume_compatible(saved, now, allow=[], saved_data_identity=None, data_identity=None) == []
+    )
+    saved["projection"]["fp8_weight_cache"] = True
+    assert ckpt.config_differences(saved, now) == []
+    saved["projection"]["fp8_scaling"] = "delayed"
+    assert [k for k, _, _ in ckpt.config_differences(saved, now)] == ["projection.fp8_scaling"]
+
+
 def _flip_byte(path, offset=None):
     data = bytearray(path.read_bytes())
     i = len(data) // 2 if offset is None else offset
