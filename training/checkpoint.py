@@ -41,7 +41,9 @@ from the file system, whose read rate then bounds it). Verification is skipped w
 be repeated (:func:`prune`, the non-finite stop's message): those check sizes.
 
 Resume compatibility (:func:`check_resume_compatible`): the saved resolved config is compared with
-the new one key by key, except keys that do not change what is trained (:data:`FREE_KEYS`); any
+the new one key by key (a key added since, :data:`ADDED_KEYS`, missing from a saved config counts
+as the value that meant what that checkpoint did), except keys that do not change what is trained
+(:data:`FREE_KEYS`); any
 other difference, and a different dataset identity (key ``data.identity``), stops the job with a
 message naming each key, unless the key (or its section) is listed in
 ``checkpoint.allow_config_change``.
@@ -62,6 +64,7 @@ from pathlib import Path
 from .resolved import flatten, key_matches
 
 __all__ = [
+    "ADDED_KEYS",
     "CONFIG_FILE",
     "ITER_PREFIX",
     "MANIFEST",
@@ -101,14 +104,9 @@ CHECKSUM = "crc32"  # the manifest's ``checksum``: the algorithm of its ``checks
 _HASH_CHUNK = 16 * 2**20
 _ITER_RE = re.compile(rf"^{ITER_PREFIX}(\d{{7}})$")
 # Resolved-config keys that may change freely between a checkpoint and its resume.
-# projection.fp8_weight_cache (added 2026-12-03; a checkpoint written before has no such key) changes
-# when Transformer Engine quantizes a weight, once per step or once per micro-batch, not the FP8
-# weight it gets: the weights do not change within a step (with delayed scaling, the weight's amax
-# enters the history per micro-batch instead of per step, the same value more often).
 FREE_KEYS = (
     "attention.backend",
     "attention.options",
-    "projection.fp8_weight_cache",
     "checkpoint.*",
     "logging.*",
     "validation.*",
@@ -116,6 +114,13 @@ FREE_KEYS = (
     "data.cache_dir",
     "data.num_workers",
 )
+
+
+# Keys added to the resolved config after checkpoints were written, with the value that means what
+# those checkpoints did: a saved config without such a key is compared as if it held that value.
+ADDED_KEYS = {
+    "projection.fp8_weight_cache": True,  # 2026-12-03; before, megatron-core's default: the cache on
+}
 
 
 class ConfigMismatchError(ValueError):
@@ -466,8 +471,10 @@ def prune(root: str | os.PathLike, keep_last: int) -> None:
 
 
 def config_differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
-    """``(key, saved, now)`` for every resolved-config key that differs, except :data:`FREE_KEYS`."""
+    """``(key, saved, now)`` for every resolved-config key that differs, except :data:`FREE_KEYS`; a
+    key of :data:`ADDED_KEYS` missing from ``saved`` counts as its value there."""
     a, b = flatten(saved), flatten(now)
+    a.update({k: v for k, v in ADDED_KEYS.items() if k in b and k not in a})
     diffs = []
     for key in sorted(set(a) | set(b)):
         if any(key_matches(key, p) for p in FREE_KEYS):

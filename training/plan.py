@@ -29,8 +29,10 @@ Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
   parallelism), times the micro-batch tokens, the layers of a stage and the micro-batches in
   flight on the first stage (min(PP, accumulation) under 1F1B), plus the logits (BF16 + FP32
   softmax, ``6 V / TP`` bytes per token). Quantized attention saves less than this BF16 figure.
-* with Transformer Engine FP8 projections and ``projection.fp8_weight_cache`` (the default), the
-  cached FP8 weights: ``2`` bytes per projection weight of a stage / TP (row- and column-wise E4M3).
+* with Transformer Engine FP8 projections, TE's FP8 copies of the weights: ``2`` bytes per
+  projection weight of a stage / TP (row- and column-wise E4M3), BF16 first/last layers excepted;
+  saved from forward to backward whatever ``projection.fp8_weight_cache`` says (the cache keeps
+  them between steps too, which a forward/backward peak does not see).
 * checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v), ``checkpoint.keep_last``
   of them on disk, one more while the next is written (the oldest goes once the new one is complete).
 
@@ -191,10 +193,12 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         "activations": activations,
     }
     proj = cfg.projection
-    if proj.precision == "te_fp8" and proj.fp8_weight_cache:
-        # Transformer Engine keeps each FP8 projection weight row- and column-wise between steps
-        # (projection.fp8_weight_cache); the norms' 2 * h per layer are not projections
-        memory["fp8 weight cache"] = 2 * layers * (_layer_params(m) - 2 * h) / tp
+    if proj.precision == "te_fp8":
+        # Transformer Engine's FP8 copy of each projection weight, row- and column-wise, saved from
+        # forward to backward (kept between steps too with projection.fp8_weight_cache); not in
+        # the BF16 first/last layers; the norms' 2 * h per layer are not projections
+        fp8_layers = max(0, layers - proj.fp8_bf16_first_layers - proj.fp8_bf16_last_layers)
+        memory["fp8 weights"] = 2 * fp8_layers * (_layer_params(m) - 2 * h) / tp
     memory["total"] = sum(memory.values())
     projection = (
         "bf16"
@@ -293,13 +297,8 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ),
         ("activations/GPU", f"{mem['activations'] / GIB:.2f} GiB (estimate, BF16, no recomputation)"),
         *(
-            [
-                (
-                    "FP8 weight cache/GPU",
-                    f"{mem['fp8 weight cache'] / GIB:.2f} GiB (projection.fp8_weight_cache)",
-                )
-            ]
-            if "fp8 weight cache" in mem
+            [("FP8 weights/GPU", f"{mem['fp8 weights'] / GIB:.2f} GiB (TE's FP8 projection weights)")]
+            if "fp8 weights" in mem
             else []
         ),
         ("total/GPU", f"{mem['total'] / GIB:.2f} GiB (estimate)"),

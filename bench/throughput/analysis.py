@@ -124,8 +124,9 @@ def derive(records: list[dict], attention: list[dict]) -> None:
         r["attention_fwd_ms"] = t["fwd_ms"] if t else None
         r["attention_fwd_bwd_ms"] = t["fwd_bwd_ms"] if t else None
         ok = r["status"] == "ok"
+        k = r.get("accumulation", 1)  # micro-batches per step, each with its attention
         r["attention_share"] = (
-            r["layers"] * t["fwd_bwd_ms"] / (1e3 * r["median_step_s"]) if t and ok else None
+            k * r["layers"] * t["fwd_bwd_ms"] / (1e3 * r["median_step_s"]) if t and ok else None
         )
         b = base.get((r["micro_batch"], r["layers"]))
         r["vs_bf16"] = r["tokens_per_s_per_gpu"] / b["tokens_per_s_per_gpu"] if ok and b else None

@@ -95,7 +95,8 @@ def _md_header(meta: dict) -> list[str]:
             "memory.used while the run ran (allocator reserve + CUDA context)"
         ),
         (
-            "- attention share = layers x attention forward+backward time (alone, same shape, backend and "
+            "- attention share = layers x micro-batches per step x attention forward+backward time (alone, "
+            "same shape, backend and "
             "recipe, quantization included) / median step time"
         ),
     ]
@@ -173,7 +174,7 @@ def _md_attention(report: dict) -> list[str]:
             and c
             and r["attention_fwd_bwd_ms"]
         ):
-            gain = r["layers"] * (r["attention_fwd_bwd_ms"] - c["fwd_bwd_ms"])
+            gain = r.get("accumulation", 1) * r["layers"] * (r["attention_fwd_bwd_ms"] - c["fwd_bwd_ms"])
             step_ms = 1e3 * r["median_step_s"]
             where = (
                 f"- {baseline} arm, micro-batch {r['micro_batch']}: cuDNN BF16 attention instead of "

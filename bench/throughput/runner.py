@@ -34,6 +34,7 @@ def base_record(spec: RunSpec, args) -> dict:
         "attention_recipe": spec.plan["recipe"],  # the field's name in the JSON of the earlier arms
         "backend": spec.plan["backend"],
         "micro_batch": spec.micro_batch,
+        "accumulation": spec.accumulation,
         "layers": spec.layers,
         "purpose": spec.purpose,
         "seq_length": spec.plan["seq_length"],

@@ -111,15 +111,15 @@ def test_overrides_resolve_to_the_intended_8b_shaped_run(tmp_path):
 
 
 def test_te_fp8_arms_train_the_projection_section_of_the_fp8_recipe(tmp_path):
-    """Every projection setting of configs/llama3_1_8b_100b_fp8.yaml (its FP8 weight cache off
-    included) reaches the TE FP8 arms; the BF16 arms keep the BF16 recipe's."""
+    """Every projection setting of configs/llama3_1_8b_100b_fp8.yaml (its FP8 weight cache included)
+    reaches the TE FP8 arms; the BF16 arms keep the BF16 recipe's."""
     from training.config import load_config
 
     recipe = load_config(REPO / "configs/llama3_1_8b_100b_fp8.yaml").projection
     for arm in ("te-fp8", "te-fp8+fp8-attn", "te-fp8+nvfp4qk_fp8pv"):
         ov = run_overrides(arm, 2, 12, seq=4096, train_iters=9, output_dir=tmp_path / arm)
         assert load_config(REPO / BASE_CONFIG, ov).projection == recipe
-    assert recipe.fp8_weight_cache is False
+    assert recipe.fp8_weight_cache is True
     ov = run_overrides("bf16", 2, 12, seq=4096, train_iters=9, output_dir=tmp_path / "bf16")
     assert not any(o.startswith("projection.fp8") for o in ov)
 
@@ -140,6 +140,22 @@ def test_accumulation_sets_the_global_batch_and_is_checked(tmp_path):
         tt.validate_runs(tt.plan_runs(args), args.config)
     with pytest.raises(SystemExit):
         tt.parse_args(["--accumulation", "0"])
+    # each micro-batch of a step runs the attention: its share counts all of them
+    from throughput.analysis import derive
+
+    rec = {
+        "arm": "bf16",
+        "attention": "bf16",
+        "micro_batch": 2,
+        "accumulation": 4,
+        "layers": 12,
+        "status": "ok",
+        "median_step_s": 1.2,
+        "tokens_per_s_per_gpu": 1.0,
+        "peak_mem_gib": 1.0,
+    }
+    derive([rec], [{"impl": "bf16", "micro_batch": 2, "fwd_ms": 0.5, "fwd_bwd_ms": 2.0}])
+    assert rec["attention_share"] == pytest.approx(4 * 12 * 2.0 / 1200)
 
 
 # arm -> (model.transformer_impl, attention.recipe, attention.backend, projection.precision)

@@ -91,22 +91,30 @@ def test_compatibility_messages():
 
 
 def test_a_checkpoint_from_before_the_fp8_weight_cache_key_resumes():
-    """A config saved before projection.fp8_weight_cache existed (no such key) resumes under a config
-    that has it, on or off: it changes when TE quantizes the weights, not what is trained."""
+    """A config saved before projection.fp8_weight_cache existed (no such key) meant the cache on
+    (megatron-core's default): it resumes under the 8B FP8 recipe (on), while turning the cache off
+    on resume is a change to allow (with delayed scaling it changes the FP8 weights of micro-batches
+    2..K), as is any other projection key."""
     from training.config import load_config
     from training.resolved import resolved_dict
 
     now = resolved_dict(load_config("configs/llama3_1_8b_100b_fp8.yaml"))
     saved = json.loads(json.dumps(now))
     del saved["projection"]["fp8_weight_cache"]
-    assert now["projection"]["fp8_weight_cache"] is False
+    assert now["projection"]["fp8_weight_cache"] is True
     assert (
         ckpt.check_resume_compatible(saved, now, allow=[], saved_data_identity=None, data_identity=None) == []
     )
-    saved["projection"]["fp8_weight_cache"] = True
-    assert ckpt.config_differences(saved, now) == []
-    saved["projection"]["fp8_scaling"] = "delayed"
-    assert [k for k, _, _ in ckpt.config_differences(saved, now)] == ["projection.fp8_scaling"]
+    now["projection"]["fp8_weight_cache"] = False
+    assert ckpt.config_differences(saved, now) == [("projection.fp8_weight_cache", True, False)]
+    with pytest.raises(
+        ckpt.ConfigMismatchError, match=r"projection.fp8_weight_cache: True in the checkpoint"
+    ):
+        ckpt.check_resume_compatible(saved, now, allow=[], saved_data_identity=None, data_identity=None)
+    allowed = ckpt.check_resume_compatible(
+        saved, now, allow=["projection.fp8_weight_cache"], saved_data_identity=None, data_identity=None
+    )
+    assert len(allowed) == 1
 
 
 def _flip_byte(path, offset=None):
