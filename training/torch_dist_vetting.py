@@ -318,7 +318,7 @@ def vet_torch_dist_checkpoint(ckpt: str | os.PathLike):
 
     Raises:
         UnsafeCheckpointError: a pickle references a global outside the allow-lists, an object is
-            stored with a transform, or points outside ``ckpt``, or ``ckpt`` holds per-rank
+            stored with a transform, an object or tensor points outside ``ckpt``, or ``ckpt`` holds per-rank
             ``__<rank>.metadata`` files (the message names file and key).
         DamagedCheckpointError: a file is missing, truncated or does not deserialize.
     """
@@ -337,6 +337,14 @@ def vet_torch_dist_checkpoint(ckpt: str | os.PathLike):
     for index, info in storage.items():
         if getattr(index, "fqn", None) in objects:
             _vet_object(ckpt, index.fqn, info)
+        else:  # a tensor's bytes: read with weights_only=True by DCP, but only from inside ckpt
+            rel = Path(getattr(info, "relative_path", "") or "")
+            inside = not rel.is_absolute() and ckpt.resolve() in (ckpt / rel).resolve().parents
+            if not (isinstance(info.relative_path, str) and inside):
+                raise UnsafeCheckpointError(
+                    f"{ckpt}: the tensor {getattr(index, 'fqn', index)!r} points outside the checkpoint "
+                    f"directory ({info.relative_path!r}); not loaded"
+                )
     missing = objects - {getattr(i, "fqn", None) for i in storage}
     if missing:
         raise DamagedCheckpointError(

@@ -156,6 +156,10 @@ def test_accumulation_sets_the_global_batch_and_is_checked(tmp_path):
     }
     derive([rec], [{"impl": "bf16", "micro_batch": 2, "fwd_ms": 0.5, "fwd_bwd_ms": 2.0}])
     assert rec["attention_share"] == pytest.approx(4 * 12 * 2.0 / 1200)
+    from throughput.report import _accumulation_text
+
+    assert _accumulation_text({"accumulation": 4}) == "4 x micro-batch (4 micro-batches per step)"
+    assert _accumulation_text({}) == _accumulation_text({"accumulation": 1}) == "micro-batch"
 
 
 # arm -> (model.transformer_impl, attention.recipe, attention.backend, projection.precision)

@@ -107,6 +107,10 @@ def test_objects_outside_the_directory_or_with_transforms_are_refused(tmp_path):
     _rewrite_storage(ckpt, "optimizer.step", relative_path="../outside.distcp")
     with pytest.raises(UnsafeCheckpointError, match=r"'optimizer.step' points outside the checkpoint"):
         vet_torch_dist_checkpoint(ckpt)
+    ckpt = save(tmp_path / "t", state())
+    _rewrite_storage(ckpt, "w", relative_path="../outside.distcp")
+    with pytest.raises(UnsafeCheckpointError, match=r"the tensor 'w' points outside the checkpoint"):
+        vet_torch_dist_checkpoint(ckpt)
     ckpt = save(tmp_path / "b", state())
     _rewrite_storage(ckpt, "optimizer.step", transform_descriptors=["zstd"])
     with pytest.raises(UnsafeCheckpointError, match=r"stored with transforms \['zstd'\]"):
