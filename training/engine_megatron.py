@@ -96,8 +96,12 @@ def dcp_tensor_shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
             that the trainer falls back to the previous checkpoint as for any other damaged file.
         UnsafeCheckpointError: ``.metadata`` references a global outside the allow-list.
     """
-    meta = read_metadata(ckpt).state_dict_metadata
-    return {k: tuple(m.size) for k, m in meta.items() if hasattr(m, "size")}
+    return tensor_shapes(read_metadata(ckpt))
+
+
+def tensor_shapes(metadata) -> dict[str, tuple[int, ...]]:
+    """Global shape of every tensor of a torch DCP ``Metadata``, by checkpoint key."""
+    return {k: tuple(m.size) for k, m in metadata.state_dict_metadata.items() if hasattr(m, "size")}
 
 
 def sharded_tensor_shapes(sharded_state_dict: dict) -> dict[str, tuple[int, ...]]:
@@ -383,11 +387,11 @@ class MegatronEngine:
 
         # torch DCP unpickles .metadata and every ShardedObject without restriction: both are read
         # as data first (an allow-list unpickler; torch.load(weights_only=True) on the meta device)
-        vet_torch_dist_checkpoint(ckpt)
+        metadata = vet_torch_dist_checkpoint(ckpt)
 
         check_tensor_shapes(
             ckpt,
-            dcp_tensor_shapes(ckpt),
+            tensor_shapes(metadata),
             sharded_tensor_shapes(self.model.sharded_state_dict(metadata=dict(CKPT_METADATA))),
         )
         rng = rng_file(ckpt, self.env.rank)

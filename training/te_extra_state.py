@@ -31,6 +31,7 @@ from collections.abc import Iterator, MutableMapping
 import torch
 
 from .checkpoint import UnsafeCheckpointError
+from .engine import describe_load_error
 
 __all__ = ["UNSAFE_PICKLE_ENV", "UnsafeExtraStateError", "allow_vetted_te_extra_state", "vet_extra_state"]
 
@@ -107,7 +108,7 @@ def vet_extra_state(key: str, value):
     except Exception as err:  # a weights_only refusal of a nested storage, truncated bytes, ...
         raise UnsafeExtraStateError(
             f"{key}: the checkpoint's Transformer Engine extra state does not unpickle as FP8 "
-            f"scaling state ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            f"scaling state ({describe_load_error(err)})"
         ) from None
     return torch.frombuffer(bytearray(pickle.dumps(built)), dtype=torch.uint8)
 

@@ -54,6 +54,7 @@ from unittest import mock
 import torch
 
 from .checkpoint import DamagedCheckpointError, UnsafeCheckpointError
+from .engine import describe_load_error
 
 __all__ = [
     "METADATA_GLOBALS",
@@ -121,9 +122,8 @@ def read_metadata(ckpt: str | os.PathLike):
     except UnsafeCheckpointError:
         raise
     except Exception as err:  # UnpicklingError, EOFError, ValueError (protocol), OSError, ...
-        first = str(err).splitlines()[0] if str(err) else ""
         raise DamagedCheckpointError(
-            f"{path} does not deserialize as torch_dist metadata ({type(err).__name__}: {first})"
+            f"{path} does not deserialize as torch_dist metadata ({describe_load_error(err)})"
         ) from None
     if not isinstance(meta, Metadata):
         raise DamagedCheckpointError(
@@ -264,6 +264,18 @@ def _safe_globals() -> list:
     return list(SAFE_GLOBALS)
 
 
+def _inside(ckpt: Path, relative_path, where: str) -> Path:
+    """``ckpt / relative_path``, resolved; :class:`UnsafeCheckpointError` (``where`` first) unless it
+    is a relative path to a file inside ``ckpt``."""
+    rel = Path(relative_path) if isinstance(relative_path, str) else None
+    path = (ckpt / rel).resolve() if rel is not None and not rel.is_absolute() else None
+    if path is None or ckpt.resolve() not in path.parents:
+        raise UnsafeCheckpointError(
+            f"{where} points outside the checkpoint directory ({relative_path!r}); not loaded"
+        )
+    return path
+
+
 def _vet_object(ckpt: Path, key: str, info) -> None:
     """One ShardedObject's ``torch.save`` bytes, loaded with ``weights_only=True`` on ``meta``."""
     where = f"{ckpt}: the object {key!r}"
@@ -277,10 +289,7 @@ def _vet_object(ckpt: Path, key: str, info) -> None:
         and all(isinstance(v, int) and not isinstance(v, bool) for v in (info.offset, info.length))
     ):
         raise DamagedCheckpointError(f"{where} has a malformed storage entry in .metadata ({info!r})")
-    rel = Path(info.relative_path)
-    path = (ckpt / rel).resolve()
-    if rel.is_absolute() or ckpt.resolve() not in path.parents:
-        raise UnsafeCheckpointError(f"{where} points outside the checkpoint directory ({rel}); not loaded")
+    path = _inside(ckpt, info.relative_path, where)
     try:
         size = path.stat().st_size
     except OSError as err:
@@ -299,17 +308,15 @@ def _vet_object(ckpt: Path, key: str, info) -> None:
     except Exception as err:  # torch's weights_only refusals, a truncated zip, garbage bytes, ...
         with open(path, "rb") as f:
             valid = _is_valid_pickle(_Slice(f, info.offset, info.length))
-        first = str(err).splitlines()[0] if str(err) else ""
         if valid or refused_pickle(err):
             found = (line.strip() for line in str(err).splitlines())
-            detail = next((line for line in found if any(m in line for m in _REFUSAL_MARKS)), first)
+            detail = next((line for line in found if any(m in line for m in _REFUSAL_MARKS)), None)
+            detail = detail or describe_load_error(err)
             raise UnsafeCheckpointError(
                 f"{where} is not data: torch.load(weights_only=True) refuses it ({detail}); this "
                 "checkpoint may run code when unpickled: it was not loaded"
             ) from None
-        raise DamagedCheckpointError(
-            f"{where} does not deserialize ({type(err).__name__}: {first})"
-        ) from None
+        raise DamagedCheckpointError(f"{where} does not deserialize ({describe_load_error(err)})") from None
 
 
 def vet_torch_dist_checkpoint(ckpt: str | os.PathLike):
@@ -338,13 +345,7 @@ def vet_torch_dist_checkpoint(ckpt: str | os.PathLike):
         if getattr(index, "fqn", None) in objects:
             _vet_object(ckpt, index.fqn, info)
         else:  # a tensor's bytes: read with weights_only=True by DCP, but only from inside ckpt
-            rel = Path(getattr(info, "relative_path", "") or "")
-            inside = not rel.is_absolute() and ckpt.resolve() in (ckpt / rel).resolve().parents
-            if not (isinstance(info.relative_path, str) and inside):
-                raise UnsafeCheckpointError(
-                    f"{ckpt}: the tensor {getattr(index, 'fqn', index)!r} points outside the checkpoint "
-                    f"directory ({info.relative_path!r}); not loaded"
-                )
+            _inside(ckpt, info.relative_path, f"{ckpt}: the tensor {getattr(index, 'fqn', index)!r}")
     missing = objects - {getattr(i, "fqn", None) for i in storage}
     if missing:
         raise DamagedCheckpointError(
