@@ -239,6 +239,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--recipes", nargs="+", default=list(fa.TRAINING_RECIPES))
     p.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into SHAPES")
+    p.add_argument(
+        "--passes",
+        nargs="*",
+        choices=("fwd", "fwd_bwd", "bwd"),
+        default=None,
+        help="time only these passes of each shape (default: each shape's passes in SHAPES)",
+    )
     p.add_argument("--cute", action="store_true", help="add the cute fp8 backend and the FA4 BF16 control")
     p.add_argument(
         "--cute-fwd-options", action="store_true", help="also time the cute forward's measurement options"
@@ -292,6 +299,8 @@ def main(argv=None) -> int:
         v = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16)
         shape = f"B{b} H{hq}/{hkv} S{s} {'causal' if causal else 'non-causal'}"
         for pass_ in passes:
+            if args.passes and pass_ not in args.passes:
+                continue
             base = {}
             cands = [
                 ("cudnn_bf16", lambda: sdpa_fn("cudnn_bf16", q, k, v, causal, pass_)),
