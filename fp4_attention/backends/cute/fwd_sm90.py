@@ -514,16 +514,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 row_r[r] = Float32(1.0)
                 if q_idx < seqlen.seqlen_q:
                     row_r[r] = mRow[q_idx, head_idx, batch_idx]
-            softmax = partial(
-                self._softmax_tile,
-                row_max=row_max,
-                row_sum=row_sum,
-                row_r=row_r,
-                tScS_mn=tScS_mn,
-                mCol=mCol_cur,
-                seqlen_k=seqlen.seqlen_k,
-            )
+            softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r)
             load_col = partial(self._load_col, mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
+            scale_cols = partial(self._scale_cols, tScS_mn=tScS_mn)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             acc_O.fill(0.0)
@@ -543,6 +536,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                     acc_PV,
                     tOrP,
                     softmax,
+                    load_col,
+                    scale_cols,
                     mask_fn,
                 )
             else:
@@ -557,6 +552,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                     tOrP=tOrP,
                     softmax=softmax,
                     load_col=load_col,
+                    scale_cols=scale_cols,
                 )
                 # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
                 self.warp_scheduler_barrier_sync()
@@ -608,6 +604,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         acc_PV: cute.Tensor,
         tOrP: cute.Tensor,
         softmax,
+        load_col,
+        scale_cols,
         mask_fn,
     ):
         """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together."""
@@ -615,8 +613,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
         pipeline_k.consumer_release(kv_state)
+        scale_cols(acc_S, load_col(n_block, clamp=True), n_block=n_block, is_first=True)
         mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
-        softmax(acc_S, None, n_block=n_block, is_first=True)
+        softmax(acc_S, is_first=True)
         self._p_to_e4m3(acc_S, tOrP)
         step = partial(
             self._overlapped_tile,
@@ -628,6 +627,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             acc_PV=acc_PV,
             tOrP=tOrP,
             softmax=softmax,
+            load_col=load_col,
+            scale_cols=scale_cols,
         )
         kv_state = self._remaining_tiles(
             kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
@@ -679,6 +680,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         tOrP: cute.Tensor,
         softmax,
         load_col,
+        scale_cols,
         mask_fn=None,
         is_first: cutlass.Constexpr = False,
     ):
@@ -690,9 +692,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
         pipeline_k.consumer_release(kv_state)
+        # t * col before the mask, so that no use of the K scales precedes the QK product (ptxas
+        # placed the NaN check of each scale before the QGMMA issue, where it waited for the loads
+        # while holding the warp-scheduler turn); the mask then overwrites a masked score whatever
+        # its scale, NaN included
+        scale_cols(acc_S, col, n_block=n_block, is_first=is_first)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(acc_S, col, n_block=n_block, is_first=is_first)
+        alpha = softmax(acc_S, is_first=is_first)
         self._p_to_e4m3(acc_S, tOrP)
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
         if const_expr(not self.promote_pv):
@@ -737,6 +744,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         acc_PV: cute.Tensor,
         tOrP: cute.Tensor,
         softmax,
+        load_col,
+        scale_cols,
         mask_fn=None,
     ):
         """QK of tile ``n_block`` and PV of the previous tile in flight together; the softmax of this
@@ -751,9 +760,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.warp_scheduler_barrier_arrive()
         warpgroup.wait_group(1)
         pipeline_k.consumer_release(kv_state)
+        scale_cols(acc_S, load_col(n_block, clamp=True), n_block=n_block, is_first=False)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(acc_S, None, n_block=n_block, is_first=False)
+        alpha = softmax(acc_S, is_first=False)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_prev)
         self._p_to_e4m3(acc_S, tOrP)
@@ -790,46 +800,41 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return col
 
     @cute.jit
+    def _scale_cols(
+        self,
+        acc_S: cute.Tensor,
+        col: cute.Tensor,
+        n_block: Int32,
+        is_first: cutlass.Constexpr,
+        tScS_mn: cute.Tensor,
+    ):
+        """Scores ``t * col_j`` in place, the tile's K token scales from :meth:`_load_col`; in the first
+        tile visited, keys below 0 (the n_block < 0 tile of rows without keys, read as zeros by TMA)
+        get -inf. Applied before the mask: a key whose K held a NaN/Inf has a NaN scale and NaN
+        payload codes, so its visible scores are NaN either way and its masked ones are set to -inf
+        by the mask afterwards."""
+        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
+        for c in cutlass.range(cute.size(col), unroll_full=True):
+            for r in cutlass.range(cute.size(acc_S_mn, mode=[0]), unroll_full=True):
+                if const_expr(is_first):
+                    k_idx = n_block * self.tile_n + tScS_mn[0, c][1]
+                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col[c]
+                else:
+                    acc_S_mn[r, c] = acc_S_mn[r, c] * col[c]
+
+    @cute.jit
     def _softmax_tile(
         self,
         acc_S: cute.Tensor,
-        col,
-        n_block: Int32,
         is_first: cutlass.Constexpr,
         row_max: cute.Tensor,
         row_sum: cute.Tensor,
         row_r: cute.Tensor,
-        tScS_mn: cute.Tensor,
-        mCol: cute.Tensor,
-        seqlen_k: Int32,
     ) -> cute.Tensor:
-        """Online softmax of one score tile in place (acc_S becomes the lifted P); returns the
-        per-row rescale factor alpha of the running output (contract §2, reference.py). ``col``:
-        the tile's K token scales from :meth:`_load_col` (the ping-pong), or None: loaded here, one
-        per column, clamped (``intra_wg_overlap``)."""
-        n0 = n_block * self.tile_n
+        """Online softmax of one score tile in place, on the scores ``t * col`` already scaled and
+        masked (:meth:`_scale_cols`, then the mask); acc_S becomes the lifted P. Returns the per-row
+        rescale factor alpha of the running output (contract §2, reference.py)."""
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        # t * col, one K scale at a time (each is read once and used for this thread's two rows).
-        # Keys past the end read the last scale (their scores are already -inf): no branch, so the
-        # loads issue back to back instead of one latency each.
-        # A query block that sees no key at all (causal, Sq > Sk) still gets one tile, n_block < 0,
-        # whose keys are out of range below 0 and read as zeros by TMA: they are masked here (the
-        # causal mask alone would leave some visible), so such rows end with l = 0: O = 0, LSE = -inf.
-        k_last = seqlen_k - 1
-        for c in cutlass.range(cute.size(tScS_mn, mode=[1]), unroll_full=True):
-            k_idx = n0 + tScS_mn[0, c][1]
-            if const_expr(col is None):
-                col_c = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)]
-            else:
-                col_c = col[c]
-            # a key whose K held a NaN/Inf has a NaN scale and NaN payload codes: its visible scores
-            # are NaN through the product already, while its masked ones (-inf here) must stay -inf
-            col_c = Float32(1.0) if col_c != col_c else col_c
-            for r in cutlass.range(cute.size(row_max), unroll_full=True):
-                if const_expr(is_first):
-                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col_c
-                else:
-                    acc_S_mn[r, c] = acc_S_mn[r, c] * col_c
         alpha = cute.make_fragment_like(row_max, Float32)
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
             t = acc_S_mn[r, None].load()
