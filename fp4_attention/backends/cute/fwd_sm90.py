@@ -490,6 +490,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_r = cute.make_rmem_tensor(n_rows, Float32)
+        alpha_prev = cute.make_rmem_tensor(n_rows, Float32)  # intra_wg_overlap: the last tile's alpha
         self.mma_init()
         q_phase = Int32(0)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -538,6 +539,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                     softmax,
                     load_col,
                     scale_cols,
+                    alpha_prev,
                     mask_fn,
                 )
             else:
@@ -606,16 +608,19 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         softmax,
         load_col,
         scale_cols,
+        alpha_prev,
         mask_fn,
     ):
-        """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together."""
+        """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together. The
+        promotion of tile j-1's PV product waits for it, ``O = O * alpha_{j-1} + P_{j-1} V_{j-1}``:
+        the same operations in the same order as the ping-pong's, so the same output bit for bit."""
         n_block = n_block_max - 1
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
         pipeline_k.consumer_release(kv_state)
         scale_cols(acc_S, load_col(n_block, clamp=True), n_block=n_block, is_first=True)
         mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
-        softmax(acc_S, is_first=True)
+        alpha_prev.store(softmax(acc_S, is_first=True).load())
         self._p_to_e4m3(acc_S, tOrP)
         step = partial(
             self._overlapped_tile,
@@ -629,6 +634,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             softmax=softmax,
             load_col=load_col,
             scale_cols=scale_cols,
+            alpha_prev=alpha_prev,
         )
         kv_state = self._remaining_tiles(
             kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
@@ -638,7 +644,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         if const_expr(self.promote_pv):
-            acc_O.store(acc_O.load() + acc_PV.load())
+            self._promote(acc_O, acc_PV, alpha_prev)
         return kv_state
 
     @cute.jit
@@ -717,6 +723,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return kv_state
 
     @cute.jit
+    def _promote(self, acc_O: cute.Tensor, acc_PV: cute.Tensor, alpha: cute.Tensor):
+        """FP32 promotion of one KV tile's PV product (contract §2): ``O = O * alpha + P V``."""
+        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
+        acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
+        for r in cutlass.range(cute.size(alpha), unroll_full=True):
+            acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r] + acc_PV_mn[r, None].load())
+
+    @cute.jit
     def _qk_chained(
         self, tiled_mma_qk: cute.TiledMma, tSrQ: cute.Tensor, tSrK: cute.Tensor, B_idx: Int32, arrive=None
     ) -> cute.Tensor:
@@ -746,6 +760,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         softmax,
         load_col,
         scale_cols,
+        alpha_prev,
         mask_fn=None,
     ):
         """QK of tile ``n_block`` and PV of the previous tile in flight together; the softmax of this
@@ -760,7 +775,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.warp_scheduler_barrier_arrive()
         warpgroup.wait_group(1)
         pipeline_k.consumer_release(kv_state)
-        scale_cols(acc_S, load_col(n_block, clamp=True), n_block=n_block, is_first=False)
+        scale_cols(acc_S, load_col(n_block), n_block=n_block, is_first=False)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
         alpha = softmax(acc_S, is_first=False)
@@ -768,10 +783,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         pipeline_v.consumer_release(kv_prev)
         self._p_to_e4m3(acc_S, tOrP)
         acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
-        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile: O = (O + P_prev V_prev) * alpha
-            acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
-            for r in cutlass.range(cute.size(alpha), unroll_full=True):
-                acc_O_mn[r, None].store((acc_O_mn[r, None].load() + acc_PV_mn[r, None].load()) * alpha[r])
+        if const_expr(self.promote_pv):  # the previous tile's promotion: O = O * alpha_prev + P_prev V_prev
+            self._promote(acc_O, acc_PV, alpha_prev)
+            alpha_prev.store(alpha.load())
         else:
             for r in cutlass.range(cute.size(alpha), unroll_full=True):
                 acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
