@@ -366,33 +366,16 @@ def main(argv=None) -> int:
                             )
                             for t in tiles
                         ]
-                if pass_ == "fwd" and args.cute_fwd_options and "nvfp4qk_fp8pv" in args.recipes:
-                    # FA3's intra-warpgroup overlap for the BF16 QK of nvfp4qk_fp8pv (FA4's BF16
-                    # forward uses it on sm_90), at the tile its no-spill compile check uses
+                if pass_ == "fwd" and args.cute_fwd_options:
+                    # the forward kernel's measurement option (FP8ForwardSm90): without the PV
+                    # promotion, outside the contract, to price it
+                    t0 = tiles[0]
                     cands.append(
                         (
-                            "cute_nvfp4qk_fp8pv_kernel_only_t128x96s2_overlap",
-                            (
-                                lambda: cute_nvfp4_kernel_only(
-                                    q, k, v, causal, (128, 96, 2), intra_wg_overlap=True
-                                )
-                            ),
+                            f"cute_fp8_kernel_only_t{t0[0]}x{t0[1]}s{t0[2]}_unpromoted",
+                            (lambda: cute_kernel_only(q, k, v, causal, t0, promote_pv=False)),
                         )
                     )
-                if pass_ == "fwd" and args.cute_fwd_options:
-                    # measurement options of the forward kernel (FP8ForwardSm90): FA3's
-                    # intra-warpgroup overlap, also without the PV promotion
-                    t0 = tiles[0]
-                    for tag, opts in (
-                        ("overlap", dict(intra_wg_overlap=True)),
-                        ("overlap_unpromoted", dict(intra_wg_overlap=True, promote_pv=False)),
-                    ):
-                        cands.append(
-                            (
-                                f"cute_fp8_kernel_only_t{t0[0]}x{t0[1]}s{t0[2]}_{tag}",
-                                (lambda opts=opts: cute_kernel_only(q, k, v, causal, t0, **opts)),
-                            )
-                        )
             if args.graphed and pass_ == "fwd_bwd":
                 cands += [
                     (f"{name}_graphed", (lambda make=make: graphed(make())))

@@ -2,7 +2,7 @@
 count its SASS instructions.
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
-        python bench/cute_sass_report.py [--tiles 128,128,2] [--overlap] [--no-promote-pv] [--qk-bf16]
+        python bench/cute_sass_report.py [--tiles 128,128,2] [--no-promote-pv] [--qk-bf16]
         python bench/cute_sass_report.py --backward [--group 4] [--head-dim 128] [--non-causal]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
@@ -256,7 +256,6 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--tiles", default="128,128,2")
     p.add_argument("--non-causal", action="store_true")
-    p.add_argument("--overlap", action="store_true", help="intra_wg_overlap=True")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
     a = p.parse_args(argv)
@@ -267,7 +266,6 @@ def main(argv=None) -> int:
     rep = compile_report(
         tuple(int(x) for x in a.tiles.split(",")),
         causal=not a.non_causal,
-        intra_wg_overlap=a.overlap,
         promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
     )

@@ -2,7 +2,7 @@
 left the numbers bit for bit unchanged: run it in two trees (``bench/variants.sh``) or with two
 kernel options, and compare the JSON files; equal hashes mean equal bytes.
 
-    python3 bench/fwd_hash.py --out fwd_hash.json [--options '{"intra_wg_overlap": true}'] [--tiles 128,128,2]
+    python3 bench/fwd_hash.py --out fwd_hash.json [--options '{"promote_pv": false}'] [--tiles 128,128,2]
 
 Cases: recipe ``fp8`` on four shapes (GQA 4 causal with ragged tiles, D64 GQA 6 non-causal with
 Sq != Sk, rows without keys (causal Sq > Sk), and B2 H32/8 S4096 causal), ``nvfp4qk_fp8pv`` on the

@@ -97,11 +97,10 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal, qk_bf
 
 
 @pytest.mark.parametrize(
-    "overlap, tiles, causal",
-    [(False, (128, 128, 2), True), (True, (128, 96, 2), True), (False, (128, 192, 2), False)],
+    "tiles, causal", [((128, 128, 2), True), ((128, 96, 2), True), ((128, 192, 2), False)]
 )
-def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(overlap, tiles, causal):
-    rep = compile_report(tiles, causal=causal, qk_bf16=True, intra_wg_overlap=overlap)
+def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(tiles, causal):
+    rep = compile_report(tiles, causal=causal, qk_bf16=True)
     assert rep["HGMMA"] >= 128 // 16, rep  # QK: BF16 wgmma, k16 steps over the head dim
     assert rep["QGMMA"] >= 128 // 32, rep  # PV: FP8 wgmma
     assert rep["STL"] == 0 and rep["LDL"] == 0, rep

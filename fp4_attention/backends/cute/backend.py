@@ -260,9 +260,8 @@ def forward_fp8(
         v_scale: FP32 ``[B, Hkv, D]``.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
             output takes (``layouts.empty_in_layout_of``); default contiguous.
-        kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
-            :class:`FP8ForwardSm90` (the QK/PV promotions and the intra-warpgroup overlap; at the
-            contract's setting by default).
+        kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement option of
+            :class:`FP8ForwardSm90` (``promote_pv``; at the contract's setting by default).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:

@@ -110,23 +110,25 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         tile_m, tile_n: query rows per CTA (64 per consumer warpgroup) and keys per KV tile; the
             reference must use ``block_n = tile_n`` to round P identically.
         num_stages: K/V shared-memory pipeline depth.
-        intra_wg_overlap: False (default): per warpgroup QK -> softmax -> PV, overlapped across the
-            two consumer warpgroups (ping-pong). True: also FA3's intra-warpgroup overlap of QK(j)
-            with PV(j-1).
         qk_bf16: Q/K operands are BF16 (recipe ``nvfp4qk_fp8pv``: the exact BF16 decode of the NVFP4
             payloads, QK on HGMMA; per-head global scales arrive as the row/col scale vectors).
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
 
-    Schedule of the ping-pong (without ``intra_wg_overlap``), each measured on the H200 before it
+    Schedule: per warpgroup QK -> softmax -> PV, overlapped across the two consumer warpgroups
+    (ping-pong), each part measured on the H200 before it
     became the only one (kernel-only TFLOP/s without -> with both, B1 / B4 H32/8 S4096 causal:
     443 -> 510 / 452 -> 526, ``results/cute_bwd_h200`` -> ``results/cute_prep_h200``):
     a tile's K token scales are loaded before its QK product is issued, so their latency hides
-    behind it, and unclamped after the first tile (``_load_col``). The options that lost on the
-    H200 (the PV-only warp-scheduler turn; Direct-P E4M3 exponentials on the FMA pipe; 2026-12-01,
-    whose table was not committed) and the promoted QK product (every 32 or 64 elements of the head
-    dim: 12-13% / 3-5% slower, results/cute_prep_h200/) were deleted.
+    behind it, and unclamped after the first tile (``_load_col``); they multiply the scores before
+    the mask, so nothing waits for them before the QK issue (8-9% faster,
+    ``results/cute_fwd_scale_first_h200``). The options that lost on the H200 were deleted: the
+    PV-only warp-scheduler turn and Direct-P E4M3 exponentials on the FMA pipe (2026-12-01, whose
+    table was not committed), the promoted QK product (every 32 or 64 elements of the head dim:
+    12-13% / 3-5% slower, ``results/cute_prep_h200``), and FA3's intra-warpgroup overlap of QK(j)
+    with PV(j-1), even with a promotion bit-identical to the ping-pong's (25% slower at B4 causal,
+    ``results/cute_fwd_overlap_tiles_h200``).
     """
 
     def __init__(
@@ -137,7 +139,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         tile_m: int = 128,
         tile_n: int = 128,
         num_stages: int = 2,
-        intra_wg_overlap: bool = False,
         promote_pv: bool = True,
         qk_bf16: bool = False,
     ):
@@ -154,7 +155,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             num_stages=num_stages,
             num_threads=128 * (tile_m // 64 + 1),
             Q_in_regs=False,
-            intra_wg_overlap=intra_wg_overlap,
+            intra_wg_overlap=False,
             mma_pv_is_rs=True,
         )
         # Q/K operands: E4M3 (fp8) or BF16 (nvfp4qk_fp8pv: the exact BF16 decode s_b * q of NVFP4,
@@ -474,10 +475,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             wg_mma_pv, (self.tile_m, self.tile_hdimv, self.tile_n), None, sVt
         )
         acc_PV = cute.make_fragment_like(acc_O, Float32) if const_expr(self.promote_pv) else acc_O
-        if const_expr(self.intra_wg_overlap):
-            mma_qk = partial(sm90_utils.gemm_zero_init, tiled_mma_qk, (self.tile_m, self.tile_n), tSrQ, tSrK)
-        else:
-            mma_qk = partial(self._qk_chained, tiled_mma_qk, tSrQ, tSrK)
+        mma_qk = partial(self._qk_chained, tiled_mma_qk, tSrQ, tSrK)
         mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_PV, tOrP, tOrVt, self.promote_pv)
         # coordinates of this thread's accumulator elements (rows, columns of the score tile)
         tScS_mn = layout_utils.reshape_acc_to_mn(
@@ -490,7 +488,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_r = cute.make_rmem_tensor(n_rows, Float32)
-        alpha_prev = cute.make_rmem_tensor(n_rows, Float32)  # intra_wg_overlap: the last tile's alpha
         self.mma_init()
         q_phase = Int32(0)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -521,53 +518,31 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             acc_O.fill(0.0)
-            if const_expr(self.intra_wg_overlap):
-                kv_state = self._mainloop_overlapped(
-                    kv_state,
-                    n_block_min,
-                    n_block_max,
-                    seqlen,
-                    m_block,
-                    block_info,
-                    mma_qk,
-                    mma_pv,
-                    pipeline_k,
-                    pipeline_v,
-                    acc_O,
-                    acc_PV,
-                    tOrP,
-                    softmax,
-                    load_col,
-                    scale_cols,
-                    alpha_prev,
-                    mask_fn,
-                )
-            else:
-                step = partial(
-                    self._tile,
-                    mma_qk=mma_qk,
-                    mma_pv=mma_pv,
-                    pipeline_k=pipeline_k,
-                    pipeline_v=pipeline_v,
-                    acc_O=acc_O,
-                    acc_PV=acc_PV,
-                    tOrP=tOrP,
-                    softmax=softmax,
-                    load_col=load_col,
-                    scale_cols=scale_cols,
-                )
-                # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
-                self.warp_scheduler_barrier_sync()
-                kv_state = step(
-                    kv_state,
-                    n_block=n_block_max - 1,
-                    mask_fn=partial(mask_fn, mask_seqlen=True),
-                    is_first=True,
-                )
-                kv_state = self._remaining_tiles(
-                    kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
-                )
-                self.warp_scheduler_barrier_arrive()
+            step = partial(
+                self._tile,
+                mma_qk=mma_qk,
+                mma_pv=mma_pv,
+                pipeline_k=pipeline_k,
+                pipeline_v=pipeline_v,
+                acc_O=acc_O,
+                acc_PV=acc_PV,
+                tOrP=tOrP,
+                softmax=softmax,
+                load_col=load_col,
+                scale_cols=scale_cols,
+            )
+            # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
+            self.warp_scheduler_barrier_sync()
+            kv_state = step(
+                kv_state,
+                n_block=n_block_max - 1,
+                mask_fn=partial(mask_fn, mask_seqlen=True),
+                is_first=True,
+            )
+            kv_state = self._remaining_tiles(
+                kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
+            )
+            self.warp_scheduler_barrier_arrive()
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
@@ -590,64 +565,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             work_tile = tile_scheduler.get_current_work()
 
     @cute.jit
-    def _mainloop_overlapped(
-        self,
-        kv_state,
-        n_block_min: Int32,
-        n_block_max: Int32,
-        seqlen,
-        m_block: Int32,
-        block_info: BlockInfo,
-        mma_qk,
-        mma_pv,
-        pipeline_k,
-        pipeline_v,
-        acc_O: cute.Tensor,
-        acc_PV: cute.Tensor,
-        tOrP: cute.Tensor,
-        softmax,
-        load_col,
-        scale_cols,
-        alpha_prev,
-        mask_fn,
-    ):
-        """FA3's intra-warpgroup overlap: QK of tile j and PV of tile j-1 in flight together. The
-        promotion of tile j-1's PV product waits for it, ``O = O * alpha_{j-1} + P_{j-1} V_{j-1}``:
-        the same operations in the same order as the ping-pong's, so the same output bit for bit."""
-        n_block = n_block_max - 1
-        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-        acc_S = mma_qk(B_idx=kv_state.index, wg_wait=0)
-        pipeline_k.consumer_release(kv_state)
-        scale_cols(acc_S, load_col(n_block, clamp=True), n_block=n_block, is_first=True)
-        mask_fn(acc_S, n_block=n_block, mask_seqlen=True)
-        alpha_prev.store(softmax(acc_S, is_first=True).load())
-        self._p_to_e4m3(acc_S, tOrP)
-        step = partial(
-            self._overlapped_tile,
-            mma_qk=mma_qk,
-            mma_pv=mma_pv,
-            pipeline_k=pipeline_k,
-            pipeline_v=pipeline_v,
-            acc_O=acc_O,
-            acc_PV=acc_PV,
-            tOrP=tOrP,
-            softmax=softmax,
-            load_col=load_col,
-            scale_cols=scale_cols,
-            alpha_prev=alpha_prev,
-        )
-        kv_state = self._remaining_tiles(
-            kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
-        )
-        pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
-        mma_pv(B_idx=kv_state.index, wg_wait=0)
-        pipeline_v.consumer_release(kv_state)
-        kv_state.advance()
-        if const_expr(self.promote_pv):
-            self._promote(acc_O, acc_PV, alpha_prev)
-        return kv_state
-
-    @cute.jit
     def _remaining_tiles(
         self,
         kv_state,
@@ -660,7 +577,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         mask_fn,
     ):
         """``step`` over KV tiles ``[n_block_min, n_block_max)``, last to first: the causal band
-        (causal mask) then the fully visible tiles (no mask). Both mainloops' tiles after the first."""
+        (causal mask) then the fully visible tiles (no mask): the tiles after the first."""
         if const_expr(self.is_causal):
             n_block_min_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
             for n_tile in cutlass.range(n_block_max - n_block_min_mask, unroll=1):
@@ -707,18 +624,16 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             mask_fn(acc_S, n_block=n_block)
         alpha = softmax(acc_S, is_first=is_first)
         self._p_to_e4m3(acc_S, tOrP)
-        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
         if const_expr(not self.promote_pv):
+            acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
             for r in cutlass.range(cute.size(alpha), unroll_full=True):
                 acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
         pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
         self.warp_scheduler_barrier_sync()
         mma_pv(B_idx=kv_state.index, wg_wait=0)
         pipeline_v.consumer_release(kv_state)
-        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile: O = O * alpha + P V
-            acc_PV_mn = layout_utils.reshape_acc_to_mn(acc_PV)
-            for r in cutlass.range(cute.size(alpha), unroll_full=True):
-                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r] + acc_PV_mn[r, None].load())
+        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile
+            self._promote(acc_O, acc_PV, alpha)
         kv_state.advance()
         return kv_state
 
@@ -744,52 +659,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             arrive()
         warpgroup.wait_group(0)
         return acc
-
-    @cute.jit
-    def _overlapped_tile(
-        self,
-        kv_state,
-        n_block: Int32,
-        mma_qk,
-        mma_pv,
-        pipeline_k,
-        pipeline_v,
-        acc_O: cute.Tensor,
-        acc_PV: cute.Tensor,
-        tOrP: cute.Tensor,
-        softmax,
-        load_col,
-        scale_cols,
-        alpha_prev,
-        mask_fn=None,
-    ):
-        """QK of tile ``n_block`` and PV of the previous tile in flight together; the softmax of this
-        tile runs while PV finishes (FA3's intra-warpgroup overlap)."""
-        kv_prev = kv_state.clone()
-        kv_state.advance()
-        pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
-        self.warp_scheduler_barrier_sync()
-        acc_S = mma_qk(B_idx=kv_state.index, wg_wait=-1)
-        pipeline_v.consumer_wait(kv_prev, pipeline_v.consumer_try_wait(kv_prev))
-        mma_pv(B_idx=kv_prev.index, wg_wait=-1)
-        self.warp_scheduler_barrier_arrive()
-        warpgroup.wait_group(1)
-        pipeline_k.consumer_release(kv_state)
-        scale_cols(acc_S, load_col(n_block), n_block=n_block, is_first=False)
-        if const_expr(mask_fn is not None):
-            mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(acc_S, is_first=False)
-        warpgroup.wait_group(0)
-        pipeline_v.consumer_release(kv_prev)
-        self._p_to_e4m3(acc_S, tOrP)
-        acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
-        if const_expr(self.promote_pv):  # the previous tile's promotion: O = O * alpha_prev + P_prev V_prev
-            self._promote(acc_O, acc_PV, alpha_prev)
-            alpha_prev.store(alpha.load())
-        else:
-            for r in cutlass.range(cute.size(alpha), unroll_full=True):
-                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
-        return kv_state
 
     @cute.jit
     def _load_col(
