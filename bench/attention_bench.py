@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into SHAPES")
     p.add_argument(
         "--passes",
-        nargs="*",
+        nargs="+",
         choices=("fwd", "fwd_bwd", "bwd"),
         default=None,
         help="time only these passes of each shape (default: each shape's passes in SHAPES)",

@@ -4,8 +4,9 @@ kernel options, and compare the JSON files; equal hashes mean equal bytes.
 
     python3 bench/fwd_hash.py --out fwd_hash.json [--options '{"promote_pv": false}'] [--tiles 128,128,2]
 
-Cases: recipe ``fp8`` on four shapes (GQA 4 causal with ragged tiles, D64 GQA 6 non-causal with
-Sq != Sk, rows without keys (causal Sq > Sk), and B2 H32/8 S4096 causal), ``nvfp4qk_fp8pv`` on the
+Cases: recipe ``fp8`` on five shapes (GQA 4 causal with ragged tiles, D64 GQA 6 non-causal with
+Sq != Sk, rows without keys (causal Sq > Sk), B2 H32/8 S4096 causal, and non-causal D128 at its
+128x192 default tiles; the runs of 2026-12-03 had the first four), ``nvfp4qk_fp8pv`` on the
 first; each clean and with one NaN or Inf in K (contract §4: the poisoned key's unit). Inputs come
 from a seeded CUDA generator. Output: ``{case: sha256 of out's bytes + LSE's bytes, 16 hex}``.
 Needs a CUDA GPU (sm_90) and the ``cute`` extra.
@@ -28,6 +29,7 @@ CASES = [  # (B, Hq, Hkv, Sq, Sk, causal, D)
     (2, 6, 1, 700, 900, False, 64),
     (1, 4, 4, 600, 200, True, 128),
     (2, 32, 8, 4096, 4096, True, 128),
+    (1, 8, 8, 1000, 1000, False, 128),  # non-causal D128: the 128x192 default tiles
 ]
 
 

@@ -256,7 +256,10 @@ def forward_fp8(
             (``quantize_fp8_v_transposed(v, perm16=True).data``).
         row_r: FP32 ``[B, Hq, Sq]``, Q token scale (NVFP4: the per-head global scale, broadcast)
             times softmax_scale * log2 e.
-        col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast);
+        col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast): positive and
+            finite, or NaN only for a key whose K operand is NaN (as the quantizers write them; the
+            kernel multiplies the scores by ``col`` before the mask, so a masked score is -inf
+            whatever its scale);
         v_scale: FP32 ``[B, Hkv, D]``.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
             output takes (``layouts.empty_in_layout_of``); default contiguous.

@@ -693,9 +693,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     ):
         """Scores ``t * col_j`` in place, the tile's K token scales from :meth:`_load_col`; in the first
         tile visited, keys below 0 (the n_block < 0 tile of rows without keys, read as zeros by TMA)
-        get -inf. Applied before the mask: a key whose K held a NaN/Inf has a NaN scale and NaN
-        payload codes, so its visible scores are NaN either way and its masked ones are set to -inf
-        by the mask afterwards."""
+        get -inf. Applied before the mask, so a masked score is -inf whatever its scale. The
+        quantizers give a NaN scale only together with NaN operands: fp8, a key whose K held a
+        NaN/Inf (its row's codes are 0x7F); nvfp4qk_fp8pv, every key of such a head (its decode is
+        NaN through the block-scale code 0x7F). Its visible scores are NaN either way. Other scales
+        are positive and finite (:func:`~fp4_attention.backends.cute.backend.forward_fp8`)."""
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
         for c in cutlass.range(cute.size(col), unroll_full=True):
             for r in cutlass.range(cute.size(acc_S_mn, mode=[0]), unroll_full=True):
