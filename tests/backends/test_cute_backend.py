@@ -194,3 +194,37 @@ def test_fa4_bf16_matches_exact(causal):
     assert rel_l2(out, ref) <= 1e-2
     for g, r in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
         assert rel_l2(g, r) <= 2e-2
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize(
+    "b, hq, hkv, sq, sk, causal, d, tiles",
+    [
+        (1, 8, 2, 1000, 1000, True, 128, (128, 128, 2)),
+        (2, 6, 1, 700, 900, False, 64, (128, 96, 2)),
+        (1, 4, 4, 600, 200, True, 128, (128, 128, 2)),  # rows without keys: tiles below key 0
+        (1, 8, 8, 1000, 1000, False, 128, (128, 192, 2)),
+        (1, 4, 2, 333, 517, True, 128, (128, 64, 2)),
+    ],
+)
+@pytest.mark.parametrize("poison", [None, "nan"])
+def test_col_smem_same_output(recipe, b, hq, hkv, sq, sk, causal, d, tiles, poison):
+    """The ``col_smem`` measurement option (K scales through shared memory) gives the default
+    kernel's output and LSE bit for bit, with a NaN in K too (contract §4's poisoned unit)."""
+    g = torch.Generator(device="cuda").manual_seed(sq + sk)
+    q, k, v = (
+        torch.randn(b, h, s, d, device="cuda", generator=g).bfloat16()
+        for h, s in ((hq, sq), (hkv, sk), (hkv, sk))
+    )
+    if poison:
+        k[0, 0, sk // 3, 5] = float(poison)
+    if recipe == "fp8":
+        ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), d**-0.5)
+    else:
+        q_s, k_s, v_s, decoded = cute_backend.quantize_nvfp4_inputs(q, k, v)
+        ops = cute_backend.kernel_operands(q_s, k_s, v_s, d**-0.5, decoded)
+    kw = dict(causal=causal, tiles=tiles, qk_bf16=recipe != "fp8")
+    out, lse = cute_backend.forward_fp8(*ops, **kw)
+    out_s, lse_s = cute_backend.forward_fp8(*ops, col_smem=True, **kw)
+    assert torch.equal(out.view(torch.int16), out_s.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), lse_s.view(torch.int32))
