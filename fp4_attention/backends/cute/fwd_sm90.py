@@ -71,6 +71,10 @@ __all__ = ["LIFT", "FP8ForwardSm90", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
+# col_smem: each consumer warpgroup's named barrier, COL_BARRIER + its index, after flash-attn-4's
+# forward barriers (0 is the CTA's; NamedBarrierFwd numbers the rest from 1); 16 in hardware
+COL_BARRIER = int(max(NamedBarrierFwd)) + 1
+assert COL_BARRIER + 2 <= 16, "col_smem: no named barrier left after flash-attn-4's"
 
 
 @dsl_user_op
@@ -555,6 +559,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 )
             scale_cols = partial(self._scale_cols, tScS_mn=tScS_mn)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
+            if const_expr(self.col_smem):  # the first tile's scales, in flight during the Q wait
+                col_first = col_smem.fetch(n_block_max - 1)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             acc_O.fill(0.0)
             step = partial(
@@ -573,7 +579,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 n_block_min=n_block_min,
             )
             if const_expr(self.col_smem):  # the first tile's scales, in its buffer
-                col_smem.store(col_smem.fetch(n_block_max - 1), n_block_max - 1)
+                col_smem.store(col_first, n_block_max - 1)
             # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
             self.warp_scheduler_barrier_sync()
             kv_state = step(
@@ -756,7 +762,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 sCol_wg[t + 128 * i, buf] = vals[i]
             elif t + 128 * i < self.tile_n:
                 sCol_wg[t + 128 * i, buf] = vals[i]
-        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.PEmpty) + 1 + wg_idx, number_of_threads=128)
+        cute.arch.barrier(barrier_id=COL_BARRIER + wg_idx, number_of_threads=128)
 
     @cute.jit
     def _read_col(self, n_block: Int32, sCol_wg: cute.Tensor, tScS_mn: cute.Tensor) -> cute.Tensor:
