@@ -214,33 +214,18 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         mbar_q = cute.struct.MemRange[cutlass.Int64, 2]
         mbar_kv = cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
 
-        @cute.struct
-        class SharedStorage:
-            mbar_ptr_Q: mbar_q
-            mbar_ptr_K: mbar_kv
-            mbar_ptr_V: mbar_kv
-            sV: sV_struct
-            sQ: sQ_struct
-            sK: sK_struct
-
-        if not self.col_smem:
-            return SharedStorage
-        # col_smem: per consumer warpgroup, two buffers of tile_n K scales
-        sCol_struct = cute.struct.Align[
-            cute.struct.MemRange[Float32, self.tile_n * 2 * (self.tile_m // 64)], 16
-        ]
-
-        @cute.struct
-        class SharedStorageCol:
-            mbar_ptr_Q: mbar_q
-            mbar_ptr_K: mbar_kv
-            mbar_ptr_V: mbar_kv
-            sV: sV_struct
-            sQ: sQ_struct
-            sK: sK_struct
-            sCol: sCol_struct
-
-        return SharedStorageCol
+        fields = {
+            "mbar_ptr_Q": mbar_q,
+            "mbar_ptr_K": mbar_kv,
+            "mbar_ptr_V": mbar_kv,
+            "sV": sV_struct,
+            "sQ": sQ_struct,
+            "sK": sK_struct,
+        }
+        if self.col_smem:  # per consumer warpgroup, two buffers of tile_n K scales
+            n_col = self.tile_n * 2 * (self.tile_m // 64)
+            fields["sCol"] = cute.struct.Align[cute.struct.MemRange[Float32, n_col], 16]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     @cute.jit
     def __call__(
