@@ -367,8 +367,8 @@ def main(argv=None) -> int:
                             for t in tiles
                         ]
                 if pass_ == "fwd" and args.cute_fwd_options:
-                    # the forward kernel's measurement options (FP8ForwardSm90): without the PV
-                    # promotion (outside the contract, to price it), and col_smem
+                    # the forward kernel's measurement option (FP8ForwardSm90): without the PV
+                    # promotion, outside the contract, to price it
                     t0 = tiles[0]
                     cands.append(
                         (
@@ -376,14 +376,6 @@ def main(argv=None) -> int:
                             (lambda: cute_kernel_only(q, k, v, causal, t0, promote_pv=False)),
                         )
                     )
-                    # the K scales through shared memory, at every timed tile
-                    cands += [
-                        (
-                            f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}_col_smem",
-                            (lambda t=t: cute_kernel_only(q, k, v, causal, t, col_smem=True)),
-                        )
-                        for t in tiles
-                    ]
             if args.graphed and pass_ == "fwd_bwd":
                 cands += [
                     (f"{name}_graphed", (lambda make=make: graphed(make())))

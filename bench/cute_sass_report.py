@@ -103,8 +103,12 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
         # outside the KV-tile loops (the peeled first tile, the prologue and epilogue): the
         # warp-scheduler turns (named barriers with a register id; the fixed-id ones are the CTA's
         # and the epilogue's) and the integer min/max instructions (index clamps)
-        "turn_sync_outside_loops": sum(op.startswith("BAR.SYNC") and _turn(rest) for op, rest in outside),
-        "turn_arrive_outside_loops": sum(op.startswith("BAR.ARV") and _turn(rest) for op, rest in outside),
+        "turn_sync_outside_loops": sum(
+            op.startswith("BAR.SYNC") and _reg_first(rest) for op, rest in outside
+        ),
+        "turn_arrive_outside_loops": sum(
+            op.startswith("BAR.ARV") and _reg_first(rest) for op, rest in outside
+        ),
         "int_minmax_outside_loops": sum(op.startswith(("VIMNMX", "VIADDMNMX", "IMNMX")) for op, _ in outside),
     }
 
@@ -188,12 +192,6 @@ def _instructions(sass: str) -> list[tuple[int, str, str]]:
 def _reg_first(operands: str) -> bool:
     """Whether the first operand is a register (R...), as the barrier id of the warp-scheduler turn is."""
     return bool(re.match(r"\s*R\d+", operands))
-
-
-def _turn(operands: str) -> bool:
-    """A warp-scheduler turn's barrier: a register id (:func:`_reg_first`) for both consumer
-    warpgroups' threads, not one warpgroup's 128 (``0x80``, the ``col_smem`` barrier)."""
-    return _reg_first(operands) and not re.search(r",\s*0x80\b", operands)
 
 
 SCHEDULE_OPS = ("QGMMA", "HGMMA", "BAR.SYNC", "BAR.ARV", "WARPGROUP.DEPBAR")  # the GEMM / turn order

@@ -121,14 +121,3 @@ def test_backward_fp8_one_ds(group):
     assert loop["F2FP"] == two_loop["F2FP"] - 16, (loop, two_loop)  # one dS conversion (pairs)
     assert loop["instructions"] < two_loop["instructions"] - 60, (loop, two_loop)
     assert loop["STL"] == 0 and loop["LDL"] == 0 and one["STL"] == 0, (loop, one)
-
-
-@pytest.mark.parametrize(
-    "tiles, causal", [((128, 128, 2), True), ((128, 192, 2), False), ((128, 96, 2), True)]
-)
-def test_col_smem_one_load_per_128_keys(tiles, causal):
-    """``col_smem``: one coalesced K-scale load per thread and 128 keys per KV tile (the default
-    loads tile_n / 4), the scores' scales read as 64-bit shared loads, no spills."""
-    rep = compile_report(tiles, causal=causal, col_smem=True)
-    assert rep["STL"] == 0 and rep["LDL"] == 0, rep
-    assert all(loop["LDG"] == -(-tiles[1] // 128) for loop in rep["inner_loops"]), rep

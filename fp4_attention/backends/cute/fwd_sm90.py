@@ -46,7 +46,6 @@ The launch wrapper, its compile cache and the host-side operand preparation are 
 import math
 import operator
 from functools import partial
-from types import SimpleNamespace
 
 import cutlass
 import cutlass.utils.hopper_helpers as sm90_utils_basic
@@ -62,7 +61,6 @@ from flash_attn.cute.block_info import BlockInfo
 from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from flash_attn.cute.mask import AttentionMask
-from flash_attn.cute.named_barrier import NamedBarrierFwd
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
@@ -71,10 +69,6 @@ __all__ = ["LIFT", "FP8ForwardSm90", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
-# col_smem: each consumer warpgroup's named barrier, COL_BARRIER + its index, after flash-attn-4's
-# forward barriers (0 is the CTA's; NamedBarrierFwd numbers the rest from 1); 16 in hardware
-COL_BARRIER = int(max(NamedBarrierFwd)) + 1
-assert COL_BARRIER + 2 <= 16, "col_smem: no named barrier left after flash-attn-4's"
 
 
 @dsl_user_op
@@ -121,11 +115,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
-        col_smem: measurement option (off): the K token scales through shared memory. Each
-            consumer thread loads one scale per 128 keys of the next tile (one coalesced load
-            instead of ``tile_n / 4`` per thread), stores it to its warpgroup's double buffer once
-            its tile's P is formed, and the warpgroup synchronizes on a named barrier; after the QK
-            product the scores read their scales from shared memory. Same values as the default.
 
     Schedule: per warpgroup QK -> softmax -> PV, overlapped across the two consumer warpgroups
     (ping-pong), each part measured on the H200 before it
@@ -139,7 +128,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     table was not committed), the promoted QK product (every 32 or 64 elements of the head dim:
     12-13% / 3-5% slower, ``results/cute_prep_h200``), and FA3's intra-warpgroup overlap of QK(j)
     with PV(j-1), even with a promotion bit-identical to the ping-pong's (25% slower at B4 causal,
-    ``results/cute_fwd_overlap_tiles_h200``).
+    ``results/cute_fwd_overlap_tiles_h200``); the K token scales through shared memory (one
+    coalesced load per 128 keys, a per-warpgroup double buffer: bit-identical, 1.8-3.8% slower at
+    each shape's best tile), and the overlap again on top of it (6-10% slower,
+    ``results/cute_fwd_col_smem_h200``).
     """
 
     def __init__(
@@ -152,7 +144,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         num_stages: int = 2,
         promote_pv: bool = True,
         qk_bf16: bool = False,
-        col_smem: bool = False,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -175,7 +166,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.qk_dtype = cutlass.BFloat16 if qk_bf16 else cutlass.Float8E4M3FN
         self.v_dtype = cutlass.Float8E4M3FN
         self.promote_pv = promote_pv
-        self.col_smem = col_smem
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -214,18 +204,16 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         mbar_q = cute.struct.MemRange[cutlass.Int64, 2]
         mbar_kv = cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
 
-        fields = {
-            "mbar_ptr_Q": mbar_q,
-            "mbar_ptr_K": mbar_kv,
-            "mbar_ptr_V": mbar_kv,
-            "sV": sV_struct,
-            "sQ": sQ_struct,
-            "sK": sK_struct,
-        }
-        if self.col_smem:  # per consumer warpgroup, two buffers of tile_n K scales
-            n_col = self.tile_n * 2 * (self.tile_m // 64)
-            fields["sCol"] = cute.struct.Align[cute.struct.MemRange[Float32, n_col], 16]
-        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        @cute.struct
+        class SharedStorage:
+            mbar_ptr_Q: mbar_q
+            mbar_ptr_K: mbar_kv
+            mbar_ptr_V: mbar_kv
+            sV: sV_struct
+            sQ: sQ_struct
+            sK: sK_struct
+
+        return SharedStorage
 
     @cute.jit
     def __call__(
@@ -402,9 +390,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
-        sCol = None
-        if const_expr(self.col_smem):  # (key in tile, buffer, consumer warpgroup)
-            sCol = storage.sCol.get_tensor(cute.make_layout((self.tile_n, 2, self.tile_m // 64)))
         block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal)
         SeqlenInfoCls = partial(SeqlenInfoQK.create, seqlen_q_static=mQ.shape[0], seqlen_k_static=mK.shape[0])
         TileSchedulerCls = partial(TileScheduler.create, sched_params)
@@ -454,7 +439,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 block_info,
                 SeqlenInfoCls,
                 TileSchedulerCls,
-                sCol,
             )
 
     # ---- consumer warpgroups -----------------------------------------------------------------
@@ -480,10 +464,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         block_info: BlockInfo,
         SeqlenInfoCls,
         TileSchedulerCls,
-        sCol=None,
     ):
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        sCol_wg = sCol[None, None, wg_idx] if const_expr(self.col_smem) else None
         wg_layout = cute.make_layout(self.num_wg_mma, stride=128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
@@ -535,17 +517,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                     row_r[r] = mRow[q_idx, head_idx, batch_idx]
             softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r)
             load_col = partial(self._load_col, mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
-            col_smem = None
-            if const_expr(self.col_smem):
-                col_smem = SimpleNamespace(
-                    fetch=partial(self._fetch_col, mCol=mCol_cur, t=tidx % 128, seqlen_k=seqlen.seqlen_k),
-                    store=partial(self._store_col, sCol_wg=sCol_wg, t=tidx % 128, wg_idx=wg_idx),
-                    read=partial(self._read_col, sCol_wg=sCol_wg, tScS_mn=tScS_mn),
-                )
             scale_cols = partial(self._scale_cols, tScS_mn=tScS_mn)
             n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
-            if const_expr(self.col_smem):  # the first tile's scales, in flight during the Q wait
-                col_first = col_smem.fetch(n_block_max - 1)
             pipeline_q.consumer_wait_w_index_phase(0, q_phase)
             acc_O.fill(0.0)
             step = partial(
@@ -560,11 +533,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 softmax=softmax,
                 load_col=load_col,
                 scale_cols=scale_cols,
-                col_smem=col_smem,
-                n_block_min=n_block_min,
             )
-            if const_expr(self.col_smem):  # the first tile's scales, in its buffer
-                col_smem.store(col_first, n_block_max - 1)
             # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
             self.warp_scheduler_barrier_sync()
             kv_state = step(
@@ -638,8 +607,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         softmax,
         load_col,
         scale_cols,
-        col_smem,
-        n_block_min: Int32,
         mask_fn=None,
         is_first: cutlass.Constexpr = False,
     ):
@@ -647,15 +614,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
         leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
         other's. The tile's K scales are loaded first, in flight during the QK product."""
-        if const_expr(self.col_smem):  # the next tile's scales, one coalesced load in flight
-            col_next = col_smem.fetch(cutlass.max(n_block - 1, n_block_min))
-        else:
-            col = load_col(n_block, clamp=is_first)
+        col = load_col(n_block, clamp=is_first)
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
         pipeline_k.consumer_release(kv_state)
-        if const_expr(self.col_smem):
-            col = col_smem.read(n_block)
         # t * col before the mask, so that no use of the K scales precedes the QK product (ptxas
         # placed the NaN check of each scale before the QGMMA issue, where it waited for the loads
         # while holding the warp-scheduler turn); the mask then overwrites a masked score whatever
@@ -665,8 +627,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             mask_fn(acc_S, n_block=n_block)
         alpha = softmax(acc_S, is_first=is_first)
         self._p_to_e4m3(acc_S, tOrP)
-        if const_expr(self.col_smem):  # the next tile's buffer (this tile's was read above)
-            col_smem.store(col_next, n_block - 1)
         if const_expr(not self.promote_pv):
             acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
             for r in cutlass.range(cute.size(alpha), unroll_full=True):
@@ -723,39 +683,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         for c in cutlass.range(cute.size(col), unroll_full=True):
             k_idx = n_block * self.tile_n + tScS_mn[0, c][1]
             col[c] = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)] if const_expr(clamp) else mCol[k_idx]
-        return col
-
-    @cute.jit
-    def _fetch_col(self, n_block: Int32, mCol: cute.Tensor, t: Int32, seqlen_k: Int32) -> cute.Tensor:
-        """col_smem: this thread's share of KV tile ``n_block``'s K scales, keys ``t + 128 i`` of the
-        tile, clamped into ``[0, seqlen_k)`` (a key outside is masked; the load stays in bounds)."""
-        n_per = (self.tile_n + 127) // 128
-        vals = cute.make_rmem_tensor(n_per, Float32)
-        for i in cutlass.range_constexpr(n_per):
-            k_idx = n_block * self.tile_n + t + 128 * i
-            vals[i] = mCol[cutlass.max(cutlass.min(k_idx, seqlen_k - 1), 0)]
-        return vals
-
-    @cute.jit
-    def _store_col(self, vals: cute.Tensor, n_block: Int32, sCol_wg: cute.Tensor, t: Int32, wg_idx: Int32):
-        """col_smem: ``vals`` (:meth:`_fetch_col` of tile ``n_block``) into buffer ``n_block & 1`` of
-        this warpgroup, then its named barrier: visible to the warpgroup's reads of that tile, and
-        the reads of the previous tile from the other buffer are done."""
-        buf = n_block & 1
-        for i in cutlass.range_constexpr(cute.size(vals)):
-            if const_expr(self.tile_n % 128 == 0):
-                sCol_wg[t + 128 * i, buf] = vals[i]
-            elif t + 128 * i < self.tile_n:
-                sCol_wg[t + 128 * i, buf] = vals[i]
-        cute.arch.barrier(barrier_id=COL_BARRIER + wg_idx, number_of_threads=128)
-
-    @cute.jit
-    def _read_col(self, n_block: Int32, sCol_wg: cute.Tensor, tScS_mn: cute.Tensor) -> cute.Tensor:
-        """col_smem: this thread's K scales of tile ``n_block``, one per accumulator column."""
-        col = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[1]), Float32)
-        buf = n_block & 1
-        for c in cutlass.range(cute.size(col), unroll_full=True):
-            col[c] = sCol_wg[tScS_mn[0, c][1], buf]
         return col
 
     @cute.jit
