@@ -34,9 +34,15 @@ UNIT_STRIDES = ("sqd", "skd", "svn", "srm", "scn", "svsd", "sod", "slm")
 
 
 def _compile(fn, ptrs: dict, consts: dict, num_warps: int, num_stages: int):
-    """Compile ``fn`` for sm_90 as a launch would specialise it: ``consts`` as constexprs, pointers
+    """Compile ``fn`` for sm_90 as a launch would specialise it: ``consts`` as constexprs (a constexpr
+    parameter not given takes its default), pointers
     (element types in ``ptrs``) and integers 16-divisible (GROUP excepted), softmax scales FP32."""
     names = fn.arg_names
+    # a constexpr parameter left out takes its default, as at a launch
+    consts = {
+        **{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default and p.name not in consts},
+        **consts,
+    }
     sig, attrs = {}, {}
     for i, n in enumerate(names):
         if n in consts:
