@@ -1,9 +1,15 @@
 """Triton quantizer kernels: their bytes equal the reference quantizers' (``quant.py``) bytes.
 
-Same float32 operations in the same order as the reference, with IEEE round-to-nearest division
-(``div_rn``; Triton's ``/`` is an approximate division) and the hardware's round-to-nearest-even,
-saturating FP8 conversion. ``tests/backends/test_triton_quant.py`` checks the bytes against the
-reference on the same GPU input, including zero rows, zero blocks and NaN/Inf.
+The reference's float32 values, rounded as it rounds them: IEEE round-to-nearest division
+(``div_rn``; Triton's ``/`` is an approximate division), or for V's power-of-two channel scale a
+multiply by its exact reciprocal (the same quotient, rounded once); the hardware's
+round-to-nearest-even FP8 conversion, which saturates, so the rows kernel leaves out the
+reference's clamp to the format's largest value (same codes). ``tests/backends/test_triton_quant.py``
+checks the bytes against the reference on the same GPU input, including zero rows, zero blocks and
+NaN/Inf.
+A row's or a block's NaN/Inf is found by one NaN-propagating max per element (the amax itself),
+not by per-element tests: on the H200 those had the rows kernel bound by the ALU pipe
+(``results/quant_alu_h200``).
 
 * :func:`quantize_fp8_rows`: one FP32 scale per row of the last dim (per token for ``[B, H, S, D]``,
   read in place from any strides with a unit last one: a ``[B, S, H, D]`` or ``[S, B, H, D]``
@@ -302,7 +308,7 @@ def _fp8_v_t_kernel(
         tl.store(SC + bh * D + d, scale)
     # 1 / 2^k is exact, so x 2^-k rounds once, as x / 2^k does (every BF16 pair checked:
     # test_v_reciprocal_equals_div_rn_on_every_bf16_pair); a NaN scale gives NaN either way (its
-    # codes become 0x7F below). 7-13% less time than div_rn (results/quant_recip_h200)
+    # codes become 0x7F below). 13% less time than div_rn at B4 H32 S4096 (results/quant_alu_h200)
     if tl.min(scale) >= POW2_RECIP_MIN_SCALE:
         y = x.to(tl.float32) * tl.math.div_rn(tl.full([D], 1.0, tl.float32), scale)[None, :]
     else:  # a channel scale below 2^-126: its reciprocal would overflow
