@@ -55,10 +55,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from fidelity import _metrics, make_inputs  # noqa: E402
+from fidelity import _metrics, float64_case  # noqa: E402
 
 import fp4_attention as fa  # noqa: E402
-from fp4_attention.numerics.exact import naive_attention  # noqa: E402
 from fp4_attention.numerics.quant import pow2_ceil  # noqa: E402
 from fp4_attention.numerics.reference import reference_backward, reference_forward  # noqa: E402
 
@@ -209,11 +208,9 @@ def run(args) -> list[dict]:
         for gran in ("tile", "outer")
     ]
     for family in args.families:
-        q, k, v = make_inputs(family, 1, args.hq, args.hkv, args.seqlen, args.headdim, args.seed)
-        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(args.seed + 1)).bfloat16()
-        qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
-        ref, _ = naive_attention(qd, kd, vd, causal=True, softmax_scale=sm)
-        ref.backward(dout.double())
+        q, k, v, dout, _, (dq64, dk64, _) = float64_case(
+            family, 1, args.hq, args.hkv, args.seqlen, args.headdim, args.seed
+        )
         out, lse, st = reference_forward(q, k, v, rec, causal=True, softmax_scale=sm)
         state = type(st)(q=st.q, k=st.k, v=st.v, out=out, lse=lse)
         static = []  # the static-scale variants read the fp8 state's token scales
@@ -231,7 +228,7 @@ def run(args) -> list[dict]:
             if args.only and name not in args.only:
                 continue
             dq, dk, _ = reference_backward(state, dout, rec, causal=True, softmax_scale=sm, **kw)
-            row = {"family": family, "dS": name, "dq": _metrics(dq, qd.grad), "dk": _metrics(dk, kd.grad)}
+            row = {"family": family, "dS": name, "dq": _metrics(dq, dq64), "dk": _metrics(dk, dk64)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows

@@ -98,6 +98,18 @@ def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: in
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 
+def float64_case(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: int, causal: bool = True):
+    """One input family's BF16 ``q [B, Hq, S, D]``, ``k, v [B, Hkv, S, D]`` (:func:`make_inputs`)
+    and dO (N(0, 1) of seed + 1), with float64 naive attention's output and gradients on them
+    (softmax scale ``d ** -0.5``): ``(q, k, v, dout, out64, (dq64, dk64, dv64))``."""
+    q, k, v = make_inputs(family, b, hq, hkv, s, d, seed)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    out, _ = naive_attention(qd, kd, vd, causal=causal, softmax_scale=d**-0.5)
+    out.backward(dout.double())
+    return q, k, v, dout, out.detach(), (qd.grad, kd.grad, vd.grad)
+
+
 ROTATION_SUFFIX = "+hadamard"
 
 
@@ -116,12 +128,9 @@ def run(args) -> list[dict]:
     device = torch.device(args.device)
     records = []
     for family in args.families:
-        q, k, v = make_inputs(family, args.batch, args.hq, args.hkv, args.seqlen, args.headdim, args.seed)
-        g = torch.Generator().manual_seed(args.seed + 1)
-        dout = torch.randn(q.shape, generator=g).bfloat16()
-        qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
-        ref_out, _ = naive_attention(qd, kd, vd, causal=args.causal, softmax_scale=args.headdim**-0.5)
-        ref_out.backward(dout.double())
+        q, k, v, dout, ref_out, (dq64, dk64, dv64) = float64_case(
+            family, args.batch, args.hq, args.hkv, args.seqlen, args.headdim, args.seed, args.causal
+        )
         for name in args.recipes:
             rec = parse_recipe(name, args.qk_rotation_seed)
             qq, kk, vv = (t.detach().clone().to(device).requires_grad_(rec.trainable) for t in (q, k, v))
@@ -130,14 +139,10 @@ def run(args) -> list[dict]:
                 out = fa.attention(
                     qq, kk, vv, recipe=rec, causal=args.causal, layout="bhsd", backend=args.backend
                 )
-            rec_row = {"family": family, "recipe": name, "out": _metrics(out.cpu(), ref_out.detach())}
+            rec_row = {"family": family, "recipe": name, "out": _metrics(out.cpu(), ref_out)}
             if rec.trainable:
                 out.backward(dout.to(device))
-                for gname, mine, ref in (
-                    ("dq", qq.grad, qd.grad),
-                    ("dk", kk.grad, kd.grad),
-                    ("dv", vv.grad, vd.grad),
-                ):
+                for gname, mine, ref in (("dq", qq.grad, dq64), ("dk", kk.grad, dk64), ("dv", vv.grad, dv64)):
                     rec_row[gname] = _metrics(mine.cpu(), ref)
             records.append(rec_row)
             print(json.dumps(rec_row), flush=True)
@@ -146,8 +151,8 @@ def run(args) -> list[dict]:
 
             got = calibrated_attention(*(t.cuda() for t in (q, k, v, dout)), causal=args.causal)
             rec_row = {"family": family, "recipe": f"{peer} (peer)"}
-            for gname, mine, ref in zip(("out", "dq", "dk", "dv"), got, (ref_out, qd.grad, kd.grad, vd.grad)):
-                rec_row[gname] = _metrics(mine.cpu(), ref.detach())
+            for gname, mine, ref in zip(("out", "dq", "dk", "dv"), got, (ref_out, dq64, dk64, dv64)):
+                rec_row[gname] = _metrics(mine.cpu(), ref)
             records.append(rec_row)
             print(json.dumps(rec_row), flush=True)
     return records
