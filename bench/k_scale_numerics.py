@@ -46,21 +46,36 @@ VARIANTS = ("token (definition)", "tile", "head", "smooth+token", "smooth+tile",
 
 
 def quantize_k_tiles(k: torch.Tensor, tile: int) -> FP8Tensor:
-    """E4M3 K ``[B, H, S, D]`` with one scale per ``tile`` consecutive keys of each (batch, head)
-    (amax over the tile's keys and channels; the last tile may be shorter), the scale repeated per
-    key so that the reference reads it as per-token scales of equal value."""
+    """E4M3 K ``[B, H, S, D]`` (any float dtype) with one scale per ``tile`` consecutive keys of each
+    (batch, head): amax over the tile's keys and channels (the last tile may be shorter), the
+    contract's rule otherwise (``quantize_fp8``). Returns data ``[B, H, S, D]`` float8_e4m3fn and
+    scale ``[B, H, S, 1]`` FP32, the tile's scale repeated per key, so that the reference reads it as
+    per-token scales of equal value.
+
+    Raises:
+        ValueError: ``tile`` < 1.
+    """
+    if tile < 1:
+        raise ValueError(f"quantize_k_tiles: tile must be >= 1, got {tile}")
     b, h, s, d = k.shape
     pad = -s % tile
     kp = torch.cat([k.float(), k.new_zeros(b, h, pad, d, dtype=torch.float32)], dim=2) if pad else k.float()
     t = quantize_fp8(kp.reshape(b, h, (s + pad) // tile, tile, d), "e4m3", dims=(-2, -1))
-    data = t.data.reshape(b, h, s + pad, d)[:, :, :s]
+    data = t.data.reshape(b, h, s + pad, d)[:, :, :s].contiguous()
     scale = t.scale.expand(b, h, (s + pad) // tile, tile, 1).reshape(b, h, s + pad, 1)[:, :, :s]
     return FP8Tensor(data=data, scale=scale.contiguous())
 
 
 def quantize_k(k: torch.Tensor, variant: str, tile: int) -> FP8Tensor:
-    """K as ``variant`` quantizes it: one E4M3 scale per token, per ``tile`` keys or per (batch,
-    head); ``smooth+``: of K minus its mean over the tokens of each (batch, head), in FP32."""
+    """BF16 K ``[B, H, S, D]`` as ``variant`` (one of :data:`VARIANTS`) quantizes it to E4M3: one
+    scale per token, per ``tile`` keys or per (batch, head); ``smooth+``: K minus its mean over the
+    tokens of each (batch, head), in FP32, quantized so.
+
+    Raises:
+        ValueError: an unknown variant.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"quantize_k: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     x = k.float() - k.float().mean(dim=2, keepdim=True) if variant.startswith("smooth") else k.float()
     if variant.endswith("tile"):
         return quantize_k_tiles(x, tile)
@@ -70,6 +85,7 @@ def quantize_k(k: torch.Tensor, variant: str, tile: int) -> FP8Tensor:
 
 
 def run(args) -> list[dict]:
+    """One row per (input family, K variant): the cosine / relative L2 of out, dQ, dK, dV."""
     rec = fa.get_recipe("fp8")
     sm = args.headdim**-0.5
     rows = []
@@ -97,6 +113,7 @@ def run(args) -> list[dict]:
 
 
 def to_markdown(rows: list[dict], args, command: str) -> str:
+    """The table of :func:`run`'s rows, with the command and the shape."""
     lines = [
         "# One K scale per KV tile: fidelity of the fp8 recipe (reference forward and backward, CPU)",
         "",
@@ -116,6 +133,7 @@ def to_markdown(rows: list[dict], args, command: str) -> str:
 
 
 def main(argv=None) -> int:
+    """Command line (module docstring); exit status 2 for a bad ``--tile``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", nargs="+", default=list(FAMILIES))
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))

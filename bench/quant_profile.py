@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
+    """Command line (module docstring); exit status 2 without a CUDA GPU."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", choices=("rows", "v", "nvfp4"), default="rows")
     p.add_argument("--shape", default="4,32,4096", help="B,H,S of the BF16 [B, H, S, 128] input")

@@ -14,6 +14,7 @@ S = 4096), so the code is the code the GPU runs. Uses the ptxas and cuobjdump th
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -195,7 +196,33 @@ def main(argv=None) -> int:
     p.add_argument(
         "--backward", action="store_true", help="the backward kernels at their default tiles instead"
     )
+    p.add_argument(
+        "--quant-rows",
+        action="store_true",
+        help="the per-token FP8 quantizer (_fp8_rows_kernel: D 128, E4M3, its default 16 rows x 4 "
+        "warps) instead: total SASS instructions and the most frequent opcodes",
+    )
     a = p.parse_args(argv)
+    if a.quant_rows:
+        from fp4_attention.backends.triton import quant
+
+        kernel = compile_kernel(
+            quant._fp8_rows_kernel,
+            {"X": "bf16", "Y": "u8", "S": "fp32"},
+            dict(D=128, FMAX=448.0, E5M2=False, ROWS=16),
+            num_warps=4,
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(kernel.asm["cubin"])
+            sass, _ = disassemble(path)
+        ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M)
+        print(f"triton {triton.__version__}, sm_90, _fp8_rows_kernel D 128 E4M3 16 rows x 4 warps")
+        print(f"instructions (the division's slow path included): {len(ops)}")
+        for op, n in collections.Counter(ops).most_common(20):
+            print(f"{n:5d} {op}")
+        return 0
     cases = [("fp8", True, True), ("nvfp4qk_fp8pv", False, True), ("bf16", False, False)]
     if a.backward:
         from fp4_attention.backends.triton.backend import BWD_DKDV_TILES, BWD_DQ_TILES

@@ -101,7 +101,11 @@ def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: in
 def float64_case(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: int, causal: bool = True):
     """One input family's BF16 ``q [B, Hq, S, D]``, ``k, v [B, Hkv, S, D]`` (:func:`make_inputs`)
     and dO (N(0, 1) of seed + 1), with float64 naive attention's output and gradients on them
-    (softmax scale ``d ** -0.5``): ``(q, k, v, dout, out64, (dq64, dk64, dv64))``."""
+    (softmax scale ``d ** -0.5``): ``(q, k, v, dout, out64, (dq64, dk64, dv64))``.
+
+    Raises:
+        ValueError: an unknown input family (:func:`make_inputs`).
+    """
     q, k, v = make_inputs(family, b, hq, hkv, s, d, seed)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
     qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))

@@ -1,7 +1,9 @@
 """Contract §4 case 11: the FP8 recipes' kernels must contain FP8 MMAs (QGMMA on Hopper)."""
 
+import os
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -27,12 +29,13 @@ def _sass(kernel) -> dict[str, str]:
             tool = shutil.which("cuobjdump")
             if tool is None:
                 pytest.skip("cuobjdump not found")
-            path = "/tmp/_fp4_attention_kernel.cubin"
-            with open(path, "wb") as f:
-                f.write(cubin)
-            out[str(key)] = subprocess.run(
-                [tool, "--dump-sass", path], capture_output=True, text=True, check=True
-            ).stdout
+            with tempfile.TemporaryDirectory() as tmp:  # one file per call: tests run in parallel (-n)
+                path = os.path.join(tmp, "kernel.cubin")
+                with open(path, "wb") as f:
+                    f.write(cubin)
+                out[str(key)] = subprocess.run(
+                    [tool, "--dump-sass", path], capture_output=True, text=True, check=True
+                ).stdout
     return out
 
 

@@ -42,12 +42,14 @@ def _inputs(d, seq=333):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fp8_rows_bytes_equal_reference(fmt, d, dtype):
-    """BF16 and FP32 rows, with row scales down to 2^-100 / 448: the bytes of the reference."""
+    """BF16 and FP32 rows, with tiny and subnormal row scales: the bytes of the reference."""
     x = _inputs(d).to(dtype)
     x[1, 3, 11, 2] = float("nan")
     x[1, 3, 12, 2] = float("inf")
     x[0, 2, 20] *= 2.0**-100  # tiny rows
     x[0, 2, 21] *= 2.0**-80
+    x[0, 2, 22] = 0.0
+    x[0, 2, 22, 3] = 2.0**-133  # BF16's smallest subnormal: the row scale is an FP32 subnormal
     got = quantize_fp8_rows(x, fmt)
     ref = quantize_fp8(x.cpu(), fmt, dims=(-1,))
     got = type(got)(data=got.data.cpu(), scale=got.scale.cpu())

@@ -12,6 +12,7 @@ import argparse
 import io
 import os
 import pickle
+import socket
 
 import pytest
 import torch
@@ -263,7 +264,10 @@ def test_megatron_cores_own_checkpoint_is_vetted_and_loads(tmp_path):
     script = Path(__file__).with_name("megatron_torch_dist_cpu.py")
     out = tmp_path / "ckpt"
     out.mkdir()
-    env = {**os.environ, "PORT": str(29500 + os.getpid() % 2000)}
+    with socket.socket() as sock:  # a free port: the suite runs in parallel processes (-n)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PORT": str(port)}
     res = subprocess.run(
         [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, env=env
     )
