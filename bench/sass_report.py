@@ -171,13 +171,18 @@ def disassemble(cubin_path) -> tuple[str, str]:
     )
 
 
-def sass_stats(kernel) -> dict:
-    """Registers, dynamic shared bytes and instruction counts of a compiled kernel's SASS."""
+def kernel_sass(kernel) -> tuple[str, str]:
+    """:func:`disassemble` of a compiled Triton kernel's cubin (written to a temporary file)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
-        sass, res = disassemble(path)
+        return disassemble(path)
+
+
+def sass_stats(kernel) -> dict:
+    """Registers, dynamic shared bytes and instruction counts of a compiled kernel's SASS."""
+    sass, res = kernel_sass(kernel)
     out = {"registers": int(re.findall(r"REG:(\d+)", res)[0]), "dynamic_shared_bytes": kernel.metadata.shared}
     out.update({k.strip(): len(re.findall(re.escape(k), sass)) for k in INSTRUCTIONS})
     return out
@@ -212,11 +217,7 @@ def main(argv=None) -> int:
             dict(D=128, FMAX=448.0, E5M2=False, ROWS=16),
             num_warps=4,
         )
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(kernel.asm["cubin"])
-            sass, _ = disassemble(path)
+        sass, _ = kernel_sass(kernel)
         ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M)
         print(f"triton {triton.__version__}, sm_90, _fp8_rows_kernel D 128 E4M3 16 rows x 4 warps")
         print(f"instructions (the division's slow path included): {len(ops)}")
