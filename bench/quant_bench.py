@@ -10,6 +10,8 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
 - ``nvfp4 heads`` (``quantize_nvfp4_heads``, nvfp4qk_fp8pv's Q/K): the amax pass reads 2 B/element,
   the rows pass reads 2 and writes 0.5 + 1/16 (payload, block scales) + 2 (the BF16 decode) B/element
   and 4 B/row (the per-token scale); swept likewise.
+- ``nvfp4 rows`` (``quantize_nvfp4_rows`` given the per-head global scale: the rows pass alone, at
+  its default launch): reads 2 B/element, writes 0.5 + 1/16 + 2 B/element.
 - ``fp8 V transposed`` (``quantize_fp8_v_transposed``, perm16): the amax pass reads 2 B/element, the
   codes pass reads 2 and writes 1; swept likewise (keys per program x warps of the codes pass).
 
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 D = 128
 SHAPES = {"Q B4 H32 S4096": (4, 32, 4096), "K B4 H8 S4096": (4, 8, 4096), "Q B1 H32 S4096": (1, 32, 4096)}
 FP8_SWEEP = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (4, 8)]  # default (16, 4)
-NVFP4_SWEEP = [(rows, warps) for rows in (4, 8, 16, 32) for warps in (4, 8)]  # default (8, 4)
+NVFP4_SWEEP = [(rows, warps) for rows in (4, 8, 16, 32) for warps in (4, 8)] + [(64, 8)]  # default (16, 4)
 V_SWEEP = [(16, 4), (32, 4), (64, 4), (64, 8), (128, 8)]  # keys per program x warps; default (64, 4)
 
 
@@ -60,6 +62,10 @@ def nvfp4_heads_bytes(n: int, d: int) -> int:
     return n * 2 + n * 2 + n // 2 + n // 16 + n * 2 + (n // d) * 4
 
 
+def nvfp4_rows_bytes(n: int) -> int:
+    return n * 2 + n // 2 + n // 16 + n * 2
+
+
 def v_bytes(n: int) -> int:
     return n * 2 + n * 2 + n * 1
 
@@ -69,6 +75,7 @@ def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
         quantize_fp8_rows,
         quantize_fp8_v_transposed,
         quantize_nvfp4_heads,
+        quantize_nvfp4_rows,
     )
 
     bw = copy_bandwidth()
@@ -93,6 +100,10 @@ def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
             )
             ms = _ms(lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps))
             records.append(_rec("nvfp4 heads", label, rows, warps, ms, nvfp4_heads_bytes(n, D), bw, same))
+        g = ref_nv[0].global_scale
+        ms = _ms(lambda: quantize_nvfp4_rows(x, g))
+        same = torch.equal(quantize_nvfp4_rows(x, g)[0].payload, ref_nv[0].payload)
+        records.append(_rec("nvfp4 rows", label, None, 4, ms, nvfp4_rows_bytes(n), bw, same))
         ref_v = quantize_fp8_v_transposed(x, perm16=True)
         for rows, warps in V_SWEEP:
             got = quantize_fp8_v_transposed(x, perm16=True, rows=rows, num_warps=warps)
@@ -103,7 +114,7 @@ def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
                 )
             )
             records.append(_rec("fp8 V transposed", label, rows, warps, ms, v_bytes(n), bw, same))
-        for r in records[-len(FP8_SWEEP) - len(NVFP4_SWEEP) - len(V_SWEEP) :]:
+        for r in records[-len(FP8_SWEEP) - len(NVFP4_SWEEP) - 1 - len(V_SWEEP) :]:
             print(json.dumps(r), flush=True)
     return {"copy_TB_per_s": bw / 1e12}, records
 

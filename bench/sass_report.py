@@ -188,6 +188,62 @@ def sass_stats(kernel) -> dict:
     return out
 
 
+def _opcodes(sass: str) -> list[str]:
+    """The opcodes of a SASS listing, predicates stripped."""
+    return re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M)
+
+
+# the quantizer kernels --quant compiles: (function name, pointer types, constexprs, warps, label)
+QUANT_KERNELS = {
+    "rows": (
+        "_fp8_rows_kernel",
+        {"X": "bf16", "Y": "u8", "S": "fp32"},
+        dict(D=128, FMAX=448.0, E5M2=False, ROWS=16),
+        4,
+        "_fp8_rows_kernel D 128 E4M3 16 rows x 4 warps",
+    ),
+    "nvfp4": (
+        "_nvfp4_rows_kernel",
+        {
+            "X": "bf16",
+            "G": "fp32",
+            "P": "u8",
+            "SC": "u8",
+            "DEC": "bf16",
+            "BADH": "i32",
+            "GOUT": "fp32",
+            "TOK": "fp32",
+        },
+        dict(D=128, ROWS=8, HEAD_AMAX=True, SIGNS=None),
+        4,
+        "_nvfp4_rows_kernel D 128 (per-head global scale) 8 rows x 4 warps",
+    ),
+    "v_amax": (
+        "_v_amax_kernel",
+        {"X": "bf16", "AMAX": "fp32", "BAD": "i32"},
+        dict(D=128, BLOCK_S=64, sxd=1),
+        4,
+        "_v_amax_kernel D 128 64 keys x 4 warps",
+    ),
+    "v_codes": (
+        "_fp8_v_t_kernel",
+        {"X": "bf16", "AMAX": "fp32", "BAD": "i32", "SC": "fp32", "Y": "u8"},
+        dict(D=128, FMAX=448.0, BLOCK_S=64, PERM16=True, sxd=1),
+        4,
+        "_fp8_v_t_kernel D 128 perm16 64 keys x 4 warps",
+    ),
+}
+
+
+def compile_quant(name: str):
+    """``(compiled kernel, label)`` of the quantizer kernel ``name`` (a key of QUANT_KERNELS), its
+    unit channel stride specialised as a contiguous launch specialises it."""
+    from fp4_attention.backends.triton import quant
+
+    fn, ptrs, consts, warps, label = QUANT_KERNELS[name]
+    return compile_kernel(getattr(quant, fn), ptrs, consts, num_warps=warps), label
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     from fp4_attention.backends.triton.backend import default_block_n, default_fwd_tiles
@@ -202,25 +258,25 @@ def main(argv=None) -> int:
         "--backward", action="store_true", help="the backward kernels at their default tiles instead"
     )
     p.add_argument(
-        "--quant-rows",
-        action="store_true",
-        help="the per-token FP8 quantizer (_fp8_rows_kernel: D 128, E4M3, its default 16 rows x 4 "
-        "warps) instead: total SASS instructions and the most frequent opcodes",
+        "--quant",
+        choices=sorted(QUANT_KERNELS),
+        help="a quantizer kernel instead, at its default launch (D 128): total SASS instructions, those "
+        "on the path to the kernel's last EXIT (the IEEE division's slow path and a program's "
+        "div_rn fallback branch left out where they are subroutines or behind the EXIT), and the most "
+        "frequent opcodes",
     )
+    p.add_argument("--quant-rows", action="store_true", help="the same as --quant rows")
     a = p.parse_args(argv)
     if a.quant_rows:
-        from fp4_attention.backends.triton import quant
-
-        kernel = compile_kernel(
-            quant._fp8_rows_kernel,
-            {"X": "bf16", "Y": "u8", "S": "fp32"},
-            dict(D=128, FMAX=448.0, E5M2=False, ROWS=16),
-            num_warps=4,
-        )
+        a.quant = "rows"
+    if a.quant:
+        kernel, what = compile_quant(a.quant)
         sass, _ = kernel_sass(kernel)
-        ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M)
-        print(f"triton {triton.__version__}, sm_90, _fp8_rows_kernel D 128 E4M3 16 rows x 4 warps")
+        ops = _opcodes(sass)
+        main_path = _opcodes(sass[: sass.rindex("EXIT")])
+        print(f"triton {triton.__version__}, sm_90, {what}")
         print(f"instructions (the division's slow path included): {len(ops)}")
+        print(f"instructions up to the last EXIT: {len(main_path)}")
         for op, n in collections.Counter(ops).most_common(20):
             print(f"{n:5d} {op}")
         return 0

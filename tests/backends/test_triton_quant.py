@@ -3,7 +3,10 @@
 The reference runs on the CPU copy of the input: torch's CPU kernels divide with IEEE
 round-to-nearest, while on the H200 torch's CUDA path gave E4M3 block scales one code off on exact
 ties (amax_b / 6 / g = 184.0 exactly, an E4M3 tie, encoded as 176 instead of 192; seen 2026-11-29),
-so torch-on-CUDA is not a bit-exact reference. The Triton kernels use ``div_rn`` (IEEE).
+so torch-on-CUDA is not a bit-exact reference. The Triton kernels use ``div_rn`` (IEEE), or where
+they avoid it per element (V's power-of-two reciprocal, the NVFP4 kernel's per-block reciprocal
+with ``div_rn``'s own fast path) the tests below check the same bits against ``div_rn`` over their
+whole BF16 domain.
 """
 
 import pytest
@@ -20,6 +23,10 @@ if not torch.cuda.is_available():
 
 from fp4_attention.backends.triton.quant import (  # noqa: E402
     POW2_RECIP_MIN_SCALE,
+    _block_quotients,
+    _e2m1_code,
+    _e2m1_round,
+    _e2m1_value,
     _pow2_ceil,
     quantize_fp8_rows,
     quantize_fp8_v_transposed,
@@ -93,14 +100,35 @@ def _assert_nvfp4_equal(got, dec, ref):
     assert torch.equal(dec.float().nan_to_num(), sp.nan_to_num())
 
 
+def _extreme_heads(x):
+    """Heads (0, 2) x 2^-100 and (1, 0) x 2^100: block denominators outside the NVFP4 quantizer's
+    fast-division range (``quant._block_quotients``), so their programs divide with ``div_rn``."""
+    x[0, 2] *= 2.0**-100
+    x[1, 0] *= 2.0**100
+    return x
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("seq", [333, 4096])
 def test_nvfp4_rows_bytes_equal_reference(d, seq):
-    x = _inputs(d, seq)
+    x = _extreme_heads(_inputs(d, seq))
     x[1, 3, 11, 40] = float("nan")  # poisons head (1, 3)
     g = nvfp4_global_scale(x.cpu(), dims=(2, 3))
     got, dec = quantize_nvfp4_rows(x, g.cuda())
     ref = quantize_nvfp4(x.cpu(), g)
+    _assert_nvfp4_equal(got, dec, ref)
+
+
+def test_nvfp4_rows_saturating_global_scale_equals_reference():
+    """A global scale 2^40 below the head's own: the block scales saturate at 448 and the quotients
+    reach 2^40 (beyond the fast division's bound of 2^32: ``div_rn``), codes +-6; one head keeps its
+    own scale (fast path), in the same launch."""
+    x = _inputs(128)
+    g = nvfp4_global_scale(x.cpu(), dims=(2, 3))
+    g[:, :3] *= 2.0**-40
+    got, dec = quantize_nvfp4_rows(x, g.cuda())
+    ref = quantize_nvfp4(x.cpu(), g)
+    assert bool((ref.block_scale[:, :3] == 0x7E).any())  # 448: saturated
     _assert_nvfp4_equal(got, dec, ref)
 
 
@@ -113,7 +141,7 @@ def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
     """The per-head global scale formed in the kernels (``quantize_nvfp4_heads``): payload, block
     scales, global scale and decode equal the reference with ``nvfp4_global_scale(x, dims=(2, 3))``,
     for a head holding a NaN, one holding an Inf and an all-zero one, read in place from views."""
-    x = _inputs(d, seq)
+    x = _extreme_heads(_inputs(d, seq))
     x[1, 3, 11, 40] = float("nan")
     x[1, 2, 3, 5] = float("-inf")
     x[0, 3] = 0.0
@@ -176,3 +204,73 @@ def test_v_reciprocal_equals_div_rn_on_every_bf16_pair():
     checked, f32, code = counts.tolist()
     assert checked > 2**29, checked  # not vacuous: most pairs take the path
     assert f32 == 0 and code == 0, (checked, f32, code)
+
+
+@triton.jit
+def _e2m1_misses_kernel(COUNTS, N, BLOCK: tl.constexpr):
+    """Every FP32 bit pattern in [0, N) (N = bits(6.0) + 1: every value in [0, 6]): the rounding of
+    ``_e2m1_round`` against the seven comparisons of ``_e2m1_code`` and ``_e2m1_value``. COUNTS:
+    [values checked, codes differing, values differing]."""
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = b < N
+    a = b.to(tl.float32, bitcast=True)
+    code, val = _e2m1_round(a)
+    want = _e2m1_code(a)
+    tl.atomic_add(COUNTS, tl.sum(ok.to(tl.int64)))
+    tl.atomic_add(COUNTS + 1, tl.sum((ok & (code != want)).to(tl.int64)))
+    tl.atomic_add(COUNTS + 2, tl.sum((ok & (val != _e2m1_value(want))).to(tl.int64)))
+
+
+def test_e2m1_round_equals_comparisons_on_every_fp32_value():
+    """The magic-addend E2M1 rounding of the NVFP4 quantizer equals the comparison rule (round to
+    nearest, ties to even) on every FP32 value in [0, 6], about 1.09e9 of them."""
+    n = int(torch.tensor(6.0).view(torch.int32)) + 1
+    counts = torch.zeros(3, dtype=torch.int64, device="cuda")
+    _e2m1_misses_kernel[(triton.cdiv(n, 4096),)](counts, n, BLOCK=4096)
+    assert counts.tolist() == [n, 0, 0]
+
+
+@triton.jit
+def _fast_div_misses_kernel(DEN, COUNTS, BLOCK: tl.constexpr):
+    """One denominator per program row (``DEN[program_id(0)]``), BLOCK BF16 bit patterns x per
+    program (program_id(1)), shaped as ``_block_quotients`` sees a program's blocks; the program's
+    fast path (``amax_b`` 0, so it is taken) against ``div_rn``, over the pairs the kernels send
+    through it (finite x, |x / d| <= 2^32). COUNTS: [pairs checked, FP32 quotients differing, of
+    those with |x / d| >= 2^-38, E2M1 codes of min(|q|, 6) differing (the kernels take the sign
+    from x)]."""
+    R: tl.constexpr = BLOCK // 16
+    d = tl.load(DEN + tl.program_id(0) + tl.zeros([R, 1], tl.int32))
+    xb = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.reshape(xb.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32), [R, 1, 16])
+    finite = tl.abs(x) < float("inf")
+    okd = tl.full([R, 1], 1, tl.int1)
+    q = _block_quotients(x, d, okd, tl.zeros([R, 1], tl.float32), True)
+    want = tl.math.div_rn(x, tl.broadcast_to(d[:, :, None], x.shape))
+    bits_differ = q.to(tl.int32, bitcast=True) != want.to(tl.int32, bitcast=True)
+    # the kernels take the fast path only with every quotient <= 2^32 (``amax_b``'s bound)
+    finite = finite & (tl.abs(want) <= 2.0**32)
+    relevant = finite & (tl.abs(want) >= 2.0**-38)
+    c, _ = _e2m1_round(tl.minimum(tl.abs(q), 6.0))
+    cw, _ = _e2m1_round(tl.minimum(tl.abs(want), 6.0))
+    code_differs = c != cw  # the kernels take the sign from x
+    tl.atomic_add(COUNTS, tl.sum(finite.to(tl.int64)))
+    tl.atomic_add(COUNTS + 1, tl.sum((relevant & bits_differ).to(tl.int64)))
+    tl.atomic_add(COUNTS + 2, tl.sum((finite & code_differs).to(tl.int64)))
+
+
+def test_nvfp4_fast_division_equals_div_rn():
+    """The NVFP4 quantizer's per-block reciprocal with ``div_rn``'s own three-FFMA fast path gives
+    ``div_rn``'s FP32 quotient for every finite BF16 x whose quotient could matter (2^-38 <= |x / d|
+    <= 2^32, the kernels' bound), and the same E2M1 code for every finite BF16 x up to the bound,
+    over denominators d from 2^-64 to just under 2^61 (every fourth binade: the mantissas 1, 1.5,
+    1.75, the largest, and 60 random ones), about 1.3e8 pairs."""
+    g = torch.Generator().manual_seed(0)
+    mant = torch.cat([torch.tensor([1.0, 1.5, 1.75, 2.0 - 2.0**-23]), 1.0 + torch.rand(60, generator=g)])
+    exps = torch.arange(-64, 61, 4, dtype=torch.float64)
+    den = (mant.double()[None, :] * torch.pow(2.0, exps)[:, None]).float().flatten()
+    assert float(den.min()) >= 2.0**-64 and float(den.max()) <= 2.0**64
+    counts = torch.zeros(3, dtype=torch.int64, device="cuda")
+    _fast_div_misses_kernel[(den.numel(), 65536 // 1024)](den.cuda(), counts, BLOCK=1024)
+    checked, bits, codes = counts.tolist()
+    assert checked > den.numel() * 40000, checked  # of the 65,280 finite BF16 x, most are in range
+    assert bits == 0 and codes == 0, (checked, bits, codes)

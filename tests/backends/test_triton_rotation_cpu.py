@@ -95,8 +95,18 @@ def _interpreted_checks() -> list[str]:
             payload = torch.empty((*x.shape[:-1], d // 2), dtype=torch.uint8)
             scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8)
             dec = torch.empty(x.shape, dtype=torch.bfloat16)
-            tq._nvfp4_rows_kernel[(triton.cdiv(n, 8),)](
-                inp, gg, payload, scales, dec, n, *x.shape[1:3], *inp.stride()[:3], D=d, ROWS=8, **kw
+            tq._nvfp4_rows_kernel[(triton.cdiv(x.shape[2], 8), x.shape[0] * x.shape[1])](
+                inp,
+                gg,
+                payload,
+                scales,
+                dec,
+                *x.shape[1:3],
+                *inp.stride()[:3],
+                D=d,
+                ROWS=8,
+                FAST_DIV=False,
+                **kw,
             )
             nv.append((payload, scales, dec.view(torch.int16)))
         if not all(torch.equal(a, b) for a, b in zip(*nv)):

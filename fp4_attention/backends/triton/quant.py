@@ -9,7 +9,10 @@ checks the bytes against the reference on the same GPU input, including zero row
 NaN/Inf.
 A row's or a block's NaN/Inf is found by one NaN-propagating max per element (the amax itself),
 not by per-element tests: on the H200 those had the rows kernel bound by the ALU pipe
-(``results/quant_alu_h200``).
+(``results/quant_alu_h200``). The NVFP4 rows kernel also rounds to E2M1 with magic addends
+(``_e2m1_round``) and divides by each block's denominator through one reciprocal per block and
+``div_rn``'s own three-FFMA fast path (``_block_quotients``): 0.277 -> 0.179 ms for Q at B4 H32
+S4096 D128 with its amax pass (``results/quant_fast_div_h200``).
 
 * :func:`quantize_fp8_rows`: one FP32 scale per row of the last dim (per token for ``[B, H, S, D]``,
   read in place from any strides with a unit last one: a ``[B, S, H, D]`` or ``[S, B, H, D]``
@@ -314,6 +317,10 @@ def _fp8_v_t_kernel(
         y = x.to(tl.float32) * tl.math.div_rn(tl.full([D], 1.0, tl.float32), scale)[None, :]
     else:  # a channel scale below 2^-126: its reciprocal would overflow
         y = tl.math.div_rn(x.to(tl.float32), tl.broadcast_to(scale[None, :], [BLOCK_S, D]))
+    # the clamp is redundant before the saturating conversion (the rows kernel leaves it out) and is
+    # two FMNMX per element, 128 of the 848 instructions of a program's usual path (D 128, 64 keys x
+    # 4 warps, CPU compile); without it this kernel took 0.185 ms instead of 0.125 at B4 H32 S4096 on
+    # the H200 (results/quant_fast_div_h200), so it stays
     y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
     yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
@@ -406,6 +413,88 @@ def _e2m1_value(c):
     return tl.where(c == 0, 0.0, bits.to(tl.float32, bitcast=True))
 
 
+# Magic addends of :func:`_e2m1_round`: 1.5 * 2^k, whose binade's ulp is 2^(k - 23): 0.5, 1, 2
+E2M1_RN_HALF = tl.constexpr(6291456.0)  # 1.5 * 2^22
+E2M1_RN_ONE = tl.constexpr(12582912.0)  # 1.5 * 2^23
+E2M1_RN_TWO = tl.constexpr(25165824.0)  # 1.5 * 2^24
+
+
+@triton.jit
+def _e2m1_round(a):
+    """|value| ``a`` (FP32, 0 <= a <= 6, not NaN) -> (E2M1 magnitude code 0..7, its value), round to
+    nearest, ties to even: the codes of :func:`_e2m1_code` and the values of :func:`_e2m1_value`.
+
+    E2M1's grid has the step 0.5 on [0, 2], 1 on [2, 4] and 2 on [4, 6]. Adding ``M = 1.5 * 2^k``
+    with the binade's step as the sum's ulp rounds ``a`` once to a multiple of the step (the FP32
+    adder's round-to-nearest-even; an even multiple is an even E2M1 code, so the ties agree), ``s -
+    M`` is the value (exact) and the low bits of ``s`` count the steps: the code is that count plus
+    0, 2 or 4. Four FP32 operations and a few integer ones instead of seven comparisons and the
+    decode (``tests/backends/test_triton_quant.py`` checks every FP32 value in [0, 6] on the GPU).
+    """
+    m = tl.where(a < 2.0, E2M1_RN_HALF, tl.where(a < 4.0, E2M1_RN_ONE, E2M1_RN_TWO))
+    s = a + m
+    steps = s.to(tl.int32, bitcast=True) & 7
+    # M's exponent and leading mantissa bit (bits >> 22: 299, 301, 303) give the offset of its
+    # binade's first code (0, 2, 4)
+    code = steps + ((m.to(tl.int32, bitcast=True) >> 22) - 299)
+    return code, s - m
+
+
+# the range in which the NVFP4 quantizer divides through div_rn's own fast path (_fast_reciprocal,
+# _div_by_reciprocal) without its range check. (The dO quantizer's division by its per-head scale
+# was tried the same way: 0.250 -> 0.277 ms at B4 H32 S4096, slower; results/quant_fast_div_h200)
+DIV_FAST_MIN = tl.constexpr(2.0**-64)
+DIV_FAST_MAX = tl.constexpr(2.0**64)
+DIV_FAST_QUOTIENT_MAX = tl.constexpr(2.0**32)
+
+
+@triton.jit
+def _fast_reciprocal(d):
+    """``div_rn``'s reciprocal of FP32 ``d``: MUFU.RCP, then one Newton step (two FFMA), the first
+    three instructions of the sequence ptxas emits for ``div.rn.f32``, so that it can be formed once
+    per divisor instead of once per quotient. Inline PTX: not available under ``TRITON_INTERPRET``."""
+    rcp = tl.inline_asm_elementwise(
+        "rcp.approx.ftz.f32 $0, $1;", "=f,f", [d], dtype=tl.float32, is_pure=True, pack=1
+    )
+    return tl.fma(rcp, tl.fma(-d, rcp, 1.0), rcp)
+
+
+@triton.jit
+def _div_by_reciprocal(x, d, y):
+    """``x / d`` from ``y = _fast_reciprocal(d)``: ``div_rn``'s fast path, the same three FFMA in
+    the same order (``q0 = x y``, ``q = q0 + (x - d q0) y``), without its range check (FCHK) and
+    slow path. Equal to ``div_rn(x, d)`` bit for bit wherever FCHK passes, a range check of the
+    exponents; the callers keep ``2^-64 <= d <= 2^64`` and ``|x / d| <= 2^32``, where it can only
+    fire for an ``|x / d|`` below 2^-38 (the result is then tiny as well, but its sign may be lost:
+    callers take the sign from ``x``). ``tests/backends/test_triton_quant.py`` checks the bits
+    against ``div_rn`` over every BF16 ``x`` and a sweep of ``d``."""
+    q0 = tl.fma(x, y, 0.0)
+    return tl.fma(y, tl.fma(-d, q0, x), q0)
+
+
+@triton.jit
+def _block_quotients(x, d, okd, amax_b, FAST: tl.constexpr):
+    """``x [R, NB, 16] / d [R, NB]`` (FP32) rounded to nearest, as ``div_rn`` rounds it wherever the
+    E2M1 code can depend on it.
+
+    ``div_rn`` compiles to a reciprocal (MUFU.RCP), one Newton step, a quotient with one residual
+    correction (five FFMA), a range check (FCHK) and a branch to a slow path, all per element.
+    ``FAST``: the reciprocal once per block (:func:`_fast_reciprocal`), then per element the three
+    FFMA of :func:`_div_by_reciprocal`; the program takes this path only when every block with a
+    denominator has ``2^-64 <= d <= 2^64`` and a quotient bound ``amax_b / d <= 2^32``, else
+    ``div_rn`` for all. Inside that range an ``|x / d|`` below 2^-38 is the only place the two
+    may differ, far below E2M1's first rounding boundary (0.25): code 0 either way (the caller
+    takes the sign from ``x``, not from the quotient).
+    """
+    ok_range = (d >= DIV_FAST_MIN) & (d <= DIV_FAST_MAX) & (amax_b <= d * DIV_FAST_QUOTIENT_MAX)
+    fast = tl.min(((~okd) | ok_range).to(tl.int32)) == 1  # every block of the program
+    if FAST and fast:
+        q = _div_by_reciprocal(x, d[:, :, None], _fast_reciprocal(d)[:, :, None])
+    else:
+        q = tl.math.div_rn(x, tl.broadcast_to(d[:, :, None], x.shape))
+    return q
+
+
 @triton.jit
 def _nvfp4_rows_kernel(
     X,
@@ -413,7 +502,6 @@ def _nvfp4_rows_kernel(
     P,
     SC,
     DEC,
-    n_rows,
     H,
     SEQ,
     sxb,
@@ -429,17 +517,24 @@ def _nvfp4_rows_kernel(
     BADH=None,
     GOUT=None,
     TOK=None,
+    FAST_DIV: tl.constexpr = True,  # False under TRITON_INTERPRET (no inline PTX there)
 ):
-    """NVFP4 rows. G: the global scale per row (FP32 [n_rows]); with HEAD_AMAX, G is instead the
-    per-(batch, head) amax of |x| (FP32 [B * H], ``_head_amax_kernel``) and BADH its non-finite flag:
-    the global scale amax / 2688 (1 for an all-zero head, NaN for a non-finite one:
-    ``quant.amax_scale``) is formed here and written to GOUT [B * H], and per row to TOK [n_rows]
-    (the per-token vectors the attention kernels read)."""
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    ok = r < n_rows
+    """NVFP4 rows of ``X [B, H, SEQ, D]`` (strides ``sxb, sxh, sxs``, unit last), grid
+    ``(cdiv(SEQ, ROWS), B * H)``. G: the global scale per row (FP32 [B * H * SEQ]); with
+    HEAD_AMAX, G is instead the per-(batch, head) amax of |x| (FP32 [B * H],
+    ``_head_amax_kernel``) and BADH its non-finite flag: the global scale amax / 2688 (1 for an
+    all-zero head, NaN for a non-finite one: ``quant.amax_scale``) is formed here and written to
+    GOUT [B * H], and per row to TOK [B * H * SEQ] (the per-token vectors the attention kernels
+    read)."""
+    # a 2-D grid, (blocks of ROWS rows of one (batch, head), B * H): the row offsets need no
+    # per-row integer division (712 -> 632 instructions at 8 rows x 4 warps, CPU compile)
+    bh = tl.program_id(1)
+    s = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = s < SEQ
+    r = bh * SEQ + s  # row (b, h, s) of the contiguous output
     NB: tl.constexpr = D // 16
     offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
-    src = _row_offsets(r, H, SEQ, sxb, sxh, sxs)  # any strides of X
+    src = (bh // H) * sxb + (bh % H) * sxh + s * sxs  # any strides of X
     if ROTATE:  # x H in registers, before the block scales are formed
         d = tl.arange(0, D)
         xr = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
@@ -448,19 +543,22 @@ def _nvfp4_rows_kernel(
         x = tl.load(X + src[:, None, None] + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(
             tl.float32
         )
-    if HEAD_AMAX:
-        bh = r // SEQ  # rows enumerate [B, H, S]
-        amax = tl.load(G + bh, mask=ok, other=1.0)
-        g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, tl.full([ROWS], 2688.0, tl.float32)))
-        g = tl.where(tl.load(BADH + bh, mask=ok, other=0) != 0, float("nan"), g)
-        tl.store(GOUT + bh, g, mask=ok & (r % SEQ == 0))  # once per head: its first row
+    if HEAD_AMAX:  # one head per program: its global scale is a scalar
+        amax = tl.load(G + bh)
+        g1 = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 2688.0))
+        g1 = tl.where(tl.load(BADH + bh) != 0, float("nan"), g1)
+        if tl.program_id(0) == 0:
+            tl.store(GOUT + bh, g1)
+        g = tl.full([ROWS], 1.0, tl.float32) * g1
         tl.store(TOK + r, g, mask=ok)
     else:
         g = tl.load(G + r, mask=ok, other=1.0)
-    ax = tl.abs(x)
-    bad = (tl.max(((ax != ax) | (ax == float("inf"))).to(tl.int32), 2) > 0) | (g != g)[:, None]  # [ROWS, NB]
-    x = tl.where(bad[:, :, None], 0.0, x)
-    amax_b = tl.max(tl.abs(x), 2)
+    # one NaN-propagating max per element (the rows kernel's reason): the block's amax, NaN or Inf
+    # for a block holding one; such a block's amax counts as 0, so its denominator is 0 and its
+    # quotients 0 (the reference zeroes the block's x first: the same codes)
+    m_b = tl.reduce(tl.abs(x), 2, _max_propagating_nan)  # [ROWS, NB]
+    bad = (m_b != m_b) | (m_b == float("inf")) | (g != g)[:, None]
+    amax_b = tl.where(bad, 0.0, m_b)
     six = tl.full([ROWS, NB], 6.0, tl.float32)
     gb = tl.broadcast_to(g[:, None], [ROWS, NB])
     s_real = tl.math.div_rn(tl.math.div_rn(amax_b, six), gb)
@@ -471,14 +569,14 @@ def _nvfp4_rows_kernel(
     denom = s_b * gb
     okd = (denom > 0.0) & (denom == denom) & (denom != float("inf"))
     safe = tl.where(okd, denom, 1.0)
-    qv = tl.math.div_rn(x, tl.broadcast_to(safe[:, :, None], [ROWS, NB, 16]))
+    qv = _block_quotients(x, safe, okd, amax_b, FAST_DIV)
     qv = tl.where(okd[:, :, None], qv, 0.0)
-    code = _e2m1_code(tl.minimum(tl.abs(qv), 6.0))
-    dec = _e2m1_value(code) * s_b[:, :, None]
-    neg = qv < 0.0
-    neg = neg | ((qv == 0.0) & ((x.to(tl.int32, bitcast=True) >> 31) != 0) & okd[:, :, None])
-    code = code | tl.where(neg, 8, 0)
-    dec = dec * tl.where(neg, -1.0, 1.0)  # not -dec: Triton's unary minus (0 - x) loses -0
+    code, val = _e2m1_round(tl.minimum(tl.abs(qv), 6.0))
+    # the sign is x's where the block has a denominator (denom > 0: the reference's signbit of
+    # x / denom, -0.0 included) and + where the quotients are set to 0
+    sign = tl.where(okd[:, :, None], x.to(tl.int32, bitcast=True) & -2147483648, 0)
+    code = code | ((sign >> 28) & 8)
+    dec = ((val * s_b[:, :, None]).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     dec = tl.where(bad[:, :, None], float("nan"), dec)
     code2 = tl.reshape(code, [ROWS, D // 2, 2])
     lo, hi = tl.split(code2)
@@ -531,7 +629,7 @@ def quantize_nvfp4_heads(
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
     ``rows`` / ``num_warps``: the rows kernel's launch options (rows per program, a power of two,
-    default 1024 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
+    default 2048 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
 
     Returns:
         ``(NVFP4Tensor, decoded, token_scale)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
@@ -560,15 +658,15 @@ def quantize_nvfp4_heads(
     scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
     dec = torch.empty((b, h, s, d), dtype=torch.bfloat16, device=x.device)
     tok = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
-    n = b * h * s
-    rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 1024 // d))
-    _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](
+    # 2048 // d rows x 4 warps: 0.179 ms at B4 H32 S4096 D128 on the H200 against 0.208 for 8 rows,
+    # 0.188 for 32 (results/quant_fast_div_h200)
+    rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
+    _nvfp4_rows_kernel[(triton.cdiv(s, rows), b * h)](
         x,
         amax,
         payload,
         scales,
         dec,
-        n,
         *layout,
         D=d,
         ROWS=rows,
@@ -577,6 +675,7 @@ def quantize_nvfp4_heads(
         BADH=bad,
         GOUT=g,
         TOK=tok,
+        FAST_DIV=not interpreted(),
     )
     return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=g), dec, tok
 
@@ -605,10 +704,20 @@ def quantize_nvfp4_rows(
     payload = torch.empty((*x.shape[:-1], d // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8, device=x.device)
     dec = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
-    n = x.numel() // d
     rows = max(1, 1024 // d)
-    _nvfp4_rows_kernel[(triton.cdiv(n, rows),)](
-        x, g, payload, scales, dec, n, *layout, D=d, ROWS=rows, num_warps=4, **_rotation_args(x, signs)
+    seq = layout[1]
+    _nvfp4_rows_kernel[(triton.cdiv(seq, rows), x.numel() // (d * seq) if seq else 0)](
+        x,
+        g,
+        payload,
+        scales,
+        dec,
+        *layout,
+        D=d,
+        ROWS=rows,
+        num_warps=4,
+        FAST_DIV=not interpreted(),
+        **_rotation_args(x, signs),
     )
     return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=global_scale.float()), dec
 
