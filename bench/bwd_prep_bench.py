@@ -14,9 +14,9 @@ trees that ``bench/variants.sh`` lays side by side (their own code, in one run).
 quantizing kernel (queries per program x warps; ``dout_quant.QUANT_BLOCK``, ``QUANT_WARPS``), each
 checked to give the default launch's bytes.
 ``--ablate`` adds, at each shape, the ``dout`` pass with parts left out, to show where its time goes:
-without dO^T (``transposed=False``: no transposed store, no ``r``/``row``), without the Q image
-(``q8=None``), without both, the amax pass alone, and a device copy of dO (BF16, read + write) as
-the same run's bandwidth yardstick.
+without the Q image (``q8=None``), without it and dO^T (``transposed=False``: no transposed store,
+no ``r``/``row``; the Q image needs the Q scales of ``transposed``), the amax pass alone, and a
+device copy of dO (BF16, read + write) as the same run's bandwidth yardstick.
 Medians of ``triton.testing.do_bench`` (CUDA events), GB/s = bytes read and written / time.
 """
 
@@ -132,7 +132,6 @@ def _ablation(q_s, v_s, do, o, lse, shape) -> list[dict]:
     rows = (
         # (row, fn, bytes), counted as the "dout" row's (the amax pass's second read of dO left out):
         # dO and O in, dO's codes out; dO^T's codes out; Q's codes in and their BF16 image out
-        ("dout w/o dO^T", dout(q8=q_s.data), n * 8),
         ("dout w/o Q image", dout(transposed=True, q_scale=q_scale), n * 6),
         ("dout w/o both", dout(), n * 5),
         ("amax pass", amax_only, n * 2),

@@ -22,7 +22,7 @@ from fp4_attention.numerics.quant import FP8Tensor, pow2_ceil  # noqa: E402
 @pytest.mark.parametrize(
     "b, hq, hkv, sq, d", [(1, 4, 2, 100, 64), (2, 8, 2, 1000, 128), (1, 32, 8, 4096, 128)]
 )
-@pytest.mark.parametrize("special", [None, "nan", "zero", "large"])
+@pytest.mark.parametrize("special", [None, "nan", "zero", "large", "tiny_head", "signed_zeros", "tiny_vs"])
 def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
     g = torch.Generator().manual_seed(sq)
     dout = torch.randn(b, hq, sq, d, generator=g).bfloat16().cuda()
@@ -34,6 +34,13 @@ def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
         dout[0, 0] = 0.0
     elif special == "large":
         dout[0, 0, 3] *= 1e4
+    elif special == "tiny_head":  # the head's scale below 2^-64: its programs divide with div_rn
+        dout[0, 1] *= 2.0**-100
+    elif special == "signed_zeros":  # -0.0 and quotients far below E5M2's range keep their sign
+        dout[0, 0, 2, :5] = -0.0
+        dout[0, 0, 2, 5:9] = -(2.0**-100)
+    elif special == "tiny_vs":  # a channel scale whose reciprocal overflows: D divides by it
+        vs[0, 0, 3] = 2.0**-130
     lse = torch.randn(b, hq, sq, device="cuda")
     qs = torch.rand(b, hq, sq, device="cuda")
     q8 = torch.randint(0, 256, (b, hq, sq, d), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
