@@ -50,7 +50,9 @@ def ranks_from_env() -> tuple[int, int, int]:
     return 0, 1, 0
 
 
-def _free_port() -> int:
+def free_local_port() -> int:
+    """A TCP port on 127.0.0.1 that was free when asked (the OS picks it; a single-process group's
+    rendezvous, and the tests' process groups, which run in parallel under pytest -n)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -70,7 +72,7 @@ def init_distributed(*, use_cuda: bool) -> DistEnv:
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             init = "env://"
         elif world == 1:
-            init = f"tcp://127.0.0.1:{_free_port()}"
+            init = f"tcp://127.0.0.1:{free_local_port()}"
         else:
             raise ValueError(
                 f"{world} processes but MASTER_ADDR/MASTER_PORT are not set: launch with torchrun, "

@@ -8,19 +8,12 @@ which GPU weight init needs), and tears everything down after the last test of t
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 
 from llama import cpu_compat
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from training.distenv import free_local_port
 
 
 @pytest.fixture(scope="package")
@@ -29,7 +22,9 @@ def mcore():
 
     created = not dist.is_initialized()
     if created:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_local_port()}", rank=0, world_size=1
+        )
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     installed = cpu_compat.install()
     if torch.cuda.is_available():

@@ -11,13 +11,12 @@ parameters the BF16 partial sums alone give ~7e-3, which would hide a real error
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from llama import AttentionConfig, build_gpt_model, preset
+from training.distenv import free_local_port
 
 from .conftest import tokens
 
@@ -79,12 +78,6 @@ def _worker(rank: int, port: int, path: str):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tp2_matches_tp1(mcore, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("CPU/gloo test (on a GPU machine the model would be built on CUDA in the workers)")
@@ -99,7 +92,7 @@ def test_tp2_matches_tp1(mcore, tmp_path):
     )
     path = str(tmp_path / "tp.pt")
     torch.save({"state": model.state_dict(), "batch": (ids, pos, labels)}, path)
-    mp.start_processes(_worker, args=(_free_port(), path), nprocs=TP, join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(free_local_port(), path), nprocs=TP, join=True, start_method="spawn")
     out = torch.load(path + ".out", weights_only=True)
     assert out["core"] == "FP4CoreAttention" and out["grads_ok"]
     got = out["logits"]

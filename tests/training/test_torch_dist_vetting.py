@@ -12,7 +12,6 @@ import argparse
 import io
 import os
 import pickle
-import socket
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from training.checkpoint import DamagedCheckpointError, UnsafeCheckpointError
+from training.distenv import free_local_port
 from training.engine_megatron import dcp_tensor_shapes
 from training.torch_dist_vetting import read_metadata, vet_torch_dist_checkpoint
 
@@ -264,10 +264,7 @@ def test_megatron_cores_own_checkpoint_is_vetted_and_loads(tmp_path):
     script = Path(__file__).with_name("megatron_torch_dist_cpu.py")
     out = tmp_path / "ckpt"
     out.mkdir()
-    with socket.socket() as sock:  # a free port: the suite runs in parallel processes (-n)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "PORT": str(port)}
+    env = {**os.environ, "PORT": str(free_local_port())}  # the suite runs in parallel processes (-n)
     res = subprocess.run(
         [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, env=env
     )
