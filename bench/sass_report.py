@@ -2,6 +2,8 @@
 
     python bench/sass_report.py [--block-m M --block-n N --num-warps W --num-stages S]  # default tiles
     python bench/sass_report.py --backward          # the dK/dV and dQ kernels at the backend's tiles
+    python bench/sass_report.py --quant nvfp4       # a quantizer kernel (rows, nvfp4, v_amax, v_codes)
+                                                    # (SASS_NVFP4_ROWS: nvfp4's rows per program, 16)
 
 For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
 register count, spills (STL/LDL), dynamic shared memory, and counts of the instructions that decide
@@ -193,6 +195,7 @@ def _opcodes(sass: str) -> list[str]:
     return re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M)
 
 
+NVFP4_SASS_ROWS = int(os.environ.get("SASS_NVFP4_ROWS", "16"))  # the default launch at D 128
 # the quantizer kernels --quant compiles: (function name, pointer types, constexprs, warps, label)
 QUANT_KERNELS = {
     "rows": (
@@ -214,9 +217,9 @@ QUANT_KERNELS = {
             "GOUT": "fp32",
             "TOK": "fp32",
         },
-        dict(D=128, ROWS=8, HEAD_AMAX=True, SIGNS=None),
+        dict(D=128, ROWS=NVFP4_SASS_ROWS, HEAD_AMAX=True, SIGNS=None),
         4,
-        "_nvfp4_rows_kernel D 128 (per-head global scale) 8 rows x 4 warps",
+        f"_nvfp4_rows_kernel D 128 (per-head global scale) {NVFP4_SASS_ROWS} rows x 4 warps",
     ),
     "v_amax": (
         "_v_amax_kernel",

@@ -34,7 +34,7 @@ def test_codes_equal_the_torch_definition(b, hq, hkv, sq, d, special):
         dout[0, 0] = 0.0
     elif special == "large":
         dout[0, 0, 3] *= 1e4
-    elif special == "tiny_head":  # the head's scale below 2^-64: its programs divide with div_rn
+    elif special == "tiny_head":  # a head at 2^-100 of the others: its scale near the FP32 floor
         dout[0, 1] *= 2.0**-100
     elif special == "signed_zeros":  # -0.0 and quotients far below E5M2's range keep their sign
         dout[0, 0, 2, :5] = -0.0

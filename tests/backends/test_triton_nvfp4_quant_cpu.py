@@ -76,6 +76,25 @@ def _interpreted_checks() -> list[str]:
                 failed.append(f"{name}: {what} differs from scaled_payload() in BF16 (bits)")
     if not bool(((got.payload & 0xF) == 8).any()):
         failed.append("the input has no -0 code to check")
+    # the rows API given a negative, a +Inf and a subnormal global scale: the decode is the payload's
+    # (x's sign times a negative s_b), +Inf poisons its head's blocks as the reference's does, and
+    # the subnormal one saturates the block scales (448) and the codes (+-6) as the reference's
+    from fp4_attention.numerics.quant import quantize_nvfp4
+
+    gs = nvfp4_global_scale(x, dims=(2, 3)).clone()
+    gs[0, 0], gs[0, 2], gs[1, 1] = -gs[0, 0], float("inf"), 2.0**-140
+    got2, dec2 = quantize_nvfp4_rows(x, gs)
+    ref2 = quantize_nvfp4(x, gs)
+    if not torch.equal(_bits(dec2), _bits(got2.scaled_payload().bfloat16())):
+        failed.append("rows with odd global scales: decode differs from scaled_payload() (bits)")
+    for h in ((0, 2), (1, 1)):
+        same = torch.equal(got2.block_scale[h], ref2.block_scale[h]) and torch.equal(
+            got2.payload[h], ref2.payload[h]
+        )
+        if not same:
+            failed.append(f"rows with global scale {float(gs[h])}: bytes differ from the reference")
+    if not bool((got2.block_scale[0, 2] == 0x7F).all()):
+        failed.append("an Inf global scale did not poison its head")
     # the Triton backend's Q/K operands without the decoded pair: the Triton decode of the saved Q/K
     from fp4_attention import get_recipe
     from fp4_attention.backends.triton import backend as tb

@@ -4,9 +4,9 @@ The reference runs on the CPU copy of the input: torch's CPU kernels divide with
 round-to-nearest, while on the H200 torch's CUDA path gave E4M3 block scales one code off on exact
 ties (amax_b / 6 / g = 184.0 exactly, an E4M3 tie, encoded as 176 instead of 192; seen 2026-11-29),
 so torch-on-CUDA is not a bit-exact reference. The Triton kernels use ``div_rn`` (IEEE), or where
-they avoid it per element (V's power-of-two reciprocal, the NVFP4 kernel's per-block reciprocal
-with ``div_rn``'s own fast path) the tests below check the same bits against ``div_rn`` over their
-whole BF16 domain.
+they avoid it per element the tests below check the same bits against ``div_rn``: V's
+power-of-two reciprocal on its whole BF16 domain, the NVFP4 kernel's per-block reciprocal with
+``div_rn``'s own fast path on every BF16 x and a sweep of denominators.
 """
 
 import pytest
@@ -114,6 +114,10 @@ def test_nvfp4_rows_bytes_equal_reference(d, seq):
     x = _extreme_heads(_inputs(d, seq))
     x[1, 3, 11, 40] = float("nan")  # poisons head (1, 3)
     g = nvfp4_global_scale(x.cpu(), dims=(2, 3))
+    # NaN and Inf blocks under a finite global scale (head (0, 3)'s, formed before): only their
+    # blocks are poisoned, in programs that take the fast division
+    x[0, 3, 20, 5] = float("nan")
+    x[0, 3, 21, d - 1] = float("-inf")
     got, dec = quantize_nvfp4_rows(x, g.cuda())
     ref = quantize_nvfp4(x.cpu(), g)
     _assert_nvfp4_equal(got, dec, ref)
@@ -121,11 +125,14 @@ def test_nvfp4_rows_bytes_equal_reference(d, seq):
 
 def test_nvfp4_rows_saturating_global_scale_equals_reference():
     """A global scale 2^40 below the head's own: the block scales saturate at 448 and the quotients
-    reach 2^40 (beyond the fast division's bound of 2^32: ``div_rn``), codes +-6; one head keeps its
-    own scale (fast path), in the same launch."""
+    reach 2^40 (beyond the fast division's bound of 2^32: ``div_rn``), codes +-6; a subnormal global
+    scale 2^-140 (denominators below 2^-126, whose reciprocal the fast path would flush: only
+    ``div_rn`` gives the reference's bytes there); one head keeps its own scale (fast path), in the
+    same launch."""
     x = _inputs(128)
     g = nvfp4_global_scale(x.cpu(), dims=(2, 3))
-    g[:, :3] *= 2.0**-40
+    g[:, :2] *= 2.0**-40
+    g[:, 2] = 2.0**-140
     got, dec = quantize_nvfp4_rows(x, g.cuda())
     ref = quantize_nvfp4(x.cpu(), g)
     assert bool((ref.block_scale[:, :3] == 0x7E).any())  # 448: saturated

@@ -317,10 +317,9 @@ def _fp8_v_t_kernel(
         y = x.to(tl.float32) * tl.math.div_rn(tl.full([D], 1.0, tl.float32), scale)[None, :]
     else:  # a channel scale below 2^-126: its reciprocal would overflow
         y = tl.math.div_rn(x.to(tl.float32), tl.broadcast_to(scale[None, :], [BLOCK_S, D]))
-    # the clamp is redundant before the saturating conversion (the rows kernel leaves it out) and is
-    # two FMNMX per element, 128 of the 848 instructions of a program's usual path (D 128, 64 keys x
-    # 4 warps, CPU compile); without it this kernel took 0.185 ms instead of 0.125 at B4 H32 S4096 on
-    # the H200 (results/quant_fast_div_h200), so it stays
+    # the clamp is redundant before the saturating conversion (the rows kernel leaves it out), but
+    # without it this kernel took 0.185 ms instead of 0.125 at B4 H32 S4096 on the H200, same run
+    # (results/quant_fast_div_h200), so it stays
     y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
     yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     yq = tl.where(bad[None, :], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite channel
@@ -440,11 +439,24 @@ def _e2m1_round(a):
     return code, s - m
 
 
+def _check_grid_heads(who: str, bh: int) -> None:
+    """The NVFP4 rows kernel puts B * H on the grid's y axis, which CUDA caps at 65,535.
+
+    Raises:
+        ValueError: ``bh`` above the cap.
+    """
+    if bh > 65535:
+        raise ValueError(
+            f"{who}: B * H = {bh} (batch times heads) exceeds the 65,535 programs of CUDA's grid y axis; "
+            "quantize a smaller micro-batch at a time, or pass a contiguous tensor (one run of rows)"
+        )
+
+
 # the range in which the NVFP4 quantizer divides through div_rn's own fast path (_fast_reciprocal,
 # _div_by_reciprocal) without its range check. (The dO quantizer's division by its per-head scale
 # was tried the same way: 0.250 -> 0.277 ms at B4 H32 S4096, slower; results/quant_fast_div_h200)
 DIV_FAST_MIN = tl.constexpr(2.0**-64)
-DIV_FAST_MAX = tl.constexpr(2.0**64)
+DIV_FAST_MAX = tl.constexpr(2.0**60)  # the GPU test's denominators reach just under 2^61
 DIV_FAST_QUOTIENT_MAX = tl.constexpr(2.0**32)
 
 
@@ -464,7 +476,7 @@ def _div_by_reciprocal(x, d, y):
     """``x / d`` from ``y = _fast_reciprocal(d)``: ``div_rn``'s fast path, the same three FFMA in
     the same order (``q0 = x y``, ``q = q0 + (x - d q0) y``), without its range check (FCHK) and
     slow path. Equal to ``div_rn(x, d)`` bit for bit wherever FCHK passes, a range check of the
-    exponents; the callers keep ``2^-64 <= d <= 2^64`` and ``|x / d| <= 2^32``, where it can only
+    exponents; the callers keep ``2^-64 <= d <= 2^60`` and ``|x / d| <= 2^32``, where it can only
     fire for an ``|x / d|`` below 2^-38 (the result is then tiny as well, but its sign may be lost:
     callers take the sign from ``x``). ``tests/backends/test_triton_quant.py`` checks the bits
     against ``div_rn`` over every BF16 ``x`` and a sweep of ``d``."""
@@ -481,7 +493,7 @@ def _block_quotients(x, d, okd, amax_b, FAST: tl.constexpr):
     correction (five FFMA), a range check (FCHK) and a branch to a slow path, all per element.
     ``FAST``: the reciprocal once per block (:func:`_fast_reciprocal`), then per element the three
     FFMA of :func:`_div_by_reciprocal`; the program takes this path only when every block with a
-    denominator has ``2^-64 <= d <= 2^64`` and a quotient bound ``amax_b / d <= 2^32``, else
+    denominator has ``2^-64 <= d <= 2^60`` and a quotient bound ``amax_b / d <= 2^32``, else
     ``div_rn`` for all. Inside that range an ``|x / d|`` below 2^-38 is the only place the two
     may differ, far below E2M1's first rounding boundary (0.25): code 0 either way (the caller
     takes the sign from ``x``, not from the quotient).
@@ -527,7 +539,7 @@ def _nvfp4_rows_kernel(
     GOUT [B * H], and per row to TOK [B * H * SEQ] (the per-token vectors the attention kernels
     read)."""
     # a 2-D grid, (blocks of ROWS rows of one (batch, head), B * H): the row offsets need no
-    # per-row integer division (712 -> 632 instructions at 8 rows x 4 warps, CPU compile)
+    # per-row integer division
     bh = tl.program_id(1)
     s = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = s < SEQ
@@ -557,7 +569,7 @@ def _nvfp4_rows_kernel(
     # for a block holding one; such a block's amax counts as 0, so its denominator is 0 and its
     # quotients 0 (the reference zeroes the block's x first: the same codes)
     m_b = tl.reduce(tl.abs(x), 2, _max_propagating_nan)  # [ROWS, NB]
-    bad = (m_b != m_b) | (m_b == float("inf")) | (g != g)[:, None]
+    bad = (m_b != m_b) | (m_b == float("inf")) | ((g != g) | (tl.abs(g) == float("inf")))[:, None]
     amax_b = tl.where(bad, 0.0, m_b)
     six = tl.full([ROWS, NB], 6.0, tl.float32)
     gb = tl.broadcast_to(g[:, None], [ROWS, NB])
@@ -576,7 +588,8 @@ def _nvfp4_rows_kernel(
     # x / denom, -0.0 included) and + where the quotients are set to 0
     sign = tl.where(okd[:, :, None], x.to(tl.int32, bitcast=True) & -2147483648, 0)
     code = code | ((sign >> 28) & 8)
-    dec = ((val * s_b[:, :, None]).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    # x's sign applied as a factor of +-1 (XOR: a negative global scale gives a negative s_b)
+    dec = ((val * s_b[:, :, None]).to(tl.int32, bitcast=True) ^ sign).to(tl.float32, bitcast=True)
     dec = tl.where(bad[:, :, None], float("nan"), dec)
     code2 = tl.reshape(code, [ROWS, D // 2, 2])
     lo, hi = tl.split(code2)
@@ -639,7 +652,8 @@ def quantize_nvfp4_heads(
         of each token's head (the row/col vector of the attention kernels, written by the same
         kernel: no broadcast copy); all contiguous.
     Raises:
-        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], or S = 0.
+        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, or B * H
+            above 65,535.
     """
     if x.dim() != 4:
         raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
@@ -658,9 +672,10 @@ def quantize_nvfp4_heads(
     scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
     dec = torch.empty((b, h, s, d), dtype=torch.bfloat16, device=x.device)
     tok = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
-    # 2048 // d rows x 4 warps: 0.179 ms at B4 H32 S4096 D128 on the H200 against 0.208 for 8 rows,
-    # 0.188 for 32 (results/quant_fast_div_h200)
+    # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
+    # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
+    _check_grid_heads("quantize_nvfp4_heads", b * h)
     _nvfp4_rows_kernel[(triton.cdiv(s, rows), b * h)](
         x,
         amax,
@@ -694,7 +709,8 @@ def quantize_nvfp4_rows(
         ``rotation.rotate(x, signs)`` with ``signs``); ``decoded`` is ``s_b * q`` in BF16 (exact),
         NaN for a poisoned block; all contiguous.
     Raises:
-        ValueError: as ``_row_input``, or D not a power of two in [16, 256].
+        ValueError: as ``_row_input``, D not a power of two in [16, 256], or a strided 4-D ``x``
+            with B * H above 65,535.
     """
     x, layout = _row_input(x, "quantize_nvfp4_rows")
     d = x.shape[-1]
@@ -704,8 +720,9 @@ def quantize_nvfp4_rows(
     payload = torch.empty((*x.shape[:-1], d // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8, device=x.device)
     dec = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
-    rows = max(1, 1024 // d)
+    rows = max(1, 1024 // d)  # not swept (quant_bench's "nvfp4 rows" row times this launch)
     seq = layout[1]
+    _check_grid_heads("quantize_nvfp4_rows", x.numel() // (d * seq) if seq else 0)
     _nvfp4_rows_kernel[(triton.cdiv(seq, rows), x.numel() // (d * seq) if seq else 0)](
         x,
         g,
