@@ -722,8 +722,9 @@ def quantize_nvfp4_rows(
     dec = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     rows = max(1, 1024 // d)  # not swept (quant_bench's "nvfp4 rows" row times this launch)
     seq = layout[1]
-    _check_grid_heads("quantize_nvfp4_rows", x.numel() // (d * seq) if seq else 0)
-    _nvfp4_rows_kernel[(triton.cdiv(seq, rows), x.numel() // (d * seq) if seq else 0)](
+    bh = x.numel() // (d * seq) if seq else 0  # the grid's (batch, head) rows
+    _check_grid_heads("quantize_nvfp4_rows", bh)
+    _nvfp4_rows_kernel[(triton.cdiv(seq, rows), bh)](
         x,
         g,
         payload,
