@@ -259,7 +259,8 @@ def forward_fp8(
         col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast): positive and
             finite, or NaN only for a key whose K operand is NaN (as the quantizers write them; the
             kernel multiplies the scores by ``col`` before the mask, so a masked score is -inf
-            whatever its scale);
+            whatever its scale). With ``qk_bf16`` the kernel reads key 0's (the head's global
+            scale) and folds it into ``row_r`` (``fwd_sm90.fold_k_scale``), as the backward does;
         v_scale: FP32 ``[B, Hkv, D]``.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
             output takes (``layouts.empty_in_layout_of``); default contiguous.

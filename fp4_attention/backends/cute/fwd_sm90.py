@@ -14,7 +14,10 @@ ping-pong the two consumer warpgroups, and the TMA epilogue. Ours are the parts 
   ``z = (t_ij * col_j) * r_i`` with ``t`` the MMA dot, ``col`` the K token scale and
   ``r = row * softmax_scale * log2 e`` (``row`` the Q token scale); the row max is taken of
   ``t * col`` and scaled once (``r > 0``), and ``P = exp2(fma(t * col, r, LIFT - m))`` is one FFMA
-  and one MUFU.EX2, lifted by 2^LIFT (LIFT = 8) into [0, 256] (contract §2).
+  and one MUFU.EX2, lifted by 2^LIFT (LIFT = 8) into [0, 256] (contract §2). ``qk_bf16``
+  (``nvfp4qk_fp8pv``): K's scale is one global scale per head, so it is folded into the row
+  factor instead, ``z = t * fold_k_scale(r_i, g_k)``, and the scores take no per-element multiply
+  (the backward scores the same way).
 * P leaves the FP32 accumulator as E4M3 (``cvt.rn.satfinite.e4m3x2.f32``) straight into the
   register A operand of the PV wgmma, with no shuffle: the wgmma accumulator of a thread holds
   columns {2q, 2q+1, 8+2q, 9+2q} of each 16, where the 8-bit A fragment wants k = 4q..4q+3. The
@@ -65,7 +68,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
-__all__ = ["LIFT", "FP8ForwardSm90", "p_to_e4m3_operand"]
+__all__ = ["K_SCALE_FLOOR", "LIFT", "FP8ForwardSm90", "fold_k_scale", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
@@ -98,6 +101,26 @@ def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor):
     for w in cutlass.range_constexpr(cute.size(dst)):
         base = (w // 4) * 16 + (w % 2) * 2 + ((w // 2) % 2) * 8
         dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
+
+
+K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32: a folded row scale never flushes to zero
+
+
+@cute.jit
+def fold_k_scale(r: Float32, g_k: Float32) -> Float32:
+    """``nvfp4qk_fp8pv``'s per-head K global scale folded into a query's row factor: ``r * g_k``
+    (FP32, rounded once), with a NaN ``g_k`` taken as 1 and the product raised to
+    :data:`K_SCALE_FLOOR` where it is smaller; a NaN ``r`` stays NaN. The forward and the backward
+    both score ``t * fold_k_scale(r, g_k)`` (one FFMA with the exp2 offset), so their P agree bit for
+    bit. Why these rules leave the recipe unchanged: a head whose K holds a NaN/Inf has a NaN
+    ``g_k`` and NaN decodes for every key (block-scale code 0x7F), so its visible scores are NaN
+    through ``t`` and its masked ones stay ``-inf * 1``; and a product below 2^-126 (global scales
+    whose product is below about 1e-37) would flush to zero, making a masked ``-inf * 0`` NaN, while any
+    product at most 2^-126 gives every visible score below 2^-95 (``|t| <= 2688^2 * 128 < 2^30``),
+    so P is 2^LIFT either way."""
+    g = Float32(1.0) if g_k != g_k else g_k
+    x = r * g
+    return Float32(K_SCALE_FLOOR) if x < Float32(K_SCALE_FLOOR) else x
 
 
 class FP8ForwardSm90(FlashAttentionForwardSm90):
@@ -166,6 +189,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.qk_dtype = cutlass.BFloat16 if qk_bf16 else cutlass.Float8E4M3FN
         self.v_dtype = cutlass.Float8E4M3FN
         self.promote_pv = promote_pv
+        self.qk_bf16 = qk_bf16
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -510,11 +534,15 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 thr_mma=thr_mma_qk,
                 mask_causal=self.is_causal,
             )
+            if const_expr(self.qk_bf16):  # the head's K global scale (key 0's), folded into row_r
+                g_k = mCol_cur[0]
             for r in cutlass.range(n_rows, unroll_full=True):
                 q_idx = m_block * self.tile_m + tScS_mn[r, 0][0]
                 row_r[r] = Float32(1.0)
                 if q_idx < seqlen.seqlen_q:
                     row_r[r] = mRow[q_idx, head_idx, batch_idx]
+                if const_expr(self.qk_bf16):
+                    row_r[r] = fold_k_scale(row_r[r], g_k)
             softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r)
             load_col = partial(self._load_col, mCol=mCol_cur, tScS_mn=tScS_mn, seqlen_k=seqlen.seqlen_k)
             scale_cols = partial(self._scale_cols, tScS_mn=tScS_mn)
@@ -614,7 +642,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
         leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
         other's. The tile's K scales are loaded first, in flight during the QK product."""
-        col = load_col(n_block, clamp=is_first)
+        col = None if const_expr(self.qk_bf16) else load_col(n_block, clamp=is_first)
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
         pipeline_k.consumer_release(kv_state)
@@ -702,13 +730,20 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         NaN through the block-scale code 0x7F). Its visible scores are NaN either way. Other scales
         are positive and finite (:func:`~fp4_attention.backends.cute.backend.forward_fp8`)."""
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        for c in cutlass.range(cute.size(col), unroll_full=True):
-            for r in cutlass.range(cute.size(acc_S_mn, mode=[0]), unroll_full=True):
-                if const_expr(is_first):
+        if const_expr(col is None):  # qk_bf16: the K scale is in row_r; only the keys below 0
+            if const_expr(is_first):
+                for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
                     k_idx = n_block * self.tile_n + tScS_mn[0, c][1]
-                    acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col[c]
-                else:
-                    acc_S_mn[r, c] = acc_S_mn[r, c] * col[c]
+                    for r in cutlass.range(cute.size(acc_S_mn, mode=[0]), unroll_full=True):
+                        acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c]
+        else:
+            for c in cutlass.range(cute.size(col), unroll_full=True):
+                for r in cutlass.range(cute.size(acc_S_mn, mode=[0]), unroll_full=True):
+                    if const_expr(is_first):
+                        k_idx = n_block * self.tile_n + tScS_mn[0, c][1]
+                        acc_S_mn[r, c] = -Float32.inf if k_idx < 0 else acc_S_mn[r, c] * col[c]
+                    else:
+                        acc_S_mn[r, c] = acc_S_mn[r, c] * col[c]
 
     @cute.jit
     def _softmax_tile(
