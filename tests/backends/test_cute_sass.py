@@ -69,7 +69,7 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal, qk_bf
     """The CuTe fp8 backward compiles for sm_90a. Per query block and warpgroup (the loop body appears
     twice: the first block peeled): S^T in k32 QGMMAs over the head dim, dP^T likewise, dV in k32
     QGMMAs over the 64 queries; dQ (128 keys) and dK (64 queries) in k16 HGMMAs; one exp2 per score.
-    ``qk_bf16`` (nvfp4qk_fp8pv): S^T in k16 HGMMAs instead, the rest the same (567 instructions per
+    ``qk_bf16`` (nvfp4qk_fp8pv): S^T in k16 HGMMAs instead, the rest the same (566 instructions per
     trip at GQA 4, D128 causal, against 473 for E4M3 Q/K, whose one dS saves the rest)."""
     rep = _bwd_report(causal, group, head_dim, qk_bf16)
     s_qgmma, s_hgmma = (0, head_dim // 16) if qk_bf16 else (head_dim // 32, 0)
@@ -104,6 +104,12 @@ def test_nvfp4_kernel_bf16_qk_fp8_pv_no_spills(tiles, causal):
     assert rep["HGMMA"] >= 128 // 16, rep  # QK: BF16 wgmma, k16 steps over the head dim
     assert rep["QGMMA"] >= 128 // 32, rep  # PV: FP8 wgmma
     assert rep["STL"] == 0 and rep["LDL"] == 0, rep
+    # the per-head K global scale is folded into the row factor (fwd_sm90.fold_k_scale): no K scale
+    # loads and no per-score multiply in the KV loop. Before the fold, at 128 keys: 32 LDG and 66
+    # FMUL per trip, 573 instructions in the unmasked loop (465 after); kernel only at B4 causal
+    # 0.950 -> 0.854 ms on the H200 (results/cute_nvfp4_kscale_fold_h200)
+    for loop in rep["inner_loops"]:
+        assert loop["LDG"] == 0 and loop["FMUL"] <= 2, loop
 
 
 @pytest.mark.parametrize("group", [4, 1])
@@ -111,13 +117,16 @@ def test_backward_fp8_one_ds(group):
     """The fp8 backward rounds one BF16 dS for dK and dQ (the token scales in the BF16 operands,
     ``reference_backward``'s fp8 definition); the qk_bf16 kernel scales two (its S^T reads the
     unscaled BF16 tiles). Per loop trip at D128 causal (32 scores per thread) the fp8 loop has two
-    FMUL and half an F2FP per score fewer: FMUL 128 -> 64, F2FP 48 -> 32, 567 -> 473 instructions
-    at GQA 4 (the same softmax, products and exponentials otherwise), and no spill at all."""
+    FMUL and half an F2FP per score fewer for dS, and one FMUL per score more for its K token scale,
+    which qk_bf16 folds into its 16 per-query row factors instead (``fold_k_scale``): FMUL 112 -> 64,
+    F2FP 48 -> 32, 566 -> 473 instructions at GQA 4 (the same softmax, products and exponentials
+    otherwise), and no spill at all."""
     two = _bwd_report(True, group, 128, True)
     one = _bwd_report(True, group, 128, False)
     assert one["MUFU.EX2"] == two["MUFU.EX2"], (one, two)
     (loop,), (two_loop,) = one["inner_loops"], two["inner_loops"]
-    assert loop["FMUL"] == two_loop["FMUL"] - 64, (loop, two_loop)  # x * row and x * col2, per score
+    # x * row and x * col2 per score (qk_bf16), t * col per score (fp8), the 16 folds (qk_bf16)
+    assert loop["FMUL"] == two_loop["FMUL"] - 64 + 32 - 16, (loop, two_loop)
     assert loop["F2FP"] == two_loop["F2FP"] - 16, (loop, two_loop)  # one dS conversion (pairs)
     assert loop["instructions"] < two_loop["instructions"] - 60, (loop, two_loop)
     assert loop["STL"] == 0 and loop["LDL"] == 0 and one["STL"] == 0, (loop, one)
