@@ -5,9 +5,7 @@ the device; ``numerics/reference.py`` defines them).
 * D = rowsum(dO^ * O / v_scale) of the same dequantized dO that dP reads, so that dP - D cancels
   where P concentrates (an attention sink; the reference's rule);
 * the LSE statistic ``stat = LIFT - LSE log2 e`` from which the lifted P is rebuilt, -inf for rows
-  without keys;
-* ``nvfp4qk_fp8pv``: the per-query score factor with the head's K global scale folded in
-  (:func:`fold_k_scale`), as the CuTe forward scores.
+  without keys.
 """
 
 from __future__ import annotations
@@ -16,10 +14,9 @@ import torch
 
 from ..numerics.quant import FP8Tensor, quantize_fp8
 
-__all__ = ["K_SCALE_FLOOR", "LOG2E", "fold_k_scale", "lse_stat", "quantize_dout"]
+__all__ = ["LOG2E", "lse_stat", "quantize_dout"]
 
 LOG2E = 1.4426950408889634
-K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32
 
 
 def quantize_dout(
@@ -44,23 +41,3 @@ def quantize_dout(
 def lse_stat(lse: torch.Tensor, lift: int) -> torch.Tensor:
     """``LIFT - LSE log2 e`` (FP32, contiguous, the shape of ``lse``); -inf where the LSE is -inf."""
     return torch.where(torch.isinf(lse), torch.full_like(lse, -torch.inf), lift - lse * LOG2E).contiguous()
-
-
-def fold_k_scale(r: torch.Tensor, g_k: torch.Tensor) -> torch.Tensor:
-    """``nvfp4qk_fp8pv``'s per-head K global scale folded into the per-query score factor, the rule
-    the CuTe kernels score with (``cute/fwd_sm90.fold_k_scale`` in the forward, the dO kernel's ``r``
-    for the backward): ``r * g_k`` in FP32 (one rounding), a NaN ``g_k`` taken as 1, a product below
-    :data:`K_SCALE_FLOOR` raised to it (NaN ``r`` stays NaN). The docstring of the forward's rule
-    says why neither rule changes the recipe.
-
-    Args:
-        r: FP32 ``[B, Hq, S]``, Q scale * softmax_scale * log2 e.
-        g_k: FP32 K global scale, one per (batch, KV head): any shape with ``B * Hkv`` elements.
-    Returns:
-        FP32 ``[B, Hq, S]``.
-    """
-    b, hq = r.shape[:2]
-    g = g_k.reshape(b, -1).float()
-    g = torch.where(torch.isnan(g), torch.ones_like(g), g).repeat_interleave(hq // g.shape[1], dim=1)
-    x = r.float() * g.unsqueeze(-1)
-    return torch.where(x < K_SCALE_FLOOR, torch.full_like(x, K_SCALE_FLOOR), x)

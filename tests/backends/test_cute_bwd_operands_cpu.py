@@ -20,7 +20,7 @@ def _interpreted_checks() -> list[str]:
 
     from fp4_attention.backends.cute import backend as cb
     from fp4_attention.backends.cute.fwd_sm90 import LIFT
-    from fp4_attention.backends.dout import LOG2E, fold_k_scale
+    from fp4_attention.backends.dout import LOG2E
     from fp4_attention.backends.pv_layout import permute_v_for_pv
     from fp4_attention.numerics.operands import SavedState
     from fp4_attention.numerics.quant import nvfp4_global_scale, quantize_fp8, quantize_nvfp4
@@ -88,11 +88,7 @@ def _interpreted_checks() -> list[str]:
             )
         sm = d**-0.5
         vecs = dict(
-            # nvfp4: the K global scale folded into r, as the forward scores
-            r=(
-                fold_k_scale(q_sc * (sm * LOG2E), k_s.global_scale) if qk == "nvfp4" else q_sc * (sm * LOG2E),
-                ops["r"],
-            ),
+            r=(q_sc * (sm * LOG2E), ops["r"]),
             row=(q_sc * 2.0**-LIFT, ops["row"]),
             col=(k_sc, ops["col"]),
             col2=(k_sc * 2.0**-LIFT, ops["col2"]),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from fp4_attention.backends.dout import fold_k_scale, quantize_dout  # noqa: E402
+from fp4_attention.backends.dout import quantize_dout  # noqa: E402
 from fp4_attention.backends.pv_layout import permute_v_for_pv  # noqa: E402
 from fp4_attention.backends.triton.dout_quant import quantize_dout_fused  # noqa: E402
 from fp4_attention.numerics.quant import FP8Tensor, pow2_ceil  # noqa: E402
@@ -81,30 +81,3 @@ def test_backward_kv_operands_equal_torch(b, h, sk, d):
     want = unpermute_v_keys(vt, sk).transpose(-1, -2).contiguous()
     assert torch.equal(v8.view(torch.uint8), want.view(torch.uint8))
     assert torch.equal(v8.view(torch.uint8), v)
-
-
-def test_k_global_scale_folded_into_r():
-    """nvfp4qk_fp8pv: ``r`` with the per-head K global scale folded in equals
-    ``dout.fold_k_scale`` bit for bit (normal, NaN, tiny and huge scales; the padding), and nothing
-    else the kernel writes changes."""
-    b, hq, hkv, sq, d = 2, 8, 4, 1000, 128
-    g = torch.Generator().manual_seed(1)
-    dout = torch.randn(b, hq, sq, d, generator=g).bfloat16().cuda()
-    out = torch.randn(b, hq, sq, d, generator=g).bfloat16().cuda()
-    vs = pow2_ceil(torch.rand(b, hkv, d, generator=g) * 0.1 + 1e-3).contiguous().cuda()
-    lse = torch.randn(b, hq, sq, device="cuda")
-    qs = torch.rand(b, hq, 1, device="cuda").expand(b, hq, sq)  # a per-head scale, as NVFP4's
-    g_k = torch.rand(b, hkv, 1, 1, generator=g).cuda() * 1e-3
-    g_k[0, 1] = float("nan")
-    g_k[1, 0] = 2.0**-140
-    g_k[1, 3] = 1e30
-    kw = dict(lift=8, pad_to=64, transposed=True, q_scale=qs, qk_scale_log2=0.127)
-    plain = quantize_dout_fused(dout, out, vs, lse, **kw)
-    got = quantize_dout_fused(dout, out, vs, lse, **kw, k_global_scale=g_k)
-    spad = got.r.shape[-1]
-    want = fold_k_scale(torch.nn.functional.pad(qs, (0, spad - sq)) * 0.127, g_k)
-    assert torch.equal(got.r, want)
-    assert torch.equal(got.r[1, :2], torch.full_like(got.r[1, :2], 2.0**-126))  # the floor
-    for name in ("row", "stat", "delta", "s_do"):
-        assert torch.equal(getattr(got, name), getattr(plain, name)), name
-    assert torch.equal(got.do_q.data.view(torch.uint8), plain.do_q.data.view(torch.uint8))

@@ -310,8 +310,7 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     2^-LIFT), as ``reference_backward`` defines the recipe's dQ/dK.
     ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the exact decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those), and
-    ``r`` carries the K global scale (``dout.fold_k_scale``, the forward's score factor)."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -333,8 +332,6 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
         q8=None if nvfp4 else q_s.data,
-        # nvfp4: r with the head's K global scale folded in, as the forward scores (fold_k_scale)
-        k_global_scale=k_s.global_scale.float() if nvfp4 else None,
     )
     qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
     kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2

@@ -23,8 +23,8 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
   scales; the rest of the loop is the same.
   P^T = exp2(fma(t * col_j, r_i, stat_i)) with ``col`` the K token scale, ``r`` = Q token scale *
   softmax_scale * log2 e and ``stat = LIFT - LSE log2 e`` (-inf for rows without keys), lifted by
-  2^LIFT into E4M3's range; ``qk_bf16``: ``exp2(fma(t, r'_i, stat_i))`` with the head's K global
-  scale in ``r' = fold_k_scale(r, g_k)`` (written by the dO kernel), as the forward scores.
+  2^LIFT into E4M3's range; ``qk_bf16``: ``exp2(fma(t, fold_k_scale(r_i, g_k), stat_i))`` with the
+  head's K global scale ``g_k`` in the row factor, as the forward scores.
 * dV += P^T dO as an E4M3 x E5M2 wgmma with P^T from registers, converted in place
   (``fwd_sm90.p_to_e4m3_operand``: the accumulator's column order) and dO^T stored with its query
   order permuted to match (``pv_layout.V_PERM16``, as the forward does for V's keys).
@@ -66,7 +66,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileScheduler, TileSchedulerArguments
 from quack import copy_utils, layout_utils, sm90_utils
 
-from .fwd_sm90 import LIFT, p_to_e4m3_operand
+from .fwd_sm90 import LIFT, fold_k_scale, p_to_e4m3_operand
 
 __all__ = ["FP8BackwardSm90"]
 
@@ -795,11 +795,13 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             seqlen = SeqlenInfoCls(batch_idx)
             head_kv = head_idx // self.qhead_per_kvhead
             # this thread's K token scales (clamped past the last key, whose scores are masked);
-            # a NaN scale (a K row holding a NaN/Inf) is taken as 1 as in the forward. qk_bf16: none,
-            # the head's one K global scale is folded into r (the dO kernel's dout.fold_k_scale)
+            # a NaN scale (a K row holding a NaN/Inf) is taken as 1 as in the forward. qk_bf16: the
+            # head's one K global scale, folded into r per query block (fwd_sm90.fold_k_scale)
             col = cute.make_rmem_tensor(1 if const_expr(self.qk_bf16) else n_keys, Float32)
             col2 = cute.make_rmem_tensor(1 if const_expr(self.scales_in_operands) else n_keys, Float32)
             k_last = seqlen.seqlen_k - 1
+            if const_expr(self.qk_bf16):
+                col[0] = mCol[0, head_kv, batch_idx]
             for c in cutlass.range(n_keys, unroll_full=True):
                 k_idx = cutlass.min(n_block * self.tile_n + tScS_mn[0, c][0], k_last)
                 if const_expr(not self.qk_bf16):
@@ -934,7 +936,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         stat = copy_utils.load_s2r(tStat[None, idx_Q])
         r_q = copy_utils.load_s2r(tR[None, idx_Q])
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S, transpose=True)
-        if const_expr(self.qk_bf16):  # the head's K scale is in r, as in the forward's row factor
+        if const_expr(self.qk_bf16):  # the head's K scale in r, as the forward's row factor
+            for r in cutlass.range_constexpr(cute.size(r_q)):
+                r_q[r] = fold_k_scale(r_q[r], col[0])
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
                 for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
                     acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * r_q[r] + stat[r], fastmath=True)

@@ -27,7 +27,6 @@ from .quant import interpreted as _interpreted
 __all__ = ["DoutOperands", "quantize_dout_fused"]
 
 E5M2_MAX = tl.constexpr(57344.0)  # a jit global must be a constexpr
-K_SCALE_FLOOR = tl.constexpr(2.0**-126)  # dout.K_SCALE_FLOOR
 # the quantizing kernel's launch, queries per program x warps: 16 x 4 took 0.278 ms with the amax pass at
 # B4 H32/8 S4096 D128 on the H200, 16 x 8 0.294, 32 x 4 0.325, 32 x 8 0.298, 64 x 4 0.366, 64 x 8 0.301,
 # 128 x 8 0.412 (one run, results/prep_transpose_h200/README.md)
@@ -53,7 +52,6 @@ def _dout_quant_kernel(
     ROW,
     Q8,
     QB,
-    KG,
     H,
     G,
     SQ,
@@ -73,7 +71,6 @@ def _dout_quant_kernel(
     LIFT: tl.constexpr,
     TRANSPOSED: tl.constexpr,
     Q_BF16: tl.constexpr,
-    FOLD_K: tl.constexpr,
 ):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -121,12 +118,7 @@ def _dout_quant_kernel(
     stat = tl.where(lse == float("-inf"), float("-inf"), LIFT - lse * LOG2E)
     tl.store(STAT + bh * SPAD + i, stat, mask=in_pad)
     if TRANSPOSED:
-        r = qs * qk_scale_log2
-        if FOLD_K:  # dout.fold_k_scale: the head's K global scale, NaN read as 1, floored at 2^-126
-            g_k = tl.load(KG + b * (H // G) + h // G)
-            r = r * tl.where(g_k != g_k, 1.0, g_k)
-            r = tl.where(r < K_SCALE_FLOOR, K_SCALE_FLOOR, r)
-        tl.store(R + bh * SPAD + i, r, mask=in_pad)
+        tl.store(R + bh * SPAD + i, qs * qk_scale_log2, mask=in_pad)
         tl.store(ROW + bh * SPAD + i, qs * (1.0 / (1 << LIFT)), mask=in_pad)
     if pid_m == 0:
         tl.store(SDO + bh, scale)
@@ -141,8 +133,7 @@ class DoutOperands:
         delta, stat: FP32 ``[B, Hq, S_pad]``; rows past Sq hold 0 and -inf.
         dot: E5M2 ``[B, Hq, D, Sq16]`` dO^T with the ``V_PERM16`` query order (``transposed=True``).
         r, row: FP32 ``[B, Hq, S_pad]`` Q token scale * ``qk_scale_log2`` and * 2^-LIFT
-            (``transposed=True``, from ``q_scale``); 0 past Sq. With ``k_global_scale``, ``r`` has
-            the K scale folded in (``dout.fold_k_scale``; 2^-126 past Sq).
+            (``transposed=True``, from ``q_scale``); 0 past Sq.
         qb: BF16 ``[B, Hq, Sq, D]`` = ``BF16(q8 * q_scale * 2^-lift)`` (nearest even; given ``q8``).
     """
 
@@ -162,7 +153,6 @@ def quantize_dout_fused(
     q_scale: torch.Tensor | None = None,
     qk_scale_log2: float = 0.0,
     q8: torch.Tensor | None = None,
-    k_global_scale: torch.Tensor | None = None,
 ) -> DoutOperands:
     """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
 
@@ -178,9 +168,6 @@ def quantize_dout_fused(
         q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also ``qb`` = ``BF16(q8 *
             q_scale * 2^-lift)`` (the CuTe backward's dK operand, ``reference_backward``'s ``fp8``
             placement of the token scales), in the same pass; needs ``transposed``.
-        k_global_scale: FP32, ``B * Hkv`` elements contiguous (``nvfp4qk_fp8pv``'s per-head K global
-            scale): ``r`` becomes ``dout.fold_k_scale(q_scale * qk_scale_log2, k_global_scale)``
-            (padding included: 2^-126 past Sq), the CuTe forward's score factor; needs ``transposed``.
     Returns:
         :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
         (the GPU tests check it); D equals its value up to FP32 summation order.
@@ -210,13 +197,6 @@ def quantize_dout_fused(
         raise ValueError(
             f"quantize_dout_fused: q8 must be a contiguous float8_e4m3fn [B, Hq, Sq, D] = {(b, hq, sq, d)}, "
             f"got {q8.dtype} {tuple(q8.shape)}"
-        )
-    if k_global_scale is not None and (
-        not transposed or k_global_scale.numel() != b * hkv or k_global_scale.dtype != torch.float32
-    ):
-        raise ValueError(
-            f"quantize_dout_fused: k_global_scale must be FP32 with B * Hkv = {b * hkv} elements and "
-            f"needs transposed=True; got {k_global_scale.dtype} with {k_global_scale.numel()}"
         )
     if q8 is not None and not transposed:
         raise ValueError("quantize_dout_fused: q8 needs transposed=True (qb carries the Q scales)")
@@ -262,7 +242,6 @@ def quantize_dout_fused(
         row,
         y if q8 is None else q8.view(torch.uint8),
         dout if qb is None else qb,
-        s_do if k_global_scale is None else k_global_scale.contiguous(),
         hq,
         hq // hkv,
         sq,
@@ -277,7 +256,6 @@ def quantize_dout_fused(
         LIFT=lift,
         TRANSPOSED=transposed,
         Q_BF16=q8 is not None,
-        FOLD_K=k_global_scale is not None,
         num_warps=QUANT_WARPS,
     )
     do_q = FP8Tensor(data=y.view(torch.float8_e5m2), scale=s_do.view(b, hq, 1, 1))
