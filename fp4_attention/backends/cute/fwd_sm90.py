@@ -103,7 +103,7 @@ def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor):
         dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
 
 
-K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32: a folded row scale never flushes to zero
+K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32: a folded row scale never rounds to zero
 
 
 @cute.jit
@@ -114,10 +114,10 @@ def fold_k_scale(r: Float32, g_k: Float32) -> Float32:
     both score ``t * fold_k_scale(r, g_k)`` (one FFMA with the exp2 offset), so their P agree bit for
     bit. Why these rules leave the recipe unchanged: a head whose K holds a NaN/Inf has a NaN
     ``g_k`` and NaN decodes for every key (block-scale code 0x7F), so its visible scores are NaN
-    through ``t`` and its masked ones stay ``-inf * 1``; and a product below 2^-126 (global scales
-    whose product is below about 1e-37) would flush to zero, making a masked ``-inf * 0`` NaN, while any
-    product at most 2^-126 gives every visible score below 2^-95 (``|t| <= 2688^2 * 128 < 2^30``),
-    so P is 2^LIFT either way."""
+    through ``t`` and its masked ones stay ``-inf * 1``; and a product below 2^-150 (global scales
+    whose product is below about 1e-44) would round to zero, making a masked ``-inf * 0`` NaN, while
+    any product at most 2^-126 gives every visible score below 2^-95 (``|t| <= 2688^2 * 128 <
+    2^30``), so P is 2^LIFT either way."""
     g = Float32(1.0) if g_k != g_k else g_k
     x = r * g
     return Float32(K_SCALE_FLOOR) if x < Float32(K_SCALE_FLOOR) else x
