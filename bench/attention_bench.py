@@ -143,10 +143,15 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
-    """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside."""
+    """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside; with the
+    kernel option ``k_group``, K quantized with one scale per that many keys (torch, untimed)."""
     from fp4_attention.backends.cute import backend as cute_backend
+    from fp4_attention.numerics.quant import quantize_fp8_key_groups
 
-    ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D**-0.5)
+    q_s, k_s, v_s = cute_backend.quantize_inputs(q, k, v)
+    if kernel_options.get("k_group"):
+        k_s = quantize_fp8_key_groups(k, kernel_options["k_group"])
+    ops = cute_backend.kernel_operands(q_s, k_s, v_s, D**-0.5)
 
     def f():
         cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, **kernel_options)
@@ -248,7 +253,9 @@ def main(argv=None) -> int:
     )
     p.add_argument("--cute", action="store_true", help="add the cute fp8 backend and the FA4 BF16 control")
     p.add_argument(
-        "--cute-fwd-options", action="store_true", help="also time the cute forward's measurement options"
+        "--cute-fwd-options",
+        action="store_true",
+        help="also time the cute forward's measurement options (unpromoted PV; k_group=64, K per 64 keys)",
     )
     p.add_argument(
         "--cute-bwd-options",
@@ -376,6 +383,15 @@ def main(argv=None) -> int:
                             (lambda: cute_kernel_only(q, k, v, causal, t0, promote_pv=False)),
                         )
                     )
+                    # one K scale per 64 keys, folded into the row factor (the K-scale decision)
+                    cands += [
+                        (
+                            f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}_k64",
+                            (lambda t=t: cute_kernel_only(q, k, v, causal, t, k_group=64)),
+                        )
+                        for t in tiles
+                        if t[1] % 64 == 0
+                    ]
             if args.graphed and pass_ == "fwd_bwd":
                 cands += [
                     (f"{name}_graphed", (lambda make=make: graphed(make())))

@@ -38,7 +38,7 @@ from fidelity import _metrics, float64_case  # noqa: E402
 
 import fp4_attention as fa  # noqa: E402
 from fp4_attention.numerics.operands import quantize_qk, quantize_v  # noqa: E402
-from fp4_attention.numerics.quant import FP8Tensor, quantize_fp8  # noqa: E402
+from fp4_attention.numerics.quant import FP8Tensor, quantize_fp8, quantize_fp8_key_groups  # noqa: E402
 from fp4_attention.numerics.reference import reference_backward, reference_forward_quantized  # noqa: E402
 
 FAMILIES = ("normal", "outliers", "sink", "std=0.5", "std=1", "std=2", "std=4", "gap=20", "channels=8")
@@ -52,28 +52,6 @@ VARIANTS = (
     "pow2 token",
     "pow2 tile",
 )
-
-
-def quantize_k_tiles(k: torch.Tensor, tile: int, pow2: bool = False) -> FP8Tensor:
-    """E4M3 K ``[B, H, S, D]`` (any float dtype) with one scale per ``tile`` consecutive keys of each
-    (batch, head): amax over the tile's keys and channels (the last tile may be shorter), the
-    contract's rule otherwise (``quantize_fp8``; ``pow2``: each scale rounded up to a power of two,
-    as V's). Returns data ``[B, H, S, D]`` float8_e4m3fn and
-    scale ``[B, H, S, 1]`` FP32, the tile's scale repeated per key, so that the reference reads it as
-    per-token scales of equal value.
-
-    Raises:
-        ValueError: ``tile`` < 1.
-    """
-    if tile < 1:
-        raise ValueError(f"quantize_k_tiles: tile must be >= 1, got {tile}")
-    b, h, s, d = k.shape
-    pad = -s % tile
-    kp = torch.cat([k.float(), k.new_zeros(b, h, pad, d, dtype=torch.float32)], dim=2) if pad else k.float()
-    t = quantize_fp8(kp.reshape(b, h, (s + pad) // tile, tile, d), "e4m3", dims=(-2, -1), pow2=pow2)
-    data = t.data.reshape(b, h, s + pad, d)[:, :, :s].contiguous()
-    scale = t.scale.expand(b, h, (s + pad) // tile, tile, 1).reshape(b, h, s + pad, 1)[:, :, :s]
-    return FP8Tensor(data=data, scale=scale.contiguous())
 
 
 def quantize_k(k: torch.Tensor, variant: str, tile: int) -> FP8Tensor:
@@ -91,9 +69,9 @@ def quantize_k(k: torch.Tensor, variant: str, tile: int) -> FP8Tensor:
     x = k.float() - k.float().mean(dim=2, keepdim=True) if variant.startswith("smooth") else k.float()
     pow2 = variant.startswith("pow2")
     if variant.endswith("tile"):
-        return quantize_k_tiles(x, tile, pow2)
+        return quantize_fp8_key_groups(x, tile, pow2=pow2)
     if variant.endswith("head"):
-        return quantize_k_tiles(x, x.shape[2])
+        return quantize_fp8_key_groups(x, x.shape[2])
     return quantize_fp8(x, "e4m3", dims=(-1,), pow2=pow2)
 
 

@@ -76,6 +76,7 @@ __all__ = [
     "nvfp4_global_scale",
     "pow2_ceil",
     "quantize_fp8",
+    "quantize_fp8_key_groups",
     "quantize_mxfp4",
     "quantize_mxfp4_paper",
     "quantize_nvfp4",
@@ -342,3 +343,30 @@ def quantize_fp8(x: torch.Tensor, fmt: str, dims: tuple[int, ...], *, pow2: bool
         dtype
     )
     return FP8Tensor(data=data, scale=scale)
+
+
+def quantize_fp8_key_groups(k: torch.Tensor, keys: int, *, pow2: bool = False) -> FP8Tensor:
+    """E4M3 K ``[B, H, S, D]`` with one scale per ``keys`` consecutive keys of each (batch, head),
+    counted from key 0: amax over the group's keys and channels (the last group may be shorter),
+    :func:`quantize_fp8`'s rule otherwise (a non-finite group: NaN scale, code 0x7F for all its
+    elements; ``pow2``: scales rounded up to powers of two). The candidate K recipe of the forward
+    issue's K-scale decision (``bench/k_scale_numerics.py``, the CuTe forward's ``k_group``); the
+    ``fp8`` recipe's K is per token.
+
+    Returns:
+        data ``[B, H, S, D]`` float8_e4m3fn and scale ``[B, H, S, 1]`` FP32, the group's scale
+        repeated per key (so that every reader of per-token K scales reads it unchanged).
+    Raises:
+        ValueError: ``keys`` < 1 or ``k`` not 4-D.
+    """
+    if keys < 1 or k.dim() != 4:
+        raise ValueError(
+            f"quantize_fp8_key_groups: needs keys >= 1 and K [B, H, S, D]; got {keys}, {tuple(k.shape)}"
+        )
+    b, h, s, d = k.shape
+    pad = -s % keys
+    kp = torch.cat([k.float(), k.new_zeros(b, h, pad, d, dtype=torch.float32)], dim=2) if pad else k.float()
+    t = quantize_fp8(kp.reshape(b, h, (s + pad) // keys, keys, d), "e4m3", dims=(-2, -1), pow2=pow2)
+    data = t.data.reshape(b, h, s + pad, d)[:, :, :s].contiguous()
+    scale = t.scale.expand(b, h, (s + pad) // keys, keys, 1).reshape(b, h, s + pad, 1)[:, :, :s]
+    return FP8Tensor(data=data, scale=scale.contiguous())

@@ -8,6 +8,7 @@ from fp4_attention.numerics.quant import (
     nvfp4_global_scale,
     pow2_ceil,
     quantize_fp8,
+    quantize_fp8_key_groups,
     quantize_mxfp4,
     quantize_mxfp4_paper,
     quantize_nvfp4,
@@ -190,6 +191,27 @@ def test_fp8_non_finite_slice_is_nan():
     assert (
         t.scale[1].isnan().all() and t.dequantize()[1].isnan().all() and torch.equal(t.dequantize()[0], x[0])
     )
+
+
+def test_fp8_key_groups_one_scale_per_group_of_keys():
+    """K per 64 keys: each group's scale is amax(group) / 448 repeated per key, the last group
+    shorter; a group holding an Inf is NaN (codes 0x7F) and the others are untouched."""
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(2, 3, 150, 16, generator=g).bfloat16()
+    k[1, 2, 70, 3] = 50.0  # the second group's amax
+    k[0, 1, 140, 0] = float("inf")  # poisons the third (shorter) group of that head
+    t = quantize_fp8_key_groups(k, 64)
+    assert t.data.shape == k.shape and t.scale.shape == (2, 3, 150, 1)
+    for j0, j1 in ((0, 64), (64, 128), (128, 150)):
+        want = quantize_fp8(k[:, :, j0:j1].float(), "e4m3", dims=(-2, -1))
+        assert torch.equal(t.data[:, :, j0:j1].view(torch.uint8), want.data.view(torch.uint8))
+        got_s = t.scale[:, :, j0:j1]
+        assert torch.equal(got_s.nan_to_num(-1.0), want.scale.expand_as(got_s).nan_to_num(-1.0))
+    assert float(t.scale[1, 2, 100, 0]) == float(torch.tensor(50.0) / 448)
+    assert t.scale[0, 1, 128:].isnan().all() and t.scale[0, 1, :128].isfinite().all()
+    assert (t.data[0, 1, 128:].view(torch.uint8) == 0x7F).all()
+    with pytest.raises(ValueError, match="keys >= 1"):
+        quantize_fp8_key_groups(k, 0)
 
 
 def test_fp8_rejects_unknown_format():

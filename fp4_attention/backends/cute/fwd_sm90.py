@@ -135,6 +135,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         num_stages: K/V shared-memory pipeline depth.
         qk_bf16: Q/K operands are BF16 (recipe ``nvfp4qk_fp8pv``: the exact BF16 decode of the NVFP4
             payloads, QK on HGMMA; per-head global scales arrive as the row/col scale vectors).
+        k_group: 0, or 64 (a measurement option of the ``fp8`` kernel, not a recipe yet: the
+            forward issue's K-scale decision): the K scales in ``mCol`` are constant over each 64
+            keys (K quantized per 64 keys); the kernel reads the first key's of each group per KV
+            tile and scores ``t * fold_k_scale(r_i, s_g)``, with no per-score multiply. Needs
+            ``tile_n`` a multiple of 64.
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
@@ -167,6 +172,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         num_stages: int = 2,
         promote_pv: bool = True,
         qk_bf16: bool = False,
+        k_group: int = 0,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -190,6 +196,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.v_dtype = cutlass.Float8E4M3FN
         self.promote_pv = promote_pv
         self.qk_bf16 = qk_bf16
+        # k_group: K's scale is constant over each k_group keys (0: per token); one scale per group
+        # is read per tile and folded into the row factor (fold_k_scale), as qk_bf16's per-head one
+        assert k_group in (0, 64) and (k_group == 0 or (tile_n % k_group == 0 and not qk_bf16))
+        self.k_group = k_group
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -642,7 +652,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
         leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
         other's. The tile's K scales are loaded first, in flight during the QK product."""
-        col = None if const_expr(self.qk_bf16) else load_col(n_block, clamp=is_first)
+        if const_expr(self.qk_bf16):
+            col = None
+        elif const_expr(self.k_group > 0):
+            col = self._load_group_scales(n_block, clamp=is_first, **load_col.keywords)
+        else:
+            col = load_col(n_block, clamp=is_first)
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
         pipeline_k.consumer_release(kv_state)
@@ -650,10 +665,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         # placed the NaN check of each scale before the QGMMA issue, where it waited for the loads
         # while holding the warp-scheduler turn); the mask then overwrites a masked score whatever
         # its scale, NaN included
-        scale_cols(acc_S, col, n_block=n_block, is_first=is_first)
+        scale_cols(acc_S, None if const_expr(self.k_group > 0) else col, n_block=n_block, is_first=is_first)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(acc_S, is_first=is_first)
+        alpha = softmax(acc_S, is_first=is_first, group_scales=col if const_expr(self.k_group > 0) else None)
         self._p_to_e4m3(acc_S, tOrP)
         if const_expr(not self.promote_pv):
             acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
@@ -714,6 +729,26 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         return col
 
     @cute.jit
+    def _load_group_scales(
+        self,
+        n_block: Int32,
+        mCol: cute.Tensor,
+        tScS_mn: cute.Tensor,
+        seqlen_k: Int32,
+        clamp: cutlass.Constexpr = False,
+    ) -> cute.Tensor:
+        """``k_group``: the K scale of each group of ``k_group`` keys of KV tile ``n_block``, read at
+        the group's first key (``clamp`` as in :meth:`_load_col`: the first tile visited may lie
+        partly past the last key or below key 0)."""
+        n_groups = self.tile_n // self.k_group
+        scales = cute.make_rmem_tensor(n_groups, Float32)
+        k_last = seqlen_k - 1
+        for g in cutlass.range_constexpr(n_groups):
+            k_idx = n_block * self.tile_n + g * self.k_group
+            scales[g] = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)] if const_expr(clamp) else mCol[k_idx]
+        return scales
+
+    @cute.jit
     def _scale_cols(
         self,
         acc_S: cute.Tensor,
@@ -753,21 +788,50 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_max: cute.Tensor,
         row_sum: cute.Tensor,
         row_r: cute.Tensor,
+        group_scales: cute.Tensor | None = None,
     ) -> cute.Tensor:
         """Online softmax of one score tile in place, on the scores ``t * col`` already scaled and
         masked (:meth:`_scale_cols`, then the mask); acc_S becomes the lifted P. Returns the per-row
-        rescale factor alpha of the running output (contract §2, reference.py)."""
+        rescale factor alpha of the running output (contract §2, reference.py). ``group_scales``
+        (``k_group``): the scores are the unscaled ``t``, key group g's factor is
+        ``fold_k_scale(r_i, s_g)``, and the row max is the largest of the groups' ``max t * factor``
+        (the same value as the max of the products: the factors are positive and rounding is
+        monotone)."""
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
         alpha = cute.make_fragment_like(row_max, Float32)
+        n_cols = cute.size(acc_S_mn, mode=[1])
         for r in cutlass.range(cute.size(row_max), unroll_full=True):
-            t = acc_S_mn[r, None].load()
-            t_max = fa_utils.fmax_reduce(t, init_val=None, arch=90)
-            t_max = cute.arch.warp_reduction_max(t_max, threads_in_group=4)
-            m_new = t_max * row_r[r]
+            if const_expr(group_scales is None):
+                t = acc_S_mn[r, None].load()
+                t_max = fa_utils.fmax_reduce(t, init_val=None, arch=90)
+                t_max = cute.arch.warp_reduction_max(t_max, threads_in_group=4)
+                m_new = t_max * row_r[r]
+            else:
+                # a thread's accumulator columns in mn order: column 8 (c // 2) + 2 (lane % 4) + c % 2,
+                # so each 64 keys are 16 consecutive entries
+                n_groups = cute.size(group_scales)
+                per_group = n_cols // n_groups
+                factor = cute.make_rmem_tensor(n_groups, Float32)
+                m_thr = -Float32.inf
+                for g in cutlass.range_constexpr(n_groups):
+                    factor[g] = fold_k_scale(row_r[r], group_scales[g])
+                    g_max = acc_S_mn[r, g * per_group]
+                    for c in cutlass.range_constexpr(g * per_group + 1, (g + 1) * per_group):
+                        g_max = cute.arch.fmax(g_max, acc_S_mn[r, c])
+                    m_thr = cute.arch.fmax(m_thr, g_max * factor[g])
+                m_new = cute.arch.warp_reduction_max(m_thr, threads_in_group=4)
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, row_max[r])
             m_safe = Float32(0.0) if m_new == -Float32.inf else m_new
-            p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
+            if const_expr(group_scales is None):
+                p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
+            else:
+                offset = Float32(LIFT) - m_safe
+                for c in cutlass.range_constexpr(n_cols):
+                    acc_S_mn[r, c] = cute.math.exp2(
+                        acc_S_mn[r, c] * factor[c // per_group] + offset, fastmath=True
+                    )
+                p = acc_S_mn[r, None].load()
             if const_expr(is_first):
                 alpha[r] = Float32(1.0)
                 row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)
