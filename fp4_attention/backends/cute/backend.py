@@ -264,8 +264,10 @@ def forward_fp8(
         v_scale: FP32 ``[B, Hkv, D]``.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
             output takes (``layouts.empty_in_layout_of``); default contiguous.
-        kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement option of
-            :class:`FP8ForwardSm90` (``promote_pv``; at the contract's setting by default).
+        kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
+            :class:`FP8ForwardSm90` (``promote_pv``, at the contract's setting by default;
+            ``k_group=64``, for K quantized per 64 keys by ``quantize_fp8_key_groups``: ``col``
+            must then be constant over each 64 keys, which is not checked).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:
