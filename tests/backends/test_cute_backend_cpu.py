@@ -43,6 +43,12 @@ def test_forward_fp8_rejects_unsupported_tiles_and_bad_operands():
         cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=(64, 64, 2))
     with pytest.raises(ValueError, match="q8 must be a CUDA"):  # CPU tensors
         cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True)
+    # the k_group option: one K scale per 64 keys needs KV tiles of a multiple of 64 and E4M3 Q/K
+    for tiles, opts in (((128, 96, 2), {"k_group": 64}), ((128, 128, 2), {"k_group": 32})):
+        with pytest.raises(ValueError, match=r"k_group must be 0 or 64.*one of the tiles \[\(128, 128, 2\)"):
+            cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=tiles, **opts)
+    with pytest.raises(ValueError, match="k_group must be 0 or 64, with E4M3 Q/K"):
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, k_group=64, qk_bf16=True)
 
 
 def test_default_tiles_follow_the_measurement():

@@ -257,10 +257,12 @@ def forward_fp8(
         row_r: FP32 ``[B, Hq, Sq]``, Q token scale (NVFP4: the per-head global scale, broadcast)
             times softmax_scale * log2 e.
         col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast): positive and
-            finite, or NaN only for a key whose K operand is NaN (as the quantizers write them; the
+            finite, or NaN only for a key whose K operand is NaN (as the quantizers write them). The
             kernel multiplies the scores by ``col`` before the mask, so a masked score is -inf
-            whatever its scale). With ``qk_bf16`` the kernel reads key 0's (the head's global
-            scale) and folds it into ``row_r`` (``fwd_sm90.fold_k_scale``), as the backward does;
+            whatever its scale. With ``qk_bf16`` it reads key 0's (the head's global scale), with
+            ``k_group`` each group's first key's, and folds it into the row factor instead
+            (``fwd_sm90.fold_k_scale``: a NaN scale read as 1, the product floored at 2^-126, so a
+            masked -inf stays -inf), as the backward does for ``qk_bf16``;
         v_scale: FP32 ``[B, Hkv, D]``.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
             output takes (``layouts.empty_in_layout_of``); default contiguous.
@@ -271,8 +273,17 @@ def forward_fp8(
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:
-        ValueError: operands of the wrong dtype, layout or shape, or tiles outside ``SUPPORTED_TILES``.
+        ValueError: operands of the wrong dtype, layout or shape, tiles outside ``SUPPORTED_TILES``,
+            or a ``k_group`` other than 0 and 64, with NVFP4 Q/K, or at KV tiles that are not a
+            multiple of 64 keys.
     """
+    k_group = kernel_options.get("k_group", 0)
+    if k_group not in (0, 64) or (k_group and (tiles[1] % k_group or kernel_options.get("qk_bf16", False))):
+        raise ValueError(
+            f"forward_fp8: k_group must be 0 or 64, with E4M3 Q/K and KV tiles of a multiple of 64 keys; got "
+            f"k_group={k_group} at tiles {tuple(tiles)}; use k_group=0, or one of the tiles "
+            f"{[t for t in SUPPORTED_TILES if t[1] % 64 == 0]}"
+        )
     _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tuple(tiles), kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]

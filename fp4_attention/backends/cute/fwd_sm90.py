@@ -108,12 +108,16 @@ K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32: a folded row scale never 
 
 @cute.jit
 def fold_k_scale(r: Float32, g_k: Float32) -> Float32:
-    """``nvfp4qk_fp8pv``'s per-head K global scale folded into a query's row factor: ``r * g_k``
-    (FP32, rounded once), with a NaN ``g_k`` taken as 1 and the product raised to
-    :data:`K_SCALE_FLOOR` where it is smaller; a NaN ``r`` stays NaN. The forward and the backward
-    both score ``t * fold_k_scale(r, g_k)`` (one FFMA with the exp2 offset), so their P agree bit for
-    bit. Why these rules leave the recipe unchanged: a head whose K holds a NaN/Inf has a NaN
-    ``g_k`` and NaN decodes for every key (block-scale code 0x7F), so its visible scores are NaN
+    """A K scale that is constant over the keys it covers (``nvfp4qk_fp8pv``'s per-head global scale, or
+    one group's with ``k_group``) folded into a query's row factor: ``r * g_k`` (FP32, rounded
+    once), with a NaN ``g_k`` taken as 1 and the product raised to :data:`K_SCALE_FLOOR` where it is
+    smaller; a NaN ``r`` stays NaN. The forward and the backward both score ``t * fold_k_scale(r,
+    g_k)`` (one FFMA with the exp2 offset): the same factor bits, given the same ``r`` (the
+    forward's ``row * softmax_scale * log2 e`` in torch, the dO kernel's in Triton, both one FP32
+    product). There is no ceiling: a product above FP32's range (global scales whose product is
+    above about 3e39) would make a score with ``t = 0`` NaN. Why these rules leave the recipe
+    unchanged: a head (group) whose K holds a NaN/Inf has a NaN ``g_k`` and NaN operands for every
+    key it covers (NVFP4 block-scale code 0x7F; E4M3 code 0x7F), so its visible scores are NaN
     through ``t`` and its masked ones stay ``-inf * 1``; and a product below 2^-150 (global scales
     whose product is below about 1e-44) would round to zero, making a masked ``-inf * 0`` NaN, while
     any product at most 2^-126 gives every visible score below 2^-95 (``|t| <= 2688^2 * 128 <
@@ -198,7 +202,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.qk_bf16 = qk_bf16
         # k_group: K's scale is constant over each k_group keys (0: per token); one scale per group
         # is read per tile and folded into the row factor (fold_k_scale), as qk_bf16's per-head one
-        assert k_group in (0, 64) and (k_group == 0 or (tile_n % k_group == 0 and not qk_bf16))
+        if k_group not in (0, 64) or (k_group and (tile_n % k_group or qk_bf16)):
+            raise ValueError(
+                f"FP8ForwardSm90: k_group must be 0, or 64 with E4M3 Q/K and tile_n % 64 == 0; got {k_group}"
+            )
         self.k_group = k_group
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
@@ -765,7 +772,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         NaN through the block-scale code 0x7F). Its visible scores are NaN either way. Other scales
         are positive and finite (:func:`~fp4_attention.backends.cute.backend.forward_fp8`)."""
         acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S)
-        if const_expr(col is None):  # qk_bf16: the K scale is in row_r; only the keys below 0
+        if const_expr(col is None):  # qk_bf16, k_group: the K scale is in the row factor; only keys < 0
             if const_expr(is_first):
                 for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
                     k_idx = n_block * self.tile_n + tScS_mn[0, c][1]
@@ -790,8 +797,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_r: cute.Tensor,
         group_scales: cute.Tensor | None = None,
     ) -> cute.Tensor:
-        """Online softmax of one score tile in place, on the scores ``t * col`` already scaled and
-        masked (:meth:`_scale_cols`, then the mask); acc_S becomes the lifted P. Returns the per-row
+        """Online softmax of one score tile in place, on the scores already masked (``t * col`` per
+        token, or ``t`` with ``qk_bf16`` and ``k_group``: :meth:`_scale_cols`, then the mask); acc_S
+        becomes the lifted P. Returns the per-row
         rescale factor alpha of the running output (contract §2, reference.py). ``group_scales``
         (``k_group``): the scores are the unscaled ``t``, key group g's factor is
         ``fold_k_scale(r_i, s_g)``, and the row max is the largest of the groups' ``max t * factor``
