@@ -659,12 +659,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         ping-pong through the warp-scheduler barriers). By default it enters holding the barrier and
         leaves holding it again: the GEMM issue of one warpgroup does not interleave with the
         other's. The tile's K scales are loaded first, in flight during the QK product."""
-        if const_expr(self.qk_bf16):
-            col = None
-        elif const_expr(self.k_group > 0):
-            col = self._load_group_scales(n_block, clamp=is_first, **load_col.keywords)
-        else:
-            col = load_col(n_block, clamp=is_first)
+        col = None if const_expr(self.qk_bf16) else load_col(n_block, clamp=is_first)
         pipeline_k.consumer_wait(kv_state, pipeline_k.consumer_try_wait(kv_state))
         acc_S = mma_qk(B_idx=kv_state.index, arrive=self.warp_scheduler_barrier_arrive)
         pipeline_k.consumer_release(kv_state)
@@ -723,37 +718,20 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         clamp: cutlass.Constexpr = False,
     ) -> cute.Tensor:
         """This thread's K token scales for KV tile ``n_block``, one per accumulator column, loaded
-        before the tile's QK product is issued (the ping-pong's ``_tile``). ``clamp``: keys past the
+        before the tile's QK product is issued (the ping-pong's ``_tile``); with ``k_group``, one per
+        group of ``k_group`` keys instead, read at the group's first key. ``clamp``: keys past the
         last one, or below key 0 (the n_block < 0 tile of rows without keys), read the last or the
         first scale (their scores are masked); no branch, so the loads issue back to back. Only the
         first tile visited needs it: every other tile lies inside [0, seqlen_k), and its loads take
         one base address plus constant offsets."""
-        col = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[1]), Float32)
+        grouped = const_expr(self.k_group > 0)
+        n = self.tile_n // self.k_group if grouped else cute.size(tScS_mn, mode=[1])
+        col = cute.make_rmem_tensor(n, Float32)
         k_last = seqlen_k - 1
-        for c in cutlass.range(cute.size(col), unroll_full=True):
-            k_idx = n_block * self.tile_n + tScS_mn[0, c][1]
+        for c in cutlass.range(n, unroll_full=True):
+            k_idx = n_block * self.tile_n + (c * self.k_group if grouped else tScS_mn[0, c][1])
             col[c] = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)] if const_expr(clamp) else mCol[k_idx]
         return col
-
-    @cute.jit
-    def _load_group_scales(
-        self,
-        n_block: Int32,
-        mCol: cute.Tensor,
-        tScS_mn: cute.Tensor,
-        seqlen_k: Int32,
-        clamp: cutlass.Constexpr = False,
-    ) -> cute.Tensor:
-        """``k_group``: the K scale of each group of ``k_group`` keys of KV tile ``n_block``, read at
-        the group's first key (``clamp`` as in :meth:`_load_col`: the first tile visited may lie
-        partly past the last key or below key 0)."""
-        n_groups = self.tile_n // self.k_group
-        scales = cute.make_rmem_tensor(n_groups, Float32)
-        k_last = seqlen_k - 1
-        for g in cutlass.range_constexpr(n_groups):
-            k_idx = n_block * self.tile_n + g * self.k_group
-            scales[g] = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)] if const_expr(clamp) else mCol[k_idx]
-        return scales
 
     @cute.jit
     def _scale_cols(
