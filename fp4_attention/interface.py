@@ -71,7 +71,7 @@ def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return qb, kb, vb
 
 
-_AUTO_CACHE: dict[tuple[str, str], str] = {}
+_AUTO_CACHE: dict[tuple, str] = {}
 
 
 def _resolve(backend: str, recipe: Recipe, device: torch.device, deterministic: bool) -> str:
@@ -79,7 +79,13 @@ def _resolve(backend: str, recipe: Recipe, device: torch.device, deterministic: 
     resolved once."""
     if backend != AUTO:
         return backend
-    key = (recipe.name, recipe.qk_rotation and recipe.qk_rotation.kind, str(device), deterministic)
+    key = (
+        recipe.name,
+        recipe.qk_rotation and recipe.qk_rotation.kind,
+        recipe.k_scale_keys,
+        str(device),
+        deterministic,
+    )
     if key not in _AUTO_CACHE:
         _AUTO_CACHE[key] = resolve_backend(
             AUTO, recipe, device, training=recipe.trainable, deterministic=deterministic

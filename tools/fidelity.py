@@ -11,7 +11,8 @@ backend. Writes a markdown table (and JSON) with the command that produced it.
 
 A recipe written ``NAME+hadamard`` runs ``NAME`` with ``qk_rotation="hadamard"`` (the random-sign
 Hadamard rotation of Q/K's head dim, ``fp4_attention/numerics/rotation.py``; seed
-``--qk-rotation-seed``).
+``--qk-rotation-seed``); ``fp8+k64`` runs ``fp8`` with one K scale per 64 keys
+(``Recipe.k_scale_keys``, the forward issue's K-scale option). The two combine in either order.
 
 Arguments that cannot run (unknown recipe, backend or input family, no CUDA device, a head dim the
 backend does not run, ...) exit with status 2 and one line on stderr.
@@ -47,7 +48,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # tools/cudnn_fp8.py, 
 
 import fp4_attention as fa
 from fp4_attention.numerics.exact import naive_attention
-from fp4_attention.numerics.recipes import with_qk_rotation
+from fp4_attention.numerics.recipes import with_k_scale_keys, with_qk_rotation
 
 
 def _metrics(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -115,17 +116,29 @@ def float64_case(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: i
 
 
 ROTATION_SUFFIX = "+hadamard"
+K64_SUFFIX = "+k64"
 
 
 def parse_recipe(name: str, seed: int) -> fa.Recipe:
-    """``NAME`` or ``NAME+hadamard`` (NAME with the Q/K rotation of ``seed``) as a :class:`Recipe`.
+    """``NAME``, with the suffixes ``+k64`` (K scales per 64 keys: ``Recipe.k_scale_keys``) and
+    ``+hadamard`` (the Q/K rotation of ``seed``) in either order, as a :class:`Recipe`.
 
     Raises:
-        ValueError: unknown recipe, or a rotation the recipe does not take.
+        ValueError: unknown recipe, or an option the recipe does not take.
     """
-    if name.endswith(ROTATION_SUFFIX):
-        return with_qk_rotation(name[: -len(ROTATION_SUFFIX)], "hadamard", seed)
-    return fa.get_recipe(name)
+    base, options = name, []
+    while base.endswith((ROTATION_SUFFIX, K64_SUFFIX)):
+        suffix = ROTATION_SUFFIX if base.endswith(ROTATION_SUFFIX) else K64_SUFFIX
+        if suffix in options:
+            raise ValueError(f"recipe {name!r}: {suffix} given twice")
+        options.append(suffix)
+        base = base[: -len(suffix)]
+    rec = fa.get_recipe(base)
+    if K64_SUFFIX in options:
+        rec = with_k_scale_keys(rec, 64)
+    if ROTATION_SUFFIX in options:
+        rec = with_qk_rotation(rec, "hadamard", seed)
+    return rec
 
 
 def run(args) -> list[dict]:
@@ -192,7 +205,8 @@ def to_markdown(records: list[dict], args, command: str) -> str:
             f"causal={args.causal}; inputs BF16; reference = float64 naive attention on the same BF16 inputs"
         ),
         "- cells: cosine / relative L2. Gradients only for the training recipes. "
-        f"`NAME+hadamard`: NAME with qk_rotation=hadamard, qk_rotation_seed={args.qk_rotation_seed}.",
+        f"`NAME+hadamard`: NAME with qk_rotation=hadamard, qk_rotation_seed={args.qk_rotation_seed}; "
+        "`NAME+k64`: K scales per 64 keys (k_scale_keys=64).",
         "",
         "| inputs | recipe | out | dQ | dK | dV |",
         "|---|---|---|---|---|---|",

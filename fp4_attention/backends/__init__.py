@@ -134,6 +134,10 @@ def _runs(
         return f"runs recipes {', '.join(spec.recipes)}, not {recipe.name!r}"
     if recipe.qk_rotation is not None and recipe.qk_rotation.kind not in spec.qk_rotations:
         return f"does not implement qk_rotation={recipe.qk_rotation.kind!r}"
+    if recipe.k_scale_keys not in spec.k_scale_keys:
+        return (
+            f"does not implement k_scale_keys={recipe.k_scale_keys} (K scales per {recipe.k_scale_keys} keys)"
+        )
     if device is None:
         pass
     elif device.type not in spec.devices:

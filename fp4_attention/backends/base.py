@@ -48,6 +48,8 @@ class BackendSpec:
         options: keyword options its ``forward`` / ``backward`` accept (benchmarks and tests).
         qk_rotations: the Q/K rotations it implements (``Recipe.qk_rotation.kind``, e.g.
             ``"hadamard"``); a recipe with another rotation is refused by the registry.
+        k_scale_keys: the ``Recipe.k_scale_keys`` it implements (keys per K scale; 1 = per token);
+            a recipe with another is refused by the registry.
         priority: rank for ``backend="auto"``: among the backends that run the recipe on the
             device, the highest priority wins (ordered by measured forward+backward speed).
         recipe_priority: ``(recipe name, priority)`` pairs that override ``priority`` for a recipe
@@ -68,6 +70,7 @@ class BackendSpec:
     head_dims: tuple[int, ...] | None = None
     options: tuple[str, ...] = ()
     qk_rotations: tuple[str, ...] = ()
+    k_scale_keys: tuple[int, ...] = (1,)
     priority: int = 0
     recipe_priority: tuple[tuple[str, int], ...] = ()
     nondeterministic: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ SPEC = BackendSpec(
     devices=("cpu", "cuda"),
     options=("block_n", "rescale_threshold"),
     qk_rotations=("hadamard",),
+    k_scale_keys=(1, 64),
     priority=0,
     summary="plain torch, tiled like the kernels; defines the numerics of every recipe",
 )

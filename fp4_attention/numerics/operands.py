@@ -11,9 +11,10 @@ FP32. This is the contract's §2 product, recipe by recipe:
 | qk     | q_op, k_op                         | row_scale            | col_scale       |
 |--------|------------------------------------|----------------------|-----------------|
 | bf16   | BF16 values                        | 1                    | 1               |
-| fp8    | E4M3 values                        | s_q(token)           | s_k(token)      |
+| fp8    | E4M3 values                        | s_q(token)           | s_k(token) [1]  |
 | nvfp4  | s_b * q (exact in BF16, <=6 bits)  | g_q(head)            | g_k(head)       |
 
+([1] with ``Recipe.k_scale_keys`` = 64, s_k is one scale per 64 keys, held repeated per key)
 so that the dequantized operands are ``q^ = q_op * row_scale`` and ``k^ = k_op * col_scale``.
 
 The value operand is ``v_op * v_scale`` with ``v_scale`` per (batch, kv-head, channel), applied after
@@ -35,6 +36,7 @@ from .quant import (
     NVFP4Tensor,
     nvfp4_global_scale,
     quantize_fp8,
+    quantize_fp8_key_groups,
     quantize_mxfp4_paper,
     quantize_nvfp4,
 )
@@ -97,14 +99,18 @@ def quantize_qk(q: torch.Tensor, k: torch.Tensor, recipe: Recipe) -> tuple[Saved
     """Quantize BF16 Q ``[B, Hq, Sq, D]`` and K ``[B, Hkv, Sk, D]`` as the recipe prescribes.
 
     Returns what forward saves for backward: the BF16 tensors (``bf16``), :class:`FP8Tensor` with a
-    per-token FP32 scale (``fp8``), or :class:`NVFP4Tensor` with a per-(batch, head) global scale
-    (``nvfp4``). With ``recipe.qk_rotation`` the quantizers see the FP32 rotated ``Q H`` and ``K H``
-    (``rotation.py``; no BF16 rounding in between), and the saved Q/K are those of the rotated basis.
+    per-token FP32 scale (``fp8``; K's with ``recipe.k_scale_keys`` = 64 is one scale per 64 keys,
+    repeated per key: ``quant.quantize_fp8_key_groups``), or :class:`NVFP4Tensor` with a
+    per-(batch, head) global scale (``nvfp4``). With ``recipe.qk_rotation`` the quantizers see the
+    FP32 rotated ``Q H`` and ``K H`` (``rotation.py``; no BF16 rounding in between), and the saved
+    Q/K are those of the rotated basis.
     """
     if recipe.qk == "bf16":
         return q, k
     if recipe.qk_rotation is not None:
         q, k = recipe.qk_rotation.rotate(q), recipe.qk_rotation.rotate(k)
+    if recipe.qk == "fp8" and recipe.k_scale_keys > 1:  # K per group of keys, scale repeated per key
+        return quantize_fp8(q, "e4m3", dims=(-1,)), quantize_fp8_key_groups(k, recipe.k_scale_keys)
     if recipe.qk == "fp8":
         return quantize_fp8(q, "e4m3", dims=(-1,)), quantize_fp8(k, "e4m3", dims=(-1,))
     if recipe.qk == "nvfp4":

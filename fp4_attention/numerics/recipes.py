@@ -16,6 +16,11 @@ The Direct-P recipes are forward-only: every MXFP4 P/V training run of the paper
 Option: ``qk_rotation`` (``rotation.py``), a random-sign Hadamard rotation of the head dim of Q
 and K before their quantization, for the training recipes with quantized Q/K (``fp8``,
 ``nvfp4qk_fp8pv``): :func:`with_qk_rotation` returns the recipe with it. Off by default.
+
+Option: ``k_scale_keys`` (``fp8`` only), one E4M3 scale per 64 consecutive keys of K instead of one
+per key (``quant.quantize_fp8_key_groups``): the candidate K recipe of the forward issue's K-scale
+decision, which lets the CuTe forward fold K's scale into its per-row factor (``k_group``).
+:func:`with_k_scale_keys` returns the recipe with it; label ``fp8+k64``. Off by default.
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ __all__ = [
     "Recipe",
     "check_saturation_invariant",
     "get_recipe",
+    "K_SCALE_KEYS",
+    "with_k_scale_keys",
     "with_qk_rotation",
 ]
 
 P_LIFT_LOG2 = 8  # P is lifted by 2^8 = 256 into E4M3's range (FA3/FA4 do the same; contract §2)
 E4M3_MAX_LOG2 = math.log2(448.0)  # ~8.807
+K_SCALE_KEYS = (1, 64)  # keys per K scale: per token (the fp8 definition), or per 64 keys (option)
 
 
 def check_saturation_invariant(lift_log2: float, rescale_threshold_log2: float) -> None:
@@ -94,6 +102,8 @@ class Recipe:
         trainable: whether a backward exists.
         qk_rotation: the rotation of Q/K's head dim before quantization (``rotation.py``), or None
             (the registered recipes; :func:`with_qk_rotation` sets it).
+        k_scale_keys: keys per K scale, 1 (per token: the registered recipes) or 64 (``fp8`` only,
+            K quantized per 64 keys counted from key 0; :func:`with_k_scale_keys` sets it).
     """
 
     name: str
@@ -104,8 +114,14 @@ class Recipe:
     trainable: bool
     summary: str
     qk_rotation: QKRotation | None = None
+    k_scale_keys: int = 1
 
     def __post_init__(self):
+        if self.k_scale_keys not in K_SCALE_KEYS or (self.k_scale_keys != 1 and self.qk != "fp8"):
+            raise ValueError(
+                f"recipe {self.name}: k_scale_keys must be one of {K_SCALE_KEYS}, and other than 1 only "
+                f"with E4M3 Q/K (the fp8 recipe); got {self.k_scale_keys}"
+            )
         if self.qk_rotation is not None and not self.takes_qk_rotation:
             raise ValueError(
                 f"recipe {self.name}: a Q/K rotation needs quantized Q/K and a backward (the recipes "
@@ -120,8 +136,10 @@ class Recipe:
 
     @property
     def label(self) -> str:
-        """The name, with ``+hadamard(seed N)`` when a rotation is set (for tables and logs)."""
-        return self.name if self.qk_rotation is None else f"{self.name}+{self.qk_rotation.label}"
+        """The name, with ``+k64`` for K scales per 64 keys and ``+hadamard(seed N)`` when a rotation
+        is set (for tables and logs)."""
+        label = self.name if self.k_scale_keys == 1 else f"{self.name}+k{self.k_scale_keys}"
+        return label if self.qk_rotation is None else f"{label}+{self.qk_rotation.label}"
 
 
 RECIPES: dict[str, Recipe] = {
@@ -211,3 +229,16 @@ def with_qk_rotation(recipe: str | Recipe, kind: str, seed: int = 0) -> Recipe:
             f"({', '.join(ROTATION_RECIPES)}), not {rec.name!r}; use qk_rotation='none' with {rec.name}"
         )
     return replace(rec, qk_rotation=QKRotation(kind, seed))
+
+
+def with_k_scale_keys(recipe: str | Recipe, keys: int) -> Recipe:
+    """``recipe`` with one K scale per ``keys`` consecutive keys (the ``k_scale_keys`` option).
+
+    Args:
+        recipe: a name or a :class:`Recipe` (its rotation, if any, is kept).
+        keys: 1 (per token, the registered definition) or 64 (``fp8`` only).
+    Raises:
+        ValueError: unknown recipe, ``keys`` not in ``K_SCALE_KEYS``, or 64 with a recipe whose Q/K
+            are not E4M3.
+    """
+    return replace(get_recipe(recipe), k_scale_keys=keys)

@@ -24,8 +24,8 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
 from fp4_attention.backends.cute import backend as cute_backend  # noqa: E402
 from fp4_attention.backends.pv_layout import permute_v_for_pv  # noqa: E402
 from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed  # noqa: E402
-from fp4_attention.numerics.operands import SavedState  # noqa: E402
 from fp4_attention.numerics.quant import quantize_fp8_key_groups  # noqa: E402
+from fp4_attention.numerics.recipes import with_k_scale_keys  # noqa: E402
 
 from . import test_triton_backend as tt  # noqa: E402
 
@@ -83,43 +83,40 @@ def test_other_tiles_match_reference(tiles, recipe, causal, d):
         tt.compare(recipe, b, hq, hkv, sq, sk, d, causal, grads=False, target=_target(tiles))
 
 
-class _KGroupCute(_TiledCute):
-    """The fp8 forward with the kernel's ``k_group=64`` measurement option: K quantized with one
-    scale per 64 keys (``quantize_fp8_key_groups``, torch), the other operands as the backend's."""
-
-    def forward(self, q, k, v, recipe, *, causal, softmax_scale, tiles=None):
-        q_s, _, v_s = cute_backend.quantize_inputs(q, k, v)
-        k_s = quantize_fp8_key_groups(k, 64)
-        ops = cute_backend.kernel_operands(q_s, k_s, v_s, softmax_scale)
-        out, lse = cute_backend.forward_fp8(
-            *ops, causal=causal, tiles=self.tiles, out_layout_of=q, k_group=64
-        )
-        return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
+K64 = with_k_scale_keys("fp8", 64)  # the recipe option: K scales per 64 keys (the kernel's k_group=64)
 
 
 @pytest.mark.parametrize(
     "tiles", [(128, 128, 2), (128, 192, 2), (128, 64, 2)], ids=lambda t: "t{}x{}s{}".format(*t)
 )
 @pytest.mark.parametrize("causal", [False, True])
-def test_k_group_option_matches_reference(tiles, causal):
-    """``k_group=64`` (one K scale per 64 keys, folded into the row factor per group) against the
+def test_k_scale_keys_matches_reference(tiles, causal):
+    """``fp8`` with ``k_scale_keys=64`` through the backend (the Triton group quantizer, the forward's
+    ``k_group=64``: one K scale per 64 keys folded into the row factor per group) against the
     reference on the same quantized inputs, with the tests' fp8 tolerances: GQA, lengths that are not
     multiples of 64 or of the tile, more queries than keys (rows without keys), and the training
-    shape. The gradients come from today's backward on this state (it reads the repeated group scale
-    as per-token scales)."""
-    target = tt.Target(
-        _KGroupCute(tiles),
-        lambda d: tiles[1],
-        reverse_tiles=True,
-        reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
-    )
+    shape. The gradients come from the CuTe backward on this state (it reads the group scale repeated
+    per key as per-token scales)."""
     for b, hq, hkv, sq, sk in (
         (2, 8, 2, 300, 300),
         (1, 4, 1, 200, 130),
         (1, 4, 1, 257, 1000),
         (1, 32, 8, 4096, 4096),
     ):
-        tt.compare("fp8", b, hq, hkv, sq, sk, 128, causal, target=target)
+        tt.compare(K64, b, hq, hkv, sq, sk, 128, causal, target=_target(tiles))
+
+
+def test_k_scale_keys_state_and_tiles():
+    """The saved K has one scale per 64 keys (the bytes of ``numerics.quant``'s definition), and KV
+    tiles that are not a multiple of 64 keys are refused with the tiles that work."""
+    q, k, v = make_qkv(1, 4, 1, 200, 200, 128, device="cuda")
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, K64, causal=True, softmax_scale=128**-0.5)
+    want = quantize_fp8_key_groups(k, 64)
+    assert torch.equal(st.k.scale, want.scale) and torch.equal(
+        st.k.data.view(torch.uint8), want.data.view(torch.uint8)
+    )
+    with pytest.raises(ValueError, match=r"k_group must be 0 or 64.*use k_group=0, or one of the tiles"):
+        _TiledCute((128, 96, 2)).forward(q, k, v, K64, causal=True, softmax_scale=128**-0.5)
 
 
 @pytest.mark.parametrize("sk", [16, 100, 4096])

@@ -20,6 +20,7 @@ import fp4_attention as fa
 from fp4_attention.numerics.exact import naive_attention
 from fp4_attention.numerics.operands import SavedState
 from fp4_attention.numerics.quant import FP8Tensor
+from fp4_attention.numerics.recipes import with_k_scale_keys
 from fp4_attention.numerics.reference import reference_backward, reference_forward_quantized
 
 from ..conftest import cosine, make_qkv, rel_l2
@@ -137,6 +138,21 @@ def test_real_training_shape(recipe):
 @pytest.mark.parametrize("scale", [2.0, 3.0])
 def test_wide_logits(recipe, scale):
     compare(recipe, 1, 8, 2, 1024, 1024, 128, True, scale=scale)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_k_scale_keys_matches_reference(causal):
+    """``fp8`` with ``k_scale_keys=64`` (K quantized per 64 keys by the Triton group quantizer, whose
+    bytes test_triton_quant.py checks; the kernels read the scale repeated per key): forward and
+    backward against the reference on the same state; the saved K scale is constant over each 64
+    keys."""
+    rec = with_k_scale_keys("fp8", 64)
+    for b, hq, hkv, sq, sk in ((2, 8, 2, 300, 300), (1, 4, 1, 257, 1000), (1, 4, 1, 600, 200)):
+        compare(rec, b, hq, hkv, sq, sk, 128, causal)
+    q, k, v = make_qkv(1, 4, 1, 200, 200, 128, device="cuda")
+    _, _, st = BE.forward(q, k, v, rec, causal=True, softmax_scale=128**-0.5)
+    sc = st.k.scale[0, 0, :, 0]
+    assert torch.equal(sc[:64], sc[:1].expand(64)) and not torch.equal(sc[:64], sc[64:128])
 
 
 def check_zero_dout_exact_zero(recipe, target=TRITON):

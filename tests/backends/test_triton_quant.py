@@ -14,7 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4_attention.numerics.quant import nvfp4_global_scale, quantize_fp8, quantize_nvfp4
+from fp4_attention.numerics.quant import (
+    nvfp4_global_scale,
+    quantize_fp8,
+    quantize_fp8_key_groups,
+    quantize_nvfp4,
+)
+from fp4_attention.numerics.rotation import hadamard_signs, rotate
 
 pytestmark = pytest.mark.gpu
 
@@ -33,6 +39,7 @@ from fp4_attention.backends.triton.quant import (  # noqa: E402
     quantize_nvfp4_heads,
     quantize_nvfp4_rows,
 )
+from fp4_attention.backends.triton.quant import quantize_fp8_key_groups as key_groups_fast  # noqa: E402
 
 
 def _inputs(d, seq=333):
@@ -63,6 +70,27 @@ def test_fp8_rows_bytes_equal_reference(fmt, d, dtype):
     assert torch.equal(got.data.view(torch.uint8), ref.data.view(torch.uint8))
     assert torch.equal(got.scale.isnan(), ref.scale.isnan())
     assert torch.equal(got.scale.nan_to_num(), ref.scale.nan_to_num())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("seq", [333, 4096])
+@pytest.mark.parametrize("rotated", [False, True])
+def test_fp8_key_groups_bytes_equal_reference(d, seq, rotated):
+    """K with one E4M3 scale per 64 keys (recipe option ``k_scale_keys``): the bytes of
+    ``numerics.quant.quantize_fp8_key_groups`` (with a rotation: of the FP32 rotated K), BF16 input
+    read in place from [B, S, H, D] memory too, with zero, tiny, NaN and Inf groups."""
+    x = _inputs(d, seq)
+    x[0, 3, 64:128] *= 2.0**-100  # a tiny group
+    x[1, 0, 128:192] = 0.0  # an all-zero group
+    x[1, 3, 70, 2] = float("nan")
+    x[1, 1, seq - 1, 0] = float("inf")  # the last group (short at 333)
+    signs = hadamard_signs(7, d, "cuda") if rotated else None
+    ref = quantize_fp8_key_groups(rotate(x.cpu(), signs.cpu()) if rotated else x.cpu(), 64)
+    for inp in (x, x.transpose(1, 2).contiguous().transpose(1, 2)):
+        got = key_groups_fast(inp, 64, signs=signs)
+        assert torch.equal(got.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8))
+        assert torch.equal(got.scale.isnan().cpu(), ref.scale.isnan())
+        assert torch.equal(got.scale.nan_to_num().cpu(), ref.scale.nan_to_num())
 
 
 @pytest.mark.parametrize("d", [64, 128])

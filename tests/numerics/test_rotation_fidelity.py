@@ -10,25 +10,12 @@ all D channels at E2M1's 1-bit precision and enters every score of its row.
 """
 
 import pytest
-import torch
 
-import fp4_attention as fa
-from fp4_attention.numerics.exact import naive_attention
-from tools.fidelity import make_inputs
-
-from ..conftest import cosine
+from .fidelity_case import cosines_vs_float64
 
 
 def _cosines(family, recipe, rotation, seed=1):
-    q, k, v = make_inputs(family, 1, 4, 1, 256, 128, seed)
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
-    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
-    ref, _ = naive_attention(qd, kd, vd, causal=True, softmax_scale=128**-0.5)
-    ref.backward(dout.double())
-    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-    out = fa.attention(qq, kk, vv, recipe=recipe, causal=True, layout="bhsd", qk_rotation=rotation)
-    out.backward(dout)
-    return cosine(out, ref), cosine(qq.grad, qd.grad), cosine(kk.grad, kd.grad)
+    return cosines_vs_float64(family, recipe, seed, qk_rotation=rotation)
 
 
 @pytest.mark.parametrize("recipe, gain", [("nvfp4qk_fp8pv", 0.03), ("fp8", 0.005)])

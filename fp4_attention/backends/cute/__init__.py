@@ -11,6 +11,7 @@ SPEC = BackendSpec(
     cuda_capability=((9, 0), (9, 0)),  # wgmma / TMA kernels for Hopper
     head_dims=(64, 128),
     options=("tiles",),
+    k_scale_keys=(1, 64),  # 64: the forward folds each group's scale into its row factor (k_group)
     # fwd+bwd on the H200 (2026-12-02, 19f036c, results/cute_nvfp4_bwd_h200), cute (forward tiles
     # 128x128) vs triton: fp8 4.262 vs 10.841 ms at B4 H32/8 S4096 causal, 2.420 vs 3.034 at B1,
     # 12.908 vs 35.930 at B2 H32/32 S8192; nvfp4qk_fp8pv 4.580 vs 11.133, 2.732 vs 3.123, 14.292 vs

@@ -47,6 +47,7 @@ from ..triton.bwd_kv import backward_kv_operands
 from ..triton.dout_quant import quantize_dout_fused
 from ..triton.quant import (
     decode_nvfp4_rows,
+    quantize_fp8_key_groups,
     quantize_fp8_rows,
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
@@ -210,15 +211,16 @@ def kernel_operands(
 
 
 def quantize_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale_keys: int = 1
 ) -> tuple[FP8Tensor, FP8Tensor, FP8Tensor]:
     """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA) -> the quantized Q/K/V the kernel
-    reads and :class:`SavedState` saves: Q and K E4M3 per token, V E4M3 per channel, transposed and
-    in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands` makes them the
-    kernel's arguments."""
+    reads and :class:`SavedState` saves: Q and K E4M3 per token (K per ``k_scale_keys`` keys when
+    that is not 1, the scale repeated per key: ``Recipe.k_scale_keys``), V E4M3 per channel,
+    transposed and in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands`
+    makes them the kernel's arguments."""
     return (
         quantize_fp8_rows(q),  # read in place from any [B, H, S, D] strides
-        quantize_fp8_rows(k),
+        quantize_fp8_rows(k) if k_scale_keys == 1 else quantize_fp8_key_groups(k, k_scale_keys),
         quantize_fp8_v_transposed(v, perm16=True),
     )
 
@@ -473,15 +475,18 @@ class CuteBackend:
 
     def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
-        LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, or NVFP4) and V
-        per channel (Triton quantizers, V into the kernel's layout), then runs the kernel
-        (``forward_fp8``) at ``tiles``, by default :func:`default_tiles`.
-        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``."""
+        LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
+        with ``recipe.k_scale_keys`` = 64, or NVFP4) and V per channel (Triton quantizers, V into the
+        kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
+        at ``tiles``, by default :func:`default_tiles`.
+        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
+        keys with ``k_scale_keys`` = 64."""
         tiles = default_tiles(causal, q.shape[-1]) if tiles is None else tuple(tiles)
+        k_group = 0 if recipe.k_scale_keys == 1 else recipe.k_scale_keys
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
         else:
-            q_s, k_s, v_s = quantize_inputs(q, k, v)
+            q_s, k_s, v_s = quantize_inputs(q, k, v, recipe.k_scale_keys)
             decoded = None
         out, lse = forward_fp8(
             *kernel_operands(q_s, k_s, v_s, softmax_scale, decoded),
@@ -489,6 +494,7 @@ class CuteBackend:
             tiles=tiles,
             out_layout_of=q,  # the output in the caller's layout: no copy on the way back
             qk_bf16=recipe.qk == "nvfp4",
+            **({"k_group": k_group} if k_group else {}),
         )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 

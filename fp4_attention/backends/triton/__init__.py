@@ -12,6 +12,7 @@ SPEC = BackendSpec(
     head_dims=(64, 128),
     options=("block_m", "block_n", "num_warps", "num_stages"),
     qk_rotations=("hadamard",),  # rotated in the Q/K quantizer kernels (quant.py)
+    k_scale_keys=(1, 64),  # quant.quantize_fp8_key_groups; the kernels read the scale repeated per key
     # auto's choice for fp8 under deterministic mode (its backward has no atomics, so bitwise resume
     # holds), where cute's fp8 backward is passed over; otherwise cute's is faster (cute/__init__.py)
     priority=20,

@@ -31,6 +31,7 @@ from .dout_quant import quantize_dout_fused
 from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
 from .quant import (
     decode_nvfp4_rows,
+    quantize_fp8_key_groups,
     quantize_fp8_rows,
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
@@ -75,7 +76,9 @@ def _quantize_qk_fast(q, k, recipe: Recipe):
     if recipe.qk == "fp8":
         return (
             quantize_fp8_rows(q, signs=signs),  # read in place from any [B, H, S, D] strides
-            quantize_fp8_rows(k, signs=signs),
+            quantize_fp8_rows(k, signs=signs)
+            if recipe.k_scale_keys == 1
+            else quantize_fp8_key_groups(k, recipe.k_scale_keys, signs=signs),
             None,
         )
     if recipe.qk == "nvfp4":  # the quantizers read Q/K in place; the rotation's amax needs rows

@@ -45,6 +45,7 @@ __all__ = [
     "check_int32_span",
     "interpreted",
     "decode_nvfp4_rows",
+    "quantize_fp8_key_groups",
     "quantize_fp8_rows",
     "quantize_fp8_v_transposed",
     "quantize_nvfp4_heads",
@@ -154,16 +155,110 @@ def _fp8_rows_kernel(
     scale = tl.math.div_rn(amax, tl.full([ROWS], FMAX, tl.float32))
     scale = tl.where(amax == 0.0, 1.0, scale)
     scale = tl.where(bad, float("nan"), scale)
+    yq = _fp8_codes(x, scale[:, None], bad[:, None], E5M2)
+    tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
+    tl.store(S + r, scale, mask=ok)
+
+
+@triton.jit
+def _fp8_codes(x, scale, bad, E5M2: tl.constexpr):
+    """uint8 FP8 codes of ``x / scale`` (``scale`` and ``bad`` broadcast against ``x``), 0x7F where
+    ``bad`` (the scale's non-finite amax): ``quant.quantize_fp8``'s rule."""
     # no clamp to +-FMAX before the conversion: it saturates (cvt.rn.satfinite), giving the clamped
     # value's code for every finite y; a non-finite row's codes are set below
-    y = tl.math.div_rn(x, scale[:, None])
+    y = tl.math.div_rn(x, scale)
     if E5M2:
         yq = y.to(tl.float8e5).to(tl.uint8, bitcast=True)
     else:
         yq = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    yq = tl.where(bad[:, None], 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite row
+    return tl.where(bad, 0x7F, yq).to(tl.uint8)  # canonical NaN code for a non-finite row
+
+
+@triton.jit
+def _fp8_key_groups_kernel(
+    X,
+    Y,
+    S,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
+    D: tl.constexpr,
+    FMAX: tl.constexpr,
+    KEYS: tl.constexpr,
+    SIGNS=None,
+    ROTATE: tl.constexpr = False,
+    LOG2_D: tl.constexpr = 0,
+    INV_SQRT_D: tl.constexpr = 1.0,
+):
+    # program (g, bh): keys [g KEYS, (g + 1) KEYS) of head bh; one E4M3 scale for all of them
+    bh = tl.program_id(1)
+    s = tl.program_id(0) * KEYS + tl.arange(0, KEYS)
+    d = tl.arange(0, D)
+    ok = s < SEQ
+    src = (bh // H).to(tl.int64) * sxb + (bh % H) * sxh + s * sxs
+    x = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    if ROTATE:
+        x = rotate_rows(x, SIGNS, KEYS, D, LOG2_D, INV_SQRT_D)
+    amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_propagating_nan), 0, _max_propagating_nan)
+    bad = (amax != amax) | (amax == float("inf"))
+    scale = tl.math.div_rn(amax, FMAX)
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    scale = tl.where(bad, float("nan"), scale)
+    yq = _fp8_codes(x, scale, bad, False)
+    r = bh * SEQ + s  # row of the contiguous [B, H, S, D] output
     tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
-    tl.store(S + r, scale, mask=ok)
+    tl.store(S + r, tl.zeros([KEYS], tl.float32) + scale, mask=ok)
+
+
+def quantize_fp8_key_groups(
+    k: torch.Tensor, keys: int = 64, *, signs: torch.Tensor | None = None, num_warps: int = 4
+) -> FP8Tensor:
+    """E4M3 K with one FP32 scale per ``keys`` consecutive keys of each (batch, head), counted from
+    key 0 (recipe option ``k_scale_keys``); bytes equal ``quant.quantize_fp8_key_groups(k, keys)``.
+
+    Args:
+        k: CUDA ``[B, H, S, D]`` (BF16 or FP32) with a unit last stride, any other strides (read in
+            place); D a power of two <= 256.
+        keys: keys per scale, a power of two (the recipes use 64).
+        signs: FP32 ``[D]`` signs of a Q/K rotation: quantize ``k H`` (as :func:`quantize_fp8_rows`).
+    Returns:
+        :class:`FP8Tensor`, data ``[B, H, S, D]`` float8_e4m3fn and scale ``[B, H, S, 1]`` FP32 (the
+        group's scale repeated per key), both contiguous.
+    Raises:
+        ValueError: not a 4-D CUDA tensor, D not a power of two <= 256, ``keys`` not a power of two,
+            or elements spanning 2^31 or more (``check_int32_span``).
+    """
+    if k.dim() != 4 or (not k.is_cuda and not interpreted()):
+        raise ValueError(
+            f"quantize_fp8_key_groups: needs a CUDA K [B, H, S, D]; got {k.device} {tuple(k.shape)}"
+        )
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    check_int32_span("quantize_fp8_key_groups", k)
+    b, h, seq, d = k.shape
+    if d & (d - 1) or d > 256:
+        raise ValueError(f"quantize_fp8_key_groups: head dim must be a power of two <= 256, got {d}")
+    if keys < 1 or keys & (keys - 1):
+        raise ValueError(f"quantize_fp8_key_groups: keys per scale must be a power of two, got {keys}")
+    dtype, fmax = FP8_FORMATS["e4m3"]
+    y = torch.empty(k.shape, dtype=torch.uint8, device=k.device)
+    s = torch.empty((b, h, seq, 1), dtype=torch.float32, device=k.device)
+    _fp8_key_groups_kernel[(triton.cdiv(seq, keys), b * h)](
+        k,
+        y,
+        s,
+        h,
+        seq,
+        *k.stride()[:3],
+        D=d,
+        FMAX=fmax,
+        KEYS=keys,
+        num_warps=num_warps,
+        **_rotation_args(k, signs),
+    )
+    return FP8Tensor(data=y.view(dtype), scale=s)
 
 
 def quantize_fp8_rows(
