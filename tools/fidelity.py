@@ -27,6 +27,10 @@ Input families (B=1, Hq=8, Hkv=2, S=1024, D=128, causal unless noted; seed fixed
                 row's mass (an attention sink of a trained LLM; X = 30 exposed an inconsistent D)
   channels=X    N(0, 1) with 4 fixed channels (the same for every token and head) of q and k
                 multiplied by X: structured outlier channels, as LLM queries and keys have them
+  kbias=X       N(0, 1) with 4 fixed channels of k shifted by +-X, the same shift for every token
+                and head: outlier channels that are a bias over tokens, as trained LLMs' keys have
+                them (it shifts each query's scores by a constant, which the softmax ignores, but
+                it sets K's quantization scales)
 """
 
 from __future__ import annotations
@@ -89,6 +93,11 @@ def make_inputs(family: str, b: int, hq: int, hkv: int, s: int, d: int, seed: in
         channels = torch.randperm(d, generator=g)[:4]
         q[..., channels] *= scale
         k[..., channels] *= scale
+    elif family.startswith("kbias="):
+        shift = float(family.split("=")[1])
+        channels = torch.randperm(d, generator=g)[:4]
+        signs = torch.randint(0, 2, (4,), generator=g).float() * 2 - 1
+        k[..., channels] += shift * signs
     elif family.startswith("std="):
         target = float(family.split("=")[1])
         # scores q.k / sqrt(d) of unit normals have std 1; scale q and k by sqrt(target)
@@ -218,7 +227,7 @@ def to_markdown(records: list[dict], args, command: str) -> str:
 
 
 FAMILIES = ("normal", "outliers", "sink")
-SCALED_FAMILIES = ("std", "gap", "channels")  # std=X, gap=X, channels=X
+SCALED_FAMILIES = ("std", "gap", "channels", "kbias")  # std=X, gap=X, channels=X, kbias=X
 
 
 def check_args(args) -> str | None:
