@@ -151,13 +151,21 @@ def _fp8_rows_kernel(
     # one NaN-propagating max per element: the row's amax, NaN for a row holding a NaN and Inf for
     # one holding an Inf (no per-element NaN/Inf tests: the kernel was bound by the ALU pipe)
     amax = tl.reduce(tl.abs(x), 1, _max_propagating_nan)
-    bad = (amax != amax) | (amax == float("inf"))
-    scale = tl.math.div_rn(amax, tl.full([ROWS], FMAX, tl.float32))
-    scale = tl.where(amax == 0.0, 1.0, scale)
-    scale = tl.where(bad, float("nan"), scale)
+    scale, bad = _fp8_scale(amax, FMAX)
     yq = _fp8_codes(x, scale[:, None], bad[:, None], E5M2)
     tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
     tl.store(S + r, scale, mask=ok)
+
+
+@triton.jit
+def _fp8_scale(amax, FMAX: tl.constexpr):
+    """``(scale, bad)`` of a row or group from its NaN-propagating amax, ``quant.quantize_fp8``'s
+    rule: ``amax / FMAX`` correctly rounded, 1 for an all-zero one, NaN for a non-finite one (``bad``:
+    its amax is NaN or Inf)."""
+    bad = (amax != amax) | (amax == float("inf"))
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    return tl.where(bad, float("nan"), scale), bad
 
 
 @triton.jit
@@ -202,10 +210,7 @@ def _fp8_key_groups_kernel(
     if ROTATE:
         x = rotate_rows(x, SIGNS, KEYS, D, LOG2_D, INV_SQRT_D)
     amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_propagating_nan), 0, _max_propagating_nan)
-    bad = (amax != amax) | (amax == float("inf"))
-    scale = tl.math.div_rn(amax, FMAX)
-    scale = tl.where(amax == 0.0, 1.0, scale)
-    scale = tl.where(bad, float("nan"), scale)
+    scale, bad = _fp8_scale(amax, FMAX)
     yq = _fp8_codes(x, scale, bad, False)
     r = bh * SEQ + s  # row of the contiguous [B, H, S, D] output
     tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
