@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa
 from fp4_attention.backends.triton import backend as triton_backend
-from fp4_attention.numerics.recipes import ROTATION_RECIPES, with_k_scale_keys, with_qk_rotation
+from fp4_attention.numerics.recipes import ROTATION_RECIPES, with_qk_rotation
+from tools.fidelity import parse_recipe
 
 SHAPES = [  # (B, Hq, Hkv, S, causal, passes)
     (1, 32, 8, 4096, True, ("fwd", "fwd_bwd")),
@@ -112,21 +113,13 @@ def sdpa_fn(backend, q, k, v, causal, pass_):
     return bwd if pass_ == "bwd" else fb
 
 
-def bench_recipe(name):
-    """A recipe name of ``--recipes``, or ``fp8+k64``: fp8 with K scales per 64 keys
-    (``Recipe.k_scale_keys``, the forward issue's K-scale option)."""
-    if isinstance(name, str) and name.endswith("+k64"):
-        return with_k_scale_keys(name[: -len("+k64")], 64)
-    return fa.get_recipe(name)
-
-
 def quant_qk_fn(recipe, q, k):
     """The Triton backend's Q/K quantization alone (with the recipe's rotation, if any)."""
     return lambda: triton_backend._quantize_qk_fast(q, k, recipe)
 
 
 def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
-    rec = bench_recipe(recipe)
+    rec = parse_recipe(recipe, 0)
     dout = torch.randn_like(q)
     if pass_ == "fwd":
 
@@ -185,7 +178,7 @@ def _cute_state(recipe, q, k, v, causal):
     """One cute forward's saved state and a random BF16 dO, for the backward rows that skip autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
-    rec = bench_recipe(recipe)
+    rec = parse_recipe(recipe, 0)
     _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
     return st, torch.randn_like(q)
 
@@ -211,7 +204,7 @@ def cute_bwd_direct(recipe, q, k, v, causal):
 def ours_kernel_only(recipe, q, k, v, causal):
     """Forward kernel alone on operands quantized once outside the timed region."""
     be = triton_backend.TritonBackend()
-    rec = bench_recipe(recipe)
+    rec = parse_recipe(recipe, 0)
     _, _, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
     ops = triton_backend.forward_operands(st.q, st.k, st.v, rec, q.shape, k.shape)
 
@@ -254,7 +247,8 @@ def main(argv=None) -> int:
         "--recipes",
         nargs="+",
         default=list(fa.TRAINING_RECIPES),
-        help="training recipes, or fp8+k64 (K scales per 64 keys: rows ours_fp8+k64, cute_fp8+k64)",
+        help="training recipes, with tools/fidelity.py's suffixes: fp8+k64 (K scales per 64 keys: rows "
+        "ours_fp8+k64, cute_fp8+k64), NAME+hadamard",
     )
     p.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into SHAPES")
     p.add_argument(
@@ -357,7 +351,7 @@ def main(argv=None) -> int:
                             (lambda r=r: ours_fn(r, q, k, v, causal, pass_, backend="cute")),
                         )
                         for r in args.recipes
-                        if bench_recipe(r).name in ("fp8", "nvfp4qk_fp8pv")
+                        if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
                     ],
                 ]
                 if pass_ == "bwd":

@@ -128,13 +128,16 @@ ROTATION_SUFFIX = "+hadamard"
 K64_SUFFIX = "+k64"
 
 
-def parse_recipe(name: str, seed: int) -> fa.Recipe:
+def parse_recipe(name: str | fa.Recipe, seed: int) -> fa.Recipe:
     """``NAME``, with the suffixes ``+k64`` (K scales per 64 keys: ``Recipe.k_scale_keys``) and
-    ``+hadamard`` (the Q/K rotation of ``seed``) in either order, as a :class:`Recipe`.
+    ``+hadamard`` (the Q/K rotation of ``seed``) in either order, as a :class:`Recipe` (a
+    :class:`Recipe` is returned as it is). ``bench/attention_bench.py`` reads its ``--recipes`` so.
 
     Raises:
         ValueError: unknown recipe, or an option the recipe does not take.
     """
+    if isinstance(name, fa.Recipe):
+        return name
     base, options = name, []
     while base.endswith((ROTATION_SUFFIX, K64_SUFFIX)):
         suffix = ROTATION_SUFFIX if base.endswith(ROTATION_SUFFIX) else K64_SUFFIX

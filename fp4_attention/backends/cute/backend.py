@@ -482,7 +482,6 @@ class CuteBackend:
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64."""
         tiles = default_tiles(causal, q.shape[-1]) if tiles is None else tuple(tiles)
-        k_group = 0 if recipe.k_scale_keys == 1 else recipe.k_scale_keys
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
         else:
@@ -494,7 +493,9 @@ class CuteBackend:
             tiles=tiles,
             out_layout_of=q,  # the output in the caller's layout: no copy on the way back
             qk_bf16=recipe.qk == "nvfp4",
-            **({"k_group": k_group} if k_group else {}),
+            # K per k_scale_keys keys: the kernel folds each group's scale (k_group). Per token no
+            # option is passed, so the compiled-kernel cache key is the same as a plain forward_fp8's
+            **({"k_group": recipe.k_scale_keys} if recipe.k_scale_keys > 1 else {}),
         )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
