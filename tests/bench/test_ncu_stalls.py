@@ -1,0 +1,49 @@
+"""bench/ncu_stalls.py on a small SASS page CSV of ncu's layout."""
+
+import gzip
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import ncu_stalls  # noqa: E402
+
+HEADER = (
+    '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+    '"stall_barrier","stall_long_sb","stall_wait","stall_barrier (Not Issued)"'
+)
+# a prologue executed once per CTA (100 instructions) and a loop executed 1,000 times (100 + 1
+# instruction of one warpgroup's branch, executed half as often)
+ROWS = [f'"0x{i:x}","      MOV R{i}, R0","1","10","0","1","0","0"' for i in range(100)]
+ROWS += [f'"0x{1000 + i:x}","      FFMA R{i}, R1, R2, R3","1","1,000","0","0","1","0"' for i in range(99)]
+ROWS += [
+    '"0x2000","      FENCE.VIEW.ASYNC.S","50","1,000","0","50","0","9"',
+    '"0x2010","      STS.128 [R1], R4","30","500","30","0","0","0"',
+]
+
+
+def _write(path: Path) -> str:
+    with gzip.open(path, "wt") as f:
+        f.write('"Kernel Name","k",\n' + "\n".join([HEADER, *ROWS]) + "\n")
+    return str(path)
+
+
+def test_loop_found_by_execution_count_and_shares(tmp_path):
+    text = ncu_stalls.report(_write(tmp_path / "a.sass.csv.gz"), top=2, min_share=0.1, loop_exe=None)
+    # 100 + 99 + 50 + 30 = 279 samples; by reason: long_sb 150, wait 99, barrier 30 (not-issued
+    # columns are not reasons of their own)
+    assert "279 stall samples" in text
+    assert "long_sb 53.8%, wait 35.5%, barrier 10.8%" in text
+    # the loop: the largest count held by >= 100 instructions (1,000) and its half (the branch)
+    assert "main loop (executed 1000 or 500 times): 64.2% of the samples" in text
+    loop_lines = text.split("(loop only):")[1].split("top 2")[0].strip().splitlines()
+    assert [line.split()[1:3] for line in loop_lines] == [["17.9%", "long_sb"], ["10.8%", "barrier"]]
+
+
+def test_not_a_sass_page(tmp_path):
+    bad = tmp_path / "x.csv"
+    bad.write_text('"a","b"\n"1","2"\n')
+    with pytest.raises(ValueError, match="not an ncu SASS page"):
+        ncu_stalls.load(str(bad))
