@@ -17,6 +17,37 @@ import collections
 import csv
 import gzip
 import io
+import re
+
+OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.x]*)")
+
+
+def _rows(path: str) -> tuple[list[str], list[list[str]]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
+        rows = list(csv.reader(io.StringIO(f.read())))
+    head = next((i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r), None)
+    if head is None:
+        raise ValueError(f"{path}: no 'Source' and 'Instructions Executed' columns: not an ncu SASS page CSV")
+    return rows[head], [r for r in rows[head + 1 :] if len(r) == len(rows[head])]
+
+
+def _num(text: str) -> int:
+    return int(text.replace(",", "") or 0)
+
+
+def shared_by_opcode(path: str) -> collections.Counter:
+    """Shared-memory wavefronts (128 B each) per opcode with its shape suffix (``HGMMA.64x64x16``...)."""
+    h, rows = _rows(path)
+    i_src, i_wf = h.index("Source"), h.index("L1 Wavefronts Shared")
+    out = collections.Counter()
+    for r in rows:
+        wf = _num(r[i_wf])
+        m = OPCODE.match(r[i_src].strip())
+        if wf and m:
+            op = m.group(1)
+            out[".".join(op.split(".")[:2]) if "GMMA" in op else op.split(".")[0]] += wf
+    return out
 
 
 def load(path: str) -> list[tuple[str, int, int, dict[str, int]]]:
@@ -25,29 +56,17 @@ def load(path: str) -> list[tuple[str, int, int, dict[str, int]]]:
     Raises:
         ValueError: the file has no ``Source`` / ``Instructions Executed`` header (not a SASS page).
     """
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", newline="") as f:
-        rows = list(csv.reader(io.StringIO(f.read())))
-    head = next((i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r), None)
-    if head is None:
-        raise ValueError(f"{path}: no 'Source' and 'Instructions Executed' columns: not an ncu SASS page CSV")
-    h = rows[head]
+    h, rows = _rows(path)
     reasons = [c for c in h if c.startswith("stall_") and "Not Issued" not in c]
-
-    def num(text: str) -> int:
-        return int(text.replace(",", "") or 0)
-
     out = []
-    for r in rows[head + 1 :]:
-        if len(r) != len(h):
-            continue
+    for r in rows:
         d = dict(zip(h, r))
         out.append(
             (
                 d["Source"].strip(),
-                num(d["Warp Stall Sampling (All Samples)"]),
-                num(d["Instructions Executed"]),
-                {c[len("stall_") :]: num(d[c]) for c in reasons},
+                _num(d["Warp Stall Sampling (All Samples)"]),
+                _num(d["Instructions Executed"]),
+                {c[len("stall_") :]: _num(d[c]) for c in reasons},
             )
         )
     return out
@@ -85,9 +104,17 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=28)
     ap.add_argument("--min-share", type=float, default=0.008)
     ap.add_argument("--loop-exe", type=int, default=None)
+    ap.add_argument("--smem-steps", type=int, default=None)
     args = ap.parse_args()
     for path in args.files:
-        print(report(path, args.top, args.min_share, args.loop_exe))
+        if args.smem_steps:
+            by_op = shared_by_opcode(path)
+            print(f"== {path}: shared-memory traffic, KiB per step ({args.smem_steps} steps)")
+            for op, wf in by_op.most_common():
+                print(f"  {op:24s} {wf * 128 / args.smem_steps / 1024:7.1f}")
+            print(f"  {'(all)':24s} {sum(by_op.values()) * 128 / args.smem_steps / 1024:7.1f}")
+        else:
+            print(report(path, args.top, args.min_share, args.loop_exe))
 
 
 if __name__ == "__main__":

@@ -12,15 +12,17 @@ import ncu_stalls  # noqa: E402
 
 HEADER = (
     '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
-    '"stall_barrier","stall_long_sb","stall_wait","stall_barrier (Not Issued)"'
+    '"stall_barrier","stall_long_sb","stall_wait","stall_barrier (Not Issued)","L1 Wavefronts Shared"'
 )
 # a prologue executed once per CTA (100 instructions) and a loop executed 1,000 times (100 + 1
 # instruction of one warpgroup's branch, executed half as often)
-ROWS = [f'"0x{i:x}","      MOV R{i}, R0","1","10","0","1","0","0"' for i in range(100)]
-ROWS += [f'"0x{1000 + i:x}","      FFMA R{i}, R1, R2, R3","1","1,000","0","0","1","0"' for i in range(99)]
+ROWS = [f'"0x{i:x}","      MOV R{i}, R0","1","10","0","1","0","0","0"' for i in range(100)]
+ROWS += [f'"0x{1000 + i:x}","      FFMA R{i}, R1, R2, R3","1","1,000","0","0","1","0","0"' for i in range(99)]
 ROWS += [
-    '"0x2000","      FENCE.VIEW.ASYNC.S","50","1,000","0","50","0","9"',
-    '"0x2010","      STS.128 [R1], R4","30","500","30","0","0","0"',
+    '"0x2000","      FENCE.VIEW.ASYNC.S","50","1,000","0","50","0","9","0"',
+    '"0x2010","      STS.128 [R1], R4","30","500","30","0","0","0","2,000"',
+    '"0x2020","@P0 HGMMA.64x64x16.F32.BF16 R0, gdesc[UR4], R0","0","1,000","0","0","0","0","8,000"',
+    '"0x2030","      HGMMA.64x64x16.F32.BF16 R0, gdesc[UR8], R0, gsb0","0","1,000","0","0","0","0","8,000"',
 ]
 
 
@@ -40,6 +42,12 @@ def test_loop_found_by_execution_count_and_shares(tmp_path):
     assert "main loop (executed 1000 or 500 times): 64.2% of the samples" in text
     loop_lines = text.split("(loop only):")[1].split("top 2")[0].strip().splitlines()
     assert [line.split()[1:3] for line in loop_lines] == [["17.9%", "long_sb"], ["10.8%", "barrier"]]
+
+
+def test_shared_traffic_by_opcode_and_shape(tmp_path):
+    by_op = ncu_stalls.shared_by_opcode(_write(tmp_path / "a.sass.csv.gz"))
+    # wgmma keep their shape (predicate and accumulator modifiers dropped), the rest their mnemonic
+    assert by_op == {"HGMMA.64x64x16": 16000, "STS": 2000}
 
 
 def test_not_a_sass_page(tmp_path):
