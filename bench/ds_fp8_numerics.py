@@ -24,6 +24,12 @@ Scale granularities a kernel can apply (kernel tile: 64 queries x 128 keys):
 - ``dk-only`` (E4M3): dQ's operand stays BF16, dK's is E4M3 with :func:`dk_operand_scale` (the
   ``bound`` scale rounded up to a power of two). A CuTe backward option with these numerics lost at
   the training shape on the H200 (results/cute_prep_h200/) and was deleted.
+- ``shared`` (E4M3): one tile ``T = E4M3(dS row_i col_j / s)`` for both products against the raw
+  E4M3 Q/K payloads (the design whose speed ``results/cute_bwd_fp8ds_probe/`` prices): the token
+  scales must ride on dS (dK sums over queries, dQ over keys), so the only free factor is one static
+  power of two ``s`` per query head and block of keys (a CTA's), from ``bound``'s bound times
+  ``col_j``; ``shared-amax`` is the same with the block's true amax (an oracle: no kernel knows it
+  before its loop), which prices the bound's looseness (:func:`shared_round`).
 
 - ``bf16/scales-in-operands``: dS stays BF16, but the Q/K token scales move from dS into the BF16
   operands (``reference_backward(token_scales="operands")``: one dS for both products, as FA4's
@@ -127,6 +133,74 @@ def bound_round(state, dout: torch.Tensor, recipe, softmax_scale: float, static_
     return rnd
 
 
+def shared_round(state, dout: torch.Tensor, recipe, softmax_scale: float, scale: str = "bound"):
+    """The ``shared`` variants' ``ds_round``: one E4M3 tile
+    ``T = E4M3(dS * row_i * col_j / s)`` feeds both products against the raw E4M3 payloads (dQ =
+    ``T K8`` times ``s / row_i``, in a kernel's postprocess; dK = ``T^T Q8`` times ``s / col_j``, in
+    its epilogue), with one power-of-two scale ``s`` per (query head, block of ``block_n`` keys): a
+    CTA's, static. ``scale="bound"`` (``shared``): ``s`` from the bound ``|dS_ij row_i| <= a ||v_j||
+    + b`` of :func:`bound_round` times ``col_j``, maxed over the block's keys, over 448;
+    ``"block-amax"`` (``shared-amax``, an oracle no kernel has before its loop): the block's true
+    amax of ``|dS row col|`` over 448, which prices the bound's looseness; ``"head-amax"``
+    (``shared-head-amax``): one scale per query head from the head's true amax (measured by a first
+    backward pass here), what delayed scaling (the previous steps' amax, as Transformer Engine scales
+    FP8 gradients) would give if the amax did not move between steps. As a ``ds_round``
+    (``token_scales="ds"``): ``t = dS * col`` for dQ, ``dS * row`` for dK; both round the same ``T``.
+
+    Raises:
+        ValueError: an unknown ``scale``."""
+    if scale not in ("bound", "block-amax", "head-amax"):
+        raise ValueError(f"shared_round: scale must be bound, block-amax or head-amax, got {scale!r}")
+    from fp4_attention.numerics.operands import qk_operands, v_operand
+    from fp4_attention.numerics.quant import quantize_fp8
+
+    ops = qk_operands(state.q, state.k, recipe, softmax_scale)
+    vo = v_operand(state.v, recipe)
+    hkv = ops.k_op.shape[1]
+    group = lambda x: x.unflatten(1, (hkv, x.shape[1] // hkv))  # noqa: E731
+    v_scale = vo.v_scale.unsqueeze(2)
+    do_q = quantize_fp8(group(dout.float()) * v_scale, "e5m2", dims=(-2, -1))
+    delta = ((do_q.data.float() * do_q.scale) * group(state.out.float()) / v_scale).sum(-1)
+    row = group(ops.row_scale)  # [B, Hkv, G, Sq, 1]
+    col = ops.col_scale.unsqueeze(2)  # [B, Hkv, 1, 1, Sk]
+    if col.dim() == 4:
+        col = col.unsqueeze(-2)
+    a = (row.squeeze(-1) * do_q.scale.squeeze(-1) * do_q.data.float().norm(dim=-1)).amax(-1, keepdim=True)
+    b = (row.squeeze(-1) * delta.abs()).amax(-1, keepdim=True)
+    col_k = col.squeeze(-2)  # [B, Hkv, 1, Sk]
+    bound = col_k * (a * vo.v_op.norm(dim=-1).unsqueeze(2) + b)  # [B, Hkv, G, Sk]
+
+    def rnd(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
+        bn = t.shape[-1]
+        c = col[..., j0 : j0 + bn]
+        x = t * row if product == "dq" else t * c  # dS * row * col, the shared tile
+        if scale == "block-amax":
+            m = x.abs().amax(dim=(-2, -1), keepdim=True)
+        elif scale == "head-amax":
+            m = head_amax
+        else:
+            m = bound[..., j0 : j0 + bn].amax(-1, keepdim=True).unsqueeze(-1)
+        sc = pow2_ceil(torch.where(m > 0, m / 448.0, torch.ones_like(m)))
+        y = (x / sc).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * sc
+        return y / row if product == "dq" else y / c
+
+    head_amax = None
+    if scale == "head-amax":  # a first pass: the head's amax of |dS row col| over every block
+        amaxes = []
+
+        def spy(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
+            if product == "dq":
+                amaxes.append((t * row).abs().amax(dim=(-2, -1), keepdim=True))
+            return t
+
+        reference_backward(
+            state, dout, recipe, causal=True, softmax_scale=softmax_scale, ds_round=spy, token_scales="ds"
+        )
+        head_amax = torch.stack(amaxes).amax(0)
+    rnd.bound, rnd.row, rnd.col = bound, row, col  # for the tests
+    return rnd
+
+
 def dk_operand_scale(
     q_scale: torch.Tensor, s_do: torch.Tensor, do8: torch.Tensor, delta: torch.Tensor, v8: torch.Tensor
 ) -> torch.Tensor:
@@ -221,6 +295,14 @@ def run(args) -> list[dict]:
                 for n in ("bound", "bounds")
             ]
             static.append(("e4m3/dk-only", {"ds_round": dk_only_round(state, dout), **on_ds}))
+            static += [
+                (f"e4m3/{n}", {"ds_round": shared_round(state, dout, rec, sm, sc), **on_ds})
+                for n, sc in (
+                    ("shared", "bound"),
+                    ("shared-amax", "block-amax"),
+                    ("shared-head-amax", "head-amax"),
+                )
+            ]
         static += [("bf16/scales-in-operands", {"token_scales": "operands"}), ("bf16/scales-on-ds", on_ds)]
         if args.recipe == "nvfp4qk_fp8pv":
             static.append(("bf16/one-ds-col", {"ds_round": ds_col_round(state, rec, sm), **on_ds}))
