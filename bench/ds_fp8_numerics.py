@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from fidelity import _metrics, float64_case  # noqa: E402
 
 import fp4_attention as fa  # noqa: E402
+from fp4_attention.numerics.ds_fp8 import bound_scale, shared_tile_round  # noqa: E402
 from fp4_attention.numerics.quant import pow2_ceil  # noqa: E402
 from fp4_attention.numerics.reference import reference_backward, reference_forward  # noqa: E402
 
@@ -144,13 +145,18 @@ def shared_round(state, dout: torch.Tensor, recipe, softmax_scale: float, scale:
     amax of ``|dS row col|`` over 448, which prices the bound's looseness; ``"head-amax"``
     (``shared-head-amax``): one scale per query head from the head's true amax (measured by a first
     backward pass here), what delayed scaling (the previous steps' amax, as Transformer Engine scales
-    FP8 gradients) would give if the amax did not move between steps. As a ``ds_round``
+    FP8 gradients) would give if the amax did not move between steps; ``"head-bound"``
+    (``shared-head-bound``): one scale per query head from ``numerics.ds_fp8.bound_scale``, the CuTe
+    backward's ``ds_fp8`` option. The two per-head variants round with
+    ``numerics.ds_fp8.shared_tile_round``, the option's definition. As a ``ds_round``
     (``token_scales="ds"``): ``t = dS * col`` for dQ, ``dS * row`` for dK; both round the same ``T``.
 
     Raises:
         ValueError: an unknown ``scale``."""
-    if scale not in ("bound", "block-amax", "head-amax"):
-        raise ValueError(f"shared_round: scale must be bound, block-amax or head-amax, got {scale!r}")
+    if scale not in ("bound", "block-amax", "head-amax", "head-bound"):
+        raise ValueError(
+            f"shared_round: scale must be bound, block-amax, head-amax or head-bound, got {scale!r}"
+        )
     from fp4_attention.numerics.operands import qk_operands, v_operand
     from fp4_attention.numerics.quant import quantize_fp8
 
@@ -176,27 +182,31 @@ def shared_round(state, dout: torch.Tensor, recipe, softmax_scale: float, scale:
         x = t * row if product == "dq" else t * c  # dS * row * col, the shared tile
         if scale == "block-amax":
             m = x.abs().amax(dim=(-2, -1), keepdim=True)
-        elif scale == "head-amax":
-            m = head_amax
         else:
             m = bound[..., j0 : j0 + bn].amax(-1, keepdim=True).unsqueeze(-1)
         sc = pow2_ceil(torch.where(m > 0, m / 448.0, torch.ones_like(m)))
         y = (x / sc).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * sc
         return y / row if product == "dq" else y / c
 
-    head_amax = None
+    q_scale, k_scale = row.squeeze(-1).flatten(1, 2), col.squeeze(-2).squeeze(2)  # [B, Hq, Sq], [B, Hkv, Sk]
     if scale == "head-amax":  # a first pass: the head's amax of |dS row col| over every block
         amaxes = []
 
         def spy(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
             if product == "dq":
-                amaxes.append((t * row).abs().amax(dim=(-2, -1), keepdim=True))
+                amaxes.append((t * row).abs().amax(dim=(-2, -1)))
             return t
 
         reference_backward(
             state, dout, recipe, causal=True, softmax_scale=softmax_scale, ds_round=spy, token_scales="ds"
         )
-        head_amax = torch.stack(amaxes).amax(0)
+        head_amax = torch.stack(amaxes).amax(0).flatten(1, 2)  # [B, Hq]
+        s = pow2_ceil(torch.where(head_amax > 0, head_amax / 448.0, torch.ones_like(head_amax)))
+        rnd = shared_tile_round(q_scale, k_scale, s)
+    elif scale == "head-bound":
+        do_norm = (do_q.data.float() * do_q.scale).norm(dim=-1).flatten(1, 2)
+        s = bound_scale(q_scale, do_norm, delta.flatten(1, 2), vo.v_op.norm(dim=-1), k_scale)
+        rnd = shared_tile_round(q_scale, k_scale, s)
     rnd.bound, rnd.row, rnd.col = bound, row, col  # for the tests
     return rnd
 
@@ -301,6 +311,7 @@ def run(args) -> list[dict]:
                     ("shared", "bound"),
                     ("shared-amax", "block-amax"),
                     ("shared-head-amax", "head-amax"),
+                    ("shared-head-bound", "head-bound"),
                 )
             ]
         static += [("bf16/scales-in-operands", {"token_scales": "operands"}), ("bf16/scales-on-ds", on_ds)]

@@ -54,7 +54,7 @@ def test_shared_tile_is_one_tile_for_both_products():
     two products dS*col*row and dS*row*col); the oracle scale gives each block an amax of T
     between 224 and 448 (the power of two at or above amax / 448)."""
     rec, state, dout, sm = _case("normal")
-    for scale in ("bound", "block-amax", "head-amax"):
+    for scale in ("bound", "block-amax", "head-amax", "head-bound"):
         rnd = dsn.shared_round(state, dout, rec, sm, scale=scale)
         seen = _captured(rec, state, dout, sm, rnd)
         by_block = {}

@@ -37,6 +37,7 @@ import time
 
 import torch
 
+from ...numerics.ds_fp8 import bound_scale
 from ...numerics.operands import SavedState
 from ...numerics.quant import FP8Tensor, NVFP4Tensor
 from ...numerics.recipes import Recipe
@@ -313,7 +314,32 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
+# slot p of each 16 keys of K^T and of the ds_fp8 dS tile holds key KEY_PAIRS16[p]: keys r and r + 8
+# in slots 2r, 2r + 1 (bwd_sm90.FP8BackwardSm90._store_ds8)
+KEY_PAIRS16 = [r + 8 * h for r in range(8) for h in range(2)]
+
+
+def ds_fp8_operands(k8: torch.Tensor, v8: torch.Tensor, col: torch.Tensor, dv, q_scale: torch.Tensor) -> dict:
+    """The ``ds_fp8`` option's extra operands (``FP8BackwardSm90(ds_fp8=True)``): K^T's E4M3 codes
+    ``[B, Hkv, D, Sk16]`` with the keys of each 16 interleaved (slot 2r, 2r + 1 = keys r, r + 8, the
+    order of the kernel's E4M3 dS tile) and the per-head scale ``s`` of ``numerics.ds_fp8``
+    (:func:`~fp4_attention.numerics.ds_fp8.bound_scale`, from the dO kernel's per-query norms, V's
+    key norms and the K token scales). torch ops (a gather and a few reductions; a Triton pass
+    would fold them into ``triton.bwd_kv``)."""
+    b, hkv, sk, d = k8.shape
+    sk16 = _round_up(sk, 16)
+    codes = torch.nn.functional.pad(k8.view(torch.uint8), (0, 0, 0, sk16 - sk))
+    kt = codes.view(b, hkv, sk16 // 16, 16, d)[:, :, :, KEY_PAIRS16].reshape(b, hkv, sk16, d)
+    kt8 = kt.transpose(-1, -2).contiguous().view(torch.float8_e4m3fn)
+    sq = q_scale.shape[-1]
+    v_norm = v8.float().norm(dim=-1)
+    s = bound_scale(q_scale, dv.do_norm[..., :sq], dv.delta[..., :sq], v_norm, col)
+    return dict(kt8=kt8, ds_scale=s)
+
+
+def backward_operands(
+    state: SavedState, dout: torch.Tensor, softmax_scale: float, ds_fp8: bool = False
+) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
@@ -325,7 +351,10 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     2^-LIFT), as ``reference_backward`` defines the recipe's dQ/dK.
     ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the exact decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
+    ``ds_fp8`` (``fp8`` state only): ``qb`` and ``kb`` are E4M3 Q^T ``[B, Hq, D, Sq16]`` (dO^T's query
+    order) and K^T ``[B, Hkv, D, Sk16]`` (:func:`ds_fp8_operands`), and ``ds_scale`` the head's
+    scale; no BF16 image is made."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -347,10 +376,15 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
         q8=None if nvfp4 else q_s.data,
+        q_transposed=ds_fp8,
     )
-    qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
     kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2
-    kb = kv["kb"]
+    if ds_fp8:
+        extra = ds_fp8_operands(k_s.data, kv["v8"], kv["col"], dv, q_scale)
+        qb, kb = dv.qt, extra["kt8"]
+    else:
+        qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
+        kb = kv["kb"]
     dev = dout.device
     ops = dict(
         q8=qb if nvfp4 else q_s.data,
@@ -367,6 +401,7 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         col=kv["col"],  # K token scales (NVFP4: the head's global scale per key)
         col2=kv["col2"],  # col * 2^-LIFT
         s_do=dv.s_do,
+        ds_scale=extra["ds_scale"] if ds_fp8 else dv.s_do,  # read by the kernel only with ds_fp8
         v_scale=v_scale,
     )
     # the FP32 accumulators the kernel bulk-adds into, zeroed by one fill: dQ's, and for GQA dK's
@@ -375,6 +410,8 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
     n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
     acc = torch.zeros(n_dq + 2 * n_kv, dtype=torch.float32, device=dev)
+    if ds_fp8:
+        ops["do_norm"] = dv.do_norm  # the bound's per-query input, for the tests
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
     if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
@@ -385,27 +422,41 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     return ops
 
 
-def _bwd_args(ops: dict) -> list:
+# the kernel's per-query and per-head vectors, in FP8BackwardSm90.__call__ order after dO^T
+VECTORS = ("stat", "r", "row", "delta", "col", "col2", "s_do", "ds_scale", "v_scale")
+
+
+def _bwd_args(ops: dict, ds_fp8: bool = False) -> list:
     """The kernel's arguments in ``FP8BackwardSm90.__call__`` order: (B, S, H, D) views of the
-    ``[B, H, S, D]`` tensors, the rest as they are."""
+    ``[B, H, S, D]`` tensors (``ds_fp8``: of Q^T and K^T ``[B, H, D, S16]`` too, S with stride 1),
+    the rest as they are."""
+    t_view = lambda t: t.permute(0, 3, 1, 2)  # noqa: E731  [B, H, D, S16] -> (B, S16, H, D)
     bshd = [ops[n].permute(0, 2, 1, 3) for n in ("q8", "qb", "k8", "kb", "v8", "do8")]
-    args = [*bshd, ops["dot8"].permute(0, 3, 1, 2)]
-    args += [ops[n] for n in ("stat", "r", "row", "delta", "col", "col2", "s_do", "v_scale", "dq_accum")]
+    if ds_fp8:
+        bshd[1], bshd[3] = t_view(ops["qb"]), t_view(ops["kb"])
+    args = [*bshd, t_view(ops["dot8"])]
+    args += [ops[n] for n in (*VECTORS, "dq_accum")]
     mha = ops["dk"].dim() == 4
     args += [ops[n].permute(0, 2, 1, 3) if mha else ops[n] for n in ("dk", "dv")]
     return args
 
 
-def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
-    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
+def _compiled_bwd(
+    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, ds_fp8: bool = False
+):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ()) + (("ds_fp8",) if ds_fp8 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
-        # (B, S, H, D) views with D contiguous; dO^T with S
-        cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, ds_fp8=ds_fp8)
+        # (B, S, H, D) views with D contiguous; dO^T with S (ds_fp8: Q^T and K^T too)
+        cute_args = [
+            to_cute_tensor(t, leading_dim=1 if ds_fp8 and i in (1, 3) else 3) for i, t in enumerate(args[:6])
+        ]
         cute_args.append(to_cute_tensor(args[6], leading_dim=1))
-        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in args[7:15]]
-        cute_args.append(to_cute_tensor(args[15], leading_dim=2))
-        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[16:]]
+        n_vec = len(VECTORS)
+        vec = args[7 : 7 + n_vec]
+        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in vec]
+        cute_args.append(to_cute_tensor(args[7 + n_vec], leading_dim=2))
+        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[8 + n_vec :]]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         t0 = time.perf_counter()
         _CACHE[key] = cute.compile(
@@ -415,16 +466,20 @@ def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, s
     return _CACHE[key]
 
 
-def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
+def backward_fp8(
+    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, ds_fp8: bool = False
+):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
-    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition).
+    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). ``ds_fp8`` (a
+    measurement option, E4M3 Q/K only, not yet run on a GPU): dQ and dK on one E4M3 dS tile, the
+    numerics of ``numerics/ds_fp8.py`` (``shared_tile_round`` with ``bound_scale``'s per-head scale).
 
     Raises:
-        ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
-            Q/K, or V not E4M3).
+        ValueError: head dim other than 64/128, a state of another recipe (neither E4M3 nor NVFP4
+            Q/K, or V not E4M3), or ``ds_fp8`` with NVFP4 Q/K.
     """
     b, hq, sq, d = dout.shape
     if d not in (64, 128):
@@ -436,10 +491,12 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
             "cute backward: needs the saved state of the cute forward of recipe fp8 or nvfp4qk_fp8pv "
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
+    if ds_fp8 and not fp8_qk:
+        raise ValueError("cute backward: ds_fp8 needs the fp8 recipe's state (E4M3 Q/K); use ds_fp8=False")
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
-    ops = backward_operands(state, dout, softmax_scale)  # dout read in place
-    args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
+    ops = backward_operands(state, dout, softmax_scale, ds_fp8)  # dout read in place
+    args = _bwd_args(ops, ds_fp8)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, ds_fp8)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
