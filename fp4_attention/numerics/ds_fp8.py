@@ -45,7 +45,8 @@ def bound_scale(
         v_norm: FP32 ``[B, Hkv, Sk]`` ``||v8_j||``, the L2 norm of each key's E4M3 V codes.
         col: FP32 ``[B, Hkv, Sk]`` K token scales (NaN keys ignored).
     Returns:
-        FP32 ``[B, Hq]``, powers of two (1 for a head whose bound is 0 or not finite).
+        FP32 ``[B, Hq]``, powers of two, at least 2^-126 (so that the kernel's ``1 / s`` is finite;
+        1 for a head whose bound is 0 or not finite).
     Raises:
         ValueError: shapes that do not match (Hq a multiple of Hkv).
     """
@@ -65,7 +66,8 @@ def bound_scale(
     g = hq // hkv
     bound = a * cv.repeat_interleave(g, dim=1) + bb * cm.repeat_interleave(g, dim=1)
     ok = torch.isfinite(bound) & (bound > z)
-    return torch.where(ok, pow2_ceil(torch.where(ok, bound / E4M3_MAX, torch.ones_like(bound))), 1.0)
+    s = pow2_ceil(torch.where(ok, bound / E4M3_MAX, torch.ones_like(bound))).clamp_min(2.0**-126)
+    return torch.where(ok, s, 1.0)
 
 
 def shared_tile_round(row: torch.Tensor, col: torch.Tensor, s: torch.Tensor):

@@ -158,8 +158,10 @@ def _ds_fp8_checks(cb, state, do, ops, q_s, k_s, case) -> list[str]:
     if not torch.allclose(t["do_norm"][..., :s], norm, rtol=1e-5, atol=0):
         failed.append(f"{case}: ds_fp8 dO norms")
     v_norm = t["v8"].float().norm(dim=-1)
+    if not torch.allclose(t["v_norm"], v_norm, rtol=1e-6, atol=0):
+        failed.append(f"{case}: ds_fp8 V norms")
     want_s = bound_scale(
-        q_s.scale.squeeze(-1), t["do_norm"][..., :s], t["delta"][..., :s], v_norm, k_s.scale.squeeze(-1)
+        q_s.scale.squeeze(-1), t["do_norm"][..., :s], t["delta"][..., :s], t["v_norm"], k_s.scale.squeeze(-1)
     )
     if not torch.equal(t["ds_scale"], want_s):
         failed.append(f"{case}: ds_fp8 scale")

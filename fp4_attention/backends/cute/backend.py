@@ -315,26 +315,16 @@ def _round_up(n: int, m: int) -> int:
 
 
 # slot p of each 16 keys of K^T and of the ds_fp8 dS tile holds key KEY_PAIRS16[p]: keys r and r + 8
-# in slots 2r, 2r + 1 (bwd_sm90.FP8BackwardSm90._store_ds8)
+# in slots 2r, 2r + 1 (triton.bwd_kv writes K^T so, bwd_sm90.FP8BackwardSm90._store_ds8 stores dS so)
 KEY_PAIRS16 = [r + 8 * h for r in range(8) for h in range(2)]
 
 
-def ds_fp8_operands(k8: torch.Tensor, v8: torch.Tensor, col: torch.Tensor, dv, q_scale: torch.Tensor) -> dict:
-    """The ``ds_fp8`` option's extra operands (``FP8BackwardSm90(ds_fp8=True)``): K^T's E4M3 codes
-    ``[B, Hkv, D, Sk16]`` with the keys of each 16 interleaved (slot 2r, 2r + 1 = keys r, r + 8, the
-    order of the kernel's E4M3 dS tile) and the per-head scale ``s`` of ``numerics.ds_fp8``
-    (:func:`~fp4_attention.numerics.ds_fp8.bound_scale`, from the dO kernel's per-query norms, V's
-    key norms and the K token scales). torch ops (a gather and a few reductions; a Triton pass
-    would fold them into ``triton.bwd_kv``)."""
-    b, hkv, sk, d = k8.shape
-    sk16 = _round_up(sk, 16)
-    codes = torch.nn.functional.pad(k8.view(torch.uint8), (0, 0, 0, sk16 - sk))
-    kt = codes.view(b, hkv, sk16 // 16, 16, d)[:, :, :, KEY_PAIRS16].reshape(b, hkv, sk16, d)
-    kt8 = kt.transpose(-1, -2).contiguous().view(torch.float8_e4m3fn)
+def ds_fp8_operands(kv: dict, dv, q_scale: torch.Tensor) -> torch.Tensor:
+    """The ``ds_fp8`` option's per-head scale ``s`` (``numerics.ds_fp8.bound_scale``) from the dO
+    kernel's per-query norms and D, the K/V kernel's V key norms and the K token scales: FP32 ``[B,
+    Hq]`` (a few small torch reductions)."""
     sq = q_scale.shape[-1]
-    v_norm = v8.float().norm(dim=-1)
-    s = bound_scale(q_scale, dv.do_norm[..., :sq], dv.delta[..., :sq], v_norm, col)
-    return dict(kt8=kt8, ds_scale=s)
+    return bound_scale(q_scale, dv.do_norm[..., :sq], dv.delta[..., :sq], kv["v_norm"], kv["col"])
 
 
 def backward_operands(
@@ -353,8 +343,9 @@ def backward_operands(
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
     ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
     ``ds_fp8`` (``fp8`` state only): ``qb`` and ``kb`` are E4M3 Q^T ``[B, Hq, D, Sq16]`` (dO^T's query
-    order) and K^T ``[B, Hkv, D, Sk16]`` (:func:`ds_fp8_operands`), and ``ds_scale`` the head's
-    scale; no BF16 image is made."""
+    order, from the dO kernel) and K^T ``[B, Hkv, D, Sk16]`` (the keys of each 16 interleaved as
+    :data:`KEY_PAIRS16`, from the K/V kernel), and ``ds_scale`` the head's scale
+    (:func:`ds_fp8_operands`); no BF16 image is made."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -378,10 +369,10 @@ def backward_operands(
         q8=None if nvfp4 else q_s.data,
         q_transposed=ds_fp8,
     )
-    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2
+    # kb (ds_fp8: kt and v_norm), v8, col, col2
+    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT, k_transposed=ds_fp8)
     if ds_fp8:
-        extra = ds_fp8_operands(k_s.data, kv["v8"], kv["col"], dv, q_scale)
-        qb, kb = dv.qt, extra["kt8"]
+        qb, kb = dv.qt, kv["kt"]
     else:
         qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
         kb = kv["kb"]
@@ -401,7 +392,7 @@ def backward_operands(
         col=kv["col"],  # K token scales (NVFP4: the head's global scale per key)
         col2=kv["col2"],  # col * 2^-LIFT
         s_do=dv.s_do,
-        ds_scale=extra["ds_scale"] if ds_fp8 else dv.s_do,  # read by the kernel only with ds_fp8
+        ds_scale=ds_fp8_operands(kv, dv, q_scale) if ds_fp8 else dv.s_do,  # read only with ds_fp8
         v_scale=v_scale,
     )
     # the FP32 accumulators the kernel bulk-adds into, zeroed by one fill: dQ's, and for GQA dK's
@@ -410,8 +401,8 @@ def backward_operands(
     kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
     n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
     acc = torch.zeros(n_dq + 2 * n_kv, dtype=torch.float32, device=dev)
-    if ds_fp8:
-        ops["do_norm"] = dv.do_norm  # the bound's per-query input, for the tests
+    if ds_fp8:  # the bound's inputs, for the tests
+        ops.update(do_norm=dv.do_norm, v_norm=kv["v_norm"])
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
     if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))

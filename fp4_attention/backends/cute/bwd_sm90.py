@@ -90,7 +90,7 @@ def _stmatrix_x4_trans(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, l
         None,
         [Int32(x).ir_value(loc=loc, ip=ip) for x in (addr, a, b, c, d)],
         "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], {$1, $2, $3, $4};",
-        "r,r,r,r,r",
+        "r,r,r,r,r,~{memory}",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -120,7 +120,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             (``(B, Sq16, Hq, D)`` with stride 1 along Sq16, the queries of each 16 permuted as dO^T's),
             dK scaled by ``s / col_j`` in the epilogue; dQ = T K8 with T stored through shared memory
             (keys r and r + 8 of each 16 paired in one 16-bit element, ``stmatrix.trans``) and ``mKb``
-            holding E4M3 K^T (``(B, Sk_pad, Hkv, D)`` with stride 1 along Sk_pad, the keys of each 16
+            holding E4M3 K^T (``(B, Sk16, Hkv, D)`` with stride 1 along Sk16, the keys of each 16
             interleaved to match: slots 2r, 2r + 1 = keys r, r + 8), dQ scaled by ``s / row_i`` before
             the dQ tile's handoff. The numerics are ``numerics/ds_fp8.py``'s.
     Raises:
@@ -355,7 +355,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mCol / mCol2 ``(B, Hkv, Sk)`` FP32 (K token scale, and times 2^-LIFT), mSdo ``(B, Hq)``,
         mDsScale ``(B, Hq)`` FP32 (``ds_fp8``'s scale s, a power of two; read only with ``ds_fp8``),
         mVScale ``(B, Hkv, D)``, mdQaccum ``(B, Hq, Sq_pad * D)`` FP32 zeros, mdK / mdV ``(B, Sk, Hkv,
-        D)`` BF16 (MHA) or ``(B, Hkv, Sk_pad * D)`` FP32 zeros (GQA)."""
+        D)`` BF16 (MHA) or ``(B, Hkv, Sk_pad * D)`` FP32 zeros (GQA). With ``ds_fp8``, mQb and mKb are
+        E4M3 Q^T ``(B, Sq16, Hq, D)`` and K^T ``(B, Sk16, Hkv, D)``, each with stride 1 along its
+        sequence (as mdOt8; the class docstring gives their orders)."""
         self.varlen_k = False
         self.is_varlen_q = False
         self.use_block_sparsity = False
