@@ -36,6 +36,7 @@ Input families (B=1, Hq=8, Hkv=2, S=1024, D=128, causal unless noted; seed fixed
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as _dt
 import json
 import math
@@ -166,7 +167,14 @@ def run(args) -> list[dict]:
             ctx = torch.enable_grad() if rec.trainable else torch.no_grad()
             with ctx:
                 out = fa.attention(
-                    qq, kk, vv, recipe=rec, causal=args.causal, layout="bhsd", backend=args.backend
+                    qq,
+                    kk,
+                    vv,
+                    recipe=rec,
+                    causal=args.causal,
+                    layout="bhsd",
+                    backend=args.backend,
+                    **backend_options(args.backend_option),
                 )
             rec_row = {"family": family, "recipe": name, "out": _metrics(out.cpu(), ref_out)}
             if rec.trainable:
@@ -211,6 +219,7 @@ def to_markdown(records: list[dict], args, command: str) -> str:
         (
             f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; commit {commit}; "
             f"device {dev}; torch {torch.__version__}; backend `{args.backend}`"
+            + (f" with options {backend_options(args.backend_option)}" if args.backend_option else "")
         ),
         (
             f"- shape: B={args.batch}, Hq={args.hq}, Hkv={args.hkv}, S={args.seqlen}, D={args.headdim}, "
@@ -227,6 +236,27 @@ def to_markdown(records: list[dict], args, command: str) -> str:
         cells = [f"{r[k][0]:.5f} / {r[k][1]:.4f}" if k in r else "-" for k in ("out", "dq", "dk", "dv")]
         lines.append(f"| {r['family']} | {r['recipe']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def backend_options(pairs: list[str]) -> dict:
+    """``NAME=VALUE`` strings (``--backend-option``) as keyword options of ``fa.attention``; a VALUE is
+    a Python literal (``ast.literal_eval``: ``True``, ``1``, ``(128, 128, 2)``), else kept a string.
+
+    Raises:
+        ValueError: a pair without ``=`` or with an empty name, or a name given twice.
+    """
+    out: dict = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise ValueError(f"--backend-option {pair!r}: expected NAME=VALUE, e.g. ds_fp8=True")
+        if name in out:
+            raise ValueError(f"--backend-option {name} given twice")
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[name] = value
+    return out
 
 
 FAMILIES = ("normal", "outliers", "sink")
@@ -267,6 +297,18 @@ def check_args(args) -> str | None:
             import cudnn_fp8  # noqa: F401
         except ImportError as err:
             return str(err)
+    try:
+        opts = backend_options(args.backend_option)
+    except ValueError as err:
+        return str(err)
+    if opts and args.backend != "auto":
+        try:
+            accepted = fa.get_backend(args.backend).spec.options
+        except ValueError as err:
+            return str(err)
+        unknown = sorted(set(opts) - set(accepted))
+        if unknown:
+            return f"--backend-option {unknown}: backend {args.backend!r} accepts {sorted(accepted)}"
     if not 0 <= args.qk_rotation_seed < 2**63:
         return f"--qk-rotation-seed must be an integer in [0, 2^63), got {args.qk_rotation_seed}"
     try:
@@ -297,6 +339,13 @@ def main(argv=None) -> int:
         default=[],
         choices=["cudnn_fp8"],
         help="also the FP8 peer: cudnn_fp8 = cuDNN's FP8 attention with calibrated per-tensor scales (CUDA)",
+    )
+    p.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword option of the backend (its spec's options), e.g. ds_fp8=True for cute; repeatable",
     )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--hq", type=int, default=8)

@@ -76,3 +76,22 @@ def test_ds_fp8_needs_e4m3_qk():
     _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=True, softmax_scale=128**-0.5)
     with pytest.raises(ValueError, match="ds_fp8 needs the fp8 recipe"):
         cute_backend.backward_fp8(st, torch.randn_like(q), causal=True, softmax_scale=128**-0.5, ds_fp8=True)
+
+
+def test_ds_fp8_through_the_api():
+    """``fa.attention(..., backend="cute", ds_fp8=True)``: the option reaches the backward (its
+    gradients are the option's, not the default's), and a recipe without E4M3 Q/K is refused before
+    the forward runs."""
+    q, k, v = make_qkv(1, 8, 2, 512, 512, 128, device="cuda")
+    grads = []
+    for opts in ({}, {"ds_fp8": True}):
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        out = fa.attention(qg, kg, vg, recipe="fp8", causal=True, layout="bhsd", backend="cute", **opts)
+        out.backward(torch.ones_like(out))
+        grads.append((qg.grad, kg.grad, vg.grad))
+    for name, g0, g1 in zip("qkv", *grads):
+        assert torch.isfinite(g1).all(), name
+        if name != "v":  # dV does not depend on dS
+            assert not torch.equal(g0, g1) and rel_l2(g1, g0) <= 0.1, (name, rel_l2(g1, g0))
+    with pytest.raises(ValueError, match="ds_fp8 .* needs E4M3 Q/K"):
+        fa.attention(q, k, v, recipe="nvfp4qk_fp8pv", causal=True, layout="bhsd", backend="cute", ds_fp8=True)

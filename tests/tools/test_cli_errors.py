@@ -3,6 +3,8 @@ on stderr, never a traceback."""
 
 from __future__ import annotations
 
+import json
+
 import compare_runs
 import fidelity
 import multi_gpu_report
@@ -81,6 +83,9 @@ FIDELITY_SMALL = ["--seqlen", "32", "--headdim", "16", "--families", "normal", "
         ),
         (["--families", "channels=x"], "--families channels=x: channels=X needs a number X > 0"),
         (["--qk-rotation-seed", "-1"], "--qk-rotation-seed must be an integer in [0, 2^63), got -1"),
+        (["--backend-option", "ds_fp8"], "--backend-option 'ds_fp8': expected NAME=VALUE, e.g. ds_fp8=True"),
+        (["--backend-option", "ds_fp8=True"], "--backend-option ['ds_fp8']: backend 'reference' accepts"),
+        (["--backend-option", "block_n=32", "--backend-option", "block_n=16"], "block_n given twice"),
     ],
 )
 def test_fidelity_arguments_that_cannot_run(capsys, args, message):
@@ -112,3 +117,19 @@ def test_multi_gpu_report_unreadable_bench_files(tmp_path, capsys):
     code, err = run_main(multi_gpu_report.main, capsys, [str(tmp_path)])
     assert code == 2
     assert err == f"multi_gpu_report: {tmp_path / 'bench.env'}: nproc='two' is not an integer\n"
+
+
+def test_fidelity_backend_options_reach_the_backend_and_the_header(capsys, tmp_path):
+    """``--backend-option NAME=VALUE`` goes to ``fa.attention`` as a keyword (a Python literal) and
+    into the table's header; the reference at block_n=16 gives other numbers than at its default."""
+    out = tmp_path / "fid"
+    small = ["--seqlen", "64", "--headdim", "16", "--families", "normal", "--recipes", "fp8"]
+    assert fidelity.main([*small, "--backend-option", "block_n=16", "--out", str(out)]) == 0
+    md = (out.parent / "fid.md").read_text()
+    assert "backend `reference` with options {'block_n': 16}" in md
+    assert fidelity.main([*small, "--out", str(tmp_path / "default")]) == 0
+    capsys.readouterr()
+    rows = [
+        json.loads(p.read_text())["records"] for p in (out.parent / "fid.json", tmp_path / "default.json")
+    ]
+    assert rows[0][0]["recipe"] == rows[1][0]["recipe"] == "fp8" and rows[0] != rows[1]

@@ -516,19 +516,28 @@ def backward_fp8(
 
 
 class CuteBackend:
-    """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); option ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests."""
+    """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options, for
+    benchmarks and tests: ``tiles`` = ``(tile_m, tile_n, stages)`` of the forward; ``ds_fp8`` (the
+    backward's, ``fp8`` only: :func:`backward_fp8`; the forward ignores it)."""
 
     spec = SPEC
 
-    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
+    def forward(
+        self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None, ds_fp8: bool = False
+    ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
         with ``recipe.k_scale_keys`` = 64, or NVFP4) and V per channel (Triton quantizers, V into the
         kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
         at ``tiles``, by default :func:`default_tiles`.
-        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
-        keys with ``k_scale_keys`` = 64."""
+        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, KV tiles not a multiple of 64
+        keys with ``k_scale_keys`` = 64, or ``ds_fp8`` with a recipe other than ``fp8`` (checked here,
+        before the forward runs, rather than in the backward)."""
+        if ds_fp8 and recipe.qk != "fp8":
+            raise ValueError(
+                f"cute backend: ds_fp8 (dQ and dK on an E4M3 dS) needs E4M3 Q/K (recipe fp8), not recipe "
+                f"{recipe.name}; drop the option"
+            )
         tiles = default_tiles(causal, q.shape[-1]) if tiles is None else tuple(tiles)
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
@@ -548,8 +557,16 @@ class CuteBackend:
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(
-        self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None
+        self,
+        state: SavedState,
+        dout,
+        recipe: Recipe,
+        *,
+        causal: bool,
+        softmax_scale: float,
+        tiles=None,
+        ds_fp8: bool = False,
     ):
-        """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
-        ``nvfp4qk_fp8pv``."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)
+        """The CuTe backward (:func:`backward_fp8`, with ``ds_fp8``) on this backend's forward state,
+        ``fp8`` and ``nvfp4qk_fp8pv``."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, ds_fp8=bool(ds_fp8))
