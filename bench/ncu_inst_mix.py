@@ -23,8 +23,8 @@ import sys
 OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def instruction_mix(path: str) -> tuple[collections.Counter, collections.Counter]:
-    """(executed warp instructions, warp-stall samples) per opcode of the SASS CSV at ``path``.
+def sass_page(path: str) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows below it)`` of the SASS page CSV at ``path`` (plain or gzipped), read whole.
 
     Raises:
         ValueError: the file has no ``Source`` / ``Instructions Executed`` header (not a SASS page).
@@ -35,12 +35,21 @@ def instruction_mix(path: str) -> tuple[collections.Counter, collections.Counter
     head = next((i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r), None)
     if head is None:
         raise ValueError(f"{path}: no 'Source' and 'Instructions Executed' columns: not an ncu SASS page CSV")
-    h = rows[head]
+    return rows[head], rows[head + 1 :]
+
+
+def instruction_mix(path: str) -> tuple[collections.Counter, collections.Counter]:
+    """(executed warp instructions, warp-stall samples) per opcode of the SASS CSV at ``path``.
+
+    Raises:
+        ValueError: the file has no ``Source`` / ``Instructions Executed`` header (not a SASS page).
+    """
+    h, rows = sass_page(path)
     i_src, i_exe = h.index("Source"), h.index("Instructions Executed")
     stall_col = "Warp Stall Sampling (All Samples)"
     i_stall = h.index(stall_col) if stall_col in h else None
     executed, stalls = collections.Counter(), collections.Counter()
-    for r in rows[head + 1 :]:
+    for r in rows:
         if len(r) <= i_exe:
             continue
         m = OPCODE.match(r[i_src].strip())

@@ -14,22 +14,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
-import gzip
-import io
 import re
+
+from ncu_inst_mix import sass_page
 
 OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.x]*)")
 
 
 def _rows(path: str) -> tuple[list[str], list[list[str]]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", newline="") as f:
-        rows = list(csv.reader(io.StringIO(f.read())))
-    head = next((i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r), None)
-    if head is None:
-        raise ValueError(f"{path}: no 'Source' and 'Instructions Executed' columns: not an ncu SASS page CSV")
-    return rows[head], [r for r in rows[head + 1 :] if len(r) == len(rows[head])]
+    """The SASS page's header and its complete rows (``ncu_inst_mix.sass_page``)."""
+    h, rows = sass_page(path)
+    return h, [r for r in rows if len(r) == len(h)]
 
 
 def _num(text: str) -> int:
