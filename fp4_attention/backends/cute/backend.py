@@ -319,7 +319,7 @@ def _round_up(n: int, m: int) -> int:
 KEY_PAIRS16 = [r + 8 * h for r in range(8) for h in range(2)]
 
 
-def ds_fp8_operands(kv: dict, dv, q_scale: torch.Tensor) -> torch.Tensor:
+def ds_fp8_scale(kv: dict, dv, q_scale: torch.Tensor) -> torch.Tensor:
     """The ``ds_fp8`` option's per-head scale ``s`` (``numerics.ds_fp8.bound_scale``) from the dO
     kernel's per-query norms and D, the K/V kernel's V key norms and the K token scales: FP32 ``[B,
     Hq]`` (a few small torch reductions)."""
@@ -345,7 +345,7 @@ def backward_operands(
     ``ds_fp8`` (``fp8`` state only): ``qb`` and ``kb`` are E4M3 Q^T ``[B, Hq, D, Sq16]`` (dO^T's query
     order, from the dO kernel) and K^T ``[B, Hkv, D, Sk16]`` (the keys of each 16 interleaved as
     :data:`KEY_PAIRS16`, from the K/V kernel), and ``ds_scale`` the head's scale
-    (:func:`ds_fp8_operands`); no BF16 image is made."""
+    (:func:`ds_fp8_scale`); no BF16 image is made."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -392,7 +392,7 @@ def backward_operands(
         col=kv["col"],  # K token scales (NVFP4: the head's global scale per key)
         col2=kv["col2"],  # col * 2^-LIFT
         s_do=dv.s_do,
-        ds_scale=ds_fp8_operands(kv, dv, q_scale) if ds_fp8 else dv.s_do,  # read only with ds_fp8
+        ds_scale=ds_fp8_scale(kv, dv, q_scale) if ds_fp8 else dv.s_do,  # read only with ds_fp8
         v_scale=v_scale,
     )
     # the FP32 accumulators the kernel bulk-adds into, zeroed by one fill: dQ's, and for GQA dK's

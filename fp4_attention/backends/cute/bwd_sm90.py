@@ -881,9 +881,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             n_block, head_idx, batch_idx, _ = work_tile.tile_idx
             seqlen = SeqlenInfoCls(batch_idx)
             head_kv = head_idx // self.qhead_per_kvhead
-            # this thread's K token scales (clamped past the last key, whose scores are masked);
-            # a NaN scale (a K row holding a NaN/Inf) is taken as 1 as in the forward. qk_bf16: the
-            # head's one K global scale, folded into r per query block (fwd_sm90.fold_k_scale)
+            # this thread's K token scales (_k_scale). qk_bf16: the head's one K global scale, folded
+            # into r per query block (fwd_sm90.fold_k_scale)
             col = cute.make_rmem_tensor(1 if const_expr(self.qk_bf16) else n_keys, Float32)
             col2 = cute.make_rmem_tensor(
                 1 if const_expr(self.scales_in_operands and not self.ds_fp8) else n_keys, Float32
@@ -892,12 +891,11 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.qk_bf16):
                 col[0] = mCol[0, head_kv, batch_idx]
             for c in cutlass.range(n_keys, unroll_full=True):
-                k_idx = cutlass.min(n_block * self.tile_n + tScS_mn[0, c][0], k_last)
+                key = n_block * self.tile_n + tScS_mn[0, c][0]
                 if const_expr(not self.qk_bf16):
-                    col[c] = mCol[k_idx, head_kv, batch_idx]
-                    col[c] = Float32(1.0) if col[c] != col[c] else col[c]
+                    col[c] = self._k_scale(mCol, key, k_last, head_kv, batch_idx)
                 if const_expr(not self.scales_in_operands):
-                    col2[c] = mCol2[k_idx, head_kv, batch_idx]
+                    col2[c] = mCol2[cutlass.min(key, k_last), head_kv, batch_idx]
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
             mask_fn = partial(
                 mask.apply_mask,
@@ -911,8 +909,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             s_do = mSdo[head_idx, batch_idx]
             # ds_fp8: the head's scale s of T = E4M3(dS row col / s) (a power of two: col / s is
             # exact), col / s in col2 (not read otherwise with E4M3 Q/K)
-            ds_scale = mDsScale[head_idx, batch_idx] if const_expr(self.ds_fp8) else Float32(1.0)
+            ds_scale = Float32(1.0)
             if const_expr(self.ds_fp8):
+                ds_scale = mDsScale[head_idx, batch_idx]
                 inv_s = Float32(1.0) / ds_scale
                 for c in cutlass.range(n_keys, unroll_full=True):
                     col2[c] = col[c] * inv_s
@@ -959,9 +958,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.ds_fp8):  # dK_j = s / col_j * (T^T Q8)_j: this thread's keys' K scales
                 acc_dK_mn = layout_utils.reshape_acc_to_mn(acc_dK)
                 for r in cutlass.range_constexpr(cute.size(acc_dK_mn, mode=[0])):
-                    k_idx = cutlass.min(n_block * self.tile_n + tdVcdV_mn[r, 0][0], k_last)
-                    c_k = mCol[k_idx, head_kv, batch_idx]
-                    f = ds_scale / (Float32(1.0) if c_k != c_k else c_k)
+                    key = n_block * self.tile_n + tdVcdV_mn[r, 0][0]
+                    f = ds_scale / self._k_scale(mCol, key, k_last, head_kv, batch_idx)
                     for c in cutlass.range(cute.size(acc_dK_mn, mode=[1]), unroll_full=True):
                         acc_dK_mn[r, c] = acc_dK_mn[r, c] * f
             acc_dV_mn = layout_utils.reshape_acc_to_mn(acc_dV)
@@ -994,6 +992,15 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 4:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _k_scale(
+        self, mCol: cute.Tensor, key: Int32, k_last: Int32, head_kv: Int32, batch_idx: Int32
+    ) -> Float32:
+        """The K token scale of ``key`` (clamped to the last key, past which scores are masked); a NaN
+        scale (a K row holding a NaN/Inf) is taken as 1, as in the forward."""
+        c = mCol[cutlass.min(key, k_last), head_kv, batch_idx]
+        return Float32(1.0) if c != c else c
 
     @cute.jit
     def _store_ds8(self, acc: cute.Tensor, stage: Int32, lane: Int32, slab: Int32, base: Int32):

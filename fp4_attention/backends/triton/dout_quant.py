@@ -108,12 +108,12 @@ def _dout_quant_kernel(
         tl.store(YT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :], yt, mask=(i < SQ16)[None, :])
     tl.static_assert(TRANSPOSED or not Q_BF16, "Q_BF16 needs TRANSPOSED (the Q scales)")
     tl.static_assert(TRANSPOSED or not Q_T, "Q_T needs TRANSPOSED")
-    if Q_T:
-        # Q's E4M3 codes transposed with dO^T's query order (queries past SQ hold code 0)
-        q8t = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
+    if Q_BF16 or Q_T:  # the E4M3 Q payload's codes (queries past SQ read as code 0)
+        q8 = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
+    if Q_T:  # transposed with dO^T's query order
         tl.store(
             QT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :],
-            transpose_codes(q8t, True),
+            transpose_codes(q8, True),
             mask=(i < SQ16)[None, :],
         )
     if TRANSPOSED:
@@ -121,7 +121,6 @@ def _dout_quant_kernel(
     if Q_BF16:
         # BF16(q * Q scale * 2^-LIFT) from the E4M3 Q payload (round to nearest even), the B operand
         # of the backward's dK = dS^T Q with the token scale in it
-        q8 = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
         qb = (e4m3_to_bf16(q8).to(tl.float32) * (qs * (1.0 / (1 << LIFT)))[:, None]).to(tl.bfloat16)
         tl.store(QB + row_base + i[:, None] * D + d[None, :], qb, mask=ok[:, None])
     deq = yq.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
