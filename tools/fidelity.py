@@ -156,6 +156,7 @@ def parse_recipe(name: str | fa.Recipe, seed: int) -> fa.Recipe:
 
 def run(args) -> list[dict]:
     device = torch.device(args.device)
+    options = backend_options(args.backend_option)
     records = []
     for family in args.families:
         q, k, v, dout, ref_out, (dq64, dk64, dv64) = float64_case(
@@ -174,7 +175,7 @@ def run(args) -> list[dict]:
                     causal=args.causal,
                     layout="bhsd",
                     backend=args.backend,
-                    **backend_options(args.backend_option),
+                    **options,
                 )
             rec_row = {"family": family, "recipe": name, "out": _metrics(out.cpu(), ref_out)}
             if rec.trainable:
