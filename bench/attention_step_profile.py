@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.fidelity import backend_options  # noqa: E402
 
 D = 128
 
@@ -98,6 +99,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--out", required=True, help="output prefix (PREFIX.json, PREFIX.md)")
     p.add_argument("--host-profile", action="store_true", help="also the Python functions by host time")
+    p.add_argument(
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword option of fa.attention for the backend (repeatable), as in tools/fidelity.py",
+    )
     a = p.parse_args(argv)
     import fp4_attention as fa
 
@@ -109,6 +117,14 @@ def main(argv=None) -> int:
         p.error(
             f"--backend {a.backend!r} is not a backend; choose one of {', '.join(fa.available_backends())}"
         )
+    try:
+        options = backend_options(a.backend_option)
+    except ValueError as err:
+        p.error(str(err))
+    accepted = fa.get_backend(a.backend).spec.options
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        p.error(f"--backend-option {unknown}: backend {a.backend!r} accepts {sorted(accepted)}")
     if not torch.cuda.is_available():
         print("attention_step_profile: needs a CUDA GPU; this machine has none", file=sys.stderr)
         return 2
@@ -120,7 +136,7 @@ def main(argv=None) -> int:
     dout = torch.randn(b, s, hq, D, device="cuda", dtype=torch.bfloat16)
 
     def forward():
-        return fa.attention(q, k, v, recipe=a.recipe, backend=a.backend, causal=a.causal)
+        return fa.attention(q, k, v, recipe=a.recipe, backend=a.backend, causal=a.causal, **options)
 
     if a.part == "backward":
         out = forward()
@@ -152,6 +168,7 @@ def main(argv=None) -> int:
         "gpu": torch.cuda.get_device_name(),
         "commit": os.environ.get("BENCH_COMMIT", "unknown"),
         "backend": a.backend,
+        "backend_options": options,
         "recipe": a.recipe,
         "shape": {"B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": D, "causal": a.causal},
         "part": a.part,
@@ -165,7 +182,8 @@ def main(argv=None) -> int:
     Path(f"{a.out}.json").write_text(json.dumps(record, indent=1))
     lines = [
         f"# Attention {a.part} profile: {a.backend} {a.recipe}, B{b} H{hq}/{hkv} S{s} D{D}"
-        + (" causal" if a.causal else ""),
+        + (" causal" if a.causal else "")
+        + (f", options {options}" if options else ""),
         "",
         f"- {meta['date_utc']} UTC, {meta['gpu']}, commit {meta['commit']}, {a.steps} profiled steps",
         f"- per step: host {host_ms:.3f} ms (synchronized, under the profiler), kernels {kernel_ms:.3f} ms",

@@ -24,3 +24,20 @@ def test_host_profile_counts_calls_per_step_and_orders_by_own_time():
     assert by_name["_step"]["cum_ms_per_step"] >= by_name["_leaf"]["cum_ms_per_step"]  # all 3 calls
     owns = [r["own_ms_per_step"] for r in rows]
     assert owns == sorted(owns, reverse=True)
+
+
+def test_backend_option_errors_exit_2_with_the_accepted_names(tmp_path, capsys):
+    import pytest
+
+    cases = [
+        (["--backend", "triton", "--backend-option", "tiles=(128, 128, 2)"], "accepts ['block_m'"),
+        (["--backend", "triton", "--backend-option", "block_m"], "expected NAME=VALUE"),
+        (
+            ["--backend", "triton", "--backend-option", "block_m=64", "--backend-option", "block_m=32"],
+            "twice",
+        ),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as err:
+            asp.main([*argv, "--out", str(tmp_path / "p")])
+        assert err.value.code == 2 and message in capsys.readouterr().err
