@@ -192,13 +192,13 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, **options):
+def cute_bwd_direct(recipe, q, k, v, causal):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd; ``options``: its measurement options (``ds_fp8``)."""
+    one forward's state, without autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal)
-    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5, **options)
+    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5)
 
 
 def fa4_bwd_direct(q, k, v, causal):
@@ -281,8 +281,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct, cute_fp8_ds_fp8_bwd_direct (the ds_fp8 option) and "
-        "fa4_bf16_bwd_direct: the backwards without autograd",
+        help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd",
     )
     p.add_argument(
         "--qk-rotation",
@@ -380,13 +379,6 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ]
-                    if "fp8" in args.recipes:  # dQ and dK on one E4M3 dS tile (numerics/ds_fp8.py)
-                        cands.append(
-                            (
-                                "cute_fp8_ds_fp8_bwd_direct",
-                                lambda: cute_bwd_direct("fp8", q, k, v, causal, ds_fp8=True),
-                            )
-                        )
                 if pass_ == "fwd":
                     cands += [
                         (

@@ -1,6 +1,6 @@
 """The cute fp8 backward against FA4 BF16's, in ms, at B4 H32/8 S4096 causal and B2 H32/32 S8192:
 ``attention_bench.cute_bwd_direct`` (``backend.backward_fp8`` on one forward's state: the operand
-preparation, the kernel and FA4's postprocess, without autograd; and with its ``ds_fp8`` option),
+preparation, the kernel and FA4's postprocess, without autograd),
 FA4's backward called the same way (``attention_bench.fa4_bwd_direct``: its preprocess, kernel and
 postprocess; the like-for-like baseline) and FA4's backward through autograd (which also adds the
 gradients into ``.grad``, as the ``bwd`` rows of ``attention_bench`` do for both; the only FA4
@@ -26,7 +26,6 @@ for b, hq, hkv, s, causal in ((4, 32, 8, 4096, True), (2, 32, 32, 8192, False)):
     k = torch.randn(b, hkv, s, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     cute_ms = bench(cute_bwd_direct("fp8", q, k, v, causal))
-    ds_fp8_ms = bench(cute_bwd_direct("fp8", q, k, v, causal, ds_fp8=True))
     fa4_ms = bench(ours_fn("bf16", q, k, v, causal, "bwd", backend="fa4"))
     fa4_direct_ms = bench(fa4_bwd_direct(q, k, v, causal))
     rows.append(
@@ -37,7 +36,6 @@ for b, hq, hkv, s, causal in ((4, 32, 8, 4096, True), (2, 32, 32, 8192, False)):
             "S": s,
             "causal": causal,
             "cute_fp8_bwd_direct_ms": cute_ms,
-            "cute_fp8_ds_fp8_bwd_direct_ms": ds_fp8_ms,
             "fa4_bf16_bwd_ms": fa4_ms,
             "fa4_bf16_bwd_direct_ms": fa4_direct_ms,
         }

@@ -113,11 +113,10 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, ds_fp8=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
-    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS).
-    ``ds_fp8``: the option's kernel (E4M3 Q^T and K^T, S contiguous, in the BF16 Q/K image slots)."""
+    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
     import cutlass
     from cutlass import cute
     from quack.compile_utils import make_fake_tensor as fake
@@ -132,16 +131,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, ds_f
         return fake(dt, (b, s, h, d), divisibility=16)
 
     qk = bf if qk_bf16 else e4
-    if ds_fp8:  # Q^T and K^T: (B, S16, H, D) views, S contiguous
-        q_img = fake(e4, (b, s, hq, d), divisibility=16, leading_dim=1)
-        k_img = fake(e4, (b, s, hkv, d), divisibility=16, leading_dim=1)
-    else:
-        q_img, k_img = bshd(hq, bf), bshd(hkv, bf)
-    args = [bshd(hq, qk), q_img, bshd(hkv, qk), k_img, bshd(hkv, e4), bshd(hq, e5)]
+    args = [bshd(hq, qk), bshd(hq, bf), bshd(hkv, qk), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
     args.append(fake(e5, (b, s, hq, d), divisibility=16, leading_dim=1))  # dO^T, queries contiguous
     args += [fake(f32, (b, hq, s), divisibility=4) for _ in range(4)]
     args += [fake(f32, (b, hkv, s), divisibility=4) for _ in range(2)]
-    args += [fake(f32, (b, hq)), fake(f32, (b, hq)), fake(f32, (b, hkv, d), divisibility=4)]  # s_do, ds scale
+    args += [fake(f32, (b, hq)), fake(f32, (b, hkv, d), divisibility=4)]
     args.append(fake(f32, (b, hq, s * d), divisibility=4))
     if group == 1:
         args += [bshd(hkv, bf), bshd(hkv, bf)]
@@ -149,7 +143,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, ds_f
         args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, ds_fp8=ds_fp8),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
         f32(0.1),
         stream,
@@ -157,11 +151,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, ds_f
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, ds_fp8=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, ds_fp8=ds_fp8)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -177,7 +171,6 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, ds_fp8
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
-        "ds_fp8": ds_fp8,
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         **counts,
@@ -265,10 +258,9 @@ def main(argv=None) -> int:
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
-    p.add_argument("--ds-fp8", action="store_true", help="the backward's ds_fp8 option")
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.ds_fp8)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(

@@ -64,7 +64,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from fidelity import _metrics, float64_case  # noqa: E402
 
 import fp4_attention as fa  # noqa: E402
-from fp4_attention.numerics.ds_fp8 import bound_scale, shared_tile_round  # noqa: E402
 from fp4_attention.numerics.quant import pow2_ceil  # noqa: E402
 from fp4_attention.numerics.reference import reference_backward, reference_forward  # noqa: E402
 
@@ -73,6 +72,79 @@ TILE_M = 64  # the CuTe backward's query rows per step (its keys per tile are th
 FAMILIES = ["normal", "outliers", "sink", "std=0.5", "std=2", "std=4"]
 # the variants --recipe nvfp4qk_fp8pv runs
 ANY_RECIPE = ("bf16 (definition)", "bf16/scales-in-operands", "bf16/scales-on-ds", "bf16/one-ds-col")
+
+
+# One E4M3 tile T = E4M3(dS row_i col_j / s) for dQ and dK, s one power of two per query head: the
+# numerics of the CuTe backward option ds_fp8, measured on the H200 and deleted (its code is at
+# 2a7f38f; results/cute_bwd_fp8ds_probe/README.md). dQ_i = (s / row_i) sum_j T_ij k8_j and
+# dK_j = (s / col_j) sum_i T_ij q8_i; bound_scale is the stateless s from |dP_ij| <= ||dO'_i|| ||v8_j||
+# (Cauchy-Schwarz) and P <= 1, so that no value of T saturates.
+
+
+def bound_scale(
+    row: torch.Tensor, do_norm: torch.Tensor, delta: torch.Tensor, v_norm: torch.Tensor, col: torch.Tensor
+) -> torch.Tensor:
+    """The per-head scale ``s`` of :func:`shared_tile_round` from the bound (the comment above).
+
+    Args:
+        row: FP32 ``[B, Hq, Sq]`` Q token scales (NaN rows are ignored: their gradients are NaN
+            whatever ``s``).
+        do_norm: FP32 ``[B, Hq, Sq]`` ``||dO'_i||``, the L2 norm of each query's dequantized E5M2 dO
+            (V's channel scale folded in, times the head's dO scale).
+        delta: FP32 ``[B, Hq, Sq]`` D.
+        v_norm: FP32 ``[B, Hkv, Sk]`` ``||v8_j||``, the L2 norm of each key's E4M3 V codes.
+        col: FP32 ``[B, Hkv, Sk]`` K token scales (NaN keys ignored).
+    Returns:
+        FP32 ``[B, Hq]``, powers of two, at least 2^-126 (so that the kernel's ``1 / s`` is finite;
+        1 for a head whose bound is 0 or not finite).
+    Raises:
+        ValueError: shapes that do not match (Hq a multiple of Hkv).
+    """
+    b, hq, sq = row.shape
+    hkv = col.shape[1]
+    if do_norm.shape != row.shape or delta.shape != row.shape or v_norm.shape != col.shape or hq % hkv:
+        raise ValueError(
+            f"bound_scale: row/do_norm/delta must be [B, Hq, Sq] and v_norm/col [B, Hkv, Sk] with Hq a "
+            f"multiple of Hkv; got {tuple(row.shape)}, {tuple(do_norm.shape)}, {tuple(delta.shape)}, "
+            f"{tuple(v_norm.shape)}, {tuple(col.shape)}"
+        )
+    z = torch.zeros((), dtype=torch.float32, device=row.device)
+    a = torch.nan_to_num(row * do_norm, nan=0.0, posinf=0.0).amax(-1)  # [B, Hq]
+    bb = torch.nan_to_num(row * delta.abs(), nan=0.0, posinf=0.0).amax(-1)
+    cv = torch.nan_to_num(col * v_norm, nan=0.0, posinf=0.0).amax(-1)  # [B, Hkv]
+    cm = torch.nan_to_num(col, nan=0.0, posinf=0.0).amax(-1)
+    g = hq // hkv
+    bound = a * cv.repeat_interleave(g, dim=1) + bb * cm.repeat_interleave(g, dim=1)
+    ok = torch.isfinite(bound) & (bound > z)
+    s = pow2_ceil(torch.where(ok, bound / 448.0, torch.ones_like(bound))).clamp_min(2.0**-126)
+    return torch.where(ok, s, 1.0)
+
+
+def shared_tile_round(row: torch.Tensor, col: torch.Tensor, s: torch.Tensor):
+    """The ``ds_round`` of ``reference_backward(..., token_scales="ds")`` that defined the
+    ``ds_fp8`` option: both products read ``T = E4M3(dS row_i col_j / s)`` (round to nearest even,
+    saturating at 448), unscaled per query for dQ and per key for dK (the comment above).
+
+    Args:
+        row: FP32 ``[B, Hq, Sq]`` Q token scales; col: FP32 ``[B, Hkv, Sk]`` K token scales.
+        s: FP32 ``[B, Hq]`` powers of two (:func:`bound_scale`, or a scale from the true amax).
+    Returns:
+        ``rnd(t, product, j0)``: ``t`` FP32 ``[B, Hkv, G, Sq, keys]`` is ``dS * col`` for ``"dq"``
+        and ``dS * row`` for ``"dk"`` (the ``"ds"`` placement), the keys starting at ``j0``; it
+        returns the operand's value ``T s / row`` (dQ) or ``T s / col`` (dK).
+    """
+    hkv = col.shape[1]
+    r = row.unflatten(1, (hkv, -1)).unsqueeze(-1)  # [B, Hkv, G, Sq, 1]
+    sc = s.unflatten(1, (hkv, -1))[..., None, None]  # [B, Hkv, G, 1, 1]
+    c_all = col.unsqueeze(2).unsqueeze(-2)  # [B, Hkv, 1, 1, Sk]
+
+    def rnd(t: torch.Tensor, product: str, j0: int) -> torch.Tensor:
+        c = c_all[..., j0 : j0 + t.shape[-1]]
+        x = (t * r if product == "dq" else t * c) / sc  # dS row col / s
+        y = x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * sc
+        return y / r if product == "dq" else y / c
+
+    return rnd
 
 
 def fp8_round(fmt: str, granularity: str):
@@ -146,9 +218,9 @@ def shared_round(state, dout: torch.Tensor, recipe, softmax_scale: float, scale:
     (``shared-head-amax``): one scale per query head from the head's true amax (measured by a first
     backward pass here), what delayed scaling (the previous steps' amax, as Transformer Engine scales
     FP8 gradients) would give if the amax did not move between steps; ``"head-bound"``
-    (``shared-head-bound``): one scale per query head from ``numerics.ds_fp8.bound_scale``, the CuTe
-    backward's ``ds_fp8`` option. The two per-head variants round with
-    ``numerics.ds_fp8.shared_tile_round``, the option's definition. As a ``ds_round``
+    (``shared-head-bound``): one scale per query head from :func:`bound_scale`, the deleted CuTe
+    backward option ``ds_fp8``'s. The two per-head variants round with
+    :func:`shared_tile_round`, that option's definition. As a ``ds_round``
     (``token_scales="ds"``): ``t = dS * col`` for dQ, ``dS * row`` for dK; both round the same ``T``.
 
     Raises:

@@ -250,7 +250,7 @@ def backend_options(pairs: list[str]) -> dict:
     for pair in pairs:
         name, eq, value = pair.partition("=")
         if not eq or not name:
-            raise ValueError(f"--backend-option {pair!r}: expected NAME=VALUE, e.g. ds_fp8=True")
+            raise ValueError(f"--backend-option {pair!r}: expected NAME=VALUE, e.g. 'tiles=(128, 128, 2)'")
         if name in out:
             raise ValueError(f"--backend-option {name} given twice")
         try:
@@ -346,7 +346,8 @@ def main(argv=None) -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a keyword option of the backend (its spec's options), e.g. ds_fp8=True for cute; repeatable",
+        help="a keyword option of the backend (its spec's options), e.g. 'tiles=(128, 128, 2)' for cute; "
+        "repeatable",
     )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--hq", type=int, default=8)

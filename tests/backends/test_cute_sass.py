@@ -145,22 +145,3 @@ def test_backward_fp8_one_ds(group):
     assert loop["F2FP"] == two_loop["F2FP"] - 16, (loop, two_loop)  # one dS conversion (pairs)
     assert loop["instructions"] < two_loop["instructions"] - 60, (loop, two_loop)
     assert loop["STL"] == 0 and loop["LDL"] == 0 and one["STL"] == 0, (loop, one)
-
-
-@pytest.mark.parametrize("group, head_dim, causal", [(4, 128, True), (1, 128, False), (6, 64, True)])
-def test_backward_ds_fp8_all_products_fp8(group, head_dim, causal):
-    """The ``ds_fp8`` option (one E4M3 dS tile for dQ and dK): per query block and warpgroup every
-    product is a k32 QGMMA (S^T and dP^T over the head dim, dV and dK over the 64 queries, dQ over
-    the 128 keys) and none is BF16; no spill; the same exponentials. Its loop costs more
-    instructions than the default one (613 against 468 per trip at GQA 4, D128 causal, sm_90a on
-    2026-12-04): per score the K scale's FMUL on T and the E4M3 conversion twice (dK's register
-    operand, the stored key pairs), per query row two FMUL, and dQ's per-query unscale."""
-    rep = _bwd_report(causal, group, head_dim, False, True)
-    base = _bwd_report(causal, group, head_dim, False)
-    per_block = head_dim // 32 + head_dim // 32 + 64 // 32 + 128 // 32 + 64 // 32
-    assert rep["QGMMA"] == 2 * per_block and rep["HGMMA"] == 0, rep
-    assert rep["MUFU.EX2"] == base["MUFU.EX2"], (rep, base)
-    (loop,) = rep["inner_loops"]
-    assert loop["STL"] == 0 and loop["LDL"] == 0 and rep["STL"] == 0, (loop, rep)
-    assert loop["schedule"].count("DEPBAR") <= 5, loop["schedule"]
-    assert loop["F2FP"] == base["inner_loops"][0]["F2FP"] + 16, loop

@@ -74,29 +74,21 @@ def _compile_or_skip(fn, ptrs, consts, **kw):
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_preparation_kernels_store_whole_vectors_without_spills(d):
     """The dO preparation and the K/V operands of the CuTe backward are memory-bound: their
-    transposed outputs (dO^T, V in key order; Q^T and K^T for the ``ds_fp8`` option) leave through
-    vector stores after a register permutation, not a byte per element (64 byte stores and 242 spill
-    stores per thread before)."""
+    transposed outputs (dO^T, V in key order) leave through vector stores after a register
+    permutation, not a byte per element (64 byte stores and 242 spill stores per thread before)."""
     from fp4_attention.backends.triton import bwd_kv, dout_quant
 
     ptrs = dict(DO="bf16", O="bf16", VS="fp32", AMAX="fp32", BAD="i32", LSE="fp32", QS="fp32", Y="u8")
     ptrs.update(YT="u8", SDO="fp32", DELTA="fp32", STAT="fp32", R="fp32", ROW="fp32", Q8="u8", QB="bf16")
-    ptrs.update(QT="u8", NRM="fp32")
     kv_ptrs = dict(K8="u8", KSC="u8", VT="u8", KB="bf16", V8="u8", KS="fp32", COL="fp32", COL2="fp32")
-    kv_ptrs.update(VNRM="fp32")
     kernels = {}
-    for q_t in (False, True):  # Q's BF16 image (the default), or Q^T's codes and the dO norms (ds_fp8)
-        consts = dict(D=d, BLOCK=dout_quant.QUANT_BLOCK, LIFT=8, TRANSPOSED=True, Q_BF16=not q_t, Q_T=q_t)
-        kernels[f"dO preparation q_t={q_t}"] = _compile_or_skip(
-            dout_quant._dout_quant_kernel, ptrs, consts, num_warps=dout_quant.QUANT_WARPS
-        )
-    # K from E4M3 codes (scaled into kb, or K^T's codes for ds_fp8) or NVFP4 (payload and block scales)
-    for nvfp4, k_t in ((False, False), (True, False), (False, True)):
-        consts = dict(D=d, BLOCK=bwd_kv.KV_BLOCK, K_NVFP4=nvfp4, WRITE_COL=nvfp4, COL2_SCALE=2.0**-8, K_T=k_t)
-        ptrs_k = dict(kv_ptrs, KB="u8") if k_t else kv_ptrs
-        kernels[f"K/V operands nvfp4={nvfp4} k_t={k_t}"] = _compile_or_skip(
-            bwd_kv._bwd_kv_kernel, ptrs_k, consts
-        )
+    consts = dict(D=d, BLOCK=dout_quant.QUANT_BLOCK, LIFT=8, TRANSPOSED=True, Q_BF16=True)
+    kernels["dO preparation"] = _compile_or_skip(
+        dout_quant._dout_quant_kernel, ptrs, consts, num_warps=dout_quant.QUANT_WARPS
+    )
+    for nvfp4 in (False, True):  # K from E4M3 codes (scaled into kb) or NVFP4 (payload and block scales)
+        consts = dict(D=d, BLOCK=bwd_kv.KV_BLOCK, K_NVFP4=nvfp4, WRITE_COL=nvfp4, COL2_SCALE=2.0**-8)
+        kernels[f"K/V operands nvfp4={nvfp4}"] = _compile_or_skip(bwd_kv._bwd_kv_kernel, kv_ptrs, consts)
     for name, kernel in kernels.items():
         st = sass_stats(kernel)
         assert st["STL"] == 0 and st["LDL"] == 0, f"{name}: register spills: {st}"

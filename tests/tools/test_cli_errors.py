@@ -83,8 +83,14 @@ FIDELITY_SMALL = ["--seqlen", "32", "--headdim", "16", "--families", "normal", "
         ),
         (["--families", "channels=x"], "--families channels=x: channels=X needs a number X > 0"),
         (["--qk-rotation-seed", "-1"], "--qk-rotation-seed must be an integer in [0, 2^63), got -1"),
-        (["--backend-option", "ds_fp8"], "--backend-option 'ds_fp8': expected NAME=VALUE, e.g. ds_fp8=True"),
-        (["--backend-option", "ds_fp8=True"], "--backend-option ['ds_fp8']: backend 'reference' accepts"),
+        (
+            ["--backend-option", "tiles"],
+            "--backend-option 'tiles': expected NAME=VALUE, e.g. 'tiles=(128, 128, 2)'",
+        ),
+        (
+            ["--backend-option", "tiles=(128, 128, 2)"],
+            "--backend-option ['tiles']: backend 'reference' accepts",
+        ),
         (["--backend-option", "block_n=32", "--backend-option", "block_n=16"], "block_n given twice"),
     ],
 )

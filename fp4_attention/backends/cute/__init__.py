@@ -10,9 +10,7 @@ SPEC = BackendSpec(
     devices=("cuda",),
     cuda_capability=((9, 0), (9, 0)),  # wgmma / TMA kernels for Hopper
     head_dims=(64, 128),
-    # tiles: the forward's (tile_m, tile_n, stages); ds_fp8: the backward's measurement option (dQ
-    # and dK on one E4M3 dS tile, numerics/ds_fp8.py; fp8 only; not yet run on a GPU)
-    options=("tiles", "ds_fp8"),
+    options=("tiles",),
     k_scale_keys=(1, 64),  # 64: the forward folds each group's scale into its row factor (k_group)
     # fwd+bwd on the H200 (2026-12-02, 19f036c, results/cute_nvfp4_bwd_h200), cute (forward tiles
     # 128x128) vs triton: fp8 4.262 vs 10.841 ms at B4 H32/8 S4096 causal, 2.420 vs 3.034 at B1,

@@ -37,7 +37,6 @@ import time
 
 import torch
 
-from ...numerics.ds_fp8 import bound_scale
 from ...numerics.operands import SavedState
 from ...numerics.quant import FP8Tensor, NVFP4Tensor
 from ...numerics.recipes import Recipe
@@ -314,22 +313,7 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-# slot p of each 16 keys of K^T and of the ds_fp8 dS tile holds key KEY_PAIRS16[p]: keys r and r + 8
-# in slots 2r, 2r + 1 (triton.bwd_kv writes K^T so, bwd_sm90.FP8BackwardSm90._store_ds8 stores dS so)
-KEY_PAIRS16 = [r + 8 * h for r in range(8) for h in range(2)]
-
-
-def ds_fp8_scale(kv: dict, dv, q_scale: torch.Tensor) -> torch.Tensor:
-    """The ``ds_fp8`` option's per-head scale ``s`` (``numerics.ds_fp8.bound_scale``) from the dO
-    kernel's per-query norms and D, the K/V kernel's V key norms and the K token scales: FP32 ``[B,
-    Hq]`` (a few small torch reductions)."""
-    sq = q_scale.shape[-1]
-    return bound_scale(q_scale, dv.do_norm[..., :sq], dv.delta[..., :sq], kv["v_norm"], kv["col"])
-
-
-def backward_operands(
-    state: SavedState, dout: torch.Tensor, softmax_scale: float, ds_fp8: bool = False
-) -> dict:
+def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
@@ -341,11 +325,7 @@ def backward_operands(
     2^-LIFT), as ``reference_backward`` defines the recipe's dQ/dK.
     ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the exact decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
-    ``ds_fp8`` (``fp8`` state only): ``qb`` and ``kb`` are E4M3 Q^T ``[B, Hq, D, Sq16]`` (dO^T's query
-    order, from the dO kernel) and K^T ``[B, Hkv, D, Sk16]`` (the keys of each 16 interleaved as
-    :data:`KEY_PAIRS16`, from the K/V kernel), and ``ds_scale`` the head's scale
-    (:func:`ds_fp8_scale`); no BF16 image is made."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -367,15 +347,10 @@ def backward_operands(
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
         q8=None if nvfp4 else q_s.data,
-        q_transposed=ds_fp8,
     )
-    # kb (ds_fp8: kt and v_norm), v8, col, col2
-    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT, k_transposed=ds_fp8)
-    if ds_fp8:
-        qb, kb = dv.qt, kv["kt"]
-    else:
-        qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
-        kb = kv["kb"]
+    qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
+    kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2
+    kb = kv["kb"]
     dev = dout.device
     ops = dict(
         q8=qb if nvfp4 else q_s.data,
@@ -392,7 +367,6 @@ def backward_operands(
         col=kv["col"],  # K token scales (NVFP4: the head's global scale per key)
         col2=kv["col2"],  # col * 2^-LIFT
         s_do=dv.s_do,
-        ds_scale=ds_fp8_scale(kv, dv, q_scale) if ds_fp8 else dv.s_do,  # read only with ds_fp8
         v_scale=v_scale,
     )
     # the FP32 accumulators the kernel bulk-adds into, zeroed by one fill: dQ's, and for GQA dK's
@@ -401,8 +375,6 @@ def backward_operands(
     kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
     n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
     acc = torch.zeros(n_dq + 2 * n_kv, dtype=torch.float32, device=dev)
-    if ds_fp8:  # the bound's inputs, for the tests
-        ops.update(do_norm=dv.do_norm, v_norm=kv["v_norm"])
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
     if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
@@ -413,41 +385,27 @@ def backward_operands(
     return ops
 
 
-# the kernel's per-query and per-head vectors, in FP8BackwardSm90.__call__ order after dO^T
-VECTORS = ("stat", "r", "row", "delta", "col", "col2", "s_do", "ds_scale", "v_scale")
-
-
-def _bwd_args(ops: dict, ds_fp8: bool = False) -> list:
+def _bwd_args(ops: dict) -> list:
     """The kernel's arguments in ``FP8BackwardSm90.__call__`` order: (B, S, H, D) views of the
-    ``[B, H, S, D]`` tensors (``ds_fp8``: of Q^T and K^T ``[B, H, D, S16]`` too, S with stride 1),
-    the rest as they are."""
-    t_view = lambda t: t.permute(0, 3, 1, 2)  # noqa: E731  [B, H, D, S16] -> (B, S16, H, D)
+    ``[B, H, S, D]`` tensors, the rest as they are."""
     bshd = [ops[n].permute(0, 2, 1, 3) for n in ("q8", "qb", "k8", "kb", "v8", "do8")]
-    if ds_fp8:
-        bshd[1], bshd[3] = t_view(ops["qb"]), t_view(ops["kb"])
-    args = [*bshd, t_view(ops["dot8"])]
-    args += [ops[n] for n in (*VECTORS, "dq_accum")]
+    args = [*bshd, ops["dot8"].permute(0, 3, 1, 2)]
+    args += [ops[n] for n in ("stat", "r", "row", "delta", "col", "col2", "s_do", "v_scale", "dq_accum")]
     mha = ops["dk"].dim() == 4
     args += [ops[n].permute(0, 2, 1, 3) if mha else ops[n] for n in ("dk", "dv")]
     return args
 
 
-def _compiled_bwd(
-    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, ds_fp8: bool = False
-):
-    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ()) + (("ds_fp8",) if ds_fp8 else ())
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, ds_fp8=ds_fp8)
-        # (B, S, H, D) views with D contiguous; dO^T with S (ds_fp8: Q^T and K^T too)
-        cute_args = [
-            to_cute_tensor(t, leading_dim=1 if ds_fp8 and i in (1, 3) else 3) for i, t in enumerate(args[:6])
-        ]
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
+        # (B, S, H, D) views with D contiguous; dO^T with S
+        cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
         cute_args.append(to_cute_tensor(args[6], leading_dim=1))
-        n_vec = len(VECTORS)
-        vec = args[7 : 7 + n_vec]
-        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in vec]
-        cute_args.append(to_cute_tensor(args[7 + n_vec], leading_dim=2))
-        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[8 + n_vec :]]
+        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in args[7:15]]
+        cute_args.append(to_cute_tensor(args[15], leading_dim=2))
+        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[16:]]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         t0 = time.perf_counter()
         _CACHE[key] = cute.compile(
@@ -457,20 +415,16 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
-def backward_fp8(
-    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, ds_fp8: bool = False
-):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
-    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). ``ds_fp8`` (a
-    measurement option, E4M3 Q/K only, not yet run on a GPU): dQ and dK on one E4M3 dS tile, the
-    numerics of ``numerics/ds_fp8.py`` (``shared_tile_round`` with ``bound_scale``'s per-head scale).
+    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition).
 
     Raises:
-        ValueError: head dim other than 64/128, a state of another recipe (neither E4M3 nor NVFP4
-            Q/K, or V not E4M3), or ``ds_fp8`` with NVFP4 Q/K.
+        ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
+            Q/K, or V not E4M3).
     """
     b, hq, sq, d = dout.shape
     if d not in (64, 128):
@@ -482,12 +436,10 @@ def backward_fp8(
             "cute backward: needs the saved state of the cute forward of recipe fp8 or nvfp4qk_fp8pv "
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
-    if ds_fp8 and not fp8_qk:
-        raise ValueError("cute backward: ds_fp8 needs the fp8 recipe's state (E4M3 Q/K); use ds_fp8=False")
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
-    ops = backward_operands(state, dout, softmax_scale, ds_fp8)  # dout read in place
-    args = _bwd_args(ops, ds_fp8)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, ds_fp8)
+    ops = backward_operands(state, dout, softmax_scale)  # dout read in place
+    args = _bwd_args(ops)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     tile_m, tile_n = BWD_TILES
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
@@ -516,28 +468,19 @@ def backward_fp8(
 
 
 class CuteBackend:
-    """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options, for
-    benchmarks and tests: ``tiles`` = ``(tile_m, tile_n, stages)`` of the forward; ``ds_fp8`` (the
-    backward's, ``fp8`` only: :func:`backward_fp8`; the forward ignores it)."""
+    """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); option ``tiles`` =
+    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests."""
 
     spec = SPEC
 
-    def forward(
-        self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None, ds_fp8: bool = False
-    ):
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
         with ``recipe.k_scale_keys`` = 64, or NVFP4) and V per channel (Triton quantizers, V into the
         kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
         at ``tiles``, by default :func:`default_tiles`.
-        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, KV tiles not a multiple of 64
-        keys with ``k_scale_keys`` = 64, or ``ds_fp8`` with a recipe other than ``fp8`` (checked here,
-        before the forward runs, rather than in the backward)."""
-        if ds_fp8 and recipe.qk != "fp8":
-            raise ValueError(
-                f"cute backend: ds_fp8 (dQ and dK on an E4M3 dS) needs E4M3 Q/K (recipe fp8), not recipe "
-                f"{recipe.name}; drop the option"
-            )
+        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
+        keys with ``k_scale_keys`` = 64."""
         tiles = default_tiles(causal, q.shape[-1]) if tiles is None else tuple(tiles)
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
@@ -557,16 +500,8 @@ class CuteBackend:
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(
-        self,
-        state: SavedState,
-        dout,
-        recipe: Recipe,
-        *,
-        causal: bool,
-        softmax_scale: float,
-        tiles=None,
-        ds_fp8: bool = False,
+        self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None
     ):
-        """The CuTe backward (:func:`backward_fp8`, with ``ds_fp8``) on this backend's forward state,
-        ``fp8`` and ``nvfp4qk_fp8pv``."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, ds_fp8=bool(ds_fp8))
+        """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
+        ``nvfp4qk_fp8pv``."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

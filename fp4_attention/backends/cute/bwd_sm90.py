@@ -57,10 +57,8 @@ from functools import partial
 import cutlass
 import cutlass.utils.hopper_helpers as sm90_utils_basic
 from cutlass import Float32, Int32, const_expr, cute
-from cutlass._mlir.dialects import llvm
 from cutlass.cute import FastDivmodDivisorV2
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.utils import LayoutEnum
 from flash_attn.cute import pipeline
 from flash_attn.cute import utils as fa_utils
@@ -73,28 +71,12 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileScheduler, TileSchedulerArguments
 from quack import copy_utils, layout_utils, sm90_utils
 
-from .fwd_sm90 import LIFT, cvt_e4m3x4, fold_k_scale, p_to_e4m3_operand
+from .fwd_sm90 import LIFT, fold_k_scale, p_to_e4m3_operand
 
 __all__ = ["FP8BackwardSm90"]
 
 E4M3 = cutlass.Float8E4M3FN
 E5M2 = cutlass.Float8E5M2
-
-
-@dsl_user_op
-def _stmatrix_x4_trans(addr: Int32, a: Int32, b: Int32, c: Int32, d: Int32, *, loc=None, ip=None) -> None:
-    """``stmatrix.sync.aligned.m8n8.x4.trans.shared.b16``: four 8x8 matrices of 16-bit elements, this
-    thread's word of each (row lane / 4, columns 2 (lane % 4) and + 1), stored transposed; ``addr``
-    (a shared-memory byte address) is the row that lane ``8 m + i`` gives for matrix m."""
-    llvm.inline_asm(
-        None,
-        [Int32(x).ir_value(loc=loc, ip=ip) for x in (addr, a, b, c, d)],
-        "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], {$1, $2, $3, $4};",
-        "r,r,r,r,r,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
 
 
 class FP8BackwardSm90(FlashAttentionBackwardSm90):
@@ -113,18 +95,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
             payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
             read (module docstring: where the token scales go).
-        ds_fp8: a measurement option (E4M3 Q/K only; not yet run on a GPU, see
-            ``results/cute_bwd_fp8ds_probe/``): dQ and dK on one E4M3 dS tile, ``T = E4M3(dS row_i
-            col_j / s)`` with ``s`` the head's power-of-two scale (``mDsScale``), so that all five
-            products are FP8 wgmma: dK += T^T Q8 with T from registers and ``mQb`` holding E4M3 Q^T
-            (``(B, Sq16, Hq, D)`` with stride 1 along Sq16, the queries of each 16 permuted as dO^T's),
-            dK scaled by ``s / col_j`` in the epilogue; dQ = T K8 with T stored through shared memory
-            (keys r and r + 8 of each 16 paired in one 16-bit element, ``stmatrix.trans``) and ``mKb``
-            holding E4M3 K^T (``(B, Sk16, Hkv, D)`` with stride 1 along Sk16, the keys of each 16
-            interleaved to match: slots 2r, 2r + 1 = keys r, r + 8), dQ scaled by ``s / row_i`` before
-            the dQ tile's handoff. The numerics are ``numerics/ds_fp8.py``'s.
     Raises:
-        ValueError: head dim or tiles outside the supported ones, or ``ds_fp8`` with ``qk_bf16``.
+        ValueError: head dim or tiles outside the supported ones.
     """
 
     def __init__(
@@ -135,12 +107,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
-        ds_fp8: bool = False,
     ):
-        if ds_fp8 and qk_bf16:
-            raise ValueError("FP8BackwardSm90: ds_fp8 needs E4M3 Q/K (recipe fp8), not qk_bf16")
         self.qk_bf16 = qk_bf16
-        self.ds_fp8 = ds_fp8
         # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
         self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
@@ -170,7 +138,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         )
         assert self.mma_dkv_is_rs and self.num_wg_mma == 2
         # the per-query vectors loaded with each Q block: stat and r, and row where it scales dS
-        self.n_q_vectors = 2 if self.scales_in_operands and not ds_fp8 else 3
+        self.n_q_vectors = 2 if self.scales_in_operands else 3
 
     OPERANDS = (
         "Q8",
@@ -181,8 +149,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         "Kb",
         "V8",
     )  # the TMA-loaded operands, in kernel argument order
-    # their shared-memory layouts, the dV output tile's and dS's, and ds_fp8's K^T and E4M3 dS
-    SMEM_TILES = (*OPERANDS, "dV", "PdS", "Kt8", "dS8")
+    SMEM_TILES = (*OPERANDS, "dV", "PdS")  # their shared-memory layouts, the dV output tile's and dS's
 
     # ---- configuration -------------------------------------------------------------------------
     def _setup_attributes(self):
@@ -191,20 +158,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         self.sQ8_layout = sm90_utils.make_smem_layout(
             E4M3, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), stages
         )
-        # Q as the MN-major B operand of dK = dS^T Q (FA4's sQ layout); ds_fp8: E4M3 Q^T, queries
-        # contiguous, the K-major B operand of dK = T^T Q (as dO^T for dV)
-        if self.ds_fp8:
-            self.sQb_layout = sm90_utils.make_smem_layout(
-                E4M3, LayoutEnum.COL_MAJOR, (self.tile_m, self.tile_hdim), stages
-            )
-        else:
-            self.sQb_layout = sm90_utils.make_smem_layout(
-                bf16,
-                LayoutEnum.ROW_MAJOR,
-                (self.tile_m, self.tile_hdim),
-                stages,
-                major_mode_size=self.tile_hdim,
-            )
+        # Q as the MN-major B operand of dK = dS^T Q (FA4's sQ layout)
+        self.sQb_layout = sm90_utils.make_smem_layout(
+            bf16, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), stages, major_mode_size=self.tile_hdim
+        )
         self.sdO8_layout = sm90_utils.make_smem_layout(
             E5M2, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_hdim), stages
         )
@@ -225,15 +182,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         )
         self.sV8_layout = sm90_utils.make_smem_layout(
             E4M3, LayoutEnum.ROW_MAJOR, (self.tile_n, self.tile_hdim), None
-        )
-        # ds_fp8: E4M3 K^T, keys contiguous (the K-major B operand of dQ = T K), in sKb's bytes (the dK
-        # epilogue's tile once the mainloop is done); the E4M3 dS tile, keys contiguous (dQ's K-major
-        # A operand), in sdS's bytes. Declared in every configuration (kernel arguments), used by ds_fp8
-        self.sKt8_layout = sm90_utils.make_smem_layout(
-            E4M3, LayoutEnum.COL_MAJOR, (self.tile_n, self.tile_hdim), None
-        )
-        self.sdS8_layout = sm90_utils.make_smem_layout(
-            E4M3, LayoutEnum.ROW_MAJOR, (self.tile_m, self.tile_n), self.PdS_stage
         )
         # the dV output tile (MHA), in dS's bytes once the mainloop is done
         self.sdV_layout = sm90_utils.make_smem_layout(
@@ -271,16 +219,14 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tiled_mma_dV = sm90_utils_basic.make_trivial_tiled_mma(
             E4M3, E5M2, k_major, k_major, Float32, a_source=warpgroup.OperandSource.RMEM, **dkv
         )
-        # ds_fp8: E4M3 x E4M3, both K-major (T^T from registers and Q^T; T and K^T from shared memory)
-        ds_dtype, ds_b_major = (E4M3, k_major) if self.ds_fp8 else (self.dtype, mn_major)
         tiled_mma_dK = sm90_utils_basic.make_trivial_tiled_mma(
-            ds_dtype, ds_dtype, k_major, ds_b_major, Float32, a_source=warpgroup.OperandSource.RMEM, **dkv
+            self.dtype, self.dtype, k_major, mn_major, Float32, a_source=warpgroup.OperandSource.RMEM, **dkv
         )
         tiled_mma_dQ = sm90_utils_basic.make_trivial_tiled_mma(
-            ds_dtype,
-            ds_dtype,
+            self.dtype,
+            self.dtype,
             k_major,
-            ds_b_major,
+            mn_major,
             Float32,
             atom_layout_mnk=(self.AtomLayoutMdQ, self.num_wg_dQ // self.AtomLayoutMdQ, 1),
             tiler_mn=(64, self.tile_hdim // (self.num_wg_dQ // self.AtomLayoutMdQ)),
@@ -310,7 +256,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             # sKb then sdS, contiguous: the FP32 dK/dV tile of the GQA epilogue spans both
             sKb: buf(self.dtype, self.sKb_layout)
             sdS: buf(self.dtype, self.sPdS_layout)
-            sQb: buf(E4M3 if self.ds_fp8 else self.dtype, self.sQb_layout)
+            sQb: buf(self.dtype, self.sQb_layout)
             if fp8_qk:
                 sQ8: buf(E4M3, self.sQ8_layout)
                 sK8: buf(E4M3, self.sK8_layout)
@@ -340,7 +286,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mCol: cute.Tensor,
         mCol2: cute.Tensor,
         mSdo: cute.Tensor,
-        mDsScale: cute.Tensor,
         mVScale: cute.Tensor,
         mdQaccum: cute.Tensor,
         mdK: cute.Tensor,
@@ -353,11 +298,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         E5M2 with stride 1 along Sq16 (dO^T, queries permuted within 16), mStat / mR / mRow / mDelta
         ``(B, Hq, Sq_pad)`` FP32 (``Sq_pad`` = Sq rounded up to tile_m; mRow = Q token scale * 2^-LIFT),
         mCol / mCol2 ``(B, Hkv, Sk)`` FP32 (K token scale, and times 2^-LIFT), mSdo ``(B, Hq)``,
-        mDsScale ``(B, Hq)`` FP32 (``ds_fp8``'s scale s, a power of two; read only with ``ds_fp8``),
         mVScale ``(B, Hkv, D)``, mdQaccum ``(B, Hq, Sq_pad * D)`` FP32 zeros, mdK / mdV ``(B, Sk, Hkv,
-        D)`` BF16 (MHA) or ``(B, Hkv, Sk_pad * D)`` FP32 zeros (GQA). With ``ds_fp8``, mQb and mKb are
-        E4M3 Q^T ``(B, Sq16, Hq, D)`` and K^T ``(B, Sk16, Hkv, D)``, each with stride 1 along its
-        sequence (as mdOt8; the class docstring gives their orders)."""
+        D)`` BF16 (MHA) or ``(B, Hkv, Sk_pad * D)`` FP32 zeros (GQA)."""
         self.varlen_k = False
         self.is_varlen_q = False
         self.use_block_sparsity = False
@@ -377,7 +319,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             layout_utils.select(t, [2, 1, 0])
             for t in (mStat, mR, mRow, mDelta, mdQaccum, mCol, mCol2, mVScale)
         ]
-        mSdo, mDsScale = [layout_utils.select(t, [1, 0]) for t in (mSdo, mDsScale)]
+        mSdo = layout_utils.select(mSdo, [1, 0])
         tiled_mmas = self._get_tiled_mma()
         self.num_mma_threads = tiled_mmas[0].size
         self.num_threads_per_warp_group = 128
@@ -389,12 +331,10 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile2 = partial(cute.select, mode=[0, 1])
         q8_bytes = 0 if self.qk_bf16 else nbytes(E4M3, tile2(self.sQ8_layout))
         k8_bytes = 0 if self.qk_bf16 else nbytes(E4M3, self.sK8_layout)
-        ds_dtype = E4M3 if self.ds_fp8 else self.dtype
-        kb_bytes = nbytes(E4M3, self.sKt8_layout) if self.ds_fp8 else nbytes(self.dtype, self.sKb_layout)
         self.tma_copy_bytes = {
-            "Q": q8_bytes + nbytes(ds_dtype, tile2(self.sQb_layout)),
+            "Q": q8_bytes + nbytes(self.dtype, tile2(self.sQb_layout)),
             "dO": 2 * nbytes(E5M2, tile2(self.sdO8_layout)),
-            "K": k8_bytes + kb_bytes,
+            "K": k8_bytes + nbytes(self.dtype, self.sKb_layout),
             "V": nbytes(E4M3, self.sV8_layout),
             "vec": self.tile_m * 4,
             "dQ": self.tile_m * self.tile_hdim * 4 // self.num_wg_dQ,
@@ -410,7 +350,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             ("dO8", mdO8, self.sdO8_layout, (self.tile_m, self.tile_hdim)),
             ("dOt8", mdOt8, self.sdOt8_layout, (self.tile_m, self.tile_hdim)),
             ("K8", mK8, self.sK8_layout, (self.tile_n, self.tile_hdim)),
-            ("Kb", mKb, self.sKt8_layout if self.ds_fp8 else self.sKb_layout, (self.tile_n, self.tile_hdim)),
+            ("Kb", mKb, self.sKb_layout, (self.tile_n, self.tile_hdim)),
             ("V8", mV8, self.sV8_layout, (self.tile_n, self.tile_hdim)),
         ):
             if const_expr(self.qk_bf16 and name in ("Q8", "K8")):
@@ -456,7 +396,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             mCol,
             mCol2,
             mSdo,
-            mDsScale,
             mVScale,
             mdQaccum,
             mdK,
@@ -502,7 +441,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mCol: cute.Tensor,
         mCol2: cute.Tensor,
         mSdo: cute.Tensor,
-        mDsScale: cute.Tensor,
         mVScale: cute.Tensor,
         mdQaccum: cute.Tensor,
         mdK: cute.Tensor,
@@ -518,8 +456,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         sV8_layout: cute.ComposedLayout,
         sdV_layout: cute.ComposedLayout,
         sPdS_layout: cute.ComposedLayout,
-        sKt8_layout: cute.ComposedLayout,
-        sdS8_layout: cute.ComposedLayout,
         sdQaccum_layout: cute.Layout,
         r2s_tiled_copy_dQaccum: cute.TiledCopy,
         tiled_mmas,
@@ -582,8 +518,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Kb=get(storage.sKb, sKb_layout),
             V8=get(storage.sV8, sV8_layout),
         )
-        if const_expr(self.ds_fp8):  # K^T in sKb's bytes (sKb is the dK epilogue's tile afterwards)
-            smem_t["Kt8"] = storage.sKb.get_tensor(sKt8_layout.outer, swizzle=sKt8_layout.inner, dtype=E4M3)
         if const_expr(self.qk_bf16):  # S^T = K Q^T on the BF16 tiles
             smem_t["Q8"], smem_t["K8"] = smem_t["Qb"], smem_t["Kb"]
         else:
@@ -594,10 +528,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             for f in (storage.sStat, storage.sR, storage.sRow)
         ]
         sDelta = storage.sDelta.get_tensor(cute.make_layout((self.tile_m, self.dO_stage), stride=(1, vec)))
-        if const_expr(self.ds_fp8):
-            sdS = storage.sdS.get_tensor(sdS8_layout.outer, swizzle=sdS8_layout.inner, dtype=E4M3)
-        else:
-            sdS = get(storage.sdS, sPdS_layout)
+        sdS = get(storage.sdS, sPdS_layout)
         sdV = get(storage.sdS, sdV_layout)
         sdQaccum = storage.sdQaccum.get_tensor(sdQaccum_layout)
         block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, False, None, None)
@@ -649,7 +580,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 mCol,
                 mCol2,
                 mSdo,
-                mDsScale,
                 mVScale,
                 mdK,
                 mdV,
@@ -709,9 +639,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 g = cute.local_tile(
                     tensors[name][None, None, head_kv, batch_idx], (self.tile_n, self.tile_hdim), (n_block, 0)
                 )
-                dst = smem_t["Kt8"] if const_expr(self.ds_fp8 and name == "Kb") else smem_t[name]
                 fn, _, _ = copy_utils.tma_get_copy_fn(
-                    atoms[name], 0, cute.make_layout(1), g, dst, single_stage=True
+                    atoms[name], 0, cute.make_layout(1), g, smem_t[name], single_stage=True
                 )
                 kv_fns.append(fn)
             load_K8, load_Kb, load_V8 = kv_fns
@@ -784,7 +713,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         mCol: cute.Tensor,
         mCol2: cute.Tensor,
         mSdo: cute.Tensor,
-        mDsScale: cute.Tensor,
         mVScale: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
@@ -827,31 +755,25 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             None,
             layout_utils.transpose_view(smem_t["dOt8"]),
         )
-        # dK += dS^T Q (BF16): dS^T from registers, Q^T view (MN-major); ds_fp8: T^T (E4M3) from
-        # registers, E4M3 Q^T (K-major)
-        acc_dK, tdKrdSt, tdKrQt = sm90_utils.partition_fragment_ABC(
+        # dK += dS^T Q (BF16): dS^T from registers, Q^T view (MN-major)
+        acc_dK, _, tdKrQt = sm90_utils.partition_fragment_ABC(
             wg_dK, (self.tile_n, self.tile_hdim, self.tile_m), None, layout_utils.transpose_view(smem_t["Qb"])
         )
-        # dQ = dS K (BF16): dS from shared memory, K^T view (MN-major); ds_fp8: T and K^T (E4M3, K-major)
-        k_t = smem_t["Kt8"] if const_expr(self.ds_fp8) else smem_t["Kb"]
+        # dQ = dS K (BF16): dS from shared memory, K^T view (MN-major)
         _, tdQrdS, tdQrKt = sm90_utils.partition_fragment_ABC(
-            wg_dQ, (self.tile_m, self.tile_hdim, self.tile_n), sdS, layout_utils.transpose_view(k_t)
+            wg_dQ, (self.tile_m, self.tile_hdim, self.tile_n), sdS, layout_utils.transpose_view(smem_t["Kb"])
         )
         mma_dq = partial(
             sm90_utils.gemm_zero_init, tiled_mma_dQ, (self.tile_m, self.tile_hdim), tdQrdS, tdQrKt
         )
-        if const_expr(self.ds_fp8):
-            # this thread's warp holds keys 16 * (tidx // 32) .. + 15 of the tile (its 16-key slab)
-            copy_dS_r2s = partial(self._store_ds8, lane=tidx % 32, slab=tidx // 32, base=sdS.iterator.toint())
-        else:
-            copy_dS_r2s, _, _ = copy_utils.get_smem_store_C(
-                tiled_mma_S,
-                layout_utils.transpose_view(sdS),
-                tidx,
-                transpose=True,
-                position_independent=True,
-                major_mode_size=self.tile_n // self.num_wg_mma,
-            )
+        copy_dS_r2s, _, _ = copy_utils.get_smem_store_C(
+            tiled_mma_S,
+            layout_utils.transpose_view(sdS),
+            tidx,
+            transpose=True,
+            position_independent=True,
+            major_mode_size=self.tile_n // self.num_wg_mma,
+        )
         vec_part = partial(
             layout_utils.mma_partition_C_vec, thr_mma=thr_mma_S, expand_shape=self.tile_n, is_colvec=False
         )
@@ -868,10 +790,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tdVcdV_mn = layout_utils.reshape_acc_to_mn(
             thr_mma_dV.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_hdim)))
         )
-        # (query, channel) of this thread's dQ accumulator elements (ds_fp8's per-query scale)
-        tdQcdQ_mn = layout_utils.reshape_acc_to_mn(
-            tiled_mma_dQ.get_slice(tidx).partition_C(cute.make_identity_tensor((self.tile_m, self.tile_hdim)))
-        )
         n_keys = cute.size(tScS_mn, mode=[1])
 
         state_Q, state_dO, tile_scheduler, work_tile = self._start(
@@ -881,21 +799,21 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             n_block, head_idx, batch_idx, _ = work_tile.tile_idx
             seqlen = SeqlenInfoCls(batch_idx)
             head_kv = head_idx // self.qhead_per_kvhead
-            # this thread's K token scales (_k_scale). qk_bf16: the head's one K global scale, folded
-            # into r per query block (fwd_sm90.fold_k_scale)
+            # this thread's K token scales (clamped past the last key, whose scores are masked);
+            # a NaN scale (a K row holding a NaN/Inf) is taken as 1 as in the forward. qk_bf16: the
+            # head's one K global scale, folded into r per query block (fwd_sm90.fold_k_scale)
             col = cute.make_rmem_tensor(1 if const_expr(self.qk_bf16) else n_keys, Float32)
-            col2 = cute.make_rmem_tensor(
-                1 if const_expr(self.scales_in_operands and not self.ds_fp8) else n_keys, Float32
-            )
+            col2 = cute.make_rmem_tensor(1 if const_expr(self.scales_in_operands) else n_keys, Float32)
             k_last = seqlen.seqlen_k - 1
             if const_expr(self.qk_bf16):
                 col[0] = mCol[0, head_kv, batch_idx]
             for c in cutlass.range(n_keys, unroll_full=True):
-                key = n_block * self.tile_n + tScS_mn[0, c][0]
+                k_idx = cutlass.min(n_block * self.tile_n + tScS_mn[0, c][0], k_last)
                 if const_expr(not self.qk_bf16):
-                    col[c] = self._k_scale(mCol, key, k_last, head_kv, batch_idx)
+                    col[c] = mCol[k_idx, head_kv, batch_idx]
+                    col[c] = Float32(1.0) if col[c] != col[c] else col[c]
                 if const_expr(not self.scales_in_operands):
-                    col2[c] = mCol2[cutlass.min(key, k_last), head_kv, batch_idx]
+                    col2[c] = mCol2[k_idx, head_kv, batch_idx]
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
             mask_fn = partial(
                 mask.apply_mask,
@@ -907,14 +825,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 mask_causal=self.is_causal,
             )
             s_do = mSdo[head_idx, batch_idx]
-            # ds_fp8: the head's scale s of T = E4M3(dS row col / s) (a power of two: col / s is
-            # exact), col / s in col2 (not read otherwise with E4M3 Q/K)
-            ds_scale = Float32(1.0)
-            if const_expr(self.ds_fp8):
-                ds_scale = mDsScale[head_idx, batch_idx]
-                inv_s = Float32(1.0) / ds_scale
-                for c in cutlass.range(n_keys, unroll_full=True):
-                    col2[c] = col[c] * inv_s
             m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
             step = partial(
                 self.mma_one_m_block_fp8,
@@ -929,7 +839,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 tiled_mma_dK=tiled_mma_dK,
                 acc_dK=acc_dK,
                 tdKrQt=tdKrQt,
-                tdKrdSt=tdKrdSt,
                 mma_dq=mma_dq,
                 copy_dS_r2s=copy_dS_r2s,
                 tStat=tStat,
@@ -939,9 +848,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 col=col,
                 col2=col2,
                 s_do=s_do,
-                ds_scale=ds_scale,
-                sRow=sRow,
-                tdQcdQ_mn=tdQcdQ_mn,
                 tdQsdQaccum=tdQsdQaccum,
                 pipeline_Q=pipeline_Q,
                 pipeline_dO=pipeline_dO,
@@ -955,13 +861,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             self._dq_tile_full(wg_idx)  # the last query block's dQ tile
             # epilogue scales: dK by softmax_scale; dV by s_do 2^-LIFT / v_scale (per channel, a power of two)
             acc_dK.store(acc_dK.load() * softmax_scale)
-            if const_expr(self.ds_fp8):  # dK_j = s / col_j * (T^T Q8)_j: this thread's keys' K scales
-                acc_dK_mn = layout_utils.reshape_acc_to_mn(acc_dK)
-                for r in cutlass.range_constexpr(cute.size(acc_dK_mn, mode=[0])):
-                    key = n_block * self.tile_n + tdVcdV_mn[r, 0][0]
-                    f = ds_scale / self._k_scale(mCol, key, k_last, head_kv, batch_idx)
-                    for c in cutlass.range(cute.size(acc_dK_mn, mode=[1]), unroll_full=True):
-                        acc_dK_mn[r, c] = acc_dK_mn[r, c] * f
             acc_dV_mn = layout_utils.reshape_acc_to_mn(acc_dV)
             dv_scale = cute.make_rmem_tensor(cute.size(tdVcdV_mn, mode=[1]), Float32)
             for c in cutlass.range(cute.size(dv_scale), unroll_full=True):
@@ -994,36 +893,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _k_scale(
-        self, mCol: cute.Tensor, key: Int32, k_last: Int32, head_kv: Int32, batch_idx: Int32
-    ) -> Float32:
-        """The K token scale of ``key`` (clamped to the last key, past which scores are masked); a NaN
-        scale (a K row holding a NaN/Inf) is taken as 1, as in the forward."""
-        c = mCol[cutlass.min(key, k_last), head_kv, batch_idx]
-        return Float32(1.0) if c != c else c
-
-    @cute.jit
-    def _store_ds8(self, acc: cute.Tensor, stage: Int32, lane: Int32, slab: Int32, base: Int32):
-        """``ds_fp8``: this warp's 16 keys x ``tile_m`` queries of T^T (the S^T accumulator layout,
-        values already scaled) into the E4M3 dS tile (``sdS8_layout``: row q of 128 keys at byte q *
-        128, 16-byte chunks XOR-swizzled by q % 8, ``tile_m * tile_n`` bytes per stage). Keys r and r
-        + 8 of the slab (accumulator values 4j + 0 and 4j + 2 at query 8j + 2 (lane % 4), 4j + 1 and
-        4j + 3 at the next query) become one 16-bit element, the low byte key r's, so a 16-bit
-        ``stmatrix.trans`` stores each query's 16 keys as one chunk: slots 2r, 2r + 1 hold keys r, r +
-        8 (K^T's keys are interleaved to match)."""
-        src = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
-        n_words = cute.size(acc) // 4  # one per 8 queries
-        words = cute.make_rmem_tensor(n_words, Int32)
-        for j in cutlass.range_constexpr(n_words):
-            words[j] = cvt_e4m3x4(src[4 * j], src[4 * j + 2], src[4 * j + 1], src[4 * j + 3])
-        for k in cutlass.range_constexpr(n_words // 4):
-            q = 8 * (4 * k + lane // 8) + lane % 8
-            addr = base + stage * (self.tile_m * self.tile_n) + q * self.tile_n + ((slab ^ (q % 8)) << 4)
-            _stmatrix_x4_trans(
-                Int32(addr), words[4 * k], words[4 * k + 1], words[4 * k + 2], words[4 * k + 3]
-            )
-
-    @cute.jit
     def _dq_tile_full(self, wg_idx):
         """Hand this warpgroup's dQ tile in shared memory to the dQ warp: the proxy fence that
         orders its stores before the bulk reduce's reads, then the dQFull arrival."""
@@ -1051,7 +920,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tiled_mma_dK,
         acc_dK,
         tdKrQt,
-        tdKrdSt,
         mma_dq,
         copy_dS_r2s,
         tStat,
@@ -1061,9 +929,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         col,
         col2,
         s_do,
-        ds_scale,
-        sRow,
-        tdQcdQ_mn,
         tdQsdQaccum,
         pipeline_Q,
         pipeline_dO,
@@ -1111,20 +976,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         warpgroup.wait_group(1)  # dP^T done (dV may still run)
         delta = copy_utils.load_s2r(tDelta[None, idx_dO])
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=True)
-        if const_expr(self.ds_fp8):
-            # T = dS row_i col_j / s (E4M3) for both products: the per-query factors in the FFMA's
-            # coefficients, the per-key one a second FMUL (row = Q scale * 2^-LIFT undoes P's lift)
-            # (col2 holds col / s here: the tile's K scales over the head's scale, set per CTA)
-            row = copy_utils.load_s2r(tRow[None, idx_Q])
-            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-                a = s_do * row[r]
-                b = delta[r] * row[r]
-                for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
-                    acc_dP_mn[r, c] = (acc_S_mn[r, c] * (acc_dP_mn[r, c] * a - b)) * col2[c]
-            p_to_e4m3_operand(acc_dP, tdKrdSt)  # T^T, dK's A operand (queries as dO^T's, Q^T's)
-            tdKrdS = tdKrdSt
-            copy_dS_r2s(acc_dP, idx_Q)
-        elif const_expr(self.scales_in_operands):
+        if const_expr(self.scales_in_operands):
             # one BF16 dS (lifted by 2^LIFT) for both products: the token scales are in Qb and Kb
             for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                 for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
@@ -1150,13 +1002,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         sm90_utils.gemm_w_idx(
             tiled_mma_dK, acc_dK, tdKrdS, tdKrQt, not dKV_accumulate, B_idx=idx_Q, wg_wait=1
         )
-        if const_expr(self.ds_fp8):  # dQ_i = s / q_scale_i * (T K8)_i (0 on padding rows, row = 0)
-            acc_dQ_mn = layout_utils.reshape_acc_to_mn(acc_dQ)
-            for r in cutlass.range_constexpr(cute.size(acc_dQ_mn, mode=[0])):
-                rq = sRow[tdQcdQ_mn[r, 0][0], idx_Q]
-                f = ds_scale * Float32(2.0**-LIFT) / rq if rq > Float32(0.0) else Float32(0.0)
-                for c in cutlass.range(cute.size(acc_dQ_mn, mode=[1]), unroll_full=True):
-                    acc_dQ_mn[r, c] = acc_dQ_mn[r, c] * f
         cute.arch.barrier(
             barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + wg_idx,
             number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE,

@@ -68,14 +68,14 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
-__all__ = ["K_SCALE_FLOOR", "LIFT", "FP8ForwardSm90", "cvt_e4m3x4", "fold_k_scale", "p_to_e4m3_operand"]
+__all__ = ["K_SCALE_FLOOR", "LIFT", "FP8ForwardSm90", "fold_k_scale", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
 
 
 @dsl_user_op
-def cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Int32:
+def _cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Int32:
     """Four FP32 -> four E4M3 bytes (a in the lowest byte), round-to-nearest-even, saturating."""
     return Int32(
         llvm.inline_asm(
@@ -100,7 +100,7 @@ def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor):
     dst = cute.recast_tensor(frag, Int32)
     for w in cutlass.range_constexpr(cute.size(dst)):
         base = (w // 4) * 16 + (w % 2) * 2 + ((w // 2) % 2) * 8
-        dst[w] = cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
+        dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
 
 
 K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32: a folded row scale never rounds to zero

@@ -12,10 +12,6 @@ kernel (one pass over K and V; torch needs a cast, a gather and a transposing co
 - ``col``, ``col2``: FP32 ``[B, Hkv, Sk]`` per-key scales of the kernel: the K token scales (NVFP4:
   the global scale of the key's head, written here rather than broadcast by a copy) and ``col *
   2^-LIFT``.
-- ``k_transposed`` (the CuTe backward's ``ds_fp8`` option, E4M3 K only), instead of ``kb``: ``kt``,
-  E4M3 K^T ``[B, Hkv, D, Sk16]`` whose slots 2r, 2r + 1 of each 16 hold keys r, r + 8 (the key order
-  of that option's E4M3 dS tile, ``cute.backend.KEY_PAIRS16``; code 0 past Sk), and ``v_norm``, FP32
-  ``[B, Hkv, Sk]`` the L2 norm of each key's E4M3 V codes (``numerics.ds_fp8.bound_scale``).
 """
 
 from __future__ import annotations
@@ -43,7 +39,6 @@ def _bwd_kv_kernel(
     KS,
     COL,
     COL2,
-    VNRM,
     SK,
     SK16,
     sksh,
@@ -53,7 +48,6 @@ def _bwd_kv_kernel(
     K_NVFP4: tl.constexpr,
     WRITE_COL: tl.constexpr,
     COL2_SCALE: tl.constexpr,
-    K_T: tl.constexpr,
 ):
     pid, bh = tl.program_id(0), tl.program_id(1)
     j = pid * BLOCK + tl.arange(0, BLOCK)  # keys; in VT, slots
@@ -71,28 +65,18 @@ def _bwd_kv_kernel(
         packed = tl.load(K8 + key * (D // 2) + tl.arange(0, D // 2)[None, :], mask=ok[:, None], other=0)
         scales = tl.load(KSC + key * (D // 16) + tl.arange(0, D // 16)[None, :], mask=ok[:, None], other=0)
         kb = nvfp4_to_bf16(packed, scales, BLOCK, D)
-    elif K_T:  # K^T's codes, slot 2r + h of each 16 = key 8h + r: (h, r) -> (r, h), keys-minor
-        codes = tl.load(K8 + rows, mask=ok[:, None], other=0)
-        kt = tl.reshape(
-            tl.permute(tl.reshape(tl.trans(codes), [D, BLOCK // 16, 2, 8]), [0, 1, 3, 2]), [D, BLOCK]
-        )
-        tl.store(KB + bh * D * SK16 + d[:, None] * SK16 + j[None, :], kt, mask=(j < SK16)[None, :])
     else:  # BF16(k * col2)
         kb = e4m3_to_bf16(tl.load(K8 + rows, mask=ok[:, None], other=0))
         kb = (kb.to(tl.float32) * (ks * COL2_SCALE)[:, None]).to(tl.bfloat16)
-    if not K_T:
-        tl.store(KB + rows, kb, mask=ok[:, None])
+    tl.store(KB + rows, kb, mask=ok[:, None])
     vt = tl.load(VT + bh * D * SK16 + d[:, None] * SK16 + j[None, :], mask=(j < SK16)[None, :], other=0)
     # slot 4 q + 2 h + c of each 16 holds key 8 h + 2 q + c: (q, h, c) -> (h, q, c), then keys-major
     v = tl.reshape(tl.permute(tl.reshape(vt, [D, BLOCK // 16, 4, 2, 2]), [0, 1, 3, 2, 4]), [D, BLOCK])
     v = tl.trans(v)
     tl.store(V8 + rows, v, mask=ok[:, None])
-    if K_T:
-        vf = e4m3_to_bf16(v).to(tl.float32)
-        tl.store(VNRM + bh * SK + j, tl.sqrt_rn(tl.sum(vf * vf, 1)), mask=ok)
 
 
-def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, k_transposed: bool = False) -> dict:
+def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dict:
     """``kb``, ``v8``, ``col``, ``col2`` for the CuTe backwards (module docstring).
 
     Args:
@@ -102,22 +86,17 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, k_tran
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]``, contiguous, Sk16 = Sk rounded up to 16 with the keys of
             each 16 in ``pv_layout.V_PERM16`` order (``quantize_fp8_v_transposed(v, perm16=True)``).
         col2_scale: the factor of ``col2`` (2^-LIFT), a power of two.
-        k_transposed: ``kt`` and ``v_norm`` instead of ``kb`` (module docstring; E4M3 K only).
     Returns:
         dict: ``kb`` BF16 ``[B, Hkv, Sk, D]``: ``BF16(k8 * col2)`` (nearest even) for E4M3, or
         ``scaled_payload()`` (exact) for NVFP4;
         ``v8`` E4M3 ``[B, Hkv, Sk, D]`` in key order; ``col`` FP32 ``[B, Hkv, Sk]``, the
         K token scales (NVFP4: the global scale of each key's head) and ``col2 = col * col2_scale``.
-        All contiguous; ``col`` is the saved token scales themselves for E4M3. With ``k_transposed``:
-        ``kt`` E4M3 ``[B, Hkv, D, Sk16]`` and ``v_norm`` FP32 ``[B, Hkv, Sk]`` in place of ``kb``.
+        All contiguous; ``col`` is the saved token scales themselves for E4M3.
     Raises:
         ValueError: CPU tensors (outside the Triton interpreter), wrong dtypes, shapes or layouts, a
-            head dim that is not a power of two in 16..256, a span beyond 32-bit offsets, or
-            ``k_transposed`` with NVFP4 K.
+            head dim that is not a power of two in 16..256, or a span beyond 32-bit offsets.
     """
     nvfp4 = isinstance(k8, NVFP4Tensor)
-    if k_transposed and nvfp4:
-        raise ValueError("backward_kv_operands: k_transposed needs E4M3 K (the fp8 recipe), not NVFP4")
     payload = k8.payload if nvfp4 else k8.data
     b, h, sk, d = k8.shape if nvfp4 else payload.shape
     sk16 = -(-sk // 16) * 16
@@ -154,11 +133,7 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, k_tran
     else:
         ks, ks_strides = k8.scale, (sk, 1)
     dev = payload.device
-    if k_transposed:
-        kb = torch.empty((b, h, d, sk16), dtype=torch.uint8, device=dev)  # K^T's codes
-        v_norm = torch.empty((b, h, sk), dtype=torch.float32, device=dev)
-    else:
-        kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)
+    kb = torch.empty((b, h, sk, d), dtype=torch.bfloat16, device=dev)
     v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)
     cols = torch.empty((2 if nvfp4 else 1, b, h, sk), dtype=torch.float32, device=dev)
     col = cols[1] if nvfp4 else k8.scale.view(b, h, sk)
@@ -171,7 +146,6 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, k_tran
         ks,
         col,
         cols[0],
-        v_norm if k_transposed else cols[0],
         sk,
         sk16,
         *ks_strides,
@@ -180,11 +154,10 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float, k_tran
         K_NVFP4=nvfp4,
         WRITE_COL=nvfp4,
         COL2_SCALE=float(col2_scale),
-        K_T=k_transposed,
     )
-    out = {"v8": v8.view(torch.float8_e4m3fn), "col": col, "col2": cols[0]}
-    if k_transposed:
-        out.update(kt=kb.view(torch.float8_e4m3fn), v_norm=v_norm)
-    else:
-        out["kb"] = kb
-    return out
+    return {
+        "kb": kb,
+        "v8": v8.view(torch.float8_e4m3fn),
+        "col": col,
+        "col2": cols[0],
+    }

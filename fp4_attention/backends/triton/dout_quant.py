@@ -11,9 +11,7 @@ copy of dO): the torch definition is ``backends/dout.py`` (``quantize_dout``, ``
    rowsum((q * s) * O / v_scale) of the same dequantized dO; and the LSE statistic, the Q-scale
    products the CuTe backward reads, zero-padded (stat -inf) to the buffers' length; optionally
    ``BF16(q8 * Q scale * 2^-LIFT)`` from the saved E4M3 Q payload (the CuTe backward's dK operand,
-   with the token scale in it: ``reference_backward``'s ``fp8``) in the same pass; or, for the CuTe
-   backward's ``ds_fp8`` option, Q's E4M3 codes transposed with dO^T's query order (its dK operand)
-   and each query's ``||dO'||`` (the dequantized dO's L2 norm, for ``numerics.ds_fp8.bound_scale``).
+   with the token scale in it: ``reference_backward``'s ``fp8``) in the same pass.
 """
 
 from __future__ import annotations
@@ -54,8 +52,6 @@ def _dout_quant_kernel(
     ROW,
     Q8,
     QB,
-    QT,
-    NRM,
     H,
     G,
     SQ,
@@ -75,7 +71,6 @@ def _dout_quant_kernel(
     LIFT: tl.constexpr,
     TRANSPOSED: tl.constexpr,
     Q_BF16: tl.constexpr,
-    Q_T: tl.constexpr,
 ):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
@@ -107,27 +102,17 @@ def _dout_quant_kernel(
         yt = transpose_codes(yq, True)
         tl.store(YT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :], yt, mask=(i < SQ16)[None, :])
     tl.static_assert(TRANSPOSED or not Q_BF16, "Q_BF16 needs TRANSPOSED (the Q scales)")
-    tl.static_assert(TRANSPOSED or not Q_T, "Q_T needs TRANSPOSED")
-    if Q_BF16 or Q_T:  # the E4M3 Q payload's codes (queries past SQ read as code 0)
-        q8 = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
-    if Q_T:  # transposed with dO^T's query order
-        tl.store(
-            QT + bh * D * SQ16 + d[:, None] * SQ16 + i[None, :],
-            transpose_codes(q8, True),
-            mask=(i < SQ16)[None, :],
-        )
     if TRANSPOSED:
         qs = tl.load(QS + bh * sqsh + i * sqss, mask=ok, other=0.0)
     if Q_BF16:
         # BF16(q * Q scale * 2^-LIFT) from the E4M3 Q payload (round to nearest even), the B operand
         # of the backward's dK = dS^T Q with the token scale in it
+        q8 = tl.load(Q8 + row_base + i[:, None] * D + d[None, :], mask=ok[:, None], other=0)
         qb = (e4m3_to_bf16(q8).to(tl.float32) * (qs * (1.0 / (1 << LIFT)))[:, None]).to(tl.bfloat16)
         tl.store(QB + row_base + i[:, None] * D + d[None, :], qb, mask=ok[:, None])
     deq = yq.to(tl.float8e5, bitcast=True).to(tl.float32) * scale
     delta = tl.sum(deq * o / vs[None, :], 1)
     in_pad = i < SPAD
-    if Q_T:
-        tl.store(NRM + bh * SPAD + i, tl.where(ok, tl.sqrt_rn(tl.sum(deq * deq, 1)), 0.0), mask=in_pad)
     tl.store(DELTA + bh * SPAD + i, tl.where(ok, delta, 0.0), mask=in_pad)
     lse = tl.load(LSE + bh * SQ + i, mask=ok, other=float("-inf"))
     stat = tl.where(lse == float("-inf"), float("-inf"), LIFT - lse * LOG2E)
@@ -150,8 +135,6 @@ class DoutOperands:
         r, row: FP32 ``[B, Hq, S_pad]`` Q token scale * ``qk_scale_log2`` and * 2^-LIFT
             (``transposed=True``, from ``q_scale``); 0 past Sq.
         qb: BF16 ``[B, Hq, Sq, D]`` = ``BF16(q8 * q_scale * 2^-lift)`` (nearest even; given ``q8``).
-        qt: E4M3 ``[B, Hq, D, Sq16]`` Q^T with dO^T's query order, and do_norm: FP32 ``[B, Hq,
-            S_pad]`` ``||dO'_i||`` (0 past Sq), given ``q8`` and ``q_transposed``.
     """
 
     def __init__(self, **kw):
@@ -170,7 +153,6 @@ def quantize_dout_fused(
     q_scale: torch.Tensor | None = None,
     qk_scale_log2: float = 0.0,
     q8: torch.Tensor | None = None,
-    q_transposed: bool = False,
 ) -> DoutOperands:
     """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
 
@@ -186,9 +168,6 @@ def quantize_dout_fused(
         q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also ``qb`` = ``BF16(q8 *
             q_scale * 2^-lift)`` (the CuTe backward's dK operand, ``reference_backward``'s ``fp8``
             placement of the token scales), in the same pass; needs ``transposed``.
-        q_transposed: with ``q8``, ``qt`` and ``do_norm`` instead of ``qb`` (the CuTe backward's
-            ``ds_fp8`` option: Q^T's E4M3 codes with dO^T's query order, and each query's norm of
-            the dequantized dO, module docstring).
     Returns:
         :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
         (the GPU tests check it); D equals its value up to FP32 summation order.
@@ -221,8 +200,6 @@ def quantize_dout_fused(
         )
     if q8 is not None and not transposed:
         raise ValueError("quantize_dout_fused: q8 needs transposed=True (qb carries the Q scales)")
-    if q_transposed and q8 is None:
-        raise ValueError("quantize_dout_fused: q_transposed=True needs q8 (the E4M3 Q payload)")
     dev = dout.device
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
@@ -246,10 +223,7 @@ def quantize_dout_fused(
         q_scale = q_scale.contiguous().float()
     qs = q_scale if transposed else lse
     q_strides = (q_scale.stride(1), q_scale.stride(2)) if transposed else (sq, 1)
-    q_bf16 = q8 is not None and not q_transposed
-    qb = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dev) if q_bf16 else None
-    qt = torch.empty((b, hq, d, sq16), dtype=torch.uint8, device=dev) if q_transposed else None
-    do_norm = torch.empty((b, hq, spad), dtype=torch.float32, device=dev) if q_transposed else None
+    qb = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dev) if q8 is not None else None
     grid = (triton.cdiv(max(spad, sq16), QUANT_BLOCK), b * hq)
     _dout_quant_kernel[grid](
         dout,
@@ -268,8 +242,6 @@ def quantize_dout_fused(
         row,
         y if q8 is None else q8.view(torch.uint8),
         dout if qb is None else qb,
-        y if qt is None else qt,
-        delta if do_norm is None else do_norm,
         hq,
         hq // hkv,
         sq,
@@ -283,14 +255,11 @@ def quantize_dout_fused(
         BLOCK=QUANT_BLOCK,
         LIFT=lift,
         TRANSPOSED=transposed,
-        Q_BF16=q_bf16,
-        Q_T=q_transposed,
+        Q_BF16=q8 is not None,
         num_warps=QUANT_WARPS,
     )
     do_q = FP8Tensor(data=y.view(torch.float8_e5m2), scale=s_do.view(b, hq, 1, 1))
     extra = dict(dot=yt.view(torch.float8_e5m2), r=r, row=row) if transposed else {}
     if qb is not None:
         extra["qb"] = qb
-    if qt is not None:
-        extra.update(qt=qt.view(torch.float8_e4m3fn), do_norm=do_norm)
     return DoutOperands(do_q=do_q, s_do=s_do, delta=delta, stat=stat, **extra)
