@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
+from .launch import launcher
 from .quant import _head_amax_kernel, check_int32_span, e4m3_to_bf16, transpose_codes, zeroed_amax_and_flag
 from .quant import interpreted as _interpreted
 
@@ -209,7 +210,7 @@ def quantize_dout_fused(
     block = 64
     grid = (triton.cdiv(sq, block), b * hq)
     strides = (dout.stride(0), dout.stride(1), dout.stride(2))
-    _head_amax_kernel[grid](
+    launcher(_head_amax_kernel)[grid](
         dout, amax, bad, hq, sq, *strides, D=d, BLOCK_S=block, VS=v_scale, G=hq // hkv, CHANNEL_SCALED=True
     )
     y = torch.empty((b, hq, sq, d), dtype=torch.uint8, device=dev)
@@ -225,7 +226,7 @@ def quantize_dout_fused(
     q_strides = (q_scale.stride(1), q_scale.stride(2)) if transposed else (sq, 1)
     qb = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dev) if q8 is not None else None
     grid = (triton.cdiv(max(spad, sq16), QUANT_BLOCK), b * hq)
-    _dout_quant_kernel[grid](
+    launcher(_dout_quant_kernel)[grid](
         dout,
         out,
         v_scale,

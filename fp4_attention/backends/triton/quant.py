@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
 from ..pv_layout import padded_keys
+from .launch import launcher
 from .rotation import rotate_rows, rotation_args
 
 __all__ = [
@@ -299,7 +300,7 @@ def quantize_fp8_rows(
     s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     n = x.numel() // d
     rows = _rows_option("quantize_fp8_rows", rows, max(1, 2048 // d))
-    _fp8_rows_kernel[(triton.cdiv(n, rows),)](
+    launcher(_fp8_rows_kernel)[(triton.cdiv(n, rows),)](
         x,
         y,
         s,
@@ -469,8 +470,8 @@ def quantize_fp8_v_transposed(
     block_s = _rows_option("quantize_fp8_v_transposed", rows, 64)
     if block_s < 16:
         raise ValueError(f"quantize_fp8_v_transposed: keys per program must be >= 16, got {block_s}")
-    _v_amax_kernel[(triton.cdiv(sk, 64), b * h)](v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=64)
-    _fp8_v_t_kernel[(triton.cdiv(sk, block_s), b * h)](
+    launcher(_v_amax_kernel)[(triton.cdiv(sk, 64), b * h)](v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=64)
+    launcher(_fp8_v_t_kernel)[(triton.cdiv(sk, block_s), b * h)](
         v,
         amax,
         bad,

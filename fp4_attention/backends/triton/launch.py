@@ -1,0 +1,116 @@
+"""Triton launches that reuse the compiled kernel: a measurement option, off unless
+``FP4_ATTENTION_TRITON_LAUNCH_CACHE=1``, not yet run on a GPU (issue 18's B1 bar and issue 19's B1
+forward bar are bound by the host).
+
+A launch through ``JITFunction.__getitem__`` binds and specializes every argument, looks the
+compiled kernel up and reads Triton's runtime settings on each call: 46 us of host time per launch
+of the dO kernel on the H200, against 15 us for the same compiled kernel launched through
+``CompiledKernel`` (``results/host_overhead_h200/``); the attention step makes 7 such launches.
+:class:`CachedLaunch` keeps the compiled kernel per argument key and launches it through
+``CompiledKernel.run``, the launcher Triton itself calls.
+
+The key is stricter than Triton's specialization, so a kernel is never reused where Triton would
+have compiled another one: the current device; a tensor by its dtype and whether its address is a
+multiple of 16 bytes (Triton's alignment specialization); an int by its value (Triton specializes on 1, on
+multiples of 16 and on the 32-bit range); a float by its type (Triton does not specialize floats);
+other values (None, bools, constexprs, launch options) by themselves; and the grid. A first call
+for a key goes through ``JITFunction`` (which compiles or finds the kernel and launches it), so
+the two paths run the same compiled code. The cached launch passes no launch metadata and no
+hooks; ``JITFunction`` builds the metadata and passes Triton 3.6's hook chains on every launch even
+when they are empty. Launches go through ``JITFunction`` every time when the option is off, when
+Triton runs interpreted (the CPU tests), when a launch hook is set (profilers such as Proton use
+one), or when a kernel parameter is left to its default.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from triton import knobs
+
+__all__ = ["ENV", "CachedLaunch", "enabled", "launcher"]
+
+ENV = "FP4_ATTENTION_TRITON_LAUNCH_CACHE"
+
+
+def enabled() -> bool:
+    """Whether ``FP4_ATTENTION_TRITON_LAUNCH_CACHE=1`` (read at each launch, so a benchmark can
+    compare both paths in one process).
+
+    Raises:
+        ValueError: a value other than unset, ``0`` or ``1``."""
+    value = os.environ.get(ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set: Triton 3.6 keeps them in ``HookChain`` objects (empty by
+    default, and then its launcher calls them for nothing); older versions hold None or a callable."""
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def _arg_key(a):
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if type(a) is float:
+        return float
+    return a  # ints by value; None, bools and constexpr values by themselves
+
+
+class CachedLaunch:
+    """``CachedLaunch(jit_fn)[grid](*args, **kwargs)`` launches ``jit_fn`` as
+    ``jit_fn[grid](*args, **kwargs)`` does (module docstring).
+
+    Args:
+        fn: a ``triton.jit`` function (``JITFunction``).
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.names: tuple | None = None  # the parameters' names (an interpreted kernel has none)
+        self.cache: dict = {}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(tuple(grid), args, kwargs)
+
+    def launch(self, grid: tuple, args: tuple, kwargs: dict):
+        """Launch on ``grid`` (1 to 3 ints) with the kernel's positional and keyword arguments
+        (constexprs and launch options such as ``num_warps`` by keyword)."""
+        from .quant import interpreted
+
+        if not enabled() or interpreted() or _hooked():
+            return self.fn[grid](*args, **kwargs)
+        device = torch.cuda.current_device()  # the compiled kernel's module is loaded per device
+        key = (grid, device, tuple(map(_arg_key, args)), tuple((k, _arg_key(v)) for k, v in kwargs.items()))
+        hit = self.cache.get(key)
+        if hit is None:
+            compiled = self.fn[grid](*args, **kwargs)
+            if self.names is None:
+                self.names = tuple(p.name for p in self.fn.params)
+            tail = self.names[len(args) :]
+            if all(n in kwargs for n in tail):  # every parameter given: launchable without binding
+                self.cache[key] = (compiled, tail)
+            return compiled
+        compiled, tail = hit
+        full = (*args, *(kwargs[n] for n in tail))
+        g = grid + (1,) * (3 - len(grid))
+        stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's driver reads
+        compiled.run(*g, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
+        return compiled
+
+
+_LAUNCHERS: dict = {}
+
+
+def launcher(fn) -> CachedLaunch:
+    """The :class:`CachedLaunch` of ``fn`` (one per kernel, so its cache lives as long as the process)."""
+    got = _LAUNCHERS.get(id(fn))
+    if got is None:
+        got = _LAUNCHERS[id(fn)] = CachedLaunch(fn)
+    return got

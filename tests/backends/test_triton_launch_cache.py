@@ -1,0 +1,142 @@
+"""``backends/triton/launch.py`` (the compiled-kernel launch cache, off by default) on a CPU, with a
+stand-in for Triton's ``JITFunction`` and ``CompiledKernel``: which calls take the cache, which go
+through ``JITFunction``, and the argument order of the cached launch. The launch itself needs a
+GPU (``bench/launch_overhead.py`` times it there)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from triton import knobs
+
+from fp4_attention.backends.triton import launch
+
+NAMES = ("X", "Y", "N", "scale", "D", "BLOCK")  # two tensors, an int, a float, two constexprs
+
+
+class FakeCompiled:
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *args):
+        self.runs.append(args)
+
+
+class FakeJIT:
+    def __init__(self, names=NAMES):
+        self.params = [SimpleNamespace(name=n) for n in names]
+        self.calls = []
+        self.compiled = FakeCompiled()
+
+    def __getitem__(self, grid):
+        def call(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+            return self.compiled
+
+        return call
+
+
+@pytest.fixture
+def cuda_stub(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(launch.ENV, "1")
+
+
+def _args(x, n=64, scale=0.5):
+    return (x, torch.empty(64, dtype=torch.uint8), n, scale)
+
+
+def test_off_by_default_every_call_through_jit(monkeypatch, cuda_stub):
+    monkeypatch.delenv(launch.ENV)
+    fn = FakeJIT()
+    x = torch.empty(64)
+    for _ in range(3):
+        launch.CachedLaunch(fn)[(4, 2)](*_args(x), BLOCK=16, D=128, num_warps=4)
+    assert len(fn.calls) == 3 and not fn.compiled.runs
+
+
+def test_second_call_launches_the_compiled_kernel_with_every_parameter_in_order(cuda_stub):
+    fn = FakeJIT()
+    cl = launch.CachedLaunch(fn)
+    x = torch.empty(64)
+    # keywords in another order than the parameters: the cached launch follows the parameters
+    assert cl[(4, 2)](*_args(x), BLOCK=16, D=128, num_warps=4) is fn.compiled
+    y = torch.empty(64)
+    cl[(4, 2)](*_args(y, scale=0.25), BLOCK=16, D=128, num_warps=4)  # same key: new pointers, float
+    assert len(fn.calls) == 1 and len(fn.compiled.runs) == 1
+    run = fn.compiled.runs[0]
+    assert run[:9] == (4, 2, 1, 77, "function", "metadata", None, None, None)
+    assert run[9] is y and run[11:] == (64, 0.25, 128, 16)  # num_warps is an option, not a parameter
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["misaligned tensor", "dtype", "int value", "grid", "constexpr", "option"],
+)
+def test_a_changed_key_goes_through_jit(cuda_stub, change):
+    fn = FakeJIT()
+    cl = launch.CachedLaunch(fn)
+    base = torch.empty(80)
+    x, grid, kw = base[:64], (4, 2), dict(D=128, BLOCK=16, num_warps=4)
+    cl[grid](*_args(x), **kw)
+    args = _args(x)
+    if change == "misaligned tensor":
+        args = (base.view(torch.uint8)[1:257].view(torch.uint8), *args[1:])  # address not a multiple of 16
+        assert args[0].data_ptr() % 16
+    elif change == "dtype":
+        args = (x.to(torch.bfloat16), *args[1:])
+    elif change == "int value":
+        args = _args(x, n=65)
+    elif change == "grid":
+        grid = (4, 3)
+    elif change == "constexpr":
+        kw["BLOCK"] = 32
+    else:
+        kw["num_warps"] = 8
+    cl[grid](*args, **kw)
+    assert len(fn.calls) == 2 and not fn.compiled.runs
+
+
+def test_a_parameter_left_to_its_default_is_never_cached(cuda_stub):
+    fn = FakeJIT()
+    x = torch.empty(64)
+    for _ in range(2):
+        launch.CachedLaunch(fn)[(1,)](*_args(x), D=128, num_warps=4)  # BLOCK left to a default
+    cl = launch.CachedLaunch(fn)
+    cl[(1,)](*_args(x), D=128)
+    cl[(1,)](*_args(x), D=128)
+    assert len(fn.calls) == 4 and not fn.compiled.runs
+
+
+def test_a_launch_hook_or_the_interpreter_takes_the_jit_path(monkeypatch, cuda_stub):
+    fn = FakeJIT()
+    cl = launch.CachedLaunch(fn)
+    x = torch.empty(64)
+    cl[(1,)](*_args(x), D=128, BLOCK=16)
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)  # a profiler's hook: every launch through JIT
+    try:
+        cl[(1,)](*_args(x), D=128, BLOCK=16)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cl[(1,)](*_args(x), D=128, BLOCK=16)
+    assert len(fn.calls) == 3 and not fn.compiled.runs
+    monkeypatch.delenv("TRITON_INTERPRET")
+    cl[(1,)](*_args(x), D=128, BLOCK=16)  # and back to the cache
+    assert len(fn.calls) == 3 and len(fn.compiled.runs) == 1
+
+
+def test_the_switch_takes_0_or_1(monkeypatch):
+    monkeypatch.setenv(launch.ENV, "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1, got 'yes'"):
+        launch.enabled()
+
+
+def test_one_launcher_per_kernel():
+    fn = FakeJIT()
+    assert launch.launcher(fn) is launch.launcher(fn) and launch.launcher(fn).fn is fn
