@@ -25,8 +25,14 @@ class FakeCompiled:
 
 
 class FakeJIT:
-    def __init__(self, names=NAMES):
-        self.params = [SimpleNamespace(name=n) for n in names]
+    debug = None
+    pre_run_hooks = ()
+
+    def __init__(self, names=NAMES, defaults=None):
+        defaults = defaults or {}
+        self.params = [
+            SimpleNamespace(name=n, has_default=n in defaults, default=defaults.get(n)) for n in names
+        ]
         self.calls = []
         self.compiled = FakeCompiled()
 
@@ -66,16 +72,16 @@ def test_second_call_launches_the_compiled_kernel_with_every_parameter_in_order(
     # keywords in another order than the parameters: the cached launch follows the parameters
     assert cl[(4, 2)](*_args(x), BLOCK=16, D=128, num_warps=4) is fn.compiled
     y = torch.empty(64)
-    cl[(4, 2)](*_args(y, scale=0.25), BLOCK=16, D=128, num_warps=4)  # same key: new pointers, float
+    cl[(4, 2)](*_args(y), BLOCK=16, D=128, num_warps=4)  # the same key with other tensors
     assert len(fn.calls) == 1 and len(fn.compiled.runs) == 1
     run = fn.compiled.runs[0]
     assert run[:9] == (4, 2, 1, 77, "function", "metadata", None, None, None)
-    assert run[9] is y and run[11:] == (64, 0.25, 128, 16)  # num_warps is an option, not a parameter
+    assert run[9] is y and run[11:] == (64, 0.5, 128, 16)  # num_warps is an option, not a parameter
 
 
 @pytest.mark.parametrize(
     "change",
-    ["misaligned tensor", "dtype", "int value", "grid", "constexpr", "option"],
+    ["misaligned tensor", "dtype", "int value", "bool for int", "float value", "grid", "constexpr", "option"],
 )
 def test_a_changed_key_goes_through_jit(cuda_stub, change):
     fn = FakeJIT()
@@ -91,6 +97,12 @@ def test_a_changed_key_goes_through_jit(cuda_stub, change):
         args = (x.to(torch.bfloat16), *args[1:])
     elif change == "int value":
         args = _args(x, n=65)
+    elif change == "bool for int":  # True == 1, but Triton specializes them differently
+        cl[grid](*_args(x, n=1), **kw)
+        args = _args(x, n=True)
+        fn.calls.pop()
+    elif change == "float value":  # a float may be a constexpr, compiled into the kernel
+        args = _args(x, scale=0.25)
     elif change == "grid":
         grid = (4, 3)
     elif change == "constexpr":
@@ -101,15 +113,32 @@ def test_a_changed_key_goes_through_jit(cuda_stub, change):
     assert len(fn.calls) == 2 and not fn.compiled.runs
 
 
-def test_a_parameter_left_to_its_default_is_never_cached(cuda_stub):
-    fn = FakeJIT()
+def test_a_parameter_left_to_its_default_is_filled_in(cuda_stub):
+    fn = FakeJIT(defaults={"BLOCK": 64})
+    cl = launch.CachedLaunch(fn)
     x = torch.empty(64)
     for _ in range(2):
-        launch.CachedLaunch(fn)[(1,)](*_args(x), D=128, num_warps=4)  # BLOCK left to a default
+        cl[(1,)](*_args(x), D=128, num_warps=4)  # BLOCK left to its default
+    assert len(fn.calls) == 1 and fn.compiled.runs[0][-2:] == (128, 64)
+
+
+def test_a_parameter_without_value_or_default_is_never_cached(cuda_stub):
+    fn = FakeJIT()
     cl = launch.CachedLaunch(fn)
-    cl[(1,)](*_args(x), D=128)
-    cl[(1,)](*_args(x), D=128)
-    assert len(fn.calls) == 4 and not fn.compiled.runs
+    x = torch.empty(64)
+    for _ in range(2):
+        cl[(1,)](*_args(x), D=128)  # BLOCK missing (a real JITFunction raises)
+    assert len(fn.calls) == 2 and not fn.compiled.runs
+
+
+def test_triton_debug_setting_is_part_of_the_key(monkeypatch, cuda_stub):
+    fn = FakeJIT()
+    cl = launch.CachedLaunch(fn)
+    x = torch.empty(64)
+    cl[(1,)](*_args(x), D=128, BLOCK=16)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    cl[(1,)](*_args(x), D=128, BLOCK=16)
+    assert len(fn.calls) == 2 and not fn.compiled.runs
 
 
 def test_a_launch_hook_or_the_interpreter_takes_the_jit_path(monkeypatch, cuda_stub):

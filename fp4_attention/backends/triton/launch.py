@@ -18,8 +18,11 @@ for a key goes through ``JITFunction`` (which compiles or finds the kernel and l
 the two paths run the same compiled code. The cached launch passes no launch metadata and no
 hooks; ``JITFunction`` builds the metadata and passes Triton 3.6's hook chains on every launch even
 when they are empty. Launches go through ``JITFunction`` every time when the option is off, when
-Triton runs interpreted (the CPU tests), when a launch hook is set (profilers such as Proton use
-one), or when a kernel parameter is left to its default.
+Triton runs interpreted (the CPU tests), when a launch hook or a pre-run hook is set (profilers
+such as Proton use them). Parameters left to their defaults are filled in as ``JITFunction`` does.
+Not repeated on a cached launch: ``JITFunction``'s check that the module globals a kernel read at
+compile time (``tl.constexpr`` constants) have not changed since; nothing in this package changes
+them.
 """
 
 from __future__ import annotations
@@ -58,9 +61,9 @@ def _hooked() -> bool:
 def _arg_key(a):
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0)
-    if type(a) is float:
-        return float
-    return a  # ints by value; None, bools and constexpr values by themselves
+    # ints, floats (a constexpr float is compiled in), bools (True and 1 specialize differently),
+    # None: by type and value
+    return (type(a), a)
 
 
 class CachedLaunch:
@@ -73,7 +76,6 @@ class CachedLaunch:
 
     def __init__(self, fn):
         self.fn = fn
-        self.names: tuple | None = None  # the parameters' names (an interpreted kernel has none)
         self.cache: dict = {}
 
     def __getitem__(self, grid):
@@ -84,25 +86,45 @@ class CachedLaunch:
         (constexprs and launch options such as ``num_warps`` by keyword)."""
         from .quant import interpreted
 
-        if not enabled() or interpreted() or _hooked():
+        if not enabled() or interpreted() or _hooked() or getattr(self.fn, "pre_run_hooks", None):
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()  # the compiled kernel's module is loaded per device
-        key = (grid, device, tuple(map(_arg_key, args)), tuple((k, _arg_key(v)) for k, v in kwargs.items()))
+        # the options JITFunction.run adds from Triton's settings (they select the compiled kernel)
+        settings = (self.fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+        key = (
+            grid,
+            device,
+            settings,
+            tuple(map(_arg_key, args)),
+            tuple((k, _arg_key(v)) for k, v in kwargs.items()),
+        )
         hit = self.cache.get(key)
         if hit is None:
             compiled = self.fn[grid](*args, **kwargs)
-            if self.names is None:
-                self.names = tuple(p.name for p in self.fn.params)
-            tail = self.names[len(args) :]
-            if all(n in kwargs for n in tail):  # every parameter given: launchable without binding
+            tail = self._tail(len(args), kwargs)
+            if compiled is not None and tail is not None:
                 self.cache[key] = (compiled, tail)
             return compiled
         compiled, tail = hit
-        full = (*args, *(kwargs[n] for n in tail))
+        full = (*args, *(kwargs[n] if keyword else value for n, keyword, value in tail))
         g = grid + (1,) * (3 - len(grid))
         stream = torch._C._cuda_getCurrentRawStream(device)  # what Triton's driver reads
         compiled.run(*g, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
         return compiled
+
+    def _tail(self, n_args: int, kwargs: dict):
+        """The parameters after the positional ones as ``(name, by keyword, default)``, in the
+        kernel's order (JITFunction passes every parameter, defaults filled in, to the launcher);
+        None if one is neither given nor has a default (JITFunction raised for it already)."""
+        tail = []
+        for p in self.fn.params[n_args:]:
+            if p.name in kwargs:
+                tail.append((p.name, True, None))
+            elif p.has_default:
+                tail.append((p.name, False, p.default))
+            else:
+                return None
+        return tuple(tail)
 
 
 _LAUNCHERS: dict = {}
