@@ -129,10 +129,10 @@ def rows(calls: int) -> dict[str, float]:
     compiled = dq._dout_quant_kernel[grid](*args, **kwargs)
     params = dq._dout_quant_kernel.params
     bound = list(args) + [kwargs[p.name] for p in params[len(args) :] if p.name in kwargs]
-    runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    runner = compiled[g]
     out["triton_compiled_launch"] = host_us(lambda: runner(*bound), calls)
     stream = torch.cuda.current_stream().cuda_stream
-    g = tuple(grid) + (1,) * (3 - len(grid))
     run, fn, meta = compiled.run, compiled.function, compiled.packed_metadata
     out["triton_raw_launch"] = host_us(lambda: run(*g, stream, fn, meta, None, None, None, *bound), calls)
     out["torch_empty"] = host_us(lambda: torch.empty(1 << 18, device="cuda"), calls)

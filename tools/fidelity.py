@@ -260,6 +260,18 @@ def backend_options(pairs: list[str]) -> dict:
     return out
 
 
+def check_backend_options(backend: str, options: dict) -> None:
+    """Refuse ``--backend-option`` names that ``backend`` does not take (its spec's options).
+
+    Raises:
+        ValueError: an unknown backend, or option names the backend does not accept (named with the
+            ones it does)."""
+    accepted = fa.get_backend(backend).spec.options
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"--backend-option {unknown}: backend {backend!r} accepts {sorted(accepted)}")
+
+
 FAMILIES = ("normal", "outliers", "sink")
 SCALED_FAMILIES = ("std", "gap", "channels", "kbias")  # std=X, gap=X, channels=X, kbias=X
 
@@ -300,16 +312,10 @@ def check_args(args) -> str | None:
             return str(err)
     try:
         opts = backend_options(args.backend_option)
+        if opts and args.backend != "auto":
+            check_backend_options(args.backend, opts)
     except ValueError as err:
         return str(err)
-    if opts and args.backend != "auto":
-        try:
-            accepted = fa.get_backend(args.backend).spec.options
-        except ValueError as err:
-            return str(err)
-        unknown = sorted(set(opts) - set(accepted))
-        if unknown:
-            return f"--backend-option {unknown}: backend {args.backend!r} accepts {sorted(accepted)}"
     if not 0 <= args.qk_rotation_seed < 2**63:
         return f"--qk-rotation-seed must be an integer in [0, 2^63), got {args.qk_rotation_seed}"
     try:

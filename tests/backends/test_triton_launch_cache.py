@@ -56,6 +56,15 @@ def _args(x, n=64, scale=0.5):
     return (x, torch.empty(64, dtype=torch.uint8), n, scale)
 
 
+def _launched_once():
+    """A fake kernel, its launcher and a tensor, after one launch (the key now cached)."""
+    fn = FakeJIT()
+    cl = launch.CachedLaunch(fn)
+    x = torch.empty(64)
+    cl[(1,)](*_args(x), D=128, BLOCK=16)
+    return fn, cl, x
+
+
 def test_off_by_default_every_call_through_jit(monkeypatch, cuda_stub):
     monkeypatch.delenv(launch.ENV)
     fn = FakeJIT()
@@ -132,20 +141,14 @@ def test_a_parameter_without_value_or_default_is_never_cached(cuda_stub):
 
 
 def test_triton_debug_setting_is_part_of_the_key(monkeypatch, cuda_stub):
-    fn = FakeJIT()
-    cl = launch.CachedLaunch(fn)
-    x = torch.empty(64)
-    cl[(1,)](*_args(x), D=128, BLOCK=16)
+    fn, cl, x = _launched_once()
     monkeypatch.setattr(knobs.runtime, "debug", True)
     cl[(1,)](*_args(x), D=128, BLOCK=16)
     assert len(fn.calls) == 2 and not fn.compiled.runs
 
 
 def test_a_launch_hook_or_the_interpreter_takes_the_jit_path(monkeypatch, cuda_stub):
-    fn = FakeJIT()
-    cl = launch.CachedLaunch(fn)
-    x = torch.empty(64)
-    cl[(1,)](*_args(x), D=128, BLOCK=16)
+    fn, cl, x = _launched_once()
     hook = lambda metadata: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)  # a profiler's hook: every launch through JIT
     try:

@@ -10,10 +10,11 @@ of the dO kernel on the H200, against 15 us for the same compiled kernel launche
 ``CompiledKernel.run``, the launcher Triton itself calls.
 
 The key is stricter than Triton's specialization, so a kernel is never reused where Triton would
-have compiled another one: the current device; a tensor by its dtype and whether its address is a
-multiple of 16 bytes (Triton's alignment specialization); an int by its value (Triton specializes on 1, on
-multiples of 16 and on the 32-bit range); a float by its type (Triton does not specialize floats);
-other values (None, bools, constexprs, launch options) by themselves; and the grid. A first call
+have compiled another one: the grid; the current device; the ``debug`` and ``instrumentation_mode``
+options ``JITFunction.run`` takes from Triton's settings; a tensor by its dtype and whether its
+address is a multiple of 16 bytes (Triton's alignment specialization); every other argument,
+launch options included, by its type and value (Triton specializes ints on 1, on multiples of 16
+and on their range, compiles constexpr floats in, and tells True from 1). A first call
 for a key goes through ``JITFunction`` (which compiles or finds the kernel and launches it), so
 the two paths run the same compiled code. The cached launch passes no launch metadata and no
 hooks; ``JITFunction`` builds the metadata and passes Triton 3.6's hook chains on every launch even
@@ -84,9 +85,11 @@ class CachedLaunch:
     def launch(self, grid: tuple, args: tuple, kwargs: dict):
         """Launch on ``grid`` (1 to 3 ints) with the kernel's positional and keyword arguments
         (constexprs and launch options such as ``num_warps`` by keyword)."""
-        from .quant import interpreted
+        if not enabled():  # the default: nothing more on the launch path than this check
+            return self.fn[grid](*args, **kwargs)
+        from .quant import interpreted  # not at the top: quant imports this module
 
-        if not enabled() or interpreted() or _hooked() or getattr(self.fn, "pre_run_hooks", None):
+        if interpreted() or _hooked() or getattr(self.fn, "pre_run_hooks", None):
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()  # the compiled kernel's module is loaded per device
         # the options JITFunction.run adds from Triton's settings (they select the compiled kernel)
