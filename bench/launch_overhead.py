@@ -105,6 +105,18 @@ def rows(calls: int) -> dict[str, float]:
     out["cute_backward_fp8"] = host_us(
         lambda: cb.backward_fp8(state, dout, causal=True, softmax_scale=sm), calls
     )
+    # the backward's pieces: the kernel's argument views, the compiled kernel's call alone (TVM-FFI,
+    # 17 tensors), FA4's postprocess launches (3 with GQA), the accumulator fill
+    bops = cb.backward_operands(state, dout, sm)
+    out["cute_bwd_args"] = host_us(
+        lambda: [t.view(torch.uint8) if t.element_size() == 1 else t for t in cb._bwd_args(bops)], calls
+    )
+    bargs = [t.view(torch.uint8) if t.element_size() == 1 else t for t in cb._bwd_args(bops)]
+    bfn = cb._compiled_bwd(d, hq // hkv, True, False, cb._bwd_args(bops), sm)
+    out["cute_bwd_kernel_call"] = host_us(lambda: bfn(*bargs, sm), calls)
+    out["cute_bwd_postprocess"] = host_us(lambda: cb.postprocess_gradients(bops, state, sm), calls)
+    out["torch_zeros"] = host_us(lambda: torch.zeros(1 << 18, device="cuda"), calls)
+    out["cute_forward_checks"] = host_us(lambda: cb._check_operands(*ops, cb.DEFAULT_TILES), calls)
     from fp4_attention.backends.fa4.backend import FA4Backend
 
     out["fa4_backend_forward"] = host_us(

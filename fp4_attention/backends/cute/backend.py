@@ -80,6 +80,7 @@ __all__ = [
     "default_tiles",
     "forward_fp8",
     "kernel_operands",
+    "postprocess_gradients",
     "triton_state",
     "unpermute_v",
 ]
@@ -441,9 +442,18 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
     args = _bwd_args(ops)
     fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
+    return postprocess_gradients(ops, state, softmax_scale)
+
+
+def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
+    """The BF16 ``(dq, dk, dv)`` ``[B, H, S, D]`` from the backward kernel's FP32 accumulators in ``ops``
+    (:func:`backward_operands`), by FA4's postprocess kernel: dQ times ``softmax_scale``, and for GQA
+    dK and dV; without GQA the kernel wrote dK/dV in BF16 and they are returned as they are. The
+    gradients take the memory order of the forward's output (the caller's layout): no copy on the
+    way back."""
     tile_m, tile_n = BWD_TILES
+    b, hq, sq, d = state.out.shape
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
-    # the gradients in the layout of the forward's output, the caller's: no copy on the way back
     dq = empty_in_layout_of(state.out, (b, hq, sq, d))
     _bwd_postprocess_convert(
         ops["dq_accum"],
@@ -455,9 +465,9 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
         atom_layout=1,
         **post,
     )
-    if hq == hkv:
+    if ops["dk"].dim() == 4:  # no GQA: dK/dV written in BF16 by the kernel
         return dq, ops["dk"], ops["dv"]
-    sk = (state.k.shape if qk_bf16 else state.k.data.shape)[2]
+    hkv, sk = ops["v8"].shape[1:3]
     dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
     dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
     for acc, t in ((ops["dk"], dk), (ops["dv"], dv)):
