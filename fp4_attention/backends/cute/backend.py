@@ -49,6 +49,7 @@ from ..triton.quant import (
     decode_nvfp4_rows,
     quantize_fp8_key_groups,
     quantize_fp8_rows,
+    quantize_fp8_rows_pair,
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
 )
@@ -219,11 +220,12 @@ def quantize_inputs(
     that is not 1, the scale repeated per key: ``Recipe.k_scale_keys``), V E4M3 per channel,
     transposed and in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands`
     makes them the kernel's arguments."""
-    return (
-        quantize_fp8_rows(q),  # read in place from any [B, H, S, D] strides
-        quantize_fp8_rows(k) if k_scale_keys == 1 else quantize_fp8_key_groups(k, k_scale_keys),
-        quantize_fp8_v_transposed(v, perm16=True),
-    )
+    # Q and K read in place from any [B, H, S, D] strides; per token, in one launch
+    if k_scale_keys == 1:
+        q_s, k_s = quantize_fp8_rows_pair(q, k)
+    else:
+        q_s, k_s = quantize_fp8_rows(q), quantize_fp8_key_groups(k, k_scale_keys)
+    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True)
 
 
 def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:

@@ -33,6 +33,7 @@ from .quant import (
     decode_nvfp4_rows,
     quantize_fp8_key_groups,
     quantize_fp8_rows,
+    quantize_fp8_rows_pair,
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
     quantize_nvfp4_rows,
@@ -73,12 +74,12 @@ def _quantize_qk_fast(q, k, recipe: Recipe):
     """
     rot = recipe.qk_rotation
     signs = None if rot is None else rot.signs(q.shape[-1], q.device)
-    if recipe.qk == "fp8":
+    if recipe.qk == "fp8":  # read in place from any [B, H, S, D] strides
+        if recipe.k_scale_keys == 1:  # Q and K per token, in one launch
+            return (*quantize_fp8_rows_pair(q, k, signs=signs), None)
         return (
-            quantize_fp8_rows(q, signs=signs),  # read in place from any [B, H, S, D] strides
-            quantize_fp8_rows(k, signs=signs)
-            if recipe.k_scale_keys == 1
-            else quantize_fp8_key_groups(k, recipe.k_scale_keys, signs=signs),
+            quantize_fp8_rows(q, signs=signs),
+            quantize_fp8_key_groups(k, recipe.k_scale_keys, signs=signs),
             None,
         )
     if recipe.qk == "nvfp4":  # the quantizers read Q/K in place; the rotation's amax needs rows

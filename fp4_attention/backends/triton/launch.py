@@ -33,7 +33,7 @@ import os
 import torch
 from triton import knobs
 
-__all__ = ["ENV", "CachedLaunch", "enabled", "launcher"]
+__all__ = ["ENV", "CachedLaunch", "enabled", "interpreted", "launcher"]
 
 ENV = "FP4_ATTENTION_TRITON_LAUNCH_CACHE"
 
@@ -50,6 +50,12 @@ def enabled() -> bool:
     return value == "1"
 
 
+def interpreted() -> bool:
+    """Whether Triton runs interpreted (``TRITON_INTERPRET=1``, as Triton's own setting reads it):
+    the kernels then take CPU tensors (the CPU tests)."""
+    return bool(knobs.runtime.interpret)
+
+
 def _hooked() -> bool:
     """Whether a launch hook is set: Triton 3.6 keeps them in ``HookChain`` objects (empty by
     default, and then its launcher calls them for nothing); older versions hold None or a callable."""
@@ -59,12 +65,24 @@ def _hooked() -> bool:
     return False
 
 
-def _arg_key(a):
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    # ints, floats (a constexpr float is compiled in), bools (True and 1 specialize differently),
-    # None: by type and value
-    return (type(a), a)
+_Tensor = torch.Tensor
+# argument classes a key may hold by value: hashed by value, so equal keys mean equal arguments
+_BY_VALUE = (int, float, bool, str, type(None))
+
+
+def _key(values) -> list:
+    """The key of a sequence of launch arguments (module docstring): a ``torch.Tensor`` by its dtype
+    and 16-byte alignment, anything else by its class and value. One list comprehension with no
+    call per argument and no ``isinstance`` (``torch.Tensor``'s metaclass makes that slow): it runs
+    on every launch. A tensor subclass falls to class and value, which a miss then refuses to cache
+    (:func:`_cacheable`)."""
+    return [(a.dtype, not a.data_ptr() & 15) if a.__class__ is _Tensor else (a.__class__, a) for a in values]
+
+
+def _cacheable(values) -> bool:
+    """Whether every argument is a plain tensor or of a class in ``_BY_VALUE``: a key holding anything
+    else (a tensor subclass, hashed by identity) would never be hit again, so it is not stored."""
+    return all(a.__class__ is _Tensor or a.__class__ in _BY_VALUE for a in values)
 
 
 class CachedLaunch:
@@ -87,25 +105,24 @@ class CachedLaunch:
         (constexprs and launch options such as ``num_warps`` by keyword)."""
         if not enabled():  # the default: nothing more on the launch path than this check
             return self.fn[grid](*args, **kwargs)
-        from .quant import interpreted  # not at the top: quant imports this module
-
         if interpreted() or _hooked() or getattr(self.fn, "pre_run_hooks", None):
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()  # the compiled kernel's module is loaded per device
         # the options JITFunction.run adds from Triton's settings (they select the compiled kernel)
-        settings = (self.fn.debug or knobs.runtime.debug, knobs.compilation.instrumentation_mode)
         key = (
             grid,
             device,
-            settings,
-            tuple(map(_arg_key, args)),
-            tuple((k, _arg_key(v)) for k, v in kwargs.items()),
+            self.fn.debug or knobs.runtime.debug,
+            knobs.compilation.instrumentation_mode,
+            *_key(args),
+            *kwargs,
+            *_key(kwargs.values()),
         )
         hit = self.cache.get(key)
         if hit is None:
             compiled = self.fn[grid](*args, **kwargs)
             tail = self._tail(len(args), kwargs)
-            if compiled is not None and tail is not None:
+            if compiled is not None and tail is not None and _cacheable(args) and _cacheable(kwargs.values()):
                 self.cache[key] = (compiled, tail)
             return compiled
         compiled, tail = hit

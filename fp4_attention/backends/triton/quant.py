@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
 from ..pv_layout import padded_keys
-from .launch import launcher
+from .launch import interpreted, launcher
 from .rotation import rotate_rows, rotation_args
 
 __all__ = [
@@ -48,18 +48,11 @@ __all__ = [
     "decode_nvfp4_rows",
     "quantize_fp8_key_groups",
     "quantize_fp8_rows",
+    "quantize_fp8_rows_pair",
     "quantize_fp8_v_transposed",
     "quantize_nvfp4_heads",
     "quantize_nvfp4_rows",
 ]
-
-
-def interpreted() -> bool:
-    """Whether Triton runs interpreted (``TRITON_INTERPRET=1``): the kernels then take CPU tensors
-    (the CPU tests)."""
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def check_int32_span(who: str, *tensors: torch.Tensor) -> None:
@@ -123,6 +116,44 @@ def _row_offsets(r, H, SEQ, sxb, sxh, sxs):
 
 
 @triton.jit
+def _fp8_rows_program(
+    pid,
+    X,
+    Y,
+    S,
+    n_rows,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
+    D: tl.constexpr,
+    FMAX: tl.constexpr,
+    E5M2: tl.constexpr,
+    ROWS: tl.constexpr,
+    SIGNS,
+    ROTATE: tl.constexpr,
+    LOG2_D: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+):
+    """Rows ``pid * ROWS ...`` of one tensor: their scales and FP8 codes (the body of both row kernels)."""
+    r = pid * ROWS + tl.arange(0, ROWS)  # row (b, h, s) of the contiguous output
+    d = tl.arange(0, D)
+    ok = r < n_rows
+    src = _row_offsets(r, H, SEQ, sxb, sxh, sxs)  # any strides of X
+    x = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    if ROTATE:  # x H in registers, before the row's scale is formed
+        x = rotate_rows(x, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D)
+    # one NaN-propagating max per element: the row's amax, NaN for a row holding a NaN and Inf for
+    # one holding an Inf (no per-element NaN/Inf tests: the kernel was bound by the ALU pipe)
+    amax = tl.reduce(tl.abs(x), 1, _max_propagating_nan)
+    scale, bad = _fp8_scale(amax, FMAX)
+    yq = _fp8_codes(x, scale[:, None], bad[:, None], E5M2)
+    tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
+    tl.store(S + r, scale, mask=ok)
+
+
+@triton.jit
 def _fp8_rows_kernel(
     X,
     Y,
@@ -142,20 +173,102 @@ def _fp8_rows_kernel(
     LOG2_D: tl.constexpr = 0,
     INV_SQRT_D: tl.constexpr = 1.0,
 ):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # row (b, h, s) of the contiguous output
-    d = tl.arange(0, D)
-    ok = r < n_rows
-    src = _row_offsets(r, H, SEQ, sxb, sxh, sxs)  # any strides of X
-    x = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    if ROTATE:  # x H in registers, before the row's scale is formed
-        x = rotate_rows(x, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D)
-    # one NaN-propagating max per element: the row's amax, NaN for a row holding a NaN and Inf for
-    # one holding an Inf (no per-element NaN/Inf tests: the kernel was bound by the ALU pipe)
-    amax = tl.reduce(tl.abs(x), 1, _max_propagating_nan)
-    scale, bad = _fp8_scale(amax, FMAX)
-    yq = _fp8_codes(x, scale[:, None], bad[:, None], E5M2)
-    tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
-    tl.store(S + r, scale, mask=ok)
+    _fp8_rows_program(
+        tl.program_id(0),
+        X,
+        Y,
+        S,
+        n_rows,
+        H,
+        SEQ,
+        sxb,
+        sxh,
+        sxs,
+        D,
+        FMAX,
+        E5M2,
+        ROWS,
+        SIGNS,
+        ROTATE,
+        LOG2_D,
+        INV_SQRT_D,
+    )
+
+
+@triton.jit
+def _fp8_rows_pair_kernel(
+    X,
+    Y,
+    S,
+    n_rows,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
+    X2,
+    Y2,
+    S2,
+    n_rows2,
+    H2,
+    SEQ2,
+    sxb2,
+    sxh2,
+    sxs2,
+    n_programs,
+    D: tl.constexpr,
+    FMAX: tl.constexpr,
+    E5M2: tl.constexpr,
+    ROWS: tl.constexpr,
+    SIGNS=None,
+    ROTATE: tl.constexpr = False,
+    LOG2_D: tl.constexpr = 0,
+    INV_SQRT_D: tl.constexpr = 1.0,
+):
+    """Two tensors' rows in one launch: programs ``[0, n_programs)`` the first's, the rest the second's."""
+    pid = tl.program_id(0)
+    if pid < n_programs:
+        _fp8_rows_program(
+            pid,
+            X,
+            Y,
+            S,
+            n_rows,
+            H,
+            SEQ,
+            sxb,
+            sxh,
+            sxs,
+            D,
+            FMAX,
+            E5M2,
+            ROWS,
+            SIGNS,
+            ROTATE,
+            LOG2_D,
+            INV_SQRT_D,
+        )
+    else:
+        _fp8_rows_program(
+            pid - n_programs,
+            X2,
+            Y2,
+            S2,
+            n_rows2,
+            H2,
+            SEQ2,
+            sxb2,
+            sxh2,
+            sxs2,
+            D,
+            FMAX,
+            E5M2,
+            ROWS,
+            SIGNS,
+            ROTATE,
+            LOG2_D,
+            INV_SQRT_D,
+        )
 
 
 @triton.jit
@@ -291,29 +404,69 @@ def quantize_fp8_rows(
         ValueError: not a CUDA tensor, not contiguous and not 4-D, D not a power of two <= 256, or
             elements spanning 2^31 or more (``check_int32_span``).
     """
-    x, layout = _row_input(x, "quantize_fp8_rows")
-    d = x.shape[-1]
+    (got,) = _quantize_fp8_row_tensors((x,), fmt, signs, rows, num_warps, "quantize_fp8_rows")
+    return got
+
+
+def quantize_fp8_rows_pair(
+    x: torch.Tensor,
+    x2: torch.Tensor,
+    fmt: str = "e4m3",
+    *,
+    signs: torch.Tensor | None = None,
+    rows: int | None = None,
+    num_warps: int = 4,
+) -> tuple[FP8Tensor, FP8Tensor]:
+    """:func:`quantize_fp8_rows` of two tensors (Q and K) in one kernel launch: the same bytes as two
+    calls, one launch's host time less (each Triton launch costs tens of microseconds of host time,
+    ``results/host_overhead_h200``).
+
+    Args:
+        x, x2: as :func:`quantize_fp8_rows`'s ``x``, of one head dim; their shapes, strides and
+            dtypes may differ (``[B, Hq, Sq, D]`` and ``[B, Hkv, Sk, D]``).
+        fmt, signs, rows, num_warps: as :func:`quantize_fp8_rows`, for both.
+    Returns:
+        the two :class:`FP8Tensor` of :func:`quantize_fp8_rows`.
+    Raises:
+        ValueError: as :func:`quantize_fp8_rows`, or head dims or devices that differ.
+    """
+    if x.shape[-1] != x2.shape[-1] or x.device != x2.device:
+        raise ValueError(
+            f"quantize_fp8_rows_pair: both tensors need one head dim and one device, got {x.shape[-1]} on "
+            f"{x.device} and {x2.shape[-1]} on {x2.device}"
+        )
+    return _quantize_fp8_row_tensors((x, x2), fmt, signs, rows, num_warps, "quantize_fp8_rows_pair")
+
+
+def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who) -> tuple:
+    """One or two tensors' per-row FP8 (``_fp8_rows_kernel`` or ``_fp8_rows_pair_kernel``)."""
+    prepared = [_row_input(x, who) for x in xs]
+    d = prepared[0][0].shape[-1]
     if d & (d - 1) or d > 256:
-        raise ValueError(f"quantize_fp8_rows: last dim must be a power of two <= 256, got {d}")
+        raise ValueError(f"{who}: last dim must be a power of two <= 256, got {d}")
     dtype, fmax = FP8_FORMATS[fmt]
-    y = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-    s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-    n = x.numel() // d
-    rows = _rows_option("quantize_fp8_rows", rows, max(1, 2048 // d))
-    launcher(_fp8_rows_kernel)[(triton.cdiv(n, rows),)](
-        x,
-        y,
-        s,
-        n,
-        *layout,
+    rows = _rows_option(who, rows, max(1, 2048 // d))
+    operands, outs, programs = [], [], []
+    for x, layout in prepared:
+        y = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+        s = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+        n = x.numel() // d
+        operands += [x, y, s, n, *layout]
+        outs.append(FP8Tensor(data=y.view(dtype), scale=s))
+        programs.append(triton.cdiv(n, rows))
+    kernel = _fp8_rows_kernel if len(xs) == 1 else _fp8_rows_pair_kernel
+    if len(xs) == 2:
+        operands.append(programs[0])
+    launcher(kernel)[(sum(programs),)](
+        *operands,
         D=d,
         FMAX=fmax,
         E5M2=fmt == "e5m2",
         ROWS=rows,
         num_warps=num_warps,
-        **_rotation_args(x, signs),
+        **_rotation_args(prepared[0][0], signs),
     )
-    return FP8Tensor(data=y.view(dtype), scale=s)
+    return tuple(outs)
 
 
 def _rows_option(who: str, rows: int | None, default: int) -> int:

@@ -1,0 +1,66 @@
+"""Q and K quantized in one launch (``quant.quantize_fp8_rows_pair``) without a GPU, interpreted
+(``TRITON_INTERPRET=1``, in a subprocess: the variable is read when the kernels are defined): the
+bytes of two ``quantize_fp8_rows`` calls, for tensors of different heads, lengths, layouts (read in
+place from ``[B, S, H, D]`` memory) and dtypes, in both FP8 formats, with a rotation's signs, with
+NaN/Inf rows and a row count that is not a multiple of the rows per program; and the refusals."""
+
+from __future__ import annotations
+
+
+def _interpreted_checks() -> list[str]:
+    import torch
+
+    from fp4_attention.backends.triton.quant import quantize_fp8_rows, quantize_fp8_rows_pair
+    from fp4_attention.numerics.rotation import hadamard_signs
+
+    def same(a, b) -> bool:
+        return torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and torch.equal(
+            a.scale.nan_to_num(), b.scale.nan_to_num()
+        )
+
+    failed = []
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(2, 4, 37, 64, generator=g) * torch.exp(torch.randn(2, 4, 37, 1, generator=g))).bfloat16()
+    k = torch.randn(2, 23, 1, 64, generator=g).mul(3).transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
+    q[1, 2, 5, 7] = float("nan")
+    k[0, 0, 3, 1] = float("inf")
+    cases = {
+        "bf16 q, strided fp32 k": (q, k, "e4m3", None, None),
+        "e5m2, 8 rows per program": (q, k.bfloat16(), "e5m2", None, 8),
+        "rotated": (q, k.bfloat16(), "e4m3", hadamard_signs(3, 64), None),
+        "k first": (k.contiguous(), q, "e4m3", None, 16),
+    }
+    for name, (a, b, fmt, signs, rows) in cases.items():
+        pair = quantize_fp8_rows_pair(a, b, fmt, signs=signs, rows=rows)
+        one = (
+            quantize_fp8_rows(a, fmt, signs=signs, rows=rows),
+            quantize_fp8_rows(b, fmt, signs=signs, rows=rows),
+        )
+        if not (same(pair[0], one[0]) and same(pair[1], one[1])):
+            failed.append(name)
+        if pair[1].scale.shape != (*b.shape[:-1], 1) or pair[1].data.shape != b.shape:
+            failed.append(f"{name}: shapes")
+    for bad_call in (
+        lambda: quantize_fp8_rows_pair(q, torch.randn(2, 1, 8, 32)),  # head dims differ
+        lambda: quantize_fp8_rows_pair(q[..., :48], q[..., :48]),  # not a power of two
+    ):
+        try:
+            bad_call()
+            failed.append("no ValueError for a bad call")
+        except ValueError:
+            pass
+    return failed
+
+
+def test_interpreted_pair_quantizer_equals_two_calls():
+    from ..conftest import run_interpreted  # not at the top: this file also runs as a script
+
+    run_interpreted(__file__)
+
+
+if __name__ == "__main__":
+    import sys
+
+    problems = _interpreted_checks()
+    print("\n".join(problems) if problems else "ok")
+    sys.exit(1 if problems else 0)
