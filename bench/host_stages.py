@@ -8,7 +8,9 @@ Each stage is a function of the step's path, wrapped in place by a timer (``time
 about 0.2 us per wrapped call); its time per step is inclusive (a stage's callees count in it as
 well as in their own rows), summed over its calls in the step, then the median over the steps.
 ``step`` is ``fa.attention(...).backward(dout)`` for the ``cute`` backend (recipe ``fp8``) and the
-``fa4`` backend (``bf16``), causal, BF16 ``bhsd`` inputs; ``autograd_and_interface`` is the step less
+``fa4`` backend (``bf16``), causal, BF16 ``bhsd`` inputs (with ``--ab-env VAR``: the ``cute``
+backend alone, VAR 0 and 1 in alternate blocks of 100 steps, one column each);
+``autograd_and_interface`` is the step less
 the backend's own forward and backward: the interface's checks, ``torch.autograd.Function``, the
 saved-state handling and the autograd engine. No GPU synchronisation inside the loop: the shape is
 so small that the GPU never bounds it (default B1 Hq2/Hkv1 S128 D128).
@@ -58,7 +60,7 @@ class Timers:
         setattr(owner, name, staticmethod(timed) if isinstance(fn, staticmethod) else timed)
         return lambda: setattr(owner, name, fn)
 
-    def medians_us(self, steps: range) -> dict[str, float]:
+    def medians_us(self, steps) -> dict[str, float]:
         return {k: statistics.median(v.get(s, 0) for s in steps) / 1e3 for k, v in self.ns.items()}
 
 
@@ -101,7 +103,7 @@ def stages(backend: str) -> list[tuple]:
     ]
 
 
-def run(backend: str, recipe: str, shape: tuple, steps: int) -> dict[str, float]:
+def run(backend: str, recipe: str, shape: tuple, steps: int, ab_env: str | None = None) -> dict[str, float]:
     import fp4_attention as fa
 
     b, hq, hkv, s = shape
@@ -116,6 +118,8 @@ def run(backend: str, recipe: str, shape: tuple, steps: int) -> dict[str, float]
     try:
         for i in range(-50, steps):  # 50 warm steps, not counted
             timers.step = i
+            if ab_env is not None:  # blocks of 100 steps, the variable alternately 0 and 1
+                os.environ[ab_env] = str((i // 100) % 2)
             t0 = time.perf_counter_ns()
             fa.attention(q, k, v, recipe=recipe, backend=backend, causal=True, layout="bhsd").backward(dout)
             step_ns[i] += time.perf_counter_ns() - t0
@@ -123,6 +127,10 @@ def run(backend: str, recipe: str, shape: tuple, steps: int) -> dict[str, float]
     finally:
         for u in reversed(undo):
             u()
+    if ab_env is not None:
+        os.environ.pop(ab_env)
+        blocks = {v: [i for i in range(steps) if (i // 100) % 2 == v] for v in (0, 1)}
+        return {f"{ab_env}={v}": timers.medians_us(sel) for v, sel in blocks.items()}
     us = timers.medians_us(range(steps))
     us["autograd_and_interface"] = statistics.median(
         (step_ns[i] - timers.ns["backend.forward"][i] - timers.ns["backend.backward"][i]) / 1e3
@@ -136,6 +144,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--shape", default="1,2,1,128", help="B,Hq,Hkv,S (D = 128)")
     p.add_argument("--out", default=None, help="output prefix (PREFIX.json, PREFIX.md)")
+    p.add_argument(
+        "--ab-env",
+        default=None,
+        metavar="VAR",
+        help="the cute backend alone, with the environment variable VAR set to 0 and 1 in alternate blocks "
+        "of 100 steps: one column per value (an A/B in one process, e.g. FP4_ATTENTION_TRITON_LAUNCH_CACHE)",
+    )
     a = p.parse_args(argv)
     shape = tuple(int(x) for x in a.shape.split(","))
     if len(shape) != 4 or min(shape) < 1 or shape[1] % shape[2] or a.steps < 1:
@@ -145,7 +160,13 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("host_stages: needs a CUDA GPU; this machine has none", file=sys.stderr)
         return 2
-    results = {name: run(name, recipe, shape, a.steps) for name, recipe in (("cute", "fp8"), ("fa4", "bf16"))}
+    if a.ab_env:
+        results = run("cute", "fp8", shape, a.steps, a.ab_env)
+    else:
+        results = {
+            name: run(name, recipe, shape, a.steps) for name, recipe in (("cute", "fp8"), ("fa4", "bf16"))
+        }
+    columns = list(results)
     meta = {
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M"),
         "gpu": torch.cuda.get_device_name(),
@@ -160,13 +181,12 @@ def main(argv=None) -> int:
         f"- {meta['date_utc']} UTC, {meta['gpu']}, commit {meta['commit']}; inclusive times (a stage's "
         "callees are in it too)",
         "",
-        "| stage | cute fp8 | fa4 bf16 |",
-        "|---|---|---|",
+        "| stage | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
     ]
-    names = list(dict.fromkeys([*results["cute"], *results["fa4"]]))
-    for n in names:
-        cells = [f"{results[bk][n]:.1f}" if n in results[bk] else "" for bk in ("cute", "fa4")]
-        lines.append(f"| `{n}` | {cells[0]} | {cells[1]} |")
+    for n in dict.fromkeys(n for c in columns for n in results[c]):
+        cells = [f"{results[c][n]:.1f}" if n in results[c] else "" for c in columns]
+        lines.append(f"| `{n}` | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

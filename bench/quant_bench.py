@@ -14,6 +14,9 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   its default launch): reads 2 B/element, writes 0.5 + 1/16 + 2 B/element.
 - ``fp8 V transposed`` (``quantize_fp8_v_transposed``, perm16): the amax pass reads 2 B/element, the
   codes pass reads 2 and writes 1; swept likewise (keys per program x warps of the codes pass).
+- ``fp8 rows pair`` (``quantize_fp8_rows_pair``: Q and K per token in one launch, the cute and Triton
+  backends' call) at the training shape Q B4 H32 S4096 + K B4 H8 S4096, default launch, beside
+  ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together.
 
 The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Times are medians
 of ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs).
@@ -73,6 +76,7 @@ def v_bytes(n: int) -> int:
 def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
     from fp4_attention.backends.triton.quant import (
         quantize_fp8_rows,
+        quantize_fp8_rows_pair,
         quantize_fp8_v_transposed,
         quantize_nvfp4_heads,
         quantize_nvfp4_rows,
@@ -116,6 +120,22 @@ def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
             records.append(_rec("fp8 V transposed", label, rows, warps, ms, v_bytes(n), bw, same))
         for r in records[-len(FP8_SWEEP) - len(NVFP4_SWEEP) - 1 - len(V_SWEEP) :]:
             print(json.dumps(r), flush=True)
+    q = torch.randn(4, 32, 4096, D, device="cuda").bfloat16()
+    k = torch.randn(4, 8, 4096, D, device="cuda").bfloat16()
+    pair, one = quantize_fp8_rows_pair(q, k), (quantize_fp8_rows(q), quantize_fp8_rows(k))
+    same = all(
+        torch.equal(a.data.view(torch.uint8), c.data.view(torch.uint8)) and torch.equal(a.scale, c.scale)
+        for a, c in zip(pair, one)
+    )
+    n = q.numel() + k.numel()
+    for kind, fn in (
+        ("fp8 rows pair", lambda: quantize_fp8_rows_pair(q, k)),
+        ("fp8 rows Q+K, two launches", lambda: (quantize_fp8_rows(q), quantize_fp8_rows(k))),
+    ):
+        records.append(
+            _rec(kind, "Q B4 H32 + K B4 H8 S4096", None, 4, _ms(fn), fp8_rows_bytes(n, D), bw, same)
+        )
+        print(json.dumps(records[-1]), flush=True)
     return {"copy_TB_per_s": bw / 1e12}, records
 
 

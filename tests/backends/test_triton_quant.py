@@ -35,6 +35,7 @@ from fp4_attention.backends.triton.quant import (  # noqa: E402
     _e2m1_value,
     _pow2_ceil,
     quantize_fp8_rows,
+    quantize_fp8_rows_pair,
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
     quantize_nvfp4_rows,
@@ -203,6 +204,22 @@ def test_fp8_rows_read_in_place_from_views(perm):
     a, b = quantize_fp8_rows(x), quantize_fp8_rows(view)
     assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and b.data.is_contiguous()
     assert torch.equal(a.scale.nan_to_num(), b.scale.nan_to_num())
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_rows_pair_bytes_equal_reference(d):
+    """Q and K in one launch (``quantize_fp8_rows_pair``, GQA heads, K read in place from [B, S, H, D]
+    memory, NaN/Inf rows): each the reference's bytes."""
+    q = _inputs(d)
+    k = _inputs(d, seq=129)[:, :2].transpose(1, 2).contiguous().transpose(1, 2)
+    assert not k.is_contiguous()
+    k[1, 0, 4, 1] = float("inf")
+    q[0, 3, 2, 0] = float("nan")
+    for got, x in zip(quantize_fp8_rows_pair(q, k), (q, k)):
+        ref = quantize_fp8(x.cpu(), "e4m3", dims=(-1,))
+        assert torch.equal(got.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8))
+        assert torch.equal(got.scale.cpu().nan_to_num(), ref.scale.nan_to_num())
+        assert torch.equal(got.scale.cpu().isnan(), ref.scale.isnan())
 
 
 @triton.jit
