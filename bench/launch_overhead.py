@@ -22,9 +22,11 @@ the end; B1 Hq2/Hkv1 S128 D128, BF16 inputs):
   ``CompiledKernel.__getitem__`` (no argument binding, no cache lookup); ``triton_raw_launch``:
   through ``CompiledKernel.run`` with the grid and stream given (the launcher alone);
 - ``torch_empty``: one ``torch.empty`` of 1 MiB on the GPU;
-- ``*_launch_cache``: the step, the quantizers, the backward's operands and the dO kernel's launch
-  again with ``FP4_ATTENTION_TRITON_LAUNCH_CACHE=1`` (``backends/triton/launch.py``), in the same
-  process.
+- every row above with the Triton launch cache off (``FP4_ATTENTION_TRITON_LAUNCH_CACHE=0``: each
+  launch through ``JITFunction``); ``*_launch_cache``: the step, the quantizers, the backward's
+  operands and the dO kernel's launch again with it on (the default, ``backends/triton/launch.py``),
+  in the same process. (The host drifts by tens of percent over a run: ``bench/host_stages.py
+  --ab-env`` compares the two in alternate blocks of steps.)
 
 Outputs ``PREFIX.json`` and ``PREFIX.md`` (date, GPU, commit from ``$BENCH_COMMIT``).
 """
@@ -59,6 +61,16 @@ def host_us(fn, calls: int) -> float:
 
 
 def rows(calls: int) -> dict[str, float]:
+    from fp4_attention.backends.triton import launch as tl_launch
+
+    os.environ[tl_launch.ENV] = "0"  # the rows through JITFunction; the *_launch_cache rows set it to 1
+    try:
+        return _rows(calls, tl_launch)
+    finally:
+        os.environ.pop(tl_launch.ENV)
+
+
+def _rows(calls: int, tl_launch) -> dict[str, float]:
     import fp4_attention as fa
     from fp4_attention.backends.cute import backend as cb
     from fp4_attention.backends.triton import dout_quant as dq
@@ -148,24 +160,17 @@ def rows(calls: int) -> dict[str, float]:
     run, fn, meta = compiled.run, compiled.function, compiled.packed_metadata
     out["triton_raw_launch"] = host_us(lambda: run(*g, stream, fn, meta, None, None, None, *bound), calls)
     out["torch_empty"] = host_us(lambda: torch.empty(1 << 18, device="cuda"), calls)
-    # the same parts with the launch cache of backends/triton/launch.py (off by default)
-    from fp4_attention.backends.triton import launch as tl_launch
-
+    # the same parts with the launch cache of backends/triton/launch.py (the default)
     os.environ[tl_launch.ENV] = "1"
-    try:
 
-        def step_cached():
-            fa.attention(q, k, v, recipe="fp8", backend="cute", causal=True, layout="bhsd").backward(dout)
+    def step_cached():
+        fa.attention(q, k, v, recipe="fp8", backend="cute", causal=True, layout="bhsd").backward(dout)
 
-        out["step_cute_fp8_launch_cache"] = host_us(step_cached, calls)
-        out["cute_forward_quant_launch_cache"] = host_us(lambda: cb.quantize_inputs(qd, kd, vd), calls)
-        out["cute_backward_operands_launch_cache"] = host_us(
-            lambda: cb.backward_operands(state, dout, sm), calls
-        )
-        launcher = tl_launch.launcher(dq._dout_quant_kernel)
-        out["triton_launch_cache"] = host_us(lambda: launcher[grid](*args, **kwargs), calls)
-    finally:
-        os.environ.pop(tl_launch.ENV)
+    out["step_cute_fp8_launch_cache"] = host_us(step_cached, calls)
+    out["cute_forward_quant_launch_cache"] = host_us(lambda: cb.quantize_inputs(qd, kd, vd), calls)
+    out["cute_backward_operands_launch_cache"] = host_us(lambda: cb.backward_operands(state, dout, sm), calls)
+    launcher = tl_launch.launcher(dq._dout_quant_kernel)
+    out["triton_launch_cache"] = host_us(lambda: launcher[grid](*args, **kwargs), calls)
     return out
 
 

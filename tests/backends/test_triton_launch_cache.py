@@ -1,4 +1,4 @@
-"""``backends/triton/launch.py`` (the compiled-kernel launch cache, off by default) on a CPU, with a
+"""``backends/triton/launch.py`` (the compiled-kernel launch cache, on by default) on a CPU, with a
 stand-in for Triton's ``JITFunction`` and ``CompiledKernel``: which calls take the cache, which go
 through ``JITFunction``, and the argument order of the cached launch. The launch itself needs a
 GPU (``bench/launch_overhead.py`` times it there)."""
@@ -49,7 +49,7 @@ def cuda_stub(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv(launch.ENV, "1")
+    monkeypatch.delenv(launch.ENV, raising=False)  # the default: on
 
 
 def _args(x, n=64, scale=0.5):
@@ -65,13 +65,22 @@ def _launched_once():
     return fn, cl, x
 
 
-def test_off_by_default_every_call_through_jit(monkeypatch, cuda_stub):
-    monkeypatch.delenv(launch.ENV)
+def test_switched_off_every_call_through_jit(monkeypatch, cuda_stub):
+    monkeypatch.setenv(launch.ENV, "0")
     fn = FakeJIT()
     x = torch.empty(64)
     for _ in range(3):
         launch.CachedLaunch(fn)[(4, 2)](*_args(x), BLOCK=16, D=128, num_warps=4)
     assert len(fn.calls) == 3 and not fn.compiled.runs
+
+
+def test_a_tensor_subclass_argument_is_never_cached(cuda_stub):
+    """A key holding a tensor subclass (hashed by identity) would never be hit again: not stored."""
+    fn = FakeJIT()
+    cl = launch.CachedLaunch(fn)
+    for _ in range(3):
+        cl[(1,)](*_args(torch.nn.Parameter(torch.empty(64))), D=128, BLOCK=16)
+    assert len(fn.calls) == 3 and not fn.compiled.runs and not cl.cache
 
 
 def test_second_call_launches_the_compiled_kernel_with_every_parameter_in_order(cuda_stub):
