@@ -3,6 +3,7 @@ the same run (the roofline: each quantizer's fewest bytes, inputs read once and 
 once, over the copy's bytes per second), with a sweep of the row kernels' launch options.
 
     python bench/quant_bench.py --out results/quant_bench_h200        # writes .json and .md
+    python bench/quant_bench.py --shapes "K B4 H8 S4096" "Q B1 H32 S4096" "K B4 H8 S4096" --kinds fp8_rows
 
 Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
 - ``fp8 rows`` (``quantize_fp8_rows``, Q or K per token): reads 2 B/element, writes 1 B/element and
@@ -16,7 +17,8 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   codes pass reads 2 and writes 1; swept likewise (keys per program x warps of the codes pass).
 - ``fp8 rows pair`` (``quantize_fp8_rows_pair``: Q and K per token in one launch, the cute and Triton
   backends' call) at the training shape Q B4 H32 S4096 + K B4 H8 S4096, default launch, beside
-  ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together.
+  ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together
+  (and the pair with K's programs first).
 
 The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Times are medians
 of ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs).
@@ -73,7 +75,13 @@ def v_bytes(n: int) -> int:
     return n * 2 + n * 2 + n * 1
 
 
-def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
+KINDS = ("fp8_rows", "nvfp4", "v", "pair")
+
+
+def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
+    """The records of each shape in ``shapes`` (label -> (B, H, S), in its order) for the quantizer
+    ``kinds`` (``fp8_rows``: the per-token sweep; ``nvfp4``: the NVFP4 sweep and rows pass; ``v``: V's
+    sweep; ``pair``: the Q/K pair at the training shape, once)."""
     from fp4_attention.backends.triton.quant import (
         quantize_fp8_rows,
         quantize_fp8_rows_pair,
@@ -87,39 +95,48 @@ def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
     for label, (b, h, s) in shapes.items():
         x = torch.randn(b, h, s, D, device="cuda").bfloat16()
         n = x.numel()
-        ref = quantize_fp8_rows(x)
-        for rows, warps in FP8_SWEEP:
-            got = quantize_fp8_rows(x, rows=rows, num_warps=warps)
-            same = torch.equal(got.data.view(torch.uint8), ref.data.view(torch.uint8)) and torch.equal(
-                got.scale.nan_to_num(), ref.scale.nan_to_num()
-            )
-            ms = _ms(lambda rows=rows, warps=warps: quantize_fp8_rows(x, rows=rows, num_warps=warps))
-            records.append(_rec("fp8 rows", label, rows, warps, ms, fp8_rows_bytes(n, D), bw, same))
-        ref_nv = quantize_nvfp4_heads(x)
-        for rows, warps in NVFP4_SWEEP:
-            got = quantize_nvfp4_heads(x, rows=rows, num_warps=warps)
-            same = all(
-                torch.equal(a, c)
-                for a, c in ((got[0].payload, ref_nv[0].payload), (got[0].block_scale, ref_nv[0].block_scale))
-            )
-            ms = _ms(lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps))
-            records.append(_rec("nvfp4 heads", label, rows, warps, ms, nvfp4_heads_bytes(n, D), bw, same))
-        g = ref_nv[0].global_scale
-        ms = _ms(lambda: quantize_nvfp4_rows(x, g))
-        same = torch.equal(quantize_nvfp4_rows(x, g)[0].payload, ref_nv[0].payload)
-        records.append(_rec("nvfp4 rows", label, None, 4, ms, nvfp4_rows_bytes(n), bw, same))
-        ref_v = quantize_fp8_v_transposed(x, perm16=True)
-        for rows, warps in V_SWEEP:
-            got = quantize_fp8_v_transposed(x, perm16=True, rows=rows, num_warps=warps)
-            same = torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8))
-            ms = _ms(
-                lambda rows=rows, warps=warps: quantize_fp8_v_transposed(
-                    x, perm16=True, rows=rows, num_warps=warps
+        first = len(records)
+        if "fp8_rows" in kinds:
+            ref = quantize_fp8_rows(x)
+            for rows, warps in FP8_SWEEP:
+                got = quantize_fp8_rows(x, rows=rows, num_warps=warps)
+                same = torch.equal(got.data.view(torch.uint8), ref.data.view(torch.uint8)) and torch.equal(
+                    got.scale.nan_to_num(), ref.scale.nan_to_num()
                 )
-            )
-            records.append(_rec("fp8 V transposed", label, rows, warps, ms, v_bytes(n), bw, same))
-        for r in records[-len(FP8_SWEEP) - len(NVFP4_SWEEP) - 1 - len(V_SWEEP) :]:
+                ms = _ms(lambda rows=rows, warps=warps: quantize_fp8_rows(x, rows=rows, num_warps=warps))
+                records.append(_rec("fp8 rows", label, rows, warps, ms, fp8_rows_bytes(n, D), bw, same))
+        if "nvfp4" in kinds:
+            ref_nv = quantize_nvfp4_heads(x)
+            for rows, warps in NVFP4_SWEEP:
+                got = quantize_nvfp4_heads(x, rows=rows, num_warps=warps)
+                same = all(
+                    torch.equal(a, c)
+                    for a, c in (
+                        (got[0].payload, ref_nv[0].payload),
+                        (got[0].block_scale, ref_nv[0].block_scale),
+                    )
+                )
+                ms = _ms(lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps))
+                records.append(_rec("nvfp4 heads", label, rows, warps, ms, nvfp4_heads_bytes(n, D), bw, same))
+            g = ref_nv[0].global_scale
+            ms = _ms(lambda: quantize_nvfp4_rows(x, g))
+            same = torch.equal(quantize_nvfp4_rows(x, g)[0].payload, ref_nv[0].payload)
+            records.append(_rec("nvfp4 rows", label, None, 4, ms, nvfp4_rows_bytes(n), bw, same))
+        if "v" in kinds:
+            ref_v = quantize_fp8_v_transposed(x, perm16=True)
+            for rows, warps in V_SWEEP:
+                got = quantize_fp8_v_transposed(x, perm16=True, rows=rows, num_warps=warps)
+                same = torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8))
+                ms = _ms(
+                    lambda rows=rows, warps=warps: quantize_fp8_v_transposed(
+                        x, perm16=True, rows=rows, num_warps=warps
+                    )
+                )
+                records.append(_rec("fp8 V transposed", label, rows, warps, ms, v_bytes(n), bw, same))
+        for r in records[first:]:
             print(json.dumps(r), flush=True)
+    if "pair" not in kinds:
+        return {"copy_TB_per_s": bw / 1e12}, records
     q = torch.randn(4, 32, 4096, D, device="cuda").bfloat16()
     k = torch.randn(4, 8, 4096, D, device="cuda").bfloat16()
     pair, one = quantize_fp8_rows_pair(q, k), (quantize_fp8_rows(q), quantize_fp8_rows(k))
@@ -130,6 +147,7 @@ def run(shapes=SHAPES) -> tuple[dict, list[dict]]:
     n = q.numel() + k.numel()
     for kind, fn in (
         ("fp8 rows pair", lambda: quantize_fp8_rows_pair(q, k)),
+        ("fp8 rows pair, K's programs first", lambda: quantize_fp8_rows_pair(k, q)),
         ("fp8 rows Q+K, two launches", lambda: (quantize_fp8_rows(q), quantize_fp8_rows(k))),
     ):
         records.append(
@@ -178,6 +196,14 @@ def to_markdown(meta: dict, records: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=list(SHAPES),
+        default=list(SHAPES),
+        help="the shapes to sweep, in this order (a name may repeat: each is timed again)",
+    )
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the quantizers to time")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("quant_bench: needs a CUDA GPU (the Triton quantizers)", file=sys.stderr)
@@ -190,7 +216,11 @@ def main(argv=None) -> int:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
     )
-    extra, records = run()
+    # a repeated shape gets its own label, so its rows stay apart
+    shapes = {
+        f"{name} #{i}" if a.shapes.count(name) > 1 else name: SHAPES[name] for i, name in enumerate(a.shapes)
+    }
+    extra, records = run(shapes, a.kinds)
     meta = {
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "gpu": torch.cuda.get_device_name(),
