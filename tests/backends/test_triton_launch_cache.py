@@ -172,6 +172,18 @@ def test_a_launch_hook_or_the_interpreter_takes_the_jit_path(monkeypatch, cuda_s
     assert len(fn.calls) == 3 and len(fn.compiled.runs) == 1
 
 
+def test_another_triton_version_is_off_by_default_and_refuses_1(monkeypatch, cuda_stub):
+    monkeypatch.setattr(launch, "_VERIFIED", False)
+    fn = FakeJIT()
+    x = torch.empty(64)
+    for _ in range(2):
+        launch.CachedLaunch(fn)[(1,)](*_args(x), D=128, BLOCK=16)
+    assert len(fn.calls) == 2 and not fn.compiled.runs  # unset: every launch through JITFunction
+    monkeypatch.setenv(launch.ENV, "1")
+    with pytest.raises(ValueError, match="verified with Triton 3.6.x only, this is Triton"):
+        launch.enabled()
+
+
 def test_the_switch_takes_0_or_1(monkeypatch):
     monkeypatch.setenv(launch.ENV, "yes")
     with pytest.raises(ValueError, match="must be 0 or 1, got 'yes'"):

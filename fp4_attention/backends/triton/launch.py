@@ -1,5 +1,6 @@
-"""Triton launches that reuse the compiled kernel: on by default, off with
-``FP4_ATTENTION_TRITON_LAUNCH_CACHE=0`` (every launch then goes through ``JITFunction``).
+"""Triton launches that reuse the compiled kernel: on by default with Triton 3.6 (the version it
+was checked against), off with ``FP4_ATTENTION_TRITON_LAUNCH_CACHE=0`` (every launch then goes
+through ``JITFunction``, as it does with other Triton versions).
 
 Measured on the H200 (``results/host_launch_cache_h200/``, 2026-12-04): in one process, the cute
 ``fp8`` training step at B1 with the cache on and off in alternate blocks of 100 steps, the median
@@ -35,22 +36,40 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 from triton import knobs
 
-__all__ = ["ENV", "CachedLaunch", "enabled", "interpreted", "launcher"]
+__all__ = ["ENV", "VERIFIED_TRITON", "CachedLaunch", "enabled", "interpreted", "launcher"]
 
 ENV = "FP4_ATTENTION_TRITON_LAUNCH_CACHE"
 
 
+# The Triton versions whose launch path (``JITFunction.run`` and ``CompiledKernel.run``'s arguments,
+# the ``knobs`` hooks) this module was checked against and GPU-tested with; elsewhere the cache stays
+# off unless asked for, and asking for it is refused
+VERIFIED_TRITON = ("3.6.",)
+_VERIFIED = triton.__version__.startswith(VERIFIED_TRITON)
+
+
 def enabled() -> bool:
-    """Whether the cache is on: ``FP4_ATTENTION_TRITON_LAUNCH_CACHE`` unset or ``1`` (read at each
-    launch, so a benchmark can compare both paths in one process).
+    """Whether the cache is on: ``FP4_ATTENTION_TRITON_LAUNCH_CACHE`` unset (with a Triton of
+    :data:`VERIFIED_TRITON`) or ``1``; read at each launch, so a benchmark can compare both paths
+    in one process.
 
     Raises:
-        ValueError: a value other than unset, ``0`` or ``1``."""
-    value = os.environ.get(ENV, "1")
+        ValueError: a value other than unset, ``0`` or ``1``, or ``1`` with a Triton outside
+            :data:`VERIFIED_TRITON` (its launcher's arguments may differ: set 0 or leave it unset)."""
+    value = os.environ.get(ENV)
+    if value is None:
+        return _VERIFIED
     if value not in ("0", "1"):
         raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
+    if value == "1" and not _VERIFIED:
+        raise ValueError(
+            f"{ENV}=1: the launch cache is verified with Triton "
+            f"{', '.join(v + 'x' for v in VERIFIED_TRITON)} only, this is Triton {triton.__version__}; "
+            f"set {ENV}=0 or leave it unset (launches then go through JITFunction)"
+        )
     return value == "1"
 
 
