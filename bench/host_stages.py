@@ -64,6 +64,14 @@ class Timers:
         return {k: statistics.median(v.get(s, 0) for s in steps) / 1e3 for k, v in self.ns.items()}
 
 
+def set_env(name: str, value: str | None) -> None:
+    """``os.environ[name] = value``, or unset it for None (putting back a value read before)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def stages(backend: str) -> list[tuple]:
     """``(owner, attribute, label)`` of the functions timed for ``backend``."""
     from fp4_attention import interface
@@ -115,6 +123,7 @@ def run(backend: str, recipe: str, shape: tuple, steps: int, ab_env: str | None 
     timers = Timers()
     undo = [timers.wrap(owner, name, label) for owner, name, label in stages(backend)]
     step_ns = timers.ns["step"]
+    before = os.environ.get(ab_env) if ab_env is not None else None
     try:
         for i in range(-50, steps):  # 50 warm steps, not counted
             timers.step = i
@@ -127,8 +136,9 @@ def run(backend: str, recipe: str, shape: tuple, steps: int, ab_env: str | None 
     finally:
         for u in reversed(undo):
             u()
+        if ab_env is not None:  # the caller's value back
+            set_env(ab_env, before)
     if ab_env is not None:
-        os.environ.pop(ab_env)
         blocks = {v: [i for i in range(steps) if (i // 100) % 2 == v] for v in (0, 1)}
         return {f"{ab_env}={v}": timers.medians_us(sel) for v, sel in blocks.items()}
     us = timers.medians_us(range(steps))

@@ -44,6 +44,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from host_stages import set_env  # noqa: E402
 
 SHAPE = (1, 2, 1, 128, 128)  # B, Hq, Hkv, S, D
 
@@ -63,11 +66,12 @@ def host_us(fn, calls: int) -> float:
 def rows(calls: int) -> dict[str, float]:
     from fp4_attention.backends.triton import launch as tl_launch
 
+    before = os.environ.get(tl_launch.ENV)
     os.environ[tl_launch.ENV] = "0"  # the rows through JITFunction; the *_launch_cache rows set it to 1
     try:
         return _rows(calls, tl_launch)
     finally:
-        os.environ.pop(tl_launch.ENV)
+        set_env(tl_launch.ENV, before)  # the caller's value back
 
 
 def _rows(calls: int, tl_launch) -> dict[str, float]:

@@ -99,7 +99,18 @@ def test_second_call_launches_the_compiled_kernel_with_every_parameter_in_order(
 
 @pytest.mark.parametrize(
     "change",
-    ["misaligned tensor", "dtype", "int value", "bool for int", "float value", "grid", "constexpr", "option"],
+    [
+        "misaligned tensor",
+        "dtype",
+        "int value",
+        "bool for int",
+        "float value",
+        "negative zero",
+        "grid",
+        "constexpr",
+        "option",
+        "debug",
+    ],
 )
 def test_a_changed_key_goes_through_jit(cuda_stub, change):
     fn = FakeJIT()
@@ -121,6 +132,12 @@ def test_a_changed_key_goes_through_jit(cuda_stub, change):
         fn.calls.pop()
     elif change == "float value":  # a float may be a constexpr, compiled into the kernel
         args = _args(x, scale=0.25)
+    elif change == "negative zero":  # -0.0 == 0.0, but a constexpr -0.0 compiles apart
+        cl[grid](*_args(x, scale=0.0), **kw)
+        args = _args(x, scale=-0.0)
+        fn.calls.pop()
+    elif change == "debug":  # a debug launch option, as JITFunction.run reads it
+        kw["debug"] = True
     elif change == "grid":
         grid = (4, 3)
     elif change == "constexpr":
@@ -129,6 +146,23 @@ def test_a_changed_key_goes_through_jit(cuda_stub, change):
         kw["num_warps"] = 8
     cl[grid](*args, **kw)
     assert len(fn.calls) == 2 and not fn.compiled.runs
+
+
+def test_a_nan_float_hits_the_cache():
+    """A NaN float is keyed by its bits: equal keys, one entry (a NaN is not equal to itself)."""
+    assert launch._key([float("nan")]) == launch._key([float("nan")])
+
+
+def test_the_cache_starts_over_past_max_keys(monkeypatch, cuda_stub):
+    monkeypatch.setattr(launch, "MAX_KEYS", 3)
+    fn = FakeJIT()
+    cl = launch.CachedLaunch(fn)
+    x = torch.empty(64)
+    for n in range(5):  # five lengths: five keys
+        cl[(1,)](*_args(x, n=n + 100), D=128, BLOCK=16)
+    assert len(cl.cache) == 2  # cleared at the fourth, then two more
+    cl[(1,)](*_args(x, n=104), D=128, BLOCK=16)  # the last key is still there
+    assert len(fn.calls) == 5 and len(fn.compiled.runs) == 1
 
 
 def test_a_parameter_left_to_its_default_is_filled_in(cuda_stub):

@@ -2,6 +2,7 @@
 functions and static methods put back afterwards), its stage list (every wrapped name exists), bad
 arguments and the missing GPU (exit 2)."""
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -65,3 +66,11 @@ def test_without_a_gpu_it_says_so(capsys, tmp_path):
     assert hs.main(["--out", str(tmp_path / "x")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_set_env_puts_back_a_value_or_its_absence(monkeypatch):
+    monkeypatch.setenv("FP4_TEST_VAR", "7")
+    hs.set_env("FP4_TEST_VAR", None)
+    assert "FP4_TEST_VAR" not in os.environ
+    hs.set_env("FP4_TEST_VAR", "0")
+    assert os.environ["FP4_TEST_VAR"] == "0"

@@ -17,9 +17,11 @@ of the dO kernel on the H200, against 15 us for the same compiled kernel launche
 The key is stricter than Triton's specialization, so a kernel is never reused where Triton would
 have compiled another one: the grid; the current device; the ``debug`` and ``instrumentation_mode``
 options ``JITFunction.run`` takes from Triton's settings; a tensor by its dtype and whether its
-address is a multiple of 16 bytes (Triton's alignment specialization); every other argument,
-launch options included, by its type and value (Triton specializes ints on 1, on multiples of 16
-and on their range, compiles constexpr floats in, and tells True from 1). A first call
+address is a multiple of 16 bytes (Triton's alignment specialization); a float by its bits (a
+constexpr float is compiled in; -0.0 and 0.0 compile apart); every other argument, launch options
+included, by its type and value (Triton specializes ints on 1, on multiples of 16 and on their
+range, and tells True from 1). Keyed by value, the ints make more keys than Triton's classes: a
+kernel keeps at most :data:`MAX_KEYS` and starts over past them. A first call
 for a key goes through ``JITFunction`` (which compiles or finds the kernel and launches it), so
 the two paths run the same compiled code. The cached launch passes no launch metadata and no
 hooks; ``JITFunction`` builds the metadata and passes Triton 3.6's hook chains on every launch even
@@ -39,7 +41,7 @@ import torch
 import triton
 from triton import knobs
 
-__all__ = ["ENV", "VERIFIED_TRITON", "CachedLaunch", "enabled", "interpreted", "launcher"]
+__all__ = ["ENV", "MAX_KEYS", "VERIFIED_TRITON", "CachedLaunch", "enabled", "interpreted", "launcher"]
 
 ENV = "FP4_ATTENTION_TRITON_LAUNCH_CACHE"
 
@@ -95,17 +97,29 @@ _BY_VALUE = (int, float, bool, str, type(None))
 
 def _key(values) -> list:
     """The key of a sequence of launch arguments (module docstring): a ``torch.Tensor`` by its dtype
-    and 16-byte alignment, anything else by its class and value. One list comprehension with no
-    call per argument and no ``isinstance`` (``torch.Tensor``'s metaclass makes that slow): it runs
-    on every launch. A tensor subclass falls to class and value, which a miss then refuses to cache
-    (:func:`_cacheable`)."""
-    return [(a.dtype, not a.data_ptr() & 15) if a.__class__ is _Tensor else (a.__class__, a) for a in values]
+    and 16-byte alignment, a float by its bits (``float.hex``: -0.0 is not 0.0, a NaN equals a NaN),
+    anything else by its class and value. One list comprehension with no ``isinstance``
+    (``torch.Tensor``'s metaclass makes that slow): it runs on every launch. A tensor subclass falls
+    to class and value, which a miss then refuses to cache (:func:`_cacheable`)."""
+    return [
+        (a.dtype, not a.data_ptr() & 15)
+        if a.__class__ is _Tensor
+        else (float, a.hex())
+        if a.__class__ is float
+        else (a.__class__, a)
+        for a in values
+    ]
 
 
 def _cacheable(values) -> bool:
     """Whether every argument is a plain tensor or of a class in ``_BY_VALUE``: a key holding anything
     else (a tensor subclass, hashed by identity) would never be hit again, so it is not stored."""
     return all(a.__class__ is _Tensor or a.__class__ in _BY_VALUE for a in values)
+
+
+# keys kept per kernel at most: the ints are keyed by value (stricter than Triton's classes), so a
+# run whose lengths keep changing would grow the cache without end; past this it starts over
+MAX_KEYS = 1024
 
 
 class CachedLaunch:
@@ -135,7 +149,7 @@ class CachedLaunch:
         key = (
             grid,
             device,
-            self.fn.debug or knobs.runtime.debug,
+            kwargs.get("debug", self.fn.debug) or knobs.runtime.debug,  # JITFunction.run's expression
             knobs.compilation.instrumentation_mode,
             *_key(args),
             *kwargs,
@@ -146,6 +160,8 @@ class CachedLaunch:
             compiled = self.fn[grid](*args, **kwargs)
             tail = self._tail(len(args), kwargs)
             if compiled is not None and tail is not None and _cacheable(args) and _cacheable(kwargs.values()):
+                if len(self.cache) >= MAX_KEYS:
+                    self.cache.clear()
                 self.cache[key] = (compiled, tail)
             return compiled
         compiled, tail = hit
