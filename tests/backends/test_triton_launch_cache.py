@@ -1,7 +1,8 @@
 """``backends/triton/launch.py`` (the compiled-kernel launch cache, on by default) on a CPU, with a
 stand-in for Triton's ``JITFunction`` and ``CompiledKernel``: which calls take the cache, which go
-through ``JITFunction``, and the argument order of the cached launch. The launch itself needs a
-GPU (``bench/launch_overhead.py`` times it there)."""
+through ``JITFunction``, and the argument order of the cached launch; and, with Triton's own binder
+on a real kernel, that equal cache keys mean equal Triton specializations. The launch itself needs
+a GPU (``bench/launch_overhead.py`` times it there)."""
 
 from types import SimpleNamespace
 
@@ -227,3 +228,64 @@ def test_the_switch_takes_0_or_1(monkeypatch):
 def test_one_launcher_per_kernel():
     fn = FakeJIT()
     assert launch.launcher(fn) is launch.launcher(fn) and launch.launcher(fn).fn is fn
+
+
+def _triton_key(fn, args, kwargs) -> str:
+    """Triton 3.6's own cache key of a launch (``JITFunction.run``: its binder's specialization and
+    options, as ``compute_cache_key`` strings them), on the CPU: the binder only reads tensors'
+    dtypes and addresses."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import create_function_from_signature
+
+    binder = create_function_from_signature(fn.signature, fn.params, CUDABackend(GPUTarget("cuda", 90, 32)))
+    kw = dict(kwargs)
+    kw["debug"] = kw.get("debug", fn.debug) or knobs.runtime.debug
+    kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    _, specialization, options = binder(*args, **kw)
+    return str(specialization) + str(options)
+
+
+def _variants():
+    """Launches of the real Q/K pair kernel differing in one argument at a time: tensors (aligned,
+    misaligned by 2 bytes, other dtypes), ints around Triton's classes (1, multiples of 16, the
+    32-bit edge), a bool for an int, constexpr floats (-0.0 and 0.0), bools and launch options."""
+    storage = torch.empty(256, dtype=torch.bfloat16)
+    tensors = [
+        storage[:64],
+        storage[8:72],
+        storage[1:65],
+        storage.float()[:64],
+        storage.view(torch.uint8)[:64],
+    ]
+    ints = [0, 1, 2, 16, 17, 32, 2**31 - 1, 2**31, 2**32, True]
+    base = [storage[:64], storage[:64], storage.float()[:64], 64, 1, 64, 64, 64, 128] * 2 + [4]
+    kw = dict(D=128, FMAX=448.0, E5M2=False, ROWS=16, num_warps=4)
+    yield base, kw
+    for i, value in enumerate(base):
+        for alt in tensors if isinstance(value, torch.Tensor) else ints:
+            yield base[:i] + [alt] + base[i + 1 :], kw
+    for name, alts in (
+        ("FMAX", [57344.0, 0.0, -0.0]),
+        ("E5M2", [True, 1]),
+        ("ROWS", [8]),
+        ("num_warps", [8]),
+    ):
+        for alt in alts:
+            yield base, {**kw, name: alt}
+
+
+def test_equal_keys_mean_equal_triton_specializations():
+    """The cache's key is at least as strict as Triton's: any two launches of a real kernel with equal
+    :func:`launch.launch_key` have equal Triton cache keys (checked against Triton's own binder)."""
+    from fp4_attention.backends.triton import quant as tq
+
+    fn = tq._fp8_rows_pair_kernel
+    cases = list(_variants())
+    ours = [launch.launch_key(fn, (1,), 0, tuple(a), k) for a, k in cases]
+    theirs = [_triton_key(fn, a, k) for a, k in cases]
+    assert len(set(theirs)) > 10  # the variants do reach different specializations
+    by_key: dict = {}
+    for key, triton_key in zip(ours, theirs):
+        by_key.setdefault(key, set()).add(triton_key)
+    assert all(len(v) == 1 for v in by_key.values())

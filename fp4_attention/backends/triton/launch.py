@@ -41,7 +41,16 @@ import torch
 import triton
 from triton import knobs
 
-__all__ = ["ENV", "MAX_KEYS", "VERIFIED_TRITON", "CachedLaunch", "enabled", "interpreted", "launcher"]
+__all__ = [
+    "ENV",
+    "MAX_KEYS",
+    "VERIFIED_TRITON",
+    "CachedLaunch",
+    "enabled",
+    "interpreted",
+    "launch_key",
+    "launcher",
+]
 
 ENV = "FP4_ATTENTION_TRITON_LAUNCH_CACHE"
 
@@ -122,6 +131,22 @@ def _cacheable(values) -> bool:
 MAX_KEYS = 1024
 
 
+def launch_key(fn, grid: tuple, device: int, args: tuple, kwargs: dict) -> tuple:
+    """The cache key of one launch of ``fn`` (module docstring): the grid, the device, the ``debug``
+    and ``instrumentation_mode`` options as ``JITFunction.run`` forms them from Triton's settings,
+    and the arguments (:func:`_key`), keyword names included. Equal keys mean equal Triton
+    specializations (tests/backends/test_triton_launch_cache.py checks it against Triton's binder)."""
+    return (
+        grid,
+        device,
+        kwargs.get("debug", fn.debug) or knobs.runtime.debug,  # JITFunction.run's expression
+        knobs.compilation.instrumentation_mode,
+        *_key(args),
+        *kwargs,
+        *_key(kwargs.values()),
+    )
+
+
 class CachedLaunch:
     """``CachedLaunch(jit_fn)[grid](*args, **kwargs)`` launches ``jit_fn`` as
     ``jit_fn[grid](*args, **kwargs)`` does (module docstring).
@@ -146,15 +171,7 @@ class CachedLaunch:
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()  # the compiled kernel's module is loaded per device
         # the options JITFunction.run adds from Triton's settings (they select the compiled kernel)
-        key = (
-            grid,
-            device,
-            kwargs.get("debug", self.fn.debug) or knobs.runtime.debug,  # JITFunction.run's expression
-            knobs.compilation.instrumentation_mode,
-            *_key(args),
-            *kwargs,
-            *_key(kwargs.values()),
-        )
+        key = launch_key(self.fn, grid, device, args, kwargs)
         hit = self.cache.get(key)
         if hit is None:
             compiled = self.fn[grid](*args, **kwargs)
