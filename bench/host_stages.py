@@ -95,7 +95,8 @@ def stages(backend: str) -> list[tuple]:
         (cb.CuteBackend, "forward", "backend.forward"),
         (cb.CuteBackend, "backward", "backend.backward"),
         (cb, "quantize_inputs", "cute.quantize_inputs"),
-        *[(cb, n, f"cute.{n}") for n in ("quantize_fp8_rows", "quantize_fp8_rows_pair") if hasattr(cb, n)],
+        (cb, "quantize_fp8_rows", "cute.quantize_fp8_rows"),
+        (cb, "quantize_fp8_rows_pair", "cute.quantize_fp8_rows_pair"),
         (cb, "quantize_fp8_v_transposed", "cute.quantize_fp8_v_transposed"),
         (cb, "kernel_operands", "cute.kernel_operands"),
         (cb, "forward_fp8", "cute.forward_fp8"),
@@ -106,7 +107,7 @@ def stages(backend: str) -> list[tuple]:
         (cb, "backward_kv_operands", "cute.backward_kv_operands"),
         (cb, "_bwd_args", "cute._bwd_args"),
         (cb, "_compiled_bwd", "cute._compiled_bwd (lookup)"),
-        *[(cb, n, f"cute.{n}") for n in ("postprocess_gradients",) if hasattr(cb, n)],
+        (cb, "postprocess_gradients", "cute.postprocess_gradients"),
         (cb, "_bwd_postprocess_convert", "cute.FA4 postprocess launches"),
     ]
 
