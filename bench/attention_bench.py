@@ -299,7 +299,7 @@ def main(argv=None) -> int:
         nargs="*",
         default=["128,128,2"],
         help="tile_m,tile_n,stages of the cute kernel to time (kernel only); the full forward / "
-        "fwd+bwd rows run the backend's default tiles (cute.backend.default_tiles: by causality)",
+        "fwd+bwd rows run the backend's default tiles (cute.backend.default_tiles: by head dim)",
     )
     args = p.parse_args(argv)
     torch.manual_seed(0)

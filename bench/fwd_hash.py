@@ -61,7 +61,7 @@ def fingerprints(options: dict, tiles: tuple[int, int, int] | None) -> dict[str,
                 else:
                     q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
                     ops = kernel_operands(q_s, k_s, v_s, d**-0.5, decoded)
-                t = tiles or default_tiles(causal, d)
+                t = tiles or default_tiles(d)
                 out, lse = forward_fp8(*ops, causal=causal, tiles=t, qk_bf16=recipe != "fp8", **options)
                 data = out.contiguous().view(torch.int16).cpu().numpy().tobytes()
                 data += lse.cpu().numpy().tobytes()

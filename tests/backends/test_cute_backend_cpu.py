@@ -52,15 +52,14 @@ def test_forward_fp8_rejects_unsupported_tiles_and_bad_operands():
 
 
 def test_default_tiles_follow_the_measurement():
-    """The forward's tiles when none are given: 192 keys for non-causal D128 (the faster on the H200),
-    128 otherwise; both supported; the losing 160-key and three-stage tiles are refused."""
-    assert cute_backend.default_tiles(False, 128) == cute_backend.NON_CAUSAL_TILES == (128, 192, 2)
-    for causal, d in ((True, 128), (True, 64), (False, 64)):
-        assert cute_backend.default_tiles(causal, d) == cute_backend.DEFAULT_TILES == (128, 128, 2)
-    assert {cute_backend.DEFAULT_TILES, cute_backend.NON_CAUSAL_TILES} <= set(cute_backend.SUPPORTED_TILES)
+    """The forward's tiles when none are given: 192 keys at D128 (the faster on the H200, causal or
+    not), 128 at D64; both supported; the losing 160-key, three-stage and 192-row tiles are refused."""
+    assert cute_backend.default_tiles(128) == cute_backend.D128_TILES == (128, 192, 2)
+    assert cute_backend.default_tiles(64) == cute_backend.DEFAULT_TILES == (128, 128, 2)
+    assert {cute_backend.DEFAULT_TILES, cute_backend.D128_TILES} <= set(cute_backend.SUPPORTED_TILES)
     q8 = torch.zeros(1, 4, 64, 128, dtype=torch.float8_e4m3fn)
     args = (q8, q8[:, :1], torch.zeros(1, 1, 128, 64, dtype=torch.float8_e4m3fn), *[torch.ones(1)] * 3)
-    for tiles in ((128, 160, 2), (128, 128, 3), (128, 160, 3)):
+    for tiles in ((128, 160, 2), (128, 128, 3), (128, 160, 3), (192, 64, 2)):
         with pytest.raises(ValueError, match="not supported"):
             cute_backend.forward_fp8(*args, causal=True, tiles=tiles)
 

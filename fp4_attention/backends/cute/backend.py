@@ -74,7 +74,7 @@ __all__ = [
     "BWD_TILES",
     "COMPILE_SECONDS",
     "DEFAULT_TILES",
-    "NON_CAUSAL_TILES",
+    "D128_TILES",
     "CuteBackend",
     "backward_fp8",
     "backward_operands",
@@ -87,14 +87,16 @@ __all__ = [
 ]
 
 # (tile_m, tile_n, stages): 128 query rows on two consumer warpgroups, tile_n keys per KV tile.
-# Every kernel test runs at (128, 128, 2) and (128, 96, 2); the others match the reference in
-# test_cute_backend.py's test_other_tiles_match_reference. Measured on the H200 (2026-12-02, 81a18cf,
-# results/cute_tiles_h200), kernel only, D128: 192 keys win non-causal (B2 H32/32 S8192: fp8 3.109 ms
-# against 3.321 at 128, nvfp4qk_fp8pv 3.554 against 3.734), 128 keys win causal S4096 (B1 0.238
-# against 0.242, B4 0.927 against 0.933; nvfp4qk_fp8pv likewise); 160 keys and three K/V stages were
-# never the fastest and are not offered.
+# Every kernel test runs at both defaults (128, 128, 2) and (128, 192, 2), causal or not; the others
+# match the reference in test_cute_backend.py's test_other_tiles_match_reference. Measured on the
+# H200, kernel only, D128: 192 keys win non-causal (B2 H32/32 S8192: 3.109 against 3.321 ms at 128 in
+# results/cute_tiles_h200, 5-6% in every run since) and B1 H32/8 S4096 causal (1.8-2.1% in each of the
+# four runs that timed both, results/cute_fwd_schedule2_h200); at B4 causal the two are within noise
+# (192 faster by 2.0-2.7% in three runs, slower by 0.5-0.9% in three). 160 keys and three K/V stages
+# were never the fastest and are not offered; 192 query rows (three consumer warpgroups at 160
+# registers) lost 2-16% (results/cute_fwd_schedule2_h200) and are not offered either.
+D128_TILES = (128, 192, 2)
 DEFAULT_TILES = (128, 128, 2)
-NON_CAUSAL_TILES = (128, 192, 2)
 SUPPORTED_TILES = (
     (128, 128, 2),
     (128, 96, 2),
@@ -103,10 +105,10 @@ SUPPORTED_TILES = (
 )
 
 
-def default_tiles(causal: bool, head_dim: int) -> tuple[int, int, int]:
-    """The forward's tiles when none are given: :data:`NON_CAUSAL_TILES` for non-causal attention at
-    head dim 128, :data:`DEFAULT_TILES` otherwise (the measurements above; D64 was not timed)."""
-    return NON_CAUSAL_TILES if not causal and head_dim == 128 else DEFAULT_TILES
+def default_tiles(head_dim: int) -> tuple[int, int, int]:
+    """The forward's tiles when none are given: :data:`D128_TILES` at head dim 128, causal or not,
+    :data:`DEFAULT_TILES` at 64 (the measurements above; D64 was not timed)."""
+    return D128_TILES if head_dim == 128 else DEFAULT_TILES
 
 
 BWD_TILES = (64, 128)  # (query rows per step, keys per CTA) of the backward: FA4's head-dim-128 tiles
@@ -493,7 +495,7 @@ class CuteBackend:
         at ``tiles``, by default :func:`default_tiles`.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64."""
-        tiles = default_tiles(causal, q.shape[-1]) if tiles is None else tuple(tiles)
+        tiles = default_tiles(q.shape[-1]) if tiles is None else tuple(tiles)
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
         else:
