@@ -163,7 +163,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     ``results/cute_fwd_overlap_tiles_h200``); the K token scales through shared memory (one
     coalesced load per 128 keys, a per-warpgroup double buffer: bit-identical, 1.8-3.8% slower at
     each shape's best tile), and the overlap again on top of it (6-10% slower,
-    ``results/cute_fwd_col_smem_h200``).
+    ``results/cute_fwd_col_smem_h200``). Measured and not merged, all bit-identical schedules
+    (``results/cute_fwd_schedule2_h200``): the previous tile's PV issued with the next QK in one
+    turn, promoted while QK runs (14% slower); no warp-scheduler turn, or a turn over the QK issue
+    only (8-19% slower); three consumer warpgroups at 192x64 / 192x96 (4-16% slower; 192x128
+    spills); and the row sum as four round-robin partials (no gain).
     """
 
     def __init__(
