@@ -18,8 +18,9 @@ _fwd_report = functools.cache(compile_report)
 
 
 @pytest.mark.parametrize(
-    "tiles, causal", [((128, 128, 2), True), ((128, 96, 2), True), ((128, 192, 2), False)]
-)  # the default tiles of D64 and D128 (cute.backend.default_tiles) and the tests' other tile
+    "tiles, causal",
+    [((128, 128, 2), True), ((128, 96, 2), True), ((128, 192, 2), True), ((128, 192, 2), False)],
+)  # the default tiles of D64 and D128, causal or not (cute.backend.default_tiles), and the tests' other tile
 def test_default_kernel_qgmma_no_spills(tiles, causal):
     rep = _fwd_report(tiles, causal=causal)
     n_k = 128 // 32  # head dim 128 in k32 steps (QK) and tile_n // 32 (PV)

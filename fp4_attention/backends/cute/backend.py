@@ -94,7 +94,7 @@ __all__ = [
 # four runs that timed both, results/cute_fwd_schedule2_h200); at B4 causal the two are within noise
 # (192 faster by 2.0-2.7% in three runs, slower by 0.5-0.9% in three). 160 keys and three K/V stages
 # were never the fastest and are not offered; 192 query rows (three consumer warpgroups at 160
-# registers) lost 2-16% (results/cute_fwd_schedule2_h200) and are not offered either.
+# registers) lost 4-16% (results/cute_fwd_schedule2_h200) and are not offered either.
 D128_TILES = (128, 192, 2)
 DEFAULT_TILES = (128, 128, 2)
 SUPPORTED_TILES = (
