@@ -20,11 +20,19 @@ import torch
 # The CUTLASS DSL reads these when it is first imported, by whichever test imports it first. On a
 # machine without a GPU it then compiles the CuTe kernels for Hopper and keeps their cubin, which
 # tests/backends/test_cute_sass.py disassembles (bench/cute_sass_report.py).
+# The dump folder is one per process: pytest-xdist's workers inherit the environment of the
+# controller, which loads this file too, and two workers compiling into one folder find each other's
+# cubins (bench/cute_sass_report.py expects exactly one). _DUMP_OWNER marks a folder made here, with
+# the pid that made it; a folder set by the user (no mark) is kept.
+_DUMP_OWNER = "FP4_ATTENTION_TEST_DUMP_DIR_PID"
 if not torch.cuda.is_available():
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     os.environ.setdefault("CUTE_DSL_KEEP", "cubin")
-    if "CUTE_DSL_DUMP_DIR" not in os.environ:
+    if "CUTE_DSL_DUMP_DIR" not in os.environ or os.environ.get(_DUMP_OWNER, str(os.getpid())) != str(
+        os.getpid()
+    ):
         os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="cute_dsl_")
+        os.environ[_DUMP_OWNER] = str(os.getpid())
         atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 
 
