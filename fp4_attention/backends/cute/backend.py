@@ -250,7 +250,7 @@ def forward_fp8(
     v_scale,
     *,
     causal: bool,
-    tiles=DEFAULT_TILES,
+    tiles=None,
     out_layout_of: torch.Tensor | None = None,
     **kernel_options,
 ):
@@ -271,6 +271,8 @@ def forward_fp8(
             (``fwd_sm90.fold_k_scale``: a NaN scale read as 1, the product floored at 2^-126, so a
             masked -inf stays -inf), as the backward does for ``qk_bf16``;
         v_scale: FP32 ``[B, Hkv, D]``.
+        tiles: ``(tile_m, tile_n, stages)``, one of ``SUPPORTED_TILES``; default
+            :func:`default_tiles` of the head dim.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
             output takes (``layouts.empty_in_layout_of``); default contiguous.
         kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
@@ -284,14 +286,15 @@ def forward_fp8(
             or a ``k_group`` other than 0 and 64, with NVFP4 Q/K, or at KV tiles that are not a
             multiple of 64 keys.
     """
+    tiles = default_tiles(q8.shape[-1]) if tiles is None else tuple(tiles)
     k_group = kernel_options.get("k_group", 0)
     if k_group not in (0, 64) or (k_group and (tiles[1] % k_group or kernel_options.get("qk_bf16", False))):
         raise ValueError(
             f"forward_fp8: k_group must be 0 or 64, with E4M3 Q/K and KV tiles of a multiple of 64 keys; got "
-            f"k_group={k_group} at tiles {tuple(tiles)}; use k_group=0, or one of the tiles "
+            f"k_group={k_group} at tiles {tiles}; use k_group=0, or one of the tiles "
             f"{[t for t in SUPPORTED_TILES if t[1] % 64 == 0]}"
         )
-    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tuple(tiles), kernel_options.get("qk_bf16", False))
+    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tiles, kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
     if out_layout_of is None or out_layout_of.stride(-1) != 1:
@@ -309,7 +312,7 @@ def forward_fp8(
         col,
         v_scale,
     )
-    fn = _compiled(d, hq // hkv, causal, tuple(tiles), args, kernel_options)
+    fn = _compiled(d, hq // hkv, causal, tiles, args, kernel_options)
     fn(*[t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in args])
     return out, lse
 
@@ -495,7 +498,6 @@ class CuteBackend:
         at ``tiles``, by default :func:`default_tiles`.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64."""
-        tiles = default_tiles(q.shape[-1]) if tiles is None else tuple(tiles)
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
         else:
