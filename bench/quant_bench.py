@@ -15,6 +15,9 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   its default launch): reads 2 B/element, writes 0.5 + 1/16 + 2 B/element.
 - ``fp8 V transposed`` (``quantize_fp8_v_transposed``, perm16): the amax pass reads 2 B/element, the
   codes pass reads 2 and writes 1; swept likewise (keys per program x warps of the codes pass).
+- ``fp8 V transposed, amax rows`` and ``nvfp4 heads, amax rows``: the same quantizers, the other
+  kernel at its default launch, the amax pass's rows per program swept (``quant.amax_rows_per_program``;
+  64 is one step of the pass's loop per program, the pass as it was before the loop).
 - ``fp8 rows pair`` (``quantize_fp8_rows_pair``: Q and K per token in one launch, the cute and Triton
   backends' call) at the training shape Q B4 H32 S4096 + K B4 H8 S4096, default launch, beside
   ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together
@@ -43,6 +46,9 @@ SHAPES = {"Q B4 H32 S4096": (4, 32, 4096), "K B4 H8 S4096": (4, 8, 4096), "Q B1 
 FP8_SWEEP = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (4, 8)]  # default (16, 4)
 NVFP4_SWEEP = [(rows, warps) for rows in (4, 8, 16, 32) for warps in (4, 8)] + [(64, 8)]  # default (16, 4)
 V_SWEEP = [(16, 4), (32, 4), (64, 4), (64, 8), (128, 8)]  # keys per program x warps; default (64, 4)
+# the amax passes' rows per program (V's per channel, NVFP4's per head), the other kernel at its default;
+# 64 is one step per program (the pass before the loop); the default comes from the grid's size
+AMAX_SWEEP = (64, 128, 256, 512, 1024, 2048)
 
 
 def _ms(fn) -> float:
@@ -118,6 +124,15 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
                 )
                 ms = _ms(lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps))
                 records.append(_rec("nvfp4 heads", label, rows, warps, ms, nvfp4_heads_bytes(n, D), bw, same))
+            for amax_rows in AMAX_SWEEP:
+                got = quantize_nvfp4_heads(x, amax_rows=amax_rows)
+                same = torch.equal(got[0].payload, ref_nv[0].payload) and torch.equal(
+                    got[0].global_scale.nan_to_num(), ref_nv[0].global_scale.nan_to_num()
+                )
+                ms = _ms(lambda amax_rows=amax_rows: quantize_nvfp4_heads(x, amax_rows=amax_rows))
+                records.append(
+                    _rec("nvfp4 heads, amax rows", label, amax_rows, 4, ms, nvfp4_heads_bytes(n, D), bw, same)
+                )
             g = ref_nv[0].global_scale
             ms = _ms(lambda: quantize_nvfp4_rows(x, g))
             same = torch.equal(quantize_nvfp4_rows(x, g)[0].payload, ref_nv[0].payload)
@@ -133,6 +148,13 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
                     )
                 )
                 records.append(_rec("fp8 V transposed", label, rows, warps, ms, v_bytes(n), bw, same))
+            for amax_rows in AMAX_SWEEP:
+                got = quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows)
+                same = torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8)) and torch.equal(
+                    got.scale.nan_to_num(), ref_v.scale.nan_to_num()
+                )
+                ms = _ms(lambda amax_rows=amax_rows: quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows))
+                records.append(_rec("fp8 V transposed, amax rows", label, amax_rows, 4, ms, v_bytes(n), bw, same))
         for r in records[first:]:
             print(json.dumps(r), flush=True)
     if "pair" not in kinds:

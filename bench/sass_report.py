@@ -224,9 +224,9 @@ QUANT_KERNELS = {
     "v_amax": (
         "_v_amax_kernel",
         {"X": "bf16", "AMAX": "fp32", "BAD": "i32"},
-        dict(D=128, BLOCK_S=64, sxd=1),
+        dict(D=128, BLOCK_S=64, ROWS=1024, sxd=1),
         4,
-        "_v_amax_kernel D 128 64 keys x 4 warps",
+        "_v_amax_kernel D 128 1024 keys (64 per step) x 4 warps",
     ),
     "v_codes": (
         "_fp8_v_t_kernel",

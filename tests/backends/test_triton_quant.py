@@ -97,10 +97,12 @@ def test_fp8_key_groups_bytes_equal_reference(d, seq, rotated):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("seq", [333, 4096])
 @pytest.mark.parametrize("layout", ["contiguous", "sbhd_view"])
-def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout):
+@pytest.mark.parametrize("amax_rows", [None, 256])
+def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout, amax_rows):
     """V per channel to E4M3, stored [B, H, D, S]: bytes and power-of-two scales equal
     quantize_fp8(v, dims=(-2,), pow2=True) on the CPU copy, also for the non-contiguous
-    [B, H, S, D] view of megatron's [S, B, H, D]."""
+    [B, H, S, D] view of megatron's [S, B, H, D]; at the amax pass's default launch and at 256 keys
+    per program (four steps of its loop, past the end at S 333)."""
     x = _inputs(d, seq)
     x[1, 3, 11, 2] = float("nan")  # poisons channel 2 of head (1, 3)
     x[1, 2, 12, 5] = float("-inf")
@@ -111,7 +113,7 @@ def test_fp8_v_transposed_bytes_equal_reference(d, seq, layout):
     x[0, 1, 4, 9] = -3.0 * 2.0**-128  # a BF16 subnormal, not a power of two
     if layout == "sbhd_view":
         x = x.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
-    got = quantize_fp8_v_transposed(x)
+    got = quantize_fp8_v_transposed(x, amax_rows=amax_rows)
     ref = quantize_fp8(x.cpu(), "e4m3", dims=(-2,), pow2=True)
     assert got.data.shape == (2, 4, d, seq) and got.data.is_contiguous()
     assert torch.equal(got.data.cpu().view(torch.uint8).transpose(-1, -2), ref.data.view(torch.uint8))
@@ -173,10 +175,12 @@ def test_nvfp4_rows_saturating_global_scale_equals_reference():
 @pytest.mark.parametrize(
     "perm", [None, (0, 2, 1, 3), (2, 0, 1, 3)], ids=["contiguous", "bshd_view", "sbhd_view"]
 )
-def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
+@pytest.mark.parametrize("amax_rows", [None, 256])
+def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm, amax_rows):
     """The per-head global scale formed in the kernels (``quantize_nvfp4_heads``): payload, block
     scales, global scale and decode equal the reference with ``nvfp4_global_scale(x, dims=(2, 3))``,
-    for a head holding a NaN, one holding an Inf and an all-zero one, read in place from views."""
+    for a head holding a NaN, one holding an Inf and an all-zero one, read in place from views; the
+    amax pass at its default launch and at 256 rows per program."""
     x = _extreme_heads(_inputs(d, seq))
     x[1, 3, 11, 40] = float("nan")
     x[1, 2, 3, 5] = float("-inf")
@@ -184,7 +188,7 @@ def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
     if perm is not None:
         x = x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
         assert not x.is_contiguous()
-    got, dec, tok = quantize_nvfp4_heads(x)
+    got, dec, tok = quantize_nvfp4_heads(x, amax_rows=amax_rows)
     ref = quantize_nvfp4(x.cpu(), nvfp4_global_scale(x.cpu(), dims=(2, 3)))
     g, g_ref = got.global_scale.cpu(), ref.global_scale
     assert g.shape == g_ref.shape == (2, 4, 1, 1)

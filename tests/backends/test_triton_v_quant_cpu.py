@@ -55,6 +55,19 @@ def _interpreted_checks() -> list[str]:
             codes = got.data.view(torch.uint8)  # [B, H, D, S(16)]
             if not (bool((codes[0, 0, 1] == 0x7F).all()) and bool((codes[0, 1, 2] == 0x7F).all())):
                 failed.append(f"{name} perm16={perm16}: codes of a non-finite channel")
+    # the amax pass's loop: programs of 128 and 256 keys over 70 (one step of 64 keys, or four, most
+    # of them past the end): the same scales
+    x = cases[0][1]
+    want = pow2_ceil(amax_scale(x, (2,), 448.0)[0])
+    for amax_rows in (128, 256):
+        got = quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows)
+        if not torch.equal(got.scale.nan_to_num(-1.0), want.nan_to_num(-1.0)):
+            failed.append(f"amax_rows={amax_rows}: other scales")
+    try:
+        quantize_fp8_v_transposed(x, amax_rows=96)
+        failed.append("amax_rows=96 did not raise")
+    except ValueError:
+        pass
     # the amax and the non-finite flag start from one fill (a launch each on a GPU before)
     with OpNames() as ops:
         quantize_fp8_v_transposed(v16, perm16=True)

@@ -483,18 +483,51 @@ def _rotation_args(x: torch.Tensor, signs: torch.Tensor | None) -> dict:
     return {} if signs is None else {**rotation_args(x, signs), "ROTATE": True}
 
 
+# The amax passes (V's per channel, a head's per (batch, head)) read AMAX_BLOCK rows per step of a loop
+# over a program's run of rows, keep an elementwise NaN-propagating max in registers and reduce it once,
+# then atomically combine it with the other programs' (two atomics per channel or head per program).
+AMAX_BLOCK = 64
+AMAX_MAX_ROWS = 1024  # rows per program at most
+AMAX_MIN_PROGRAMS = 512  # halve a program's rows again while the grid keeps at least this many
+
+
+def amax_rows_per_program(bh: int, seq: int, rows: int | None = None) -> int:
+    """Rows of one (batch, head) that one program of an amax pass reads (``_v_amax_kernel``,
+    ``_head_amax_kernel``): ``rows`` if given (a launch option for ``bench/quant_bench.py``), else
+    from AMAX_BLOCK doubled up to AMAX_MAX_ROWS while the grid of ``bh * cdiv(seq, rows)`` programs
+    stays at AMAX_MIN_PROGRAMS or more. The amax does not depend on it.
+
+    Raises:
+        ValueError: ``rows`` not a power-of-two multiple of AMAX_BLOCK.
+    """
+    if rows is not None:
+        if rows < AMAX_BLOCK or rows & (rows - 1):
+            raise ValueError(f"amax pass: rows per program must be a power of two >= {AMAX_BLOCK}, got {rows}")
+        return rows
+    r = AMAX_BLOCK
+    while r < AMAX_MAX_ROWS and bh * -(-seq // (2 * r)) >= AMAX_MIN_PROGRAMS:
+        r *= 2
+    return r
+
+
 @triton.jit
-def _v_amax_kernel(X, AMAX, BAD, H, S, sxb, sxh, sxs, sxd, D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _v_amax_kernel(
+    X, AMAX, BAD, H, S, sxb, sxh, sxs, sxd, D: tl.constexpr, BLOCK_S: tl.constexpr, ROWS: tl.constexpr
+):
     """Per (batch, head, channel): whether the channel holds a NaN or Inf, and the amax of |V| over
-    the sequence's blocks of keys without one (the amax of a flagged channel is not used), by atomic
-    max over the blocks."""
+    the keys (not used for a flagged channel), by atomic max over the programs; each program reads
+    ROWS keys, BLOCK_S per step."""
     pid_s, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :] * sxd, mask=(s < S)[:, None], other=0.0)
-    # one NaN-propagating max per element (the rows kernel's reason); the block's flag and its finite amax
-    m = tl.reduce(tl.abs(x.to(tl.float32)), 0, _max_propagating_nan)
+    base = X + b * sxb + h * sxh + d[None, :] * sxd
+    # one NaN-propagating max per element (the rows kernel's reason): the amax, and from it the flag
+    m = tl.zeros([BLOCK_S, D], dtype=tl.float32)
+    for i in tl.range(0, ROWS, BLOCK_S):
+        s = pid_s * ROWS + i + tl.arange(0, BLOCK_S)
+        x = tl.load(base + s[:, None] * sxs, mask=(s < S)[:, None], other=0.0)
+        m = _max_propagating_nan(m, tl.abs(x.to(tl.float32)))
+    m = tl.reduce(m, 0, _max_propagating_nan)
     bad = (m != m) | (m == float("inf"))
     tl.atomic_max(BAD + bh * D + d, bad.to(tl.int32))
     tl.atomic_max(AMAX + bh * D + d, tl.where(bad, 0.0, m))
@@ -584,7 +617,12 @@ def _fp8_v_t_kernel(
 
 
 def quantize_fp8_v_transposed(
-    v: torch.Tensor, *, perm16: bool = False, rows: int | None = None, num_warps: int = 4
+    v: torch.Tensor,
+    *,
+    perm16: bool = False,
+    rows: int | None = None,
+    num_warps: int = 4,
+    amax_rows: int | None = None,
 ) -> FP8Tensor:
     """E4M3 V with one power-of-two FP32 scale per (batch, head, channel), stored transposed.
 
@@ -602,9 +640,10 @@ def quantize_fp8_v_transposed(
         ``pv_layout.V_PERM16[k]`` (``pv_layout.unpermute_v_keys`` inverts it).
         ``rows`` / ``num_warps``: the codes kernel's keys per program (a power of two >= 16,
         default 64) and warps, launch options for ``bench/quant_bench.py``; the bytes do not depend
-        on them.
+        on them. ``amax_rows``: keys per program of the amax pass (:func:`amax_rows_per_program`).
     Raises:
-        ValueError: not a 4-D CUDA tensor, no keys, or D not a power of two <= 256.
+        ValueError: not a 4-D CUDA tensor, no keys, D not a power of two <= 256, or a launch option
+            out of range.
     """
     if (not v.is_cuda and not interpreted()) or v.dim() != 4:
         raise ValueError("quantize_fp8_v_transposed: needs a CUDA tensor [B, H, S, D]")
@@ -623,7 +662,10 @@ def quantize_fp8_v_transposed(
     block_s = _rows_option("quantize_fp8_v_transposed", rows, 64)
     if block_s < 16:
         raise ValueError(f"quantize_fp8_v_transposed: keys per program must be >= 16, got {block_s}")
-    launcher(_v_amax_kernel)[(triton.cdiv(sk, 64), b * h)](v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=64)
+    amax_rows = amax_rows_per_program(b * h, sk, amax_rows)
+    launcher(_v_amax_kernel)[(triton.cdiv(sk, amax_rows), b * h)](
+        v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=AMAX_BLOCK, ROWS=amax_rows
+    )
     launcher(_fp8_v_t_kernel)[(triton.cdiv(sk, block_s), b * h)](
         v,
         amax,
@@ -865,38 +907,45 @@ def _head_amax_kernel(
     sxs,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    ROWS: tl.constexpr,
     VS=None,
     G=1,
     CHANNEL_SCALED: tl.constexpr = False,
 ):
     """Per (batch, head) of ``X [B, H, S, D]`` (any strides, unit last): whether the head holds a NaN
-    or Inf, and the amax of |x| over its blocks of rows without one (the amax of a flagged head is
-    not used), by atomic max over the blocks.
+    or Inf, and the amax of |x| over its rows (not used for a flagged head), by atomic max over the
+    programs; each program reads ROWS rows, BLOCK_S per step.
     ``CHANNEL_SCALED``: of ``|x * vs|`` instead, ``vs`` FP32 ``[B, H // G, D]`` per channel, shared
     by the G heads of a group (dO times V's channel scales: ``dout_quant``)."""
     pid_s, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :], mask=(s < SEQ)[:, None], other=0.0)
-    x = x.to(tl.float32)
+    base = X + b * sxb + h * sxh + d[None, :]
     if CHANNEL_SCALED:
-        x = x * tl.load(VS + (b * (H // G) + h // G) * D + d)[None, :]
-    # one NaN-propagating max per element (the rows kernel's reason); the block's flag and its finite amax
-    m = tl.reduce(tl.reduce(tl.abs(x), 1, _max_propagating_nan), 0, _max_propagating_nan)
+        vs = tl.load(VS + (b * (H // G) + h // G) * D + d)[None, :]
+    # one NaN-propagating max per element (the rows kernel's reason): the amax, and from it the flag
+    m = tl.zeros([BLOCK_S, D], dtype=tl.float32)
+    for i in tl.range(0, ROWS, BLOCK_S):
+        s = pid_s * ROWS + i + tl.arange(0, BLOCK_S)
+        x = tl.load(base + s[:, None] * sxs, mask=(s < SEQ)[:, None], other=0.0).to(tl.float32)
+        if CHANNEL_SCALED:
+            x = x * vs
+        m = _max_propagating_nan(m, tl.abs(x))
+    m = tl.reduce(tl.reduce(m, 1, _max_propagating_nan), 0, _max_propagating_nan)
     bad = (m != m) | (m == float("inf"))
     tl.atomic_max(BAD + bh, bad.to(tl.int32))
     tl.atomic_max(AMAX + bh, tl.where(bad, 0.0, m))
 
 
 def quantize_nvfp4_heads(
-    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4
+    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4, amax_rows: int | None = None
 ) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
     ``rows`` / ``num_warps``: the rows kernel's launch options (rows per program, a power of two,
-    default 2048 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
+    default 2048 / D; warps), and ``amax_rows`` the amax pass's rows per program
+    (:func:`amax_rows_per_program`), for ``bench/quant_bench.py``; the bytes do not depend on them.
 
     Returns:
         ``(NVFP4Tensor, decoded, token_scale)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
@@ -906,8 +955,8 @@ def quantize_nvfp4_heads(
         of each token's head (the row/col vector of the attention kernels, written by the same
         kernel: no broadcast copy); all contiguous.
     Raises:
-        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, or B * H
-            above 65,535.
+        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, B * H
+            above 65,535, or a launch option out of range.
     """
     if x.dim() != 4:
         raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
@@ -919,8 +968,10 @@ def quantize_nvfp4_heads(
         raise ValueError("quantize_nvfp4_heads: no tokens (S = 0); the per-head global scale is undefined")
     layout = (h, s, *x.stride()[:3])  # the true heads, also for a contiguous x
     amax, bad = zeroed_amax_and_flag((b * h,), x.device)
-    block_s = 64
-    _head_amax_kernel[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
+    amax_rows = amax_rows_per_program(b * h, s, amax_rows)
+    _head_amax_kernel[(triton.cdiv(s, amax_rows), b * h)](
+        x, amax, bad, *layout, D=d, BLOCK_S=AMAX_BLOCK, ROWS=amax_rows
+    )
     g = torch.empty((b, h, 1, 1), dtype=torch.float32, device=x.device)
     payload = torch.empty((b, h, s, d // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
