@@ -179,12 +179,17 @@ def test_nvfp4_rows_saturating_global_scale_equals_reference():
 def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm, amax_rows):
     """The per-head global scale formed in the kernels (``quantize_nvfp4_heads``): payload, block
     scales, global scale and decode equal the reference with ``nvfp4_global_scale(x, dims=(2, 3))``,
-    for a head holding a NaN, one holding an Inf and an all-zero one, read in place from views; the
-    amax pass at its default launch and at 256 rows per program."""
+    for a head holding a NaN, one holding an Inf, an all-zero one and heads whose global scales are
+    near the ends of the fast division's range, read in place from views; the amax pass at its
+    default launch and at 256 rows per program."""
     x = _extreme_heads(_inputs(d, seq))
     x[1, 3, 11, 40] = float("nan")
     x[1, 2, 3, 5] = float("-inf")
     x[0, 3] = 0.0
+    # global scales near the ends of the range in which a program divides through the fast path
+    # (about 2^-54 and 2^50 against 2^-55 and 2^51: quant._nvfp4_rows_kernel's test of one scalar)
+    for h, g_head in (((0, 1), 2.0**-54), ((1, 1), 2.0**50)):
+        x[h] = (x[h].float() * (2688.0 * g_head / x[h].float().abs().max())).bfloat16()
     if perm is not None:
         x = x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
         assert not x.is_contiguous()

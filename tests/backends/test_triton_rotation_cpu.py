@@ -95,7 +95,7 @@ def _interpreted_checks() -> list[str]:
             payload = torch.empty((*x.shape[:-1], d // 2), dtype=torch.uint8)
             scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8)
             dec = torch.empty(x.shape, dtype=torch.bfloat16)
-            tq._nvfp4_rows_kernel[(triton.cdiv(x.shape[2], 8), x.shape[0] * x.shape[1])](
+            tq._nvfp4_rows_kernel[(triton.cdiv(x.shape[2], 8), x.shape[1], x.shape[0])](
                 inp,
                 gg,
                 payload,

@@ -726,24 +726,30 @@ def _e2m1_round(a):
     0, 2 or 4. Four FP32 operations and a few integer ones instead of seven comparisons and the
     decode (``tests/backends/test_triton_quant.py`` checks every FP32 value in [0, 6] on the GPU).
     """
-    m = tl.where(a < 2.0, E2M1_RN_HALF, tl.where(a < 4.0, E2M1_RN_ONE, E2M1_RN_TWO))
+    # M from the exponent of max(a, 1) (E = 0, 1, 2 on [0, 2), [2, 4), [4, 6]): 1.5 * 2^(22 + E), by
+    # integer operations on the bits (a >= 0, so they order as the values do), three instead of two
+    # comparisons and two selects
+    e = tl.maximum(a.to(tl.int32, bitcast=True), 0x3F800000) & 0x7F800000
+    m_bits = e + ((22 << 23) | 0x400000)
+    m = m_bits.to(tl.float32, bitcast=True)
     s = a + m
     steps = s.to(tl.int32, bitcast=True) & 7
     # M's exponent and leading mantissa bit (bits >> 22: 299, 301, 303) give the offset of its
     # binade's first code (0, 2, 4)
-    code = steps + ((m.to(tl.int32, bitcast=True) >> 22) - 299)
+    code = steps + ((m_bits >> 22) - 299)
     return code, s - m
 
 
-def _check_grid_heads(who: str, bh: int) -> None:
-    """The NVFP4 rows kernel puts B * H on the grid's y axis, which CUDA caps at 65,535.
+def _check_grid_heads(who: str, batch: int, heads: int) -> None:
+    """The NVFP4 rows kernel puts the heads on the grid's y axis and the batch on its z axis, which
+    CUDA caps at 65,535 each.
 
     Raises:
-        ValueError: ``bh`` above the cap.
+        ValueError: ``batch`` or ``heads`` above the cap.
     """
-    if bh > 65535:
+    if batch > 65535 or heads > 65535:
         raise ValueError(
-            f"{who}: B * H = {bh} (batch times heads) exceeds the 65,535 programs of CUDA's grid y axis; "
+            f"{who}: B = {batch} or H = {heads} exceeds the 65,535 programs of CUDA's grid y and z axes; "
             "quantize a smaller micro-batch at a time, or pass a contiguous tensor (one run of rows)"
         )
 
@@ -781,25 +787,27 @@ def _div_by_reciprocal(x, d, y):
 
 
 @triton.jit
-def _block_quotients(x, d, okd, amax_b, FAST: tl.constexpr):
+def _block_quotients(x, d, okd, fast):
     """``x [R, NB, 16] / d [R, NB]`` (FP32) rounded to nearest, as ``div_rn`` rounds it wherever the
     E2M1 code can depend on it.
 
     ``div_rn`` compiles to a reciprocal (MUFU.RCP), one Newton step, a quotient with one residual
     correction (five FFMA), a range check (FCHK) and a branch to a slow path, all per element.
-    ``FAST``: the reciprocal once per block (:func:`_fast_reciprocal`), then per element the three
-    FFMA of :func:`_div_by_reciprocal`; the program takes this path only when every block with a
+    ``fast`` (a scalar): the reciprocal once per block (:func:`_fast_reciprocal`), then per element
+    the three FFMA of :func:`_div_by_reciprocal`; the caller sets it only when every block with a
     denominator has ``2^-64 <= d <= 2^60`` and a quotient bound ``amax_b / d <= 2^32``, else
     ``div_rn`` for all. Inside that range an ``|x / d|`` below 2^-38 is the only place the two
     may differ, far below E2M1's first rounding boundary (0.25): code 0 either way (the caller
-    takes the sign from ``x``, not from the quotient).
+    takes the sign from ``x``, not from the quotient). Quotients of blocks without a denominator
+    (``okd`` false) are 0 for every finite ``x``.
     """
-    ok_range = (d >= DIV_FAST_MIN) & (d <= DIV_FAST_MAX) & (amax_b <= d * DIV_FAST_QUOTIENT_MAX)
-    fast = tl.min(((~okd) | ok_range).to(tl.int32)) == 1  # every block of the program
-    if FAST and fast:
-        q = _div_by_reciprocal(x, d[:, :, None], _fast_reciprocal(d)[:, :, None])
+    if fast:
+        # a block without a denominator gets the reciprocal 0: its quotients are 0 for every finite
+        # x without a select per element (a non-finite x is only in a poisoned block)
+        y = tl.where(okd, _fast_reciprocal(d), 0.0)
+        q = _div_by_reciprocal(x, d[:, :, None], y[:, :, None])
     else:
-        q = tl.math.div_rn(x, tl.broadcast_to(d[:, :, None], x.shape))
+        q = tl.where(okd[:, :, None], tl.math.div_rn(x, tl.broadcast_to(d[:, :, None], x.shape)), 0.0)
     return q
 
 
@@ -828,21 +836,22 @@ def _nvfp4_rows_kernel(
     FAST_DIV: tl.constexpr = True,  # False under TRITON_INTERPRET (no inline PTX there)
 ):
     """NVFP4 rows of ``X [B, H, SEQ, D]`` (strides ``sxb, sxh, sxs``, unit last), grid
-    ``(cdiv(SEQ, ROWS), B * H)``. G: the global scale per row (FP32 [B * H * SEQ]); with
+    ``(cdiv(SEQ, ROWS), H, B)``. G: the global scale per row (FP32 [B * H * SEQ]); with
     HEAD_AMAX, G is instead the per-(batch, head) amax of |x| (FP32 [B * H],
     ``_head_amax_kernel``) and BADH its non-finite flag: the global scale amax / 2688 (1 for an
     all-zero head, NaN for a non-finite one: ``quant.amax_scale``) is formed here and written to
     GOUT [B * H], and per row to TOK [B * H * SEQ] (the per-token vectors the attention kernels
     read)."""
-    # a 2-D grid, (blocks of ROWS rows of one (batch, head), B * H): the row offsets need no
-    # per-row integer division
-    bh = tl.program_id(1)
+    # a 3-D grid, (blocks of ROWS rows, H, B): the row offsets need no integer division (a division
+    # of the program's (batch, head) index took about 25 instructions per thread)
+    hi, bi = tl.program_id(1), tl.program_id(2)
+    bh = bi * H + hi
     s = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = s < SEQ
     r = bh * SEQ + s  # row (b, h, s) of the contiguous output
     NB: tl.constexpr = D // 16
     offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
-    src = (bh // H) * sxb + (bh % H) * sxh + s * sxs  # any strides of X
+    src = bi * sxb + hi * sxh + s * sxs  # any strides of X
     if ROTATE:  # x H in registers, before the block scales are formed
         d = tl.arange(0, D)
         xr = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
@@ -877,16 +886,30 @@ def _nvfp4_rows_kernel(
     denom = s_b * gb
     okd = (denom > 0.0) & (denom == denom) & (denom != float("inf"))
     safe = tl.where(okd, denom, 1.0)
-    qv = _block_quotients(x, safe, okd, amax_b, FAST_DIV)
-    qv = tl.where(okd[:, :, None], qv, 0.0)
+    if HEAD_AMAX:
+        # one global scale for the program, formed from its head's amax: every block's s_b is 0
+        # (no denominator) or in [2^-9, 448] (amax_b / 6 / g <= 448, the E4M3 range), and its
+        # quotients are at most about 12 (s_b at least half of amax_b / 6 / g once it is not 0), so
+        # a g in [2^-55, 2^51] puts every denominator in the fast division's range: a test of one
+        # scalar instead of a reduction over the program's blocks
+        fast = (g1 >= DIV_FAST_MIN * 512.0) & (g1 <= DIV_FAST_MAX / 512.0)
+    else:
+        ok_range = (safe >= DIV_FAST_MIN) & (safe <= DIV_FAST_MAX) & (amax_b <= safe * DIV_FAST_QUOTIENT_MAX)
+        fast = tl.min(((~okd) | ok_range).to(tl.int32)) == 1  # every block of the program
+    if FAST_DIV:
+        qv = _block_quotients(x, safe, okd, fast)
+    else:  # under TRITON_INTERPRET (no inline PTX)
+        qv = _block_quotients(x, safe, okd, False)
     code, val = _e2m1_round(tl.minimum(tl.abs(qv), 6.0))
     # the sign is x's where the block has a denominator (denom > 0: the reference's signbit of
-    # x / denom, -0.0 included) and + where the quotients are set to 0
-    sign = tl.where(okd[:, :, None], x.to(tl.int32, bitcast=True) & -2147483648, 0)
-    code = code | ((sign >> 28) & 8)
-    # x's sign applied as a factor of +-1 (XOR: a negative global scale gives a negative s_b)
-    dec = ((val * s_b[:, :, None]).to(tl.int32, bitcast=True) ^ sign).to(tl.float32, bitcast=True)
-    dec = tl.where(bad[:, :, None], float("nan"), dec)
+    # x / denom, -0.0 included) and + where the quotients are set to 0: masked per block, not
+    # selected per element; a poisoned block's magnitudes (from a NaN or Inf x) are masked to 0
+    sign = x.to(tl.int32, bitcast=True) & tl.where(okd, -2147483648, 0)[:, :, None]
+    code = (code & tl.where(bad, 0, 7)[:, :, None]) | ((sign >> 28) & 8)
+    # x's sign applied as a factor of +-1 (XOR: a negative global scale gives a negative s_b); a
+    # poisoned block decodes through a NaN scale (its sign is +), not a select per element
+    s_dec = tl.where(bad, float("nan"), s_b)
+    dec = ((val * s_dec[:, :, None]).to(tl.int32, bitcast=True) ^ sign).to(tl.float32, bitcast=True)
     code2 = tl.reshape(code, [ROWS, D // 2, 2])
     lo, hi = tl.split(code2)
     packed = (lo | (hi << 4)).to(tl.uint8)
@@ -955,7 +978,7 @@ def quantize_nvfp4_heads(
         of each token's head (the row/col vector of the attention kernels, written by the same
         kernel: no broadcast copy); all contiguous.
     Raises:
-        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, B * H
+        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, B or H
             above 65,535, or a launch option out of range.
     """
     if x.dim() != 4:
@@ -980,8 +1003,8 @@ def quantize_nvfp4_heads(
     # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
     # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
-    _check_grid_heads("quantize_nvfp4_heads", b * h)
-    _nvfp4_rows_kernel[(triton.cdiv(s, rows), b * h)](
+    _check_grid_heads("quantize_nvfp4_heads", b, h)
+    _nvfp4_rows_kernel[(triton.cdiv(s, rows), h, b)](
         x,
         amax,
         payload,
@@ -1015,7 +1038,7 @@ def quantize_nvfp4_rows(
         NaN for a poisoned block; all contiguous.
     Raises:
         ValueError: as ``_row_input``, D not a power of two in [16, 256], or a strided 4-D ``x``
-            with B * H above 65,535.
+            with B or H above 65,535.
     """
     x, layout = _row_input(x, "quantize_nvfp4_rows")
     d = x.shape[-1]
@@ -1026,10 +1049,10 @@ def quantize_nvfp4_rows(
     scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8, device=x.device)
     dec = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     rows = max(1, 1024 // d)  # not swept (quant_bench's "nvfp4 rows" row times this launch)
-    seq = layout[1]
-    bh = x.numel() // (d * seq) if seq else 0  # the grid's (batch, head) rows
-    _check_grid_heads("quantize_nvfp4_rows", bh)
-    _nvfp4_rows_kernel[(triton.cdiv(seq, rows), bh)](
+    heads, seq = layout[0], layout[1]
+    batch = x.numel() // (d * seq * heads) if seq else 0
+    _check_grid_heads("quantize_nvfp4_rows", batch, heads)
+    _nvfp4_rows_kernel[(triton.cdiv(seq, rows), heads, batch)](
         x,
         g,
         payload,
