@@ -124,7 +124,18 @@ def _ablation(q_s, v_s, do, o, lse, shape) -> list[dict]:
     def amax_only():
         g = hq // v_scale.shape[1]
         triton_quant._head_amax_kernel[grid](
-            do, amax, bad, hq, sq, *do.stride()[:3], D=D, BLOCK_S=64, ROWS=amax_rows, VS=v_scale, G=g, CHANNEL_SCALED=True
+            do,
+            amax,
+            bad,
+            hq,
+            sq,
+            *do.stride()[:3],
+            D=D,
+            BLOCK_S=64,
+            ROWS=amax_rows,
+            VS=v_scale,
+            G=g,
+            CHANNEL_SCALED=True,
         )
 
     def dout(**extra):

@@ -153,8 +153,12 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
                 same = torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8)) and torch.equal(
                     got.scale.nan_to_num(), ref_v.scale.nan_to_num()
                 )
-                ms = _ms(lambda amax_rows=amax_rows: quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows))
-                records.append(_rec("fp8 V transposed, amax rows", label, amax_rows, 4, ms, v_bytes(n), bw, same))
+                ms = _ms(
+                    lambda amax_rows=amax_rows: quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows)
+                )
+                records.append(
+                    _rec("fp8 V transposed, amax rows", label, amax_rows, 4, ms, v_bytes(n), bw, same)
+                )
         for r in records[first:]:
             print(json.dumps(r), flush=True)
     if "pair" not in kinds:

@@ -98,10 +98,21 @@ def _interpreted_checks() -> list[str]:
     for rows in (64, 128, 256):
         amax, flag = torch.zeros(3), torch.zeros(3, dtype=torch.int32)
         _head_amax_kernel[(triton.cdiv(200, rows), 3)](
-            d_a, amax, flag, 3, 200, *d_a.stride()[:3], D=64, BLOCK_S=64, ROWS=rows, VS=vs_a, G=3, CHANNEL_SCALED=True
+            d_a,
+            amax,
+            flag,
+            3,
+            200,
+            *d_a.stride()[:3],
+            D=64,
+            BLOCK_S=64,
+            ROWS=rows,
+            VS=vs_a,
+            G=3,
+            CHANNEL_SCALED=True,
         )
         if not (flag.tolist() == [0, 0, 1] and torch.equal(amax[:2], want[:2])):
-            failed.append(f"dO amax at {rows} rows per program: {amax.tolist()} {flag.tolist()}, want {want.tolist()}")
+            failed.append(f"dO amax at {rows} rows per program: {amax.tolist()} {flag.tolist()}, want {want}")
     # the per-head amax and non-finite flag start from one fill (a launch each on a GPU before)
     with OpNames() as ops:
         quantize_dout_fused(dout, out, vs, lse, lift=8, pad_to=pad, transposed=True, q_scale=qs, q8=q8)

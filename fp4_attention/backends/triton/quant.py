@@ -502,7 +502,9 @@ def amax_rows_per_program(bh: int, seq: int, rows: int | None = None) -> int:
     """
     if rows is not None:
         if rows < AMAX_BLOCK or rows & (rows - 1):
-            raise ValueError(f"amax pass: rows per program must be a power of two >= {AMAX_BLOCK}, got {rows}")
+            raise ValueError(
+                f"amax pass: rows per program must be a power of two >= {AMAX_BLOCK}, got {rows}"
+            )
         return rows
     r = AMAX_BLOCK
     while r < AMAX_MAX_ROWS and bh * -(-seq // (2 * r)) >= AMAX_MIN_PROGRAMS:
