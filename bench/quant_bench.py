@@ -23,8 +23,11 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together
   (and the pair with K's programs first).
 
-The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Times are medians
-of ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs).
+The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Two times per row:
+``ms``, the median of ``triton.testing.do_bench`` (CUDA events around the call, L2 flushed between
+runs), which includes the gaps between a quantizer's launches whenever the host falls behind the
+GPU; and ``kernel ms``, the sum of the call's kernel durations under ``torch.profiler`` (L2 flushed
+before each call), the GPU's own time. Run from a tree's root, it times that tree's quantizers.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, os.getcwd())  # the fp4_attention of the tree it runs in (bench/variants.sh)
 
 D = 128
 SHAPES = {"Q B4 H32 S4096": (4, 32, 4096), "K B4 H8 S4096": (4, 8, 4096), "Q B1 H32 S4096": (1, 32, 4096)}
@@ -55,6 +58,29 @@ def _ms(fn) -> float:
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def _kernel_ms(fn, reps: int = 30) -> tuple[float, dict]:
+    """GPU time of ``fn``'s kernels per call: the sum of their durations under ``torch.profiler``
+    (CUPTI), L2 flushed before each call by a ``bitwise_not`` over 256 MiB that is not counted; the
+    host and the gaps between launches left out. Also the time per kernel name (ms per call)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.bitwise_not_()
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and "bitwise_not" not in e.name:
+            per[e.name] += e.device_time / 1e3 / reps
+    return sum(per.values()), {k: round(v, 4) for k, v in per.items()}
 
 
 def copy_bandwidth(n_bytes: int = 1 << 30) -> float:
@@ -87,7 +113,11 @@ KINDS = ("fp8_rows", "nvfp4", "v", "pair")
 def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
     """The records of each shape in ``shapes`` (label -> (B, H, S), in its order) for the quantizer
     ``kinds`` (``fp8_rows``: the per-token sweep; ``nvfp4``: the NVFP4 sweep and rows pass; ``v``: V's
-    sweep; ``pair``: the Q/K pair at the training shape, once)."""
+    sweep; ``pair``: the Q/K pair at the training shape, once). The quantizers are those of the
+    ``fp4_attention`` in the current directory (so that one copy of this script times the trees of
+    ``bench/variants.sh``); a tree without the ``amax_rows`` option has no amax-sweep rows."""
+    import inspect
+
     from fp4_attention.backends.triton.quant import (
         quantize_fp8_rows,
         quantize_fp8_rows_pair,
@@ -96,6 +126,10 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
         quantize_nvfp4_rows,
     )
 
+    amax_sweep = {
+        "v": "amax_rows" in inspect.signature(quantize_fp8_v_transposed).parameters,
+        "nvfp4": "amax_rows" in inspect.signature(quantize_nvfp4_heads).parameters,
+    }
     bw = copy_bandwidth()
     records = []
     for label, (b, h, s) in shapes.items():
@@ -109,55 +143,56 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
                 same = torch.equal(got.data.view(torch.uint8), ref.data.view(torch.uint8)) and torch.equal(
                     got.scale.nan_to_num(), ref.scale.nan_to_num()
                 )
-                ms = _ms(lambda rows=rows, warps=warps: quantize_fp8_rows(x, rows=rows, num_warps=warps))
-                records.append(_rec("fp8 rows", label, rows, warps, ms, fp8_rows_bytes(n, D), bw, same))
+                fn = lambda rows=rows, warps=warps: quantize_fp8_rows(x, rows=rows, num_warps=warps)  # noqa: E731
+                records.append(_rec("fp8 rows", label, rows, warps, fn, fp8_rows_bytes(n, D), bw, same))
         if "nvfp4" in kinds:
             ref_nv = quantize_nvfp4_heads(x)
+
+            def nv_same(got):
+                return torch.equal(got[0].payload, ref_nv[0].payload) and torch.equal(
+                    got[0].block_scale, ref_nv[0].block_scale
+                )
+
             for rows, warps in NVFP4_SWEEP:
                 got = quantize_nvfp4_heads(x, rows=rows, num_warps=warps)
-                same = all(
-                    torch.equal(a, c)
-                    for a, c in (
-                        (got[0].payload, ref_nv[0].payload),
-                        (got[0].block_scale, ref_nv[0].block_scale),
-                    )
+                fn = lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps)  # noqa: E731
+                records.append(
+                    _rec("nvfp4 heads", label, rows, warps, fn, nvfp4_heads_bytes(n, D), bw, nv_same(got))
                 )
-                ms = _ms(lambda rows=rows, warps=warps: quantize_nvfp4_heads(x, rows=rows, num_warps=warps))
-                records.append(_rec("nvfp4 heads", label, rows, warps, ms, nvfp4_heads_bytes(n, D), bw, same))
-            for amax_rows in AMAX_SWEEP:
+            for amax_rows in AMAX_SWEEP if amax_sweep["nvfp4"] else ():
                 got = quantize_nvfp4_heads(x, amax_rows=amax_rows)
-                same = torch.equal(got[0].payload, ref_nv[0].payload) and torch.equal(
+                same = nv_same(got) and torch.equal(
                     got[0].global_scale.nan_to_num(), ref_nv[0].global_scale.nan_to_num()
                 )
-                ms = _ms(lambda amax_rows=amax_rows: quantize_nvfp4_heads(x, amax_rows=amax_rows))
+                fn = lambda amax_rows=amax_rows: quantize_nvfp4_heads(x, amax_rows=amax_rows)  # noqa: E731
                 records.append(
-                    _rec("nvfp4 heads, amax rows", label, amax_rows, 4, ms, nvfp4_heads_bytes(n, D), bw, same)
+                    _rec("nvfp4 heads, amax rows", label, amax_rows, 4, fn, nvfp4_heads_bytes(n, D), bw, same)
                 )
             g = ref_nv[0].global_scale
-            ms = _ms(lambda: quantize_nvfp4_rows(x, g))
             same = torch.equal(quantize_nvfp4_rows(x, g)[0].payload, ref_nv[0].payload)
-            records.append(_rec("nvfp4 rows", label, None, 4, ms, nvfp4_rows_bytes(n), bw, same))
+            fn = lambda: quantize_nvfp4_rows(x, g)  # noqa: E731
+            records.append(_rec("nvfp4 rows", label, None, 4, fn, nvfp4_rows_bytes(n), bw, same))
         if "v" in kinds:
             ref_v = quantize_fp8_v_transposed(x, perm16=True)
-            for rows, warps in V_SWEEP:
-                got = quantize_fp8_v_transposed(x, perm16=True, rows=rows, num_warps=warps)
-                same = torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8))
-                ms = _ms(
-                    lambda rows=rows, warps=warps: quantize_fp8_v_transposed(
-                        x, perm16=True, rows=rows, num_warps=warps
-                    )
-                )
-                records.append(_rec("fp8 V transposed", label, rows, warps, ms, v_bytes(n), bw, same))
-            for amax_rows in AMAX_SWEEP:
-                got = quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows)
-                same = torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8)) and torch.equal(
+
+            def v_same(got):
+                return torch.equal(got.data.view(torch.uint8), ref_v.data.view(torch.uint8)) and torch.equal(
                     got.scale.nan_to_num(), ref_v.scale.nan_to_num()
                 )
-                ms = _ms(
-                    lambda amax_rows=amax_rows: quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows)
+
+            for rows, warps in V_SWEEP:
+                got = quantize_fp8_v_transposed(x, perm16=True, rows=rows, num_warps=warps)
+                fn = lambda rows=rows, warps=warps: quantize_fp8_v_transposed(  # noqa: E731
+                    x, perm16=True, rows=rows, num_warps=warps
+                )
+                records.append(_rec("fp8 V transposed", label, rows, warps, fn, v_bytes(n), bw, v_same(got)))
+            for amax_rows in AMAX_SWEEP if amax_sweep["v"] else ():
+                got = quantize_fp8_v_transposed(x, perm16=True, amax_rows=amax_rows)
+                fn = lambda amax_rows=amax_rows: quantize_fp8_v_transposed(  # noqa: E731
+                    x, perm16=True, amax_rows=amax_rows
                 )
                 records.append(
-                    _rec("fp8 V transposed, amax rows", label, amax_rows, 4, ms, v_bytes(n), bw, same)
+                    _rec("fp8 V transposed, amax rows", label, amax_rows, 4, fn, v_bytes(n), bw, v_same(got))
                 )
         for r in records[first:]:
             print(json.dumps(r), flush=True)
@@ -176,15 +211,18 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
         ("fp8 rows pair, K's programs first", lambda: quantize_fp8_rows_pair(k, q)),
         ("fp8 rows Q+K, two launches", lambda: (quantize_fp8_rows(q), quantize_fp8_rows(k))),
     ):
-        records.append(
-            _rec(kind, "Q B4 H32 + K B4 H8 S4096", None, 4, _ms(fn), fp8_rows_bytes(n, D), bw, same)
-        )
+        records.append(_rec(kind, "Q B4 H32 + K B4 H8 S4096", None, 4, fn, fp8_rows_bytes(n, D), bw, same))
         print(json.dumps(records[-1]), flush=True)
     return {"copy_TB_per_s": bw / 1e12}, records
 
 
-def _rec(kind, shape, rows, warps, ms, n_bytes, bw, same) -> dict:
+def _rec(kind, shape, rows, warps, fn, n_bytes, bw, same) -> dict:
+    """One row: ``fn`` timed by CUDA events (``ms``: launch gaps included) and by the sum of its
+    kernels' durations (``kernel_ms``), each with its bandwidth over the fewest bytes."""
+    ms = _ms(fn)
+    kernel_ms, kernels = _kernel_ms(fn)
     tbs = n_bytes / (ms * 1e-3) / 1e12
+    ktbs = n_bytes / (kernel_ms * 1e-3) / 1e12
     return {
         "quantizer": kind,
         "shape": shape,
@@ -194,6 +232,9 @@ def _rec(kind, shape, rows, warps, ms, n_bytes, bw, same) -> dict:
         "min_bytes": n_bytes,
         "TB_per_s": round(tbs, 3),
         "of_copy": round(tbs * 1e12 / bw, 3),
+        "kernel_ms": round(kernel_ms, 4),
+        "kernel_of_copy": round(ktbs * 1e12 / bw, 3),
+        "kernels": kernels,
         "bytes_equal_default": bool(same),
     }
 
@@ -204,17 +245,20 @@ def to_markdown(meta: dict, records: list[dict]) -> str:
         "",
         f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton {meta['triton']}",
         f"- same-run device-to-device copy of 1 GiB: {meta['copy_TB_per_s']:.3f} TB/s (read + write); "
-        "`of copy` = the quantizer's fewest bytes per second over it (target >= 0.70)",
+        "`of copy` = the quantizer's fewest bytes per second over it (target >= 0.70); `ms` by CUDA events "
+        "(launch gaps included), `kernel ms` the sum of its kernels' durations (torch.profiler)",
         "",
-        "| quantizer | shape | rows/program | warps | ms | TB/s | of copy | bytes = default |",
-        "|---|---|---|---|---|---|---|---|",
+        "| quantizer | shape | rows/program | warps | ms | TB/s | of copy | kernel ms | of copy (kernels) "
+        "| bytes = default |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         rows = r["rows"] if r["rows"] is not None else "-"
         same = "yes" if r["bytes_equal_default"] else "NO"
         lines.append(
             f"| {r['quantizer']} | {r['shape']} | {rows} | {r['warps']} "
-            f"| {r['ms']:.4f} | {r['TB_per_s']:.3f} | {r['of_copy']:.2f} | {same} |"
+            f"| {r['ms']:.4f} | {r['TB_per_s']:.3f} | {r['of_copy']:.2f} | {r['kernel_ms']:.4f} "
+            f"| {r['kernel_of_copy']:.2f} | {same} |"
         )
     return "\n".join(lines) + "\n"
 
