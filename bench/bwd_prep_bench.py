@@ -117,25 +117,13 @@ def _ablation(q_s, v_s, do, o, lse, shape) -> list[dict]:
     n = do.numel()
     b, hq, sq, _ = do.shape
     amax, bad = torch.zeros(b * hq, device="cuda"), torch.zeros(b * hq, dtype=torch.int32, device="cuda")
-    amax_rows = triton_quant.amax_rows_per_program(b * hq, sq)
-    grid = (triton.cdiv(sq, amax_rows), b * hq)
+    grid = (triton.cdiv(sq, 64), b * hq)
     sink = torch.empty_like(do)
 
     def amax_only():
         g = hq // v_scale.shape[1]
         triton_quant._head_amax_kernel[grid](
-            do,
-            amax,
-            bad,
-            hq,
-            sq,
-            *do.stride()[:3],
-            D=D,
-            BLOCK_S=64,
-            ROWS=amax_rows,
-            VS=v_scale,
-            G=g,
-            CHANNEL_SCALED=True,
+            do, amax, bad, hq, sq, *do.stride()[:3], D=D, BLOCK_S=64, VS=v_scale, G=g, CHANNEL_SCALED=True
         )
 
     def dout(**extra):

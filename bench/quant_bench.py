@@ -15,9 +15,13 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   its default launch): reads 2 B/element, writes 0.5 + 1/16 + 2 B/element.
 - ``fp8 V transposed`` (``quantize_fp8_v_transposed``, perm16): the amax pass reads 2 B/element, the
   codes pass reads 2 and writes 1; swept likewise (keys per program x warps of the codes pass).
-- ``fp8 V transposed, amax rows`` and ``nvfp4 heads, amax rows``: the same quantizers, the other
-  kernel at its default launch, the amax pass's rows per program swept (``quant.amax_rows_per_program``;
-  64 is one step of the pass's loop per program, the pass as it was before the loop).
+- ``fp8 V transposed, amax rows``: the same quantizer, the codes kernel at its default launch, the
+  amax pass's keys per program swept (``quant.amax_rows_per_program``; 64 is one step of the pass's
+  loop per program, the pass as it was before the loop).
+- ``amax`` (``--kinds amax``; not run by default): V's amax kernel and the per-head amax kernel
+  launched alone (reads 2 B/element; the accumulators zeroed once: atomic maxima of the same values
+  leave them unchanged), at each launch of V_AMAX_LAUNCHES (rows per step / rows per program) and
+  HEAD_AMAX_LAUNCHES (rows per program).
 - ``fp8 rows pair`` (``quantize_fp8_rows_pair``: Q and K per token in one launch, the cute and Triton
   backends' call) at the training shape Q B4 H32 S4096 + K B4 H8 S4096, default launch, beside
   ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together
@@ -49,9 +53,13 @@ SHAPES = {"Q B4 H32 S4096": (4, 32, 4096), "K B4 H8 S4096": (4, 8, 4096), "Q B1 
 FP8_SWEEP = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (4, 8)]  # default (16, 4)
 NVFP4_SWEEP = [(rows, warps) for rows in (4, 8, 16, 32) for warps in (4, 8)] + [(64, 8)]  # default (16, 4)
 V_SWEEP = [(16, 4), (32, 4), (64, 4), (64, 8), (128, 8)]  # keys per program x warps; default (64, 4)
-# the amax passes' rows per program (V's per channel, NVFP4's per head), the other kernel at its default;
-# 64 is one step per program (the pass before the loop); the default comes from the grid's size
+# V's amax pass, keys per program, the codes kernel at its default; 64 is one step per program (the pass
+# before the loop); the default comes from the grid's size
 AMAX_SWEEP = (64, 128, 256, 512, 1024, 2048)
+# the amax kernels launched alone ("amax"): (rows per step, rows per program, warps) of V's looped pass,
+# (rows per program, warps) of the per-head pass (one step per program)
+V_AMAX_LAUNCHES = [(64, 1024, 4), (32, 1024, 4), (64, 1024, 8), (64, 512, 4), (32, 512, 4), (128, 1024, 8)]
+HEAD_AMAX_LAUNCHES = [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8)]
 
 
 def _ms(fn) -> float:
@@ -107,7 +115,7 @@ def v_bytes(n: int) -> int:
     return n * 2 + n * 2 + n * 1
 
 
-KINDS = ("fp8_rows", "nvfp4", "v", "pair")
+KINDS = ("fp8_rows", "nvfp4", "v", "pair", "amax")
 
 
 def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
@@ -126,10 +134,7 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
         quantize_nvfp4_rows,
     )
 
-    amax_sweep = {
-        "v": "amax_rows" in inspect.signature(quantize_fp8_v_transposed).parameters,
-        "nvfp4": "amax_rows" in inspect.signature(quantize_nvfp4_heads).parameters,
-    }
+    amax_sweep = {"v": "amax_rows" in inspect.signature(quantize_fp8_v_transposed).parameters}
     bw = copy_bandwidth()
     records = []
     for label, (b, h, s) in shapes.items():
@@ -159,15 +164,6 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
                 records.append(
                     _rec("nvfp4 heads", label, rows, warps, fn, nvfp4_heads_bytes(n, D), bw, nv_same(got))
                 )
-            for amax_rows in AMAX_SWEEP if amax_sweep["nvfp4"] else ():
-                got = quantize_nvfp4_heads(x, amax_rows=amax_rows)
-                same = nv_same(got) and torch.equal(
-                    got[0].global_scale.nan_to_num(), ref_nv[0].global_scale.nan_to_num()
-                )
-                fn = lambda amax_rows=amax_rows: quantize_nvfp4_heads(x, amax_rows=amax_rows)  # noqa: E731
-                records.append(
-                    _rec("nvfp4 heads, amax rows", label, amax_rows, 4, fn, nvfp4_heads_bytes(n, D), bw, same)
-                )
             g = ref_nv[0].global_scale
             same = torch.equal(quantize_nvfp4_rows(x, g)[0].payload, ref_nv[0].payload)
             fn = lambda: quantize_nvfp4_rows(x, g)  # noqa: E731
@@ -194,6 +190,8 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
                 records.append(
                     _rec("fp8 V transposed, amax rows", label, amax_rows, 4, fn, v_bytes(n), bw, v_same(got))
                 )
+        if "amax" in kinds:
+            records += _amax_records(x, label, bw)
         for r in records[first:]:
             print(json.dumps(r), flush=True)
     if "pair" not in kinds:
@@ -214,6 +212,65 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
         records.append(_rec(kind, "Q B4 H32 + K B4 H8 S4096", None, 4, fn, fp8_rows_bytes(n, D), bw, same))
         print(json.dumps(records[-1]), flush=True)
     return {"copy_TB_per_s": bw / 1e12}, records
+
+
+def _amax_records(x, label, bw) -> list[dict]:
+    """The amax kernels alone on ``x [B, H, S, D]`` (read once: 2 B/element) at each launch of
+    V_AMAX_LAUNCHES (V's per-channel pass, a tree with its looped kernel) and HEAD_AMAX_LAUNCHES
+    (the per-head pass of NVFP4's Q/K and of dO), the amax and flags checked equal to the first
+    launch's."""
+    import inspect
+
+    import triton
+
+    from fp4_attention.backends.triton import quant
+
+    b, h, s, d = x.shape
+    n = x.numel()
+    out = []
+    cases = []
+    if "ROWS" in inspect.signature(quant._v_amax_kernel.fn).parameters:
+        for step, rows, warps in V_AMAX_LAUNCHES:
+            cases.append(
+                (
+                    "V amax pass alone",
+                    (b * h, d),
+                    f"{step}/{rows}",
+                    warps,
+                    (triton.cdiv(s, rows), b * h),
+                    quant._v_amax_kernel,
+                    dict(D=d, BLOCK_S=step, ROWS=rows),
+                    True,
+                )
+            )
+    for rows, warps in HEAD_AMAX_LAUNCHES:
+        cases.append(
+            (
+                "head amax pass alone",
+                (b * h,),
+                rows,
+                warps,
+                (triton.cdiv(s, rows), b * h),
+                quant._head_amax_kernel,
+                dict(D=d, BLOCK_S=rows),
+                False,
+            )
+        )
+    first = {}
+    for kind, shape, rows, warps, grid, kernel, consts, v in cases:
+        amax, bad = quant.zeroed_amax_and_flag(shape, x.device)
+        args = (x, amax, bad, h, s, *x.stride()[:3]) + ((x.stride(3),) if v else ())
+
+        def fn(kernel=kernel, grid=grid, args=args, consts=consts, warps=warps):
+            # atomic maxima of the same values: a repeated call leaves the accumulators as they were
+            kernel[grid](*args, **consts, num_warps=warps)
+
+        fn()
+        got = (amax.clone(), bad.clone())
+        ref = first.setdefault(kind, got)
+        same = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+        out.append(_rec(kind, label, rows, warps, fn, n * 2, bw, same))
+    return out
 
 
 def _rec(kind, shape, rows, warps, fn, n_bytes, bw, same) -> dict:
@@ -273,7 +330,13 @@ def main(argv=None) -> int:
         default=list(SHAPES),
         help="the shapes to sweep, in this order (a name may repeat: each is timed again)",
     )
-    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the quantizers to time")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=[k for k in KINDS if k != "amax"],
+        help="the quantizers to time",
+    )
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("quant_bench: needs a CUDA GPU (the Triton quantizers)", file=sys.stderr)

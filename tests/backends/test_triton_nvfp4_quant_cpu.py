@@ -119,15 +119,6 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"nvfp4 heads at rows={rows} warps={warps}: other bytes")
         if not torch.equal(f8.data.view(torch.uint8), base_fp8.data.view(torch.uint8)):
             failed.append(f"fp8 rows at rows={rows} warps={warps}: other bytes")
-    # the amax pass's loop (programs of 128 or 256 of the 70 rows, the second step holding head
-    # (0, 2)'s largest element): the reference's global scales
-    x2 = x.clone()
-    x2[0, 2, 69, 3] = 1e4
-    want2 = nvfp4_global_scale(x2, dims=(2, 3))
-    for amax_rows in (64, 128, 256):
-        gs2 = quantize_nvfp4_heads(x2, amax_rows=amax_rows)[0].global_scale
-        if not torch.equal(gs2.nan_to_num(-1.0), want2.nan_to_num(-1.0)):
-            failed.append(f"nvfp4 heads at amax_rows={amax_rows}: other global scales")
     for bad in (3, 0):
         try:
             quantize_fp8_rows(x, rows=bad)

@@ -175,13 +175,11 @@ def test_nvfp4_rows_saturating_global_scale_equals_reference():
 @pytest.mark.parametrize(
     "perm", [None, (0, 2, 1, 3), (2, 0, 1, 3)], ids=["contiguous", "bshd_view", "sbhd_view"]
 )
-@pytest.mark.parametrize("amax_rows", [None, 256])
-def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm, amax_rows):
+def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
     """The per-head global scale formed in the kernels (``quantize_nvfp4_heads``): payload, block
     scales, global scale and decode equal the reference with ``nvfp4_global_scale(x, dims=(2, 3))``,
     for a head holding a NaN, one holding an Inf, an all-zero one and heads whose global scales are
-    near the ends of the fast division's range, read in place from views; the amax pass at its
-    default launch and at 256 rows per program."""
+    near the ends of the fast division's range, read in place from views."""
     x = _extreme_heads(_inputs(d, seq))
     x[1, 3, 11, 40] = float("nan")
     x[1, 2, 3, 5] = float("-inf")
@@ -193,7 +191,7 @@ def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm, amax_r
     if perm is not None:
         x = x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
         assert not x.is_contiguous()
-    got, dec, tok = quantize_nvfp4_heads(x, amax_rows=amax_rows)
+    got, dec, tok = quantize_nvfp4_heads(x)
     ref = quantize_nvfp4(x.cpu(), nvfp4_global_scale(x.cpu(), dims=(2, 3)))
     g, g_ref = got.global_scale.cpu(), ref.global_scale
     assert g.shape == g_ref.shape == (2, 4, 1, 1)

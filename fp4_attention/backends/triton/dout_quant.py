@@ -22,15 +22,7 @@ import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
 from .launch import launcher
-from .quant import (
-    AMAX_BLOCK,
-    _head_amax_kernel,
-    amax_rows_per_program,
-    check_int32_span,
-    e4m3_to_bf16,
-    transpose_codes,
-    zeroed_amax_and_flag,
-)
+from .quant import _head_amax_kernel, check_int32_span, e4m3_to_bf16, transpose_codes, zeroed_amax_and_flag
 from .quant import interpreted as _interpreted
 
 __all__ = ["DoutOperands", "quantize_dout_fused"]
@@ -213,22 +205,13 @@ def quantize_dout_fused(
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
     amax, bad = zeroed_amax_and_flag((b * hq,), dev)
-    amax_rows = amax_rows_per_program(b * hq, sq)
-    grid = (triton.cdiv(sq, amax_rows), b * hq)
+    # the amax pass's launch: 32 to 256 queries per program, 4 or 8 warps, took the same time on the
+    # H200 (results/prep_transpose_h200/README.md)
+    block = 64
+    grid = (triton.cdiv(sq, block), b * hq)
     strides = (dout.stride(0), dout.stride(1), dout.stride(2))
     launcher(_head_amax_kernel)[grid](
-        dout,
-        amax,
-        bad,
-        hq,
-        sq,
-        *strides,
-        D=d,
-        BLOCK_S=AMAX_BLOCK,
-        ROWS=amax_rows,
-        VS=v_scale,
-        G=hq // hkv,
-        CHANNEL_SCALED=True,
+        dout, amax, bad, hq, sq, *strides, D=d, BLOCK_S=block, VS=v_scale, G=hq // hkv, CHANNEL_SCALED=True
     )
     y = torch.empty((b, hq, sq, d), dtype=torch.uint8, device=dev)
     yt = torch.empty((b, hq, d, sq16), dtype=torch.uint8, device=dev) if transposed else y

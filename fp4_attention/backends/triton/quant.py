@@ -483,17 +483,19 @@ def _rotation_args(x: torch.Tensor, signs: torch.Tensor | None) -> dict:
     return {} if signs is None else {**rotation_args(x, signs), "ROTATE": True}
 
 
-# The amax passes (V's per channel, a head's per (batch, head)) read AMAX_BLOCK rows per step of a loop
-# over a program's run of rows, keep an elementwise NaN-propagating max in registers and reduce it once,
-# then atomically combine it with the other programs' (two atomics per channel or head per program).
+# V's amax pass reads AMAX_BLOCK keys per step of a loop over a program's run of keys, keeps an
+# elementwise NaN-propagating max in registers and reduces it once, then atomically combines it with the
+# other programs' (two atomics per channel per program, 256 at D 128: with one step per program the
+# atomics set the time). 0.0625 -> 0.0425 ms for a Q-sized V at B4 H32 S4096 D128 on the H200, kernel
+# time (results/quant_amax_h200).
 AMAX_BLOCK = 64
 AMAX_MAX_ROWS = 1024  # rows per program at most
 AMAX_MIN_PROGRAMS = 512  # halve a program's rows again while the grid keeps at least this many
 
 
 def amax_rows_per_program(bh: int, seq: int, rows: int | None = None) -> int:
-    """Rows of one (batch, head) that one program of an amax pass reads (``_v_amax_kernel``,
-    ``_head_amax_kernel``): ``rows`` if given (a launch option for ``bench/quant_bench.py``), else
+    """Keys of one (batch, head) that one program of V's amax pass reads (``_v_amax_kernel``):
+    ``rows`` if given (a launch option for ``bench/quant_bench.py``), else
     from AMAX_BLOCK doubled up to AMAX_MAX_ROWS while the grid of ``bh * cdiv(seq, rows)`` programs
     stays at AMAX_MIN_PROGRAMS or more. The amax does not depend on it.
 
@@ -932,45 +934,40 @@ def _head_amax_kernel(
     sxs,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    ROWS: tl.constexpr,
     VS=None,
     G=1,
     CHANNEL_SCALED: tl.constexpr = False,
 ):
     """Per (batch, head) of ``X [B, H, S, D]`` (any strides, unit last): whether the head holds a NaN
-    or Inf, and the amax of |x| over its rows (not used for a flagged head), by atomic max over the
-    programs; each program reads ROWS rows, BLOCK_S per step.
+    or Inf, and the amax of |x| over its blocks of rows without one (the amax of a flagged head is
+    not used), by atomic max over the blocks.
     ``CHANNEL_SCALED``: of ``|x * vs|`` instead, ``vs`` FP32 ``[B, H // G, D]`` per channel, shared
-    by the G heads of a group (dO times V's channel scales: ``dout_quant``)."""
+    by the G heads of a group (dO times V's channel scales: ``dout_quant``). One block of rows per
+    program: looping over 1,024 rows per program, as V's amax pass does, took 0.072 ms instead of
+    0.044 for Q at B4 H32 S4096 D128 on the H200 (kernel time, results/quant_amax_h200)."""
     pid_s, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
+    s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    base = X + b * sxb + h * sxh + d[None, :]
+    x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :], mask=(s < SEQ)[:, None], other=0.0)
+    x = x.to(tl.float32)
     if CHANNEL_SCALED:
-        vs = tl.load(VS + (b * (H // G) + h // G) * D + d)[None, :]
-    # one NaN-propagating max per element (the rows kernel's reason): the amax, and from it the flag
-    m = tl.zeros([BLOCK_S, D], dtype=tl.float32)
-    for i in tl.range(0, ROWS, BLOCK_S):
-        s = pid_s * ROWS + i + tl.arange(0, BLOCK_S)
-        x = tl.load(base + s[:, None] * sxs, mask=(s < SEQ)[:, None], other=0.0).to(tl.float32)
-        if CHANNEL_SCALED:
-            x = x * vs
-        m = _max_propagating_nan(m, tl.abs(x))
-    m = tl.reduce(tl.reduce(m, 1, _max_propagating_nan), 0, _max_propagating_nan)
+        x = x * tl.load(VS + (b * (H // G) + h // G) * D + d)[None, :]
+    # one NaN-propagating max per element (the rows kernel's reason); the block's flag and its finite amax
+    m = tl.reduce(tl.reduce(tl.abs(x), 1, _max_propagating_nan), 0, _max_propagating_nan)
     bad = (m != m) | (m == float("inf"))
     tl.atomic_max(BAD + bh, bad.to(tl.int32))
     tl.atomic_max(AMAX + bh, tl.where(bad, 0.0, m))
 
 
 def quantize_nvfp4_heads(
-    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4, amax_rows: int | None = None
+    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4
 ) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
     ``rows`` / ``num_warps``: the rows kernel's launch options (rows per program, a power of two,
-    default 2048 / D; warps), and ``amax_rows`` the amax pass's rows per program
-    (:func:`amax_rows_per_program`), for ``bench/quant_bench.py``; the bytes do not depend on them.
+    default 2048 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
 
     Returns:
         ``(NVFP4Tensor, decoded, token_scale)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
@@ -980,8 +977,8 @@ def quantize_nvfp4_heads(
         of each token's head (the row/col vector of the attention kernels, written by the same
         kernel: no broadcast copy); all contiguous.
     Raises:
-        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, B or H
-            above 65,535, or a launch option out of range.
+        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, or B or H
+            above 65,535.
     """
     if x.dim() != 4:
         raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
@@ -993,10 +990,8 @@ def quantize_nvfp4_heads(
         raise ValueError("quantize_nvfp4_heads: no tokens (S = 0); the per-head global scale is undefined")
     layout = (h, s, *x.stride()[:3])  # the true heads, also for a contiguous x
     amax, bad = zeroed_amax_and_flag((b * h,), x.device)
-    amax_rows = amax_rows_per_program(b * h, s, amax_rows)
-    _head_amax_kernel[(triton.cdiv(s, amax_rows), b * h)](
-        x, amax, bad, *layout, D=d, BLOCK_S=AMAX_BLOCK, ROWS=amax_rows
-    )
+    block_s = 64
+    _head_amax_kernel[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
     g = torch.empty((b, h, 1, 1), dtype=torch.float32, device=x.device)
     payload = torch.empty((b, h, s, d // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
