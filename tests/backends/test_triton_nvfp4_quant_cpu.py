@@ -119,6 +119,24 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"nvfp4 heads at rows={rows} warps={warps}: other bytes")
         if not torch.equal(f8.data.view(torch.uint8), base_fp8.data.view(torch.uint8)):
             failed.append(f"fp8 rows at rows={rows} warps={warps}: other bytes")
+    # grids: B * H on the amax pass's y axis (heads), B and H on the rows kernel's z and y axes
+    # (a strided 4-D x), each capped at 65,535 by CUDA; raised before any launch
+    wide = torch.zeros(65536, 1, 2, 16, dtype=torch.bfloat16)
+    for what, call in (
+        ("heads, B * H = 65,536", lambda: quantize_nvfp4_heads(wide)),
+        (
+            "rows, B = 65,536",
+            lambda: quantize_nvfp4_rows(
+                torch.zeros(65536, 2, 2, 16, dtype=torch.bfloat16).transpose(1, 2), torch.ones(1)
+            ),
+        ),
+    ):
+        try:
+            call()
+            failed.append(f"{what}: did not raise")
+        except ValueError as e:
+            if "65,535" not in str(e):
+                failed.append(f"{what}: {e}")
     for bad in (3, 0):
         try:
             quantize_fp8_rows(x, rows=bad)

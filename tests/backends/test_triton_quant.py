@@ -292,18 +292,18 @@ def test_e2m1_round_equals_comparisons_on_every_fp32_value():
 @triton.jit
 def _fast_div_misses_kernel(DEN, COUNTS, BLOCK: tl.constexpr):
     """One denominator per program row (``DEN[program_id(0)]``), BLOCK BF16 bit patterns x per
-    program (program_id(1)), shaped as ``_block_quotients`` sees a program's blocks; the program's
-    fast path (``amax_b`` 0, so it is taken) against ``div_rn``, over the pairs the kernels send
-    through it (finite x, |x / d| <= 2^32). COUNTS: [pairs checked, FP32 quotients differing, of
-    those with |x / d| >= 2^-38, E2M1 codes of min(|q|, 6) differing (the kernels take the sign
-    from x)]."""
+    program (program_id(1)), shaped as ``_block_quotients`` sees a program's blocks; its fast path
+    (``fast`` set, as the kernels set it when every denominator is in range) against ``div_rn``,
+    over the pairs the kernels send through it (finite x, |x / d| <= 2^32). COUNTS: [pairs checked,
+    FP32 quotients differing, of those with |x / d| >= 2^-38, E2M1 codes of min(|q|, 6) differing
+    (the kernels take the sign from x)]."""
     R: tl.constexpr = BLOCK // 16
     d = tl.load(DEN + tl.program_id(0) + tl.zeros([R, 1], tl.int32))
     xb = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     x = tl.reshape(xb.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32), [R, 1, 16])
     finite = tl.abs(x) < float("inf")
     okd = tl.full([R, 1], 1, tl.int1)
-    q = _block_quotients(x, d, okd, tl.zeros([R, 1], tl.float32), True)
+    q = _block_quotients(x, d, okd, True)
     want = tl.math.div_rn(x, tl.broadcast_to(d[:, :, None], x.shape))
     bits_differ = q.to(tl.int32, bitcast=True) != want.to(tl.int32, bitcast=True)
     # the kernels take the fast path only with every quotient <= 2^32 (``amax_b``'s bound)

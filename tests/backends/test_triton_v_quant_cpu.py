@@ -68,6 +68,12 @@ def _interpreted_checks() -> list[str]:
         failed.append("amax_rows=96 did not raise")
     except ValueError:
         pass
+    try:  # B * H on the grid's y axis, which CUDA caps at 65,535: raised before any launch
+        quantize_fp8_v_transposed(torch.zeros(65536, 1, 2, 16, dtype=torch.bfloat16))
+        failed.append("B * H = 65,536 did not raise")
+    except ValueError as e:
+        if "65,535" not in str(e):
+            failed.append(f"B * H = 65,536: {e}")
     # the amax and the non-finite flag start from one fill (a launch each on a GPU before)
     with OpNames() as ops:
         quantize_fp8_v_transposed(v16, perm16=True)

@@ -648,8 +648,8 @@ def quantize_fp8_v_transposed(
         default 64) and warps, launch options for ``bench/quant_bench.py``; the bytes do not depend
         on them. ``amax_rows``: keys per program of the amax pass (:func:`amax_rows_per_program`).
     Raises:
-        ValueError: not a 4-D CUDA tensor, no keys, D not a power of two <= 256, or a launch option
-            out of range.
+        ValueError: not a 4-D CUDA tensor, no keys, D not a power of two <= 256, B * H above
+            65,535, or a launch option out of range.
     """
     if (not v.is_cuda and not interpreted()) or v.dim() != 4:
         raise ValueError("quantize_fp8_v_transposed: needs a CUDA tensor [B, H, S, D]")
@@ -659,6 +659,7 @@ def quantize_fp8_v_transposed(
     if sk == 0:
         raise ValueError("quantize_fp8_v_transposed: V has no keys (S = 0); its channel scales are undefined")
     check_int32_span("quantize_fp8_v_transposed", v)
+    _check_grid_axis("quantize_fp8_v_transposed", b * h, "B * H")
     _, fmax = FP8_FORMATS["e4m3"]
     # two passes (the amax of every channel, then the scale and the codes): no torch op in between
     amax, bad = zeroed_amax_and_flag((b * h, d), v.device)
@@ -746,16 +747,16 @@ def _e2m1_round(a):
     return code, s - m
 
 
-def _check_grid_heads(who: str, batch: int, heads: int) -> None:
-    """The NVFP4 rows kernel puts the heads on the grid's y axis and the batch on its z axis, which
-    CUDA caps at 65,535 each.
+def _check_grid_axis(who: str, n: int, what: str) -> None:
+    """A quantizer's grid puts ``n`` programs (``what``: the batch, the heads, or both) on its y or z
+    axis, which CUDA caps at 65,535.
 
     Raises:
-        ValueError: ``batch`` or ``heads`` above the cap.
+        ValueError: ``n`` above the cap.
     """
-    if batch > 65535 or heads > 65535:
+    if n > 65535:
         raise ValueError(
-            f"{who}: B = {batch} or H = {heads} exceeds the 65,535 programs of CUDA's grid y and z axes; "
+            f"{who}: {what} = {n} exceeds the 65,535 programs of a CUDA grid's y or z axis; "
             "quantize a smaller micro-batch at a time, or pass a contiguous tensor (one run of rows)"
         )
 
@@ -979,8 +980,8 @@ def quantize_nvfp4_heads(
         of each token's head (the row/col vector of the attention kernels, written by the same
         kernel: no broadcast copy); all contiguous.
     Raises:
-        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, or B or H
-            above 65,535.
+        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, or B * H
+            above 65,535 (raised before any launch).
     """
     if x.dim() != 4:
         raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
@@ -991,6 +992,7 @@ def quantize_nvfp4_heads(
     if s == 0:
         raise ValueError("quantize_nvfp4_heads: no tokens (S = 0); the per-head global scale is undefined")
     layout = (h, s, *x.stride()[:3])  # the true heads, also for a contiguous x
+    _check_grid_axis("quantize_nvfp4_heads", b * h, "B * H (the amax pass's grid)")
     amax, bad = zeroed_amax_and_flag((b * h,), x.device)
     block_s = 64
     _head_amax_kernel[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
@@ -1002,7 +1004,6 @@ def quantize_nvfp4_heads(
     # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
     # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
-    _check_grid_heads("quantize_nvfp4_heads", b, h)
     _nvfp4_rows_kernel[(triton.cdiv(s, rows), h, b)](
         x,
         amax,
@@ -1050,7 +1051,8 @@ def quantize_nvfp4_rows(
     rows = max(1, 1024 // d)  # not swept (quant_bench's "nvfp4 rows" row times this launch)
     heads, seq = layout[0], layout[1]
     batch = x.numel() // (d * seq * heads) if seq else 0
-    _check_grid_heads("quantize_nvfp4_rows", batch, heads)
+    _check_grid_axis("quantize_nvfp4_rows", heads, "H")
+    _check_grid_axis("quantize_nvfp4_rows", batch, "B")
     _nvfp4_rows_kernel[(triton.cdiv(seq, rows), heads, batch)](
         x,
         g,
