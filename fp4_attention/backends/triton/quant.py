@@ -487,9 +487,9 @@ def _rotation_args(x: torch.Tensor, signs: torch.Tensor | None) -> dict:
 
 # V's amax pass reads AMAX_BLOCK keys per step of a loop over a program's run of keys, keeps an
 # elementwise NaN-propagating max in registers and reduces it once, then atomically combines it with the
-# other programs' (two atomics per channel per program, 256 at D 128: with one step per program the
-# atomics set the time). 0.0625 -> 0.0425 ms for a Q-sized V at B4 H32 S4096 D128 on the H200, kernel
-# time (results/quant_amax_h200).
+# other programs' (two atomics per channel per program, 256 at D 128, where one step per program paid
+# them every 64 keys). 0.0625 -> 0.0425 ms for a Q-sized V at B4 H32 S4096 D128 on the H200, kernel time
+# (results/quant_amax_h200); the same loop made the per-head amax pass slower (_head_amax_kernel).
 AMAX_BLOCK = 64
 AMAX_MAX_ROWS = 1024  # rows per program at most
 AMAX_MIN_PROGRAMS = 512  # halve a program's rows again while the grid keeps at least this many
