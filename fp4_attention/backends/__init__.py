@@ -127,9 +127,10 @@ def _runs(
     head_dim: int | None,
     training: bool,
     deterministic: bool = False,
+    batch_heads: int | None = None,
 ) -> str | None:
     """Why ``spec`` cannot run the request, or None if it can (from its declaration alone; a None
-    device or head dim is not checked)."""
+    device, head dim or ``batch_heads`` (B * Hq) is not checked)."""
     if recipe.name not in spec.recipes:
         return f"runs recipes {', '.join(spec.recipes)}, not {recipe.name!r}"
     if recipe.qk_rotation is not None and recipe.qk_rotation.kind not in spec.qk_rotations:
@@ -148,6 +149,11 @@ def _runs(
             return f"runs on {spec.capability_text()}, this GPU is sm_{cap[0]}{cap[1]}"
     if head_dim is not None and not spec.runs_head_dim(head_dim):
         return f"runs head dims {spec.head_dims_text()}, not {head_dim}"
+    if batch_heads is not None and spec.max_batch_heads is not None and batch_heads > spec.max_batch_heads:
+        return (
+            f"runs B * Hq (batch times query heads) up to {spec.max_batch_heads:,}, the programs of a CUDA "
+            f"grid's axis, not {batch_heads:,} (a smaller micro-batch fits)"
+        )
     if training and recipe.trainable and not spec.backward:
         return "has no backward (forward only)"
     if training and deterministic and recipe.name in spec.nondeterministic:
@@ -166,17 +172,19 @@ def alternatives(
     training: bool = False,
     exclude: str | None = None,
     deterministic: bool = False,
+    batch_heads: int | None = None,
 ) -> list[str]:
     """Names of the backends whose declaration runs the request (any device if ``device`` is None),
     highest priority for the recipe first; with ``deterministic`` (and ``training``), only those
-    whose backward of the recipe is bitwise reproducible."""
+    whose backward of the recipe is bitwise reproducible; with ``batch_heads``, only those that take
+    that B * Hq."""
     rec, dev = get_recipe(recipe), None if device is None else torch.device(device)
     _load_builtin_specs()
     ranked = sorted(_SPECS.values(), key=lambda s: (-s.priority_for(rec.name), s.name))
     return [
         s.name
         for s in ranked
-        if s.name != exclude and _runs(s, rec, dev, head_dim, training, deterministic) is None
+        if s.name != exclude and _runs(s, rec, dev, head_dim, training, deterministic, batch_heads) is None
     ]
 
 
@@ -188,9 +196,16 @@ def _unsupported(
     head_dim: int | None,
     training: bool,
     deterministic: bool = False,
+    batch_heads: int | None = None,
 ) -> UnsupportedError:
     others = alternatives(
-        recipe, device, head_dim, training=training, exclude=spec.name, deterministic=deterministic
+        recipe,
+        device,
+        head_dim,
+        training=training,
+        exclude=spec.name,
+        deterministic=deterministic,
+        batch_heads=batch_heads,
     )
     instead = (
         f"use {' or '.join(f'backend={o!r}' for o in others)}" if others else "no registered backend runs it"
@@ -210,12 +225,14 @@ def check_supported(
     name: str, recipe: str | Recipe, q: torch.Tensor, *, training: bool = False, deterministic: bool = False
 ) -> None:
     """Raise :class:`UnsupportedError` naming the alternatives if backend ``name`` cannot run
-    ``recipe`` on ``q``'s device and head dim (``q`` is ``[..., D]``), or, with ``deterministic``
-    and ``training``, cannot run its backward bitwise reproducibly."""
+    ``recipe`` on ``q``'s device and head dim (``q`` is ``[..., D]``; a 4-D ``q`` is ``[B, Hq, Sq,
+    D]``, whose B * Hq is checked against ``max_batch_heads``), or, with ``deterministic`` and
+    ``training``, cannot run its backward bitwise reproducibly."""
     spec, rec = backend_spec(name), get_recipe(recipe)
-    reason = _runs(spec, rec, q.device, q.shape[-1], training, deterministic)
+    bh = q.shape[0] * q.shape[1] if q.dim() == 4 else None
+    reason = _runs(spec, rec, q.device, q.shape[-1], training, deterministic, bh)
     if reason is not None:
-        raise _unsupported(spec, reason, rec, q.device, q.shape[-1], training, deterministic)
+        raise _unsupported(spec, reason, rec, q.device, q.shape[-1], training, deterministic, bh)
 
 
 def resolve_backend(

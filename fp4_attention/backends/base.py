@@ -45,6 +45,8 @@ class BackendSpec:
         cuda_capability: inclusive ``((major, minor), (major, minor))`` range of CUDA compute
             capabilities; None = any.
         head_dims: supported head dims; None = any multiple of 16 up to 256.
+        max_batch_heads: the largest B * Hq (batch times query heads) its kernels take, when they
+            put it on one axis of a CUDA grid (65,535 programs on the y axis); None = no limit.
         options: keyword options its ``forward`` / ``backward`` accept (benchmarks and tests).
         qk_rotations: the Q/K rotations it implements (``Recipe.qk_rotation.kind``, e.g.
             ``"hadamard"``); a recipe with another rotation is refused by the registry.
@@ -68,6 +70,7 @@ class BackendSpec:
     devices: tuple[str, ...] = ("cuda",)
     cuda_capability: tuple[tuple[int, int], tuple[int, int]] | None = None
     head_dims: tuple[int, ...] | None = None
+    max_batch_heads: int | None = None
     options: tuple[str, ...] = ()
     qk_rotations: tuple[str, ...] = ()
     k_scale_keys: tuple[int, ...] = (1,)

@@ -107,6 +107,42 @@ def test_a_backend_without_backward_is_refused_for_training_and_passed_over_by_a
         backends._INSTANCES.pop("fwd_only_test")
 
 
+def test_batch_times_heads_above_a_backends_grid_is_refused_naming_the_alternatives():
+    """B * Hq beyond ``max_batch_heads`` (the Triton and CuTe backends: 65,535, CUDA's grid y axis,
+    where a launch would fail with a bare "invalid argument") is refused before any kernel, and the
+    backends without the limit are named; at the limit it runs."""
+    from ..conftest import ReferenceBacked
+
+    for name in ("triton", "cute"):
+        spec = fa.backend_spec(name)
+        assert spec.max_batch_heads == 65535
+        reason = backends._runs(spec, fa.get_recipe("fp8"), None, 128, True, batch_heads=65536)
+        assert reason is not None and "up to 65,535" in reason and "not 65,536" in reason
+        assert backends._runs(spec, fa.get_recipe("fp8"), None, 128, True, batch_heads=65535) is None
+    fa.register_backend(
+        ReferenceBacked(
+            BackendSpec(
+                name="bh_test", impl="unused:Unused", recipes=("fp8",), devices=("cpu",), max_batch_heads=4
+            )
+        )
+    )
+    try:
+        q = torch.randn(2, 3, 8, 16, dtype=torch.bfloat16)  # B * Hq = 6
+        with pytest.raises(
+            UnsupportedError,
+            match=r"^bh_test backend runs B \* Hq \(batch times query heads\) up to 4, .* not 6 \(a smaller "
+            r"micro-batch fits\); use backend='reference'$",
+        ):
+            fa.attention(q, q, q, recipe="fp8", backend="bh_test", layout="bhsd")
+        assert "bh_test" not in backends.alternatives("fp8", "cpu", batch_heads=6)
+        assert "bh_test" in backends.alternatives("fp8", "cpu", batch_heads=4)
+        out = fa.attention(q[:, :2], q[:, :2], q[:, :2], recipe="fp8", backend="bh_test", layout="bhsd")
+        assert out.shape == (2, 2, 8, 16)
+    finally:
+        backends._SPECS.pop("bh_test")
+        backends._INSTANCES.pop("bh_test")
+
+
 def test_register_needs_a_spec():
     with pytest.raises(TypeError, match="`spec` attribute of type BackendSpec"):
         fa.register_backend(object())

@@ -10,6 +10,7 @@ SPEC = BackendSpec(
     devices=("cuda",),
     cuda_capability=((9, 0), (9, 0)),  # wgmma / TMA kernels for Hopper
     head_dims=(64, 128),
+    max_batch_heads=65535,  # its Triton quantizers and dO preparation put B * Hq on a grid's y axis
     options=("tiles",),
     k_scale_keys=(1, 64),  # 64: the forward folds each group's scale into its row factor (k_group)
     # fwd+bwd on the H200 (2026-12-02, 19f036c, results/cute_nvfp4_bwd_h200), cute (forward tiles

@@ -10,6 +10,7 @@ SPEC = BackendSpec(
     devices=("cuda",),
     cuda_capability=((8, 9), (99, 99)),  # FP8 tensor cores (Ada, Hopper, Blackwell)
     head_dims=(64, 128),
+    max_batch_heads=65535,  # its kernels and quantizers put B * Hq on a grid's y axis
     options=("block_m", "block_n", "num_warps", "num_stages"),
     qk_rotations=("hadamard",),  # rotated in the Q/K quantizer kernels (quant.py)
     k_scale_keys=(1, 64),  # quant.quantize_fp8_key_groups; the kernels read the scale repeated per key
