@@ -1,0 +1,63 @@
+"""``bench/quant_bench.py --kinds amax`` without a GPU: its launches of V's amax kernel and of the
+per-head amax kernel (every entry of V_AMAX_LAUNCHES and HEAD_AMAX_LAUNCHES, rows past the end
+included) run interpreted (``TRITON_INTERPRET=1``, in a subprocess) and give, on finite inputs, the
+amax of the first launch of their kind, which equals torch's (with a NaN, the flag). The timing
+itself needs the GPU.
+"""
+
+from __future__ import annotations
+
+
+def _interpreted_checks() -> list[str]:
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import quant_bench as qb
+
+    failed = []
+    seen = []
+
+    def rec(kind, shape, rows, warps, fn, n_bytes, bw, same):
+        fn()  # the timed call once more: the accumulators must stay as they were
+        seen.append((kind, rows, warps))
+        return {"quantizer": kind, "rows": rows, "bytes_equal_default": same}
+
+    qb._rec = rec
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 3, 130, 32, generator=g) * 4).bfloat16()
+    # finite, as the bench's inputs are: a flagged head's amax leaves out its flagged block, which
+    # depends on the launch (the amax of a flagged head is not used)
+    records = qb._amax_records(x, "cpu", 1.0)
+    for r in records:
+        if not r["bytes_equal_default"]:
+            failed.append(f"{r['quantizer']} at {r['rows']}: amax or flags differ from the first launch's")
+    kinds = {k for k, _, _ in seen}
+    if kinds != {"V amax pass alone", "head amax pass alone"}:
+        failed.append(f"kinds run: {sorted(kinds)}")
+    if len(seen) != len(qb.V_AMAX_LAUNCHES) + len(qb.HEAD_AMAX_LAUNCHES):
+        failed.append(f"{len(seen)} launches run")
+    # the first launch of each kind against torch
+    from fp4_attention.backends.triton import quant
+
+    x[1, 2, 100, 7] = float("nan")  # flags head (1, 2)
+    amax, bad = quant.zeroed_amax_and_flag((6,), x.device)
+    rows, warps = qb.HEAD_AMAX_LAUNCHES[0]
+    quant._head_amax_kernel[(-(-130 // rows), 6)](x, amax, bad, 3, 130, *x.stride()[:3], D=32, BLOCK_S=rows)
+    want = x.float().abs().amax(dim=(2, 3)).flatten()
+    if not (bad.tolist() == [0, 0, 0, 0, 0, 1] and torch.equal(amax[:5], want[:5])):
+        failed.append(f"head amax {amax.tolist()} {bad.tolist()}, want {want.tolist()}")
+    return failed
+
+
+def test_interpreted_amax_launches():
+    from ..conftest import run_interpreted  # not at the top: this file also runs as a script
+
+    run_interpreted(__file__)
+
+
+if __name__ == "__main__":
+    bad = _interpreted_checks()
+    print("\n".join(bad) if bad else "ok")
