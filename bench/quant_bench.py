@@ -226,50 +226,45 @@ def _amax_records(x, label, bw) -> list[dict]:
     from fp4_attention.backends.triton import quant
 
     b, h, s, d = x.shape
-    n = x.numel()
-    out = []
-    cases = []
-    if "ROWS" in inspect.signature(quant._v_amax_kernel.fn).parameters:
-        for step, rows, warps in V_AMAX_LAUNCHES:
-            cases.append(
-                (
-                    "V amax pass alone",
-                    (b * h, d),
-                    f"{step}/{rows}",
-                    warps,
-                    (triton.cdiv(s, rows), b * h),
-                    quant._v_amax_kernel,
-                    dict(D=d, BLOCK_S=step, ROWS=rows),
-                    True,
-                )
-            )
-    for rows, warps in HEAD_AMAX_LAUNCHES:
-        cases.append(
-            (
-                "head amax pass alone",
-                (b * h,),
-                rows,
-                warps,
-                (triton.cdiv(s, rows), b * h),
-                quant._head_amax_kernel,
-                dict(D=d, BLOCK_S=rows),
-                False,
-            )
-        )
-    first = {}
-    for kind, shape, rows, warps, grid, kernel, consts, v in cases:
-        amax, bad = quant.zeroed_amax_and_flag(shape, x.device)
-        args = (x, amax, bad, h, s, *x.stride()[:3]) + ((x.stride(3),) if v else ())
+    out, first = [], {}
 
-        def fn(kernel=kernel, grid=grid, args=args, consts=consts, warps=warps):
+    def launch(kind, rows, warps, kernel, programs, acc_shape, extra, consts):
+        amax, bad = quant.zeroed_amax_and_flag(acc_shape, x.device)
+        args = (x, amax, bad, h, s, *x.stride()[:3], *extra)
+
+        def fn():
             # atomic maxima of the same values: a repeated call leaves the accumulators as they were
-            kernel[grid](*args, **consts, num_warps=warps)
+            kernel[(programs, b * h)](*args, **consts, num_warps=warps)
 
         fn()
-        got = (amax.clone(), bad.clone())
-        ref = first.setdefault(kind, got)
-        same = torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-        out.append(_rec(kind, label, rows, warps, fn, n * 2, bw, same))
+        ref = first.setdefault(kind, (amax.clone(), bad.clone()))
+        same = torch.equal(amax, ref[0]) and torch.equal(bad, ref[1])
+        out.append(_rec(kind, label, rows, warps, fn, x.numel() * 2, bw, same))
+
+    if "ROWS" in inspect.signature(quant._v_amax_kernel.fn).parameters:
+        for step, rows, warps in V_AMAX_LAUNCHES:
+            consts = dict(D=d, BLOCK_S=step, ROWS=rows)
+            launch(
+                "V amax pass alone",
+                f"{step}/{rows}",
+                warps,
+                quant._v_amax_kernel,
+                triton.cdiv(s, rows),
+                (b * h, d),
+                (x.stride(3),),
+                consts,
+            )
+    for rows, warps in HEAD_AMAX_LAUNCHES:
+        launch(
+            "head amax pass alone",
+            rows,
+            warps,
+            quant._head_amax_kernel,
+            triton.cdiv(s, rows),
+            (b * h,),
+            (),
+            dict(D=d, BLOCK_S=rows),
+        )
     return out
 
 

@@ -55,8 +55,8 @@ def _interpreted_checks() -> list[str]:
             codes = got.data.view(torch.uint8)  # [B, H, D, S(16)]
             if not (bool((codes[0, 0, 1] == 0x7F).all()) and bool((codes[0, 1, 2] == 0x7F).all())):
                 failed.append(f"{name} perm16={perm16}: codes of a non-finite channel")
-    # the amax pass's loop: programs of 128 and 256 keys over 70 (one step of 64 keys, or four, most
-    # of them past the end): the same scales
+    # the amax pass's loop: programs of 128 and 256 keys over 70 (two or four steps of 64 keys, those
+    # past key 70 masked): the same scales
     x = cases[0][1]
     want = pow2_ceil(amax_scale(x, (2,), 448.0)[0])
     for amax_rows in (128, 256):
