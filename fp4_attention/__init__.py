@@ -5,6 +5,8 @@ Usable on its own::
     import fp4_attention as fa
     out = fa.attention(q, k, v, recipe="nvfp4qk_fp8pv", causal=True)        # [B, S, H, D] BF16
     layer = fa.FP4Attention("fp8", causal=True, layout="sbhd")
+    rope = fa.RoPETables.from_angles(theta)          # theta FP32 [S, D/2]; once per step
+    out = fa.attention(q, k, v, recipe="fp8", causal=True, rope=rope)       # RoPE inside the quantizers
 
 Layout: ``numerics/`` defines every recipe's numbers (formats, quantizers, recipes, operands, the
 torch reference, float64 attention, Direct-P); ``backends/`` computes them (the registry, the
@@ -31,6 +33,7 @@ from .backends import (
 from .config import AttentionConfig
 from .interface import LAYOUTS, FP4Attention, attention
 from .numerics.recipes import RECIPES, TRAINING_RECIPES, DirectP, Recipe, get_recipe
+from .numerics.rope import RoPETables
 
 __all__ = [
     "LAYOUTS",
@@ -41,6 +44,7 @@ __all__ = [
     "DirectP",
     "FP4Attention",
     "Recipe",
+    "RoPETables",
     "UnsupportedError",
     "attention",
     "available_backends",

@@ -19,7 +19,9 @@ from .backends import (
     resolve_backend,
     restore_state,
 )
+from .backends.rope import RoPEFunction, rope_op
 from .numerics.recipes import Recipe, get_recipe, with_qk_rotation
+from .numerics.rope import RoPETables
 from .numerics.rotation import check_rotation_head_dim
 
 __all__ = ["LAYOUTS", "FP4Attention", "attention"]
@@ -102,18 +104,33 @@ def _with_rotation(rec: Recipe, qk_rotation: str | None, seed: int) -> Recipe:
     return rec
 
 
+def _rope_kwargs(rope: RoPETables | None) -> dict:
+    return {} if rope is None else {"rope": rope}
+
+
 class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, q, k, v, recipe: Recipe, causal: bool, softmax_scale: float, backend_name: str, options: dict
+        ctx,
+        q,
+        k,
+        v,
+        recipe: Recipe,
+        causal: bool,
+        softmax_scale: float,
+        backend_name: str,
+        options: dict,
+        rope: RoPETables | None,
     ):
         backend = get_backend(backend_name)
         out, lse, state = backend.forward(
-            q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, **options
+            q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, **_rope_kwargs(rope), **options
         )
+        # the backend applied RoPE (fused_rope): its gradients are of the RoPE'd Q/K, rotated back below
         skeleton, tensors = flatten_state(state)
-        ctx.save_for_backward(*tensors)
-        ctx.skeleton = skeleton
+        rope_skeleton, rope_tensors = flatten_state(rope)  # a RoPETables is a dataclass of tensors
+        ctx.save_for_backward(*tensors, *rope_tensors)
+        ctx.skeleton, ctx.rope_skeleton, ctx.n_state = skeleton, rope_skeleton, len(tensors)
         ctx.meta = (recipe, causal, softmax_scale, backend_name, options)
         ctx.mark_non_differentiable(lse)
         # the LSE gets no gradient: autograd need not make a zero tensor for it (a GPU fill per step)
@@ -123,14 +140,19 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         recipe, causal, softmax_scale, backend_name, options = ctx.meta
-        state = restore_state(ctx.skeleton, ctx.saved_tensors)
+        saved = ctx.saved_tensors
+        state = restore_state(ctx.skeleton, saved[: ctx.n_state])
+        rope = restore_state(ctx.rope_skeleton, saved[ctx.n_state :])
         # dout in the strides autograd hands over (a [B, H, S, D] view of the caller's layout), with
         # a unit last stride; each backend reads it in place or makes the copy it needs
         dout = dout.bfloat16() if dout.stride(-1) == 1 else dout.contiguous().bfloat16()
         dq, dk, dv = get_backend(backend_name).backward(
             state, dout, recipe, causal=causal, softmax_scale=softmax_scale, **options
         )
-        return dq, dk, dv, None, None, None, None, None
+        if rope is not None:
+            dq = rope_op(dq, rope.cos_q, rope.sin_q, grad=True)
+            dk = rope_op(dk, rope.cos_k, rope.sin_k, grad=True)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(
@@ -146,6 +168,7 @@ def attention(
     return_lse: bool = False,
     qk_rotation: str | None = None,
     qk_rotation_seed: int = 0,
+    rope: RoPETables | None = None,
     **options,
 ):
     """Scaled dot-product attention in one of the low-precision recipes.
@@ -171,12 +194,20 @@ def attention(
             ``nvfp4qk_fp8pv``, head dim a power of two); ``"none"``: no rotation; None (default):
             as ``recipe`` says (a name: none; a :class:`Recipe`: its ``qk_rotation``).
         qk_rotation_seed: the seed of the rotation's sign vector (an integer in [0, 2^63)).
+        rope: rotary position embedding of Q and K, applied here (``numerics/rope.py``: megatron-core's
+            non-interleaved RoPE in FP32, rounded to BF16): a :class:`~fp4_attention.RoPETables`
+            (``RoPETables.from_angles(theta)``, ``theta`` FP32 ``[S, D/2]``; build it once per step).
+            The result equals attention of ``apply_rope(q)``, ``apply_rope(k)``, gradients to the
+            un-rotated q and k. Backends that declare ``fused_rope`` (triton, cute) apply it inside
+            their Q/K quantizers (the ``fp8`` recipe's Q and K per token: one kernel that reads Q and
+            K once); for the others it runs first, as its own pass.
         options: the backend's options (its ``spec.options``; reference: ``block_n``,
             ``rescale_threshold``; triton: forward tiles; cute: ``tiles``).
     Returns:
         BF16 output in q's layout (and the LSE if asked).
     Raises:
-        TypeError / ValueError: malformed inputs (message names the problem);
+        TypeError / ValueError: malformed inputs, RoPE tables of the wrong shape, dtype or device
+            (message names the problem);
         UnsupportedError: the backend cannot run this recipe/shape/device (the message names the
             backends that can);
         RuntimeError: a forward-only recipe called with gradients enabled.
@@ -207,14 +238,35 @@ def attention(
         )
     check_supported(backend, rec, qb, training=needs_grad, deterministic=deterministic)
     be = get_backend(backend)
+    if rope is not None:
+        if not isinstance(rope, RoPETables):
+            raise TypeError(
+                "rope must be an fp4_attention.RoPETables (RoPETables.from_angles), got "
+                f"{type(rope).__name__}"
+            )
+        rope.check(qb.shape[2], kb.shape[2], qb.shape[-1], qb.device)
+        if not spec.fused_rope:  # RoPE as its own pass before this backend
+            if needs_grad:
+                qb = RoPEFunction.apply(qb, rope.cos_q, rope.sin_q)
+                kb = RoPEFunction.apply(kb, rope.cos_k, rope.sin_k)
+            else:
+                qb, kb = rope_op(qb, rope.cos_q, rope.sin_q), rope_op(kb, rope.cos_k, rope.sin_k)
+            rope = None
     if needs_grad:
         out, lse = _AttentionFunction.apply(
-            qb, kb, vb, rec, bool(causal), float(softmax_scale), backend, options
+            qb, kb, vb, rec, bool(causal), float(softmax_scale), backend, options, rope
         )
     else:
         with torch.no_grad():
             out, lse, _ = be.forward(
-                qb, kb, vb, rec, causal=bool(causal), softmax_scale=float(softmax_scale), **options
+                qb,
+                kb,
+                vb,
+                rec,
+                causal=bool(causal),
+                softmax_scale=float(softmax_scale),
+                **_rope_kwargs(rope),
+                **options,
             )
     out = _from_bhsd(out, layout)
     return (out, lse) if return_lse else out
@@ -223,8 +275,9 @@ def attention(
 class FP4Attention(torch.nn.Module):
     """``nn.Module`` wrapper of :func:`attention` with a fixed recipe, mask, layout and backend.
 
-    ``forward(q, k, v)`` takes and returns tensors in ``layout`` (see :func:`attention`);
-    ``qk_rotation`` / ``qk_rotation_seed`` as there.
+    ``forward(q, k, v, rope=None)`` takes and returns tensors in ``layout`` (see :func:`attention`;
+    ``rope``: the step's :class:`~fp4_attention.RoPETables`, or None); ``qk_rotation`` /
+    ``qk_rotation_seed`` as there.
     """
 
     def __init__(
@@ -253,12 +306,15 @@ class FP4Attention(torch.nn.Module):
             options,
         )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RoPETables | None = None
+    ) -> torch.Tensor:
         return attention(
             q,
             k,
             v,
             recipe=self.recipe,
+            rope=rope,
             causal=self.causal,
             softmax_scale=self.softmax_scale,
             layout=self.layout,

@@ -50,6 +50,12 @@ class BackendSpec:
         options: keyword options its ``forward`` / ``backward`` accept (benchmarks and tests).
         qk_rotations: the Q/K rotations it implements (``Recipe.qk_rotation.kind``, e.g.
             ``"hadamard"``); a recipe with another rotation is refused by the registry.
+        fused_rope: whether its ``forward`` takes ``rope`` (a
+            :class:`~fp4_attention.numerics.rope.RoPETables`) and applies RoPE to Q and K itself, in
+            its quantizers where it can (``attention(..., rope=...)``); for a backend without it
+            the interface applies RoPE before calling it (same numbers, one more pass over Q and
+            K). Either way the gradients the backend returns are of the RoPE'd Q/K, and the
+            interface rotates them back.
         k_scale_keys: the ``Recipe.k_scale_keys`` it implements (keys per K scale; 1 = per token);
             a recipe with another is refused by the registry.
         priority: rank for ``backend="auto"``: among the backends that run the recipe on the
@@ -73,6 +79,7 @@ class BackendSpec:
     max_batch_heads: int | None = None
     options: tuple[str, ...] = ()
     qk_rotations: tuple[str, ...] = ()
+    fused_rope: bool = False
     k_scale_keys: tuple[int, ...] = (1,)
     priority: int = 0
     recipe_priority: tuple[tuple[str, int], ...] = ()
@@ -114,7 +121,9 @@ class Backend(Protocol):
     spec: BackendSpec
 
     def forward(self, q, k, v, recipe, *, causal: bool, softmax_scale: float, **options):
-        """-> (out BF16 ``[B, Hq, Sq, D]``, lse FP32 ``[B, Hq, Sq]``, :class:`SavedState`)."""
+        """-> (out BF16 ``[B, Hq, Sq, D]``, lse FP32 ``[B, Hq, Sq]``, :class:`SavedState`). With
+        ``spec.fused_rope`` it also takes ``rope=`` (None or a ``RoPETables``): attention of the
+        RoPE'd Q and K."""
 
     def backward(self, state: SavedState, dout, recipe, *, causal: bool, softmax_scale: float, **options):
         """-> (dq, dk, dv) BF16, shaped as q, k, v."""

@@ -14,7 +14,8 @@ Scope, said plainly:
   in E5M2 and D, dO^T in the kernel's query order, BF16 images of the Q/K payloads for the dQ/dK
   products, V back in key order); FA4's postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV)
   accumulators into BF16.
-* Quantization of Q/K/V: the Triton quantizers (bytes equal ``numerics.quant``'s). The V quantizer
+* Quantization of Q/K/V: the Triton quantizers (bytes equal ``numerics.quant``'s), with RoPE
+  (``attention(..., rope=...)``) applied inside the FP8 Q/K quantizer (``triton/rope.py``). The V quantizer
   writes V transposed with its keys permuted within each 16
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
   kernel's operand; that is the ``v`` of the :class:`SavedState` this backend writes.
@@ -53,6 +54,7 @@ from ..triton.quant import (
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
 )
+from ..triton.rope import quantize_fp8_rows_pair_rope, rope_rows
 from . import SPEC
 
 try:
@@ -215,14 +217,20 @@ def kernel_operands(
 
 
 def quantize_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale_keys: int = 1
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale_keys: int = 1, rope=None
 ) -> tuple[FP8Tensor, FP8Tensor, FP8Tensor]:
     """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA) -> the quantized Q/K/V the kernel
     reads and :class:`SavedState` saves: Q and K E4M3 per token (K per ``k_scale_keys`` keys when
     that is not 1, the scale repeated per key: ``Recipe.k_scale_keys``), V E4M3 per channel,
     transposed and in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands`
-    makes them the kernel's arguments."""
+    makes them the kernel's arguments. With ``rope`` (a ``RoPETables``) those of the RoPE'd Q and K:
+    inside the quantizer for Q and K per token, by ``rope_rows`` first for K per group of keys."""
     # Q and K read in place from any [B, H, S, D] strides; per token, in one launch
+    if rope is not None and k_scale_keys == 1:
+        q_s, k_s = quantize_fp8_rows_pair_rope(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
+        return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True)
+    if rope is not None:
+        q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
     if k_scale_keys == 1:
         q_s, k_s = quantize_fp8_rows_pair(q, k)
     else:
@@ -230,12 +238,15 @@ def quantize_inputs(
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True)
 
 
-def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope=None) -> tuple:
     """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA) -> ``(q_s, k_s, v_s, decoded)`` of
     ``nvfp4qk_fp8pv``: Q and K NVFP4 (per-head global scale, 16-element E4M3 block scales) with their
     exact BF16 decodes and per-token global scales ``decoded = (s_b * q, s_b * k, g_q, g_k)`` (``g``
     FP32 ``[B, H, S]``), which feed the BF16 QK product (contract §1), and V as in
-    :func:`quantize_inputs` (Triton quantizers)."""
+    :func:`quantize_inputs` (Triton quantizers). With ``rope`` (a ``RoPETables``) Q and K are RoPE'd
+    first (``rope_rows``: one more pass; the NVFP4 quantizer does not apply it in its kernels yet)."""
+    if rope is not None:
+        q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
     q_s, q_dec, q_tok = quantize_nvfp4_heads(q)  # read in place; the global scale formed in the kernels
     k_s, k_dec, k_tok = quantize_nvfp4_heads(k)
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec, q_tok, k_tok)
@@ -490,18 +501,19 @@ class CuteBackend:
 
     spec = SPEC
 
-    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None):
+    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None, rope=None):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
         with ``recipe.k_scale_keys`` = 64, or NVFP4) and V per channel (Triton quantizers, V into the
         kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
         at ``tiles``, by default :func:`default_tiles`.
+        ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
-            q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v)
+            q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v, rope)
         else:
-            q_s, k_s, v_s = quantize_inputs(q, k, v, recipe.k_scale_keys)
+            q_s, k_s, v_s = quantize_inputs(q, k, v, recipe.k_scale_keys, rope)
             decoded = None
         out, lse = forward_fp8(
             *kernel_operands(q_s, k_s, v_s, softmax_scale, decoded),

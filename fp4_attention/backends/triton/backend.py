@@ -4,7 +4,8 @@ with FP8 tensor cores (sm_89+); its declaration is ``SPEC`` in this package's ``
 Quantization of Q/K/V runs in the Triton quantizers of ``quant.py`` (their bytes equal
 ``numerics.quant``'s; ``tests/backends/test_triton_quant.py``), with the recipe's Q/K rotation
 (``numerics/rotation.py``) applied inside them; the backward's dQ/dK are then unrotated from FP32
-by ``rotation.unrotate_rows``; dO is quantized to E5M2 with
+by ``rotation.unrotate_rows``. RoPE (``attention(..., rope=...)``) is applied inside the per-token
+FP8 Q/K quantizer (``rope.py``), by ``rope.rope_rows`` before the others; dO is quantized to E5M2 with
 ``numerics.quant.quantize_fp8`` on the GPU. The attention products run in ``kernels.py``. Forward
 saves the quantized payloads and scales, the output and the LSE, never BF16 Q/K/V (for the FP8
 recipes); its :class:`SavedState` holds V8 transposed, ``[B, Hkv, D, Sk]`` (the K-major B operand
@@ -38,6 +39,7 @@ from .quant import (
     quantize_nvfp4_heads,
     quantize_nvfp4_rows,
 )
+from .rope import quantize_fp8_rows_pair_rope, rope_rows
 from .rotation import rotated_row_amax, unrotate_rows
 
 __all__ = ["TritonBackend", "forward_operands", "launch_forward"]
@@ -66,14 +68,21 @@ def default_block_n(head_dim: int) -> int:
     return 128 if head_dim <= 64 else 64
 
 
-def _quantize_qk_fast(q, k, recipe: Recipe):
+def _quantize_qk_fast(q, k, recipe: Recipe, rope=None):
     """Quantize Q/K with the Triton quantizers (bytes equal ``operands.quantize_qk``, the recipe's
-    Q/K rotation included: rotated inside the quantizer kernels).
+    Q/K rotation included: rotated inside the quantizer kernels). With ``rope`` (a ``RoPETables``)
+    those of the RoPE'd Q/K: applied inside the per-token FP8 quantizer of Q and K
+    (``rope.quantize_fp8_rows_pair_rope``), for the other Q/K formats by ``rope.rope_rows`` first.
 
     Returns ``(q_saved, k_saved, decoded)`` where ``decoded`` is the BF16 ``s_b * q`` pair for NVFP4.
     """
     rot = recipe.qk_rotation
     signs = None if rot is None else rot.signs(q.shape[-1], q.device)
+    if rope is not None:
+        if recipe.qk == "fp8" and recipe.k_scale_keys == 1 and rot is None:
+            qk = quantize_fp8_rows_pair_rope(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
+            return (*qk, None)
+        q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
     if recipe.qk == "fp8":  # read in place from any [B, H, S, D] strides
         if recipe.k_scale_keys == 1:  # Q and K per token, in one launch
             return (*quantize_fp8_rows_pair(q, k, signs=signs), None)
@@ -239,9 +248,10 @@ class TritonBackend:
         block_n: int | None = None,
         num_warps: int | None = None,
         num_stages: int | None = None,
+        rope=None,
     ):
         sk = k.shape[2]
-        q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe)
+        q_s, k_s, decoded = _quantize_qk_fast(q, k, recipe, rope)
         if recipe.pv == "fp8":  # V8 stored transposed: the K-major B operand of the FP8 PV product
             v_s = quantize_fp8_v_transposed(v)
         else:

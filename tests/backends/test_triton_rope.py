@@ -1,0 +1,107 @@
+"""RoPE on the GPU (``backends/triton/rope.py``): the kernels' bits against the reference
+(``numerics/rope.py``, on the CPU copy of the input, as ``test_triton_quant.py`` does), and
+``attention(..., rope=...)`` on the triton and cute backends against the same backend on the RoPE'd
+inputs.
+
+The angles reach a few thousand radians (Llama's position x frequency at S 4096), where cos and sin
+take every value and a fused multiply-add would round the sum of products differently from the
+reference (the kernels are compiled with FP contraction off: ``enable_fp_fusion=False``).
+"""
+
+import pytest
+import torch
+
+import fp4_attention as fa
+from fp4_attention.numerics.quant import quantize_fp8
+from fp4_attention.numerics.rope import apply_rope, rope_grad
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair  # noqa: E402
+from fp4_attention.backends.triton.rope import quantize_fp8_rows_pair_rope, rope_rows  # noqa: E402
+
+
+def _angles(s: int, d: int, device="cuda") -> torch.Tensor:
+    inv = 500000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    return (torch.arange(s, dtype=torch.float32)[:, None] * inv[None, :]).to(device)
+
+
+def _sbhd(s, b, h, d, seed, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(s, b, h, d, generator=g) * scale).bfloat16().cuda()
+    return x.permute(1, 2, 0, 3)  # megatron-core's memory, seen as [B, H, S, D]
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.float().cpu(), b.float().cpu()
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_rope_rows_equals_the_reference(d):
+    s = 4096
+    tables = fa.RoPETables.from_angles(_angles(s, d))
+    x = _sbhd(s, 2, 3, d, seed=d)
+    x[1, 2, 17, 5] = float("nan")
+    cpu = (x.cpu(), tables.cos_q.cpu(), tables.sin_q.cpu())
+    for heads, rows in ((None, None), (1, 32), (8, 8)):
+        y = rope_rows(x, tables.cos_q, tables.sin_q, rows=rows, heads=heads)
+        assert _same_values(y, apply_rope(*cpu)), (heads, rows)
+        assert y.permute(2, 0, 1, 3).is_contiguous()  # written in the caller's [S, B, H, D] order
+        assert _same_values(rope_rows(x, tables.cos_q, tables.sin_q, grad=True), rope_grad(*cpu))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fused_quantizer_bytes_equal_the_reference(fmt):
+    d, sq, sk = 128, 777, 1000  # lengths that are not a multiple of the positions per program
+    tq = fa.RoPETables.from_angles(_angles(sk, d)[sk - sq :], _angles(sk, d))
+    q = _sbhd(sq, 2, 6, d, seed=1)  # 6 heads: not a multiple of the heads per program
+    k = torch.randn(2, 3, sk, d, device="cuda").mul(torch.exp(torch.randn(2, 3, sk, 1, device="cuda")))
+    q[0, 5, 3, 1] = float("inf")
+    k[1, 0, 9, 0] = float("nan")
+    got = quantize_fp8_rows_pair_rope(q, k, (tq.cos_q, tq.sin_q), (tq.cos_k, tq.sin_k), fmt)
+    for x, (c, s_), y in ((q, (tq.cos_q, tq.sin_q), got[0]), (k, (tq.cos_k, tq.sin_k), got[1])):
+        want = quantize_fp8(apply_rope(x.cpu(), c.cpu(), s_.cpu()), fmt, dims=(-1,))
+        assert torch.equal(y.data.view(torch.uint8).cpu(), want.data.view(torch.uint8))
+        assert torch.equal(y.scale.cpu().nan_to_num(), want.scale.nan_to_num())
+    # and the unfused pair on the kernel's own RoPE gives the same bytes
+    plain = quantize_fp8_rows_pair(rope_rows(q, tq.cos_q, tq.sin_q), rope_rows(k, tq.cos_k, tq.sin_k), fmt)
+    for a, b in zip(got, plain):
+        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+
+
+def _backends():
+    out = [("triton", "fp8"), ("triton", "nvfp4qk_fp8pv"), ("triton", "bf16")]
+    if torch.cuda.get_device_capability()[0] == 9:
+        out += [("cute", "fp8"), ("cute", "nvfp4qk_fp8pv")]
+    return out
+
+
+@pytest.mark.parametrize("backend, recipe", _backends())
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_with_rope_equals_attention_of_roped_inputs(backend, recipe, d):
+    s, b, hq, hkv = 777, 2, 8, 2
+    tables = fa.RoPETables.from_angles(_angles(s, d))
+    q, k, v = (_sbhd(s, b, h, d, seed=i).permute(2, 0, 1, 3) for i, h in enumerate((hq, hkv, hkv)))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    kw = dict(recipe=recipe, causal=True, layout="sbhd", backend=backend)
+    out = fa.attention(q, k, v, rope=tables, **kw)
+    qr = rope_rows(q.detach().permute(1, 2, 0, 3), tables.cos_q, tables.sin_q).permute(2, 0, 1, 3)
+    kr = rope_rows(k.detach().permute(1, 2, 0, 3), tables.cos_k, tables.sin_k).permute(2, 0, 1, 3)
+    qr, kr = qr.requires_grad_(), kr.requires_grad_()
+    want = fa.attention(qr, kr, v, **kw)
+    assert torch.equal(out, want)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    dqr, dkr, dv_want = torch.autograd.grad(want, (qr, kr, v), dout)
+    dq_want = rope_rows(dqr.permute(1, 2, 0, 3), tables.cos_q, tables.sin_q, grad=True).permute(2, 0, 1, 3)
+    dk_want = rope_rows(dkr.permute(1, 2, 0, 3), tables.cos_k, tables.sin_k, grad=True).permute(2, 0, 1, 3)
+    if fa.backend_spec(backend).nondeterministic and recipe in fa.backend_spec(backend).nondeterministic:
+        # FP32 atomics (cute's dQ, GQA dK/dV): the same sums in another order
+        for a, b_ in ((dq, dq_want), (dk, dk_want), (dv, dv_want)):
+            torch.testing.assert_close(a, b_, rtol=2**-7, atol=1e-3)
+    else:
+        assert torch.equal(dq, dq_want) and torch.equal(dk, dk_want) and torch.equal(dv, dv_want)
