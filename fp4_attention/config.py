@@ -43,11 +43,18 @@ class AttentionConfig:
             ``nvfp4qk_fp8pv``, head dims that are powers of two.
         qk_rotation_seed: the seed of the rotation's sign vector, an integer in [0, 2^63); 0 with
             ``qk_rotation: none``. Saved with the run's config, so a resume uses the same rotation.
+        fuse_rope: apply RoPE inside the attention (``attention(..., rope=...)``: in the ``fp8``
+            recipe's Q/K quantizer on the triton and cute backends) instead of in megatron-core's
+            ``Attention.forward`` (``fp4_attention.megatron.FP4SelfAttention``). RoPE is then
+            computed in FP32 and rounded once to BF16 (``numerics/rope.py``), as Transformer
+            Engine's fused RoPE computes it; megatron-core's unfused RoPE (no TE) rounds each BF16
+            product. Off by default until its speed is measured.
 
     Raises:
-        ValueError: unknown recipe, backend or rotation, a backend that does not run the recipe
-            (or its rotation; the alternatives named), options with ``auto`` or options the
-            backend does not take, a rotation on a recipe that takes none, a bad seed.
+        ValueError: a ``fuse_rope`` that is not a bool, unknown recipe, backend or rotation, a
+            backend that does not run the recipe (or its rotation; the alternatives named), options
+            with ``auto`` or options the backend does not take, a rotation on a recipe that takes
+            none, a bad seed.
     """
 
     recipe: str = "bf16"
@@ -55,8 +62,11 @@ class AttentionConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
     qk_rotation: str = "none"
     qk_rotation_seed: int = 0
+    fuse_rope: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.fuse_rope, bool):
+            raise ValueError(f"attention.fuse_rope must be true or false, got {self.fuse_rope!r}")
         try:
             rec = with_qk_rotation(self.recipe, self.qk_rotation, self.qk_rotation_seed)
         except ValueError as err:
@@ -99,6 +109,7 @@ class AttentionConfig:
                 tuple(sorted(self.options.items())),
                 self.qk_rotation,
                 self.qk_rotation_seed,
+                self.fuse_rope,
             )
         )
 

@@ -17,6 +17,19 @@ Contract (megatron-core's): query ``[sq, b, np, hn]``, key/value ``[sk, b, ng, h
 this tensor-parallel rank only and GQA not expanded, possibly non-contiguous, RoPE already applied;
 returns ``[sq, b, np * hn]``. We pass them to ``attention(..., layout="sbhd")`` as they are.
 
+RoPE inside the attention (``AttentionConfig.fuse_rope``): :class:`FP4SelfAttention`, megatron-core's
+``SelfAttention`` with one change: it does not apply RoPE to Q and K but hands the step's RoPE
+tables to its :class:`FP4CoreAttention`, which passes them to ``attention(..., rope=...)``, where
+the quantizer of the ``fp8`` recipe applies it to the rows it loads (the roped BF16 Q/K are never
+written). Put it in the layer spec's ``self_attention.module`` (``llama.specs.layer_spec`` does when
+``attention.fuse_rope`` is set). The tables come from megatron-core's ``rotary_pos_emb`` (freqs
+``[s, 1, 1, D]`` = ``cat(theta, theta)``, non-interleaved): ``theta = freqs[:, 0, 0, :D/2]``, built
+once per freqs tensor (megatron-core caches the tensor per sequence length, so once per run).
+Refused, with the alternative (``fuse_rope: false``): interleaved RoPE, partial rotary
+(``rotary_percent`` < 1), YaRN's mscale, inference (KV cache, flash decode), and selective
+recomputation of the core attention alone (its recompute would run without the tables; recompute
+the whole layer instead).
+
 Decisions:
 
 * Masks. Causality comes from ``attn_mask_type`` (``causal`` / ``padding_causal`` -> causal,
@@ -36,14 +49,18 @@ Decisions:
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from .config import AttentionConfig
 from .interface import attention
+from .numerics.rope import RoPETables
 
-__all__ = ["FP4CoreAttention"]
+__all__ = ["FP4CoreAttention", "FP4SelfAttention", "rope_tables_of"]
 
 _CAUSAL_TYPES = (AttnMaskType.causal, AttnMaskType.padding_causal, AttnMaskType.causal_bottom_right)
 _NON_CAUSAL_TYPES = (AttnMaskType.no_mask, AttnMaskType.padding)
@@ -77,6 +94,9 @@ class FP4CoreAttention(MegatronModule):
             )
         self.attention = attention
         self.recipe = attention.get_recipe()  # with the config's Q/K rotation, if any
+        # set by an FP4SelfAttention around each of its forwards: (RoPETables or None,); None outside
+        self.rope_slot: tuple[RoPETables | None] | None = None
+        self.rope_from_parent = False  # FP4SelfAttention sets it: every call must then come with a slot
         self.layer_number = layer_number
         self.attn_mask_type = attn_mask_type
         self.softmax_scale = softmax_scale  # None: D ** -0.5 (the library's default, and megatron's)
@@ -105,6 +125,15 @@ class FP4CoreAttention(MegatronModule):
         causal = _is_causal(mask_type)
         if attention_mask is not None:
             _check_mask(attention_mask, causal, query.shape[0], key.shape[0], query.shape[1])
+        rope = None
+        if self.rope_from_parent:
+            if self.rope_slot is None:
+                raise RuntimeError(
+                    "FP4CoreAttention under FP4SelfAttention was called without its RoPE tables (outside "
+                    "FP4SelfAttention.forward: a recompute of the core attention alone?); recompute the "
+                    "whole layer or set attention.fuse_rope=false"
+                )
+            (rope,) = self.rope_slot
         out_dtype = query.dtype
         q, k, v = (t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16) for t in (query, key, value))
         out = attention(
@@ -116,6 +145,7 @@ class FP4CoreAttention(MegatronModule):
             softmax_scale=self.softmax_scale,
             layout="sbhd",
             backend=self.attention.backend,
+            rope=rope,
             **self.attention.options,
         )
         sq, b = query.shape[0], query.shape[1]
@@ -126,6 +156,127 @@ class FP4CoreAttention(MegatronModule):
             f"recipe={self.recipe.label}, backend={self.attention.backend}, "
             f"attn_mask_type={self.attn_mask_type.name}, layer={self.layer_number}"
         )
+
+
+class FP4SelfAttention(SelfAttention):
+    """megatron-core ``SelfAttention`` whose RoPE is applied inside :class:`FP4CoreAttention` (module
+    docstring). Construction and keywords are ``SelfAttention``'s; its core attention must be an
+    :class:`FP4CoreAttention` whose config has ``fuse_rope=True``.
+
+    Raises:
+        ValueError / NotImplementedError (construction): another core attention, ``fuse_rope`` off,
+            interleaved RoPE, YaRN's mscale, or selective recomputation of the core attention;
+        NotImplementedError (forward): inference (a KV cache / inference context, flash decode's
+            cos/sin), partial rotary (freqs narrower than the head dim).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        core = self.core_attention
+        if not isinstance(core, FP4CoreAttention) or not core.attention.fuse_rope:
+            raise ValueError(
+                "FP4SelfAttention hands RoPE to its core attention: it needs an FP4CoreAttention with "
+                "attention.fuse_rope=true (use megatron-core's SelfAttention otherwise)"
+            )
+        why = None
+        if self.checkpoint_core_attention:
+            why = (
+                "selective recomputation of the core attention (recompute_modules has 'core_attn') would "
+                "recompute it without the RoPE tables; recompute the whole layer (recompute_granularity="
+                "'full')"
+            )
+        elif getattr(self.config, "rotary_interleaved", False):
+            why = "interleaved RoPE (rotary_interleaved=True) is not the layout the kernels rotate"
+        elif getattr(self, "_yarn_concentration_factor", None) not in (None, 1.0):
+            why = "YaRN's mscale is not implemented in the fused RoPE"
+        if why:
+            raise NotImplementedError(f"attention.fuse_rope: {why}; or set attention.fuse_rope=false")
+        core.rope_from_parent = True
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask,
+        key_value_states=None,
+        inference_context=None,
+        rotary_pos_emb=None,
+        rotary_pos_cos=None,
+        rotary_pos_sin=None,
+        rotary_pos_cos_sin=None,
+        attention_bias=None,
+        packed_seq_params=None,
+        sequence_len_offset=None,
+        *,
+        inference_params=None,
+    ):
+        if inference_context is not None or inference_params is not None:
+            raise NotImplementedError(
+                "FP4SelfAttention (attention.fuse_rope) is for training: no inference context / KV cache; "
+                "build the model with attention.fuse_rope=false for inference"
+            )
+        if any(t is not None for t in (rotary_pos_cos, rotary_pos_sin, rotary_pos_cos_sin)):
+            raise NotImplementedError(
+                "FP4SelfAttention takes RoPE as rotary_pos_emb (freqs), not as precomputed cos/sin (flash "
+                "decode); set attention.fuse_rope=false"
+            )
+        tables = None if rotary_pos_emb is None else rope_tables_of(rotary_pos_emb, self.config.kv_channels)
+        self.core_attention.rope_slot = (tables,)
+        try:
+            return super().forward(
+                hidden_states,
+                attention_mask,
+                key_value_states=key_value_states,
+                rotary_pos_emb=None,  # applied by the core attention
+                attention_bias=attention_bias,
+                packed_seq_params=packed_seq_params,
+                sequence_len_offset=sequence_len_offset,
+            )
+        finally:
+            self.core_attention.rope_slot = None
+
+
+# id(freqs) -> (weak reference to freqs, its version counter, its tables): megatron-core's
+# RotaryEmbedding returns one cached tensor per sequence length, so the tables are built once
+_TABLES: dict[int, tuple] = {}
+_TABLES_MAX = 8
+
+
+def rope_tables_of(rotary_pos_emb, head_dim: int) -> RoPETables:
+    """The :class:`RoPETables` of megatron-core's ``rotary_pos_emb``: freqs ``[s, 1, 1, D]`` (FP32,
+    ``cat(theta, theta)``), or a ``(q_freqs, k_freqs)`` pair; built once per freqs tensor (while it
+    lives and is not modified in place).
+
+    Raises:
+        NotImplementedError: freqs narrower than ``head_dim`` (partial rotary, ``rotary_percent`` < 1).
+        ValueError / TypeError: freqs of another shape or dtype (``RoPETables.from_angles``).
+    """
+    pair = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb, rotary_pos_emb)
+    q_emb, k_emb = pair
+    for emb in pair:
+        if emb.dim() != 4 or emb.shape[1:3] != (1, 1):
+            raise ValueError(
+                f"rotary_pos_emb must be megatron-core's [s, 1, 1, D] freqs, got {tuple(emb.shape)}"
+            )
+        if emb.shape[-1] != head_dim:
+            raise NotImplementedError(
+                f"attention.fuse_rope rotates the whole head (D={head_dim}); rotary_pos_emb covers "
+                f"{emb.shape[-1]} channels (rotary_percent < 1): set rotary_percent=1.0 or "
+                "attention.fuse_rope=false"
+            )
+    key = (id(q_emb), id(k_emb))
+    hit = _TABLES.get(key)
+    if hit is not None:
+        ref_q, ref_k, versions, tables = hit
+        if ref_q() is q_emb and ref_k() is k_emb and versions == (q_emb._version, k_emb._version):
+            return tables
+    half = head_dim // 2
+    theta_q = q_emb[:, 0, 0, :half]
+    theta_k = None if k_emb is q_emb else k_emb[:, 0, 0, :half]
+    tables = RoPETables.from_angles(theta_q, theta_k)
+    if len(_TABLES) >= _TABLES_MAX:
+        _TABLES.clear()
+    _TABLES[key] = (weakref.ref(q_emb), weakref.ref(k_emb), (q_emb._version, k_emb._version), tables)
+    return tables
 
 
 def _check_config(config, pg_collection) -> None:

@@ -24,7 +24,7 @@ import importlib.util
 
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from fp4_attention.megatron import FP4CoreAttention
+from fp4_attention.megatron import FP4CoreAttention, FP4SelfAttention
 
 from .config import LlamaConfig
 
@@ -88,8 +88,9 @@ def layer_spec(config: LlamaConfig, *, core_attention: ModuleSpec | type | None 
 
     Args:
         core_attention: what to put in the core-attention slot; default our attention
-            (:func:`core_attention_spec`). Tests pass megatron-core's ``DotProductAttention`` to
-            compare against its own attention path.
+            (:func:`core_attention_spec`), with :class:`fp4_attention.megatron.FP4SelfAttention` as
+            the self-attention module when ``config.attention.fuse_rope`` is set. Tests pass
+            megatron-core's ``DotProductAttention`` to compare against its own attention path.
     """
     if uses_transformer_engine(config):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
@@ -100,12 +101,19 @@ def layer_spec(config: LlamaConfig, *, core_attention: ModuleSpec | type | None 
 
         spec = get_gpt_layer_local_spec(qk_layernorm=False, normalization="RMSNorm")
     slot = core_attention if core_attention is not None else core_attention_spec(config)
-    return _with_core_attention(spec, slot)
+    # attention.fuse_rope: RoPE applied by our core attention, not by megatron-core's SelfAttention
+    module = FP4SelfAttention if config.attention.fuse_rope and core_attention is None else None
+    return _with_core_attention(spec, slot, self_attention=module)
 
 
-def _with_core_attention(spec: ModuleSpec, core_attention: ModuleSpec | type) -> ModuleSpec:
-    """A copy of a layer ``spec`` whose ``self_attention.submodules.core_attention`` is replaced."""
+def _with_core_attention(
+    spec: ModuleSpec, core_attention: ModuleSpec | type, *, self_attention: type | None = None
+) -> ModuleSpec:
+    """A copy of a layer ``spec`` whose ``self_attention.submodules.core_attention`` is replaced (and
+    ``self_attention.module`` by ``self_attention`` when given)."""
     attn = spec.submodules.self_attention
     attn_sub = dataclasses.replace(attn.submodules, core_attention=core_attention)
     new_attn = dataclasses.replace(attn, submodules=attn_sub)
+    if self_attention is not None:
+        new_attn = dataclasses.replace(new_attn, module=self_attention)
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, self_attention=new_attn))

@@ -120,6 +120,7 @@ FREE_KEYS = (
 # those checkpoints did: a saved config without such a key is compared as if it held that value.
 ADDED_KEYS = {
     "projection.fp8_weight_cache": True,  # 2026-12-03; before, megatron-core's default: the cache on
+    "attention.fuse_rope": False,  # 2026-12-04; before, RoPE was megatron-core's
 }
 
 

@@ -29,6 +29,7 @@ FINGERPRINT_EXCLUDED = (
     "attention.qk_rotation",
     "attention.qk_rotation_seed",
     "attention.qk_rotation_signs",
+    "attention.fuse_rope",
     "projection.*",
     "training.seed",
     "checkpoint.*",
