@@ -21,6 +21,14 @@ bound by the host (B1), the pair separates the two; inside a model the host usua
 An implementation that cannot be captured reports its error in its row (on the H200 at e9713d6 all
 of ``GRAPHED`` were captured: ``results/cute_graphed_h200``). cuDNN FP8 is not in ``GRAPHED``.
 
+``--rope`` adds forward and forward+backward rows ``<impl>+rope`` with RoPE applied to Q and K
+(Llama's angles, tables built once outside the timed region, as a training step builds them once):
+ours through ``attention(..., rope=...)``, where the triton and cute backends apply it inside the
+``fp8`` Q/K quantizer (``backends/triton/rope.py``) and RoPE's gradient after the backward; the BF16
+baselines (``cudnn_bf16+rope``, ``fa4_bf16+rope``) with RoPE as its own pass before the kernel (our
+Triton RoPE kernel, ``rope_rows``: one read and one write of Q and K at about copy speed, and its
+transposed rotation on dQ/dK). Their ``vs`` columns compare with the ``+rope`` baselines.
+
 Baselines measured in the same run: cuDNN BF16 and FlashAttention-2 through torch SDPA backends
 (GQA through ``enable_gqa``), and cuDNN FP8 attention through ``nvidia-cudnn-frontend``
 (``sdpa_fp8`` / ``sdpa_fp8_backward``, per-tensor unit scales, P scaled by 256) when importable.
@@ -43,6 +51,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa
+from fp4_attention.backends.rope import RoPEFunction, rope_op
 from fp4_attention.backends.triton import backend as triton_backend
 from fp4_attention.numerics.recipes import ROTATION_RECIPES, with_qk_rotation
 from tools.fidelity import parse_recipe
@@ -85,16 +94,36 @@ def flops(b, hq, s, causal, pass_):
     return f * {"fwd": 1.0, "fwd_bwd": 3.5, "bwd": 2.5}[pass_]
 
 
-def sdpa_fn(backend, q, k, v, causal, pass_):
+def rope_tables_for(s: int) -> fa.RoPETables:
+    """Llama-3's RoPE tables (base 500000, no frequency scaling) for positions 0..s-1 at head dim D."""
+    inv = 500000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32, device="cuda") / D)
+    return fa.RoPETables.from_angles(torch.arange(s, dtype=torch.float32, device="cuda")[:, None] * inv)
+
+
+def sdpa_fn(backend, q, k, v, causal, pass_, rope=None):
+    """torch SDPA with ``backend``; with ``rope`` (tables) RoPE runs first as its own pass (``rope_op``,
+    and ``RoPEFunction`` under autograd: its transposed rotation in the backward)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     be = {"cudnn_bf16": SDPBackend.CUDNN_ATTENTION, "fa2_bf16": SDPBackend.FLASH_ATTENTION}[backend]
     gqa = q.shape[1] != k.shape[1]
     dout = torch.randn_like(q)
 
+    def roped(a, b, grad):
+        if rope is None:
+            return a, b
+        if grad:
+            return RoPEFunction.apply(a, rope.cos_q, rope.sin_q), RoPEFunction.apply(
+                b, rope.cos_k, rope.sin_k
+            )
+        return rope_op(a, rope.cos_q, rope.sin_q), rope_op(b, rope.cos_k, rope.sin_k)
+
     def fwd():
+        qr, kr = roped(q, k, False)
         with sdpa_kernel(be):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+            return torch.nn.functional.scaled_dot_product_attention(
+                qr, kr, v, is_causal=causal, enable_gqa=gqa
+            )
 
     if pass_ == "fwd":
         with torch.no_grad():
@@ -103,8 +132,9 @@ def sdpa_fn(backend, q, k, v, causal, pass_):
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 
     def fb():
+        qr, kr = roped(qg, kg, True)
         with sdpa_kernel(be):
-            o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+            o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vg, is_causal=causal, enable_gqa=gqa)
         if pass_ == "bwd":
             return lambda: o.backward(dout, retain_graph=True)
         o.backward(dout)
@@ -119,6 +149,7 @@ def quant_qk_fn(recipe, q, k):
 
 
 def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
+    """``fa.attention`` on ``backend``; ``options`` go to it (``rope``: tables, and backend options)."""
     rec = parse_recipe(recipe, 0)
     dout = torch.randn_like(q)
     if pass_ == "fwd":
@@ -289,6 +320,12 @@ def main(argv=None) -> int:
         help="add the rows with the Hadamard Q/K rotation and the Q/K quantization cost with and without it",
     )
     p.add_argument(
+        "--rope",
+        action="store_true",
+        help="add fwd and fwd+bwd rows <impl>+rope: RoPE inside our attention, as its own pass before the "
+        "BF16 baselines (cudnn_bf16, and fa4_bf16 with --cute)",
+    )
+    p.add_argument(
         "--graphed",
         action="store_true",
         help="add fwd+bwd rows <impl>_graphed (one CUDA graph replayed: no host launch cost) for "
@@ -414,6 +451,30 @@ def main(argv=None) -> int:
                         for t in tiles
                         if t[1] % 64 == 0
                     ]
+            if args.rope and pass_ in ("fwd", "fwd_bwd"):
+                tables = rope_tables_for(s)
+                cands.append(
+                    ("cudnn_bf16+rope", lambda: sdpa_fn("cudnn_bf16", q, k, v, causal, pass_, tables))
+                )
+                cands += [
+                    (f"ours_{r}+rope", (lambda r=r: ours_fn(r, q, k, v, causal, pass_, rope=tables)))
+                    for r in args.recipes
+                ]
+                if args.cute:
+                    cands.append(
+                        (
+                            "fa4_bf16+rope",
+                            lambda: ours_fn("bf16", q, k, v, causal, pass_, backend="fa4", rope=tables),
+                        )
+                    )
+                    cands += [
+                        (
+                            f"cute_{r}+rope",
+                            (lambda r=r: ours_fn(r, q, k, v, causal, pass_, backend="cute", rope=tables)),
+                        )
+                        for r in args.recipes
+                        if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
+                    ]
             if args.graphed and pass_ == "fwd_bwd":
                 cands += [
                     (f"{name}_graphed", (lambda make=make: graphed(make())))
@@ -445,9 +506,10 @@ def main(argv=None) -> int:
                 records.append(rec)
                 torch.cuda.empty_cache()
             ref = base["cudnn_bf16"].get("tflops")
-            for rec in base.values():
+            for name, rec in base.items():
                 for other in ("cudnn_bf16", "fa4_bf16", "cudnn_fp8"):
-                    o = base.get(other, {}).get("tflops")
+                    # a +rope row against the same baseline with RoPE (none for cuDNN FP8)
+                    o = base.get(other + "+rope" if name.endswith("+rope") else other, {}).get("tflops")
                     if o and "tflops" in rec:
                         rec[f"vs_{other}"] = rec["tflops"] / o
                 rec["same_run_cudnn_bf16_tflops"] = ref

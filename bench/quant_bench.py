@@ -26,6 +26,14 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   backends' call) at the training shape Q B4 H32 S4096 + K B4 H8 S4096, default launch, beside
   ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together
   (and the pair with K's programs first).
+- ``rope`` (issue 19's design after ``results/quant_amax_h200``): at the same shape, the pair with
+  RoPE applied inside it (``rope.quantize_fp8_rows_pair_rope``, what ``attention(..., rope=...)``
+  runs), its launch options swept (positions per program x heads per program), against
+  ``RoPE, then the pair`` (``rope.rope_rows`` on Q and K, then ``quantize_fp8_rows_pair``: what a
+  training step runs when megatron-core applies RoPE) and ``RoPE alone``. The fewest bytes of the
+  first two are the fused quantizer's (Q/K read once, codes and scales written once; the FP32
+  cos/sin tables, 1 MiB at S 4096, left out), so their ``of copy`` compare the same work; RoPE
+  alone reads and writes 2 B/element. Bytes checked equal to the unfused path's.
 
 The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Two times per row:
 ``ms``, the median of ``triton.testing.do_bench`` (CUDA events around the call, L2 flushed between
@@ -115,7 +123,16 @@ def v_bytes(n: int) -> int:
     return n * 2 + n * 2 + n * 1
 
 
-KINDS = ("fp8_rows", "nvfp4", "v", "pair", "amax")
+KINDS = ("fp8_rows", "nvfp4", "v", "pair", "rope", "amax")
+ROPE_SWEEP = [
+    (16, 4),
+    (16, 1),
+    (16, 2),
+    (16, 8),
+    (8, 4),
+    (32, 4),
+    (32, 2),
+]  # positions x heads; default (16, 4)
 
 
 def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
@@ -194,10 +211,14 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
             records += _amax_records(x, label, bw)
         for r in records[first:]:
             print(json.dumps(r), flush=True)
-    if "pair" not in kinds:
+    if "pair" not in kinds and "rope" not in kinds:
         return {"copy_TB_per_s": bw / 1e12}, records
     q = torch.randn(4, 32, 4096, D, device="cuda").bfloat16()
     k = torch.randn(4, 8, 4096, D, device="cuda").bfloat16()
+    if "rope" in kinds:
+        records += _rope_records(q, k, bw)
+    if "pair" not in kinds:
+        return {"copy_TB_per_s": bw / 1e12}, records
     pair, one = quantize_fp8_rows_pair(q, k), (quantize_fp8_rows(q), quantize_fp8_rows(k))
     same = all(
         torch.equal(a.data.view(torch.uint8), c.data.view(torch.uint8)) and torch.equal(a.scale, c.scale)
@@ -265,6 +286,65 @@ def _amax_records(x, label, bw) -> list[dict]:
             (),
             dict(D=d, BLOCK_S=rows),
         )
+    return out
+
+
+def _rope_records(q, k, bw) -> list[dict]:
+    """The ``rope`` rows (module docstring); none for a tree without ``backends/triton/rope.py``."""
+    try:
+        from fp4_attention import RoPETables
+        from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair
+        from fp4_attention.backends.triton.rope import quantize_fp8_rows_pair_rope, rope_rows
+    except ImportError:
+        return []
+    s = q.shape[2]
+    inv = 500000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32, device="cuda") / D)
+    t = RoPETables.from_angles(torch.arange(s, dtype=torch.float32, device="cuda")[:, None] * inv)
+    tq, tk = (t.cos_q, t.sin_q), (t.cos_k, t.sin_k)
+
+    def unfused():
+        return quantize_fp8_rows_pair(rope_rows(q, *tq), rope_rows(k, *tk))
+
+    ref = unfused()
+
+    def same(got) -> bool:
+        return all(
+            torch.equal(a.data.view(torch.uint8), c.data.view(torch.uint8))
+            and torch.equal(a.scale.nan_to_num(), c.scale.nan_to_num())
+            for a, c in zip(got, ref)
+        )
+
+    shape, n = "Q B4 H32 + K B4 H8 S4096", q.numel() + k.numel()
+    out = []
+    for rows, heads in ROPE_SWEEP:
+        fn = lambda rows=rows, heads=heads: quantize_fp8_rows_pair_rope(q, k, tq, tk, rows=rows, heads=heads)  # noqa: E731
+        out.append(
+            _rec(
+                f"fp8 rows pair + RoPE fused, {heads} heads/program",
+                shape,
+                rows,
+                4,
+                fn,
+                fp8_rows_bytes(n, D),
+                bw,
+                same(fn()),
+            )
+        )
+    out.append(_rec("RoPE, then the pair", shape, None, 4, unfused, fp8_rows_bytes(n, D), bw, True))
+    out.append(
+        _rec(
+            "RoPE alone (Q and K)",
+            shape,
+            None,
+            4,
+            lambda: (rope_rows(q, *tq), rope_rows(k, *tk)),
+            4 * n,
+            bw,
+            True,
+        )
+    )
+    for r in out:
+        print(json.dumps(r), flush=True)
     return out
 
 
