@@ -2,7 +2,8 @@
 
     python bench/sass_report.py [--block-m M --block-n N --num-warps W --num-stages S]  # default tiles
     python bench/sass_report.py --backward          # the dK/dV and dQ kernels at the backend's tiles
-    python bench/sass_report.py --quant nvfp4       # a quantizer kernel (rows, nvfp4, v_amax, v_codes)
+    python bench/sass_report.py --quant nvfp4       # a quantizer kernel (rows, nvfp4, v_amax, v_codes,
+                                                    # rows_pair, rope_pair: Q/K with RoPE, rope.py)
                                                     # (SASS_NVFP4_ROWS: nvfp4's rows per program, 16)
 
 For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
@@ -36,10 +37,11 @@ INSTRUCTIONS = ("QGMMA", "HGMMA", "LDGSTS", "UTMALDG", "MUFU.EX2", "F2FP", "FFMA
 UNIT_STRIDES = ("sqd", "skd", "svn", "srm", "scn", "svsd", "sod", "slm")
 
 
-def _compile(fn, ptrs: dict, consts: dict, num_warps: int, num_stages: int):
+def _compile(fn, ptrs: dict, consts: dict, num_warps: int, num_stages: int, plain_ints=("GROUP",), **options):
     """Compile ``fn`` for sm_90 as a launch would specialise it: ``consts`` as constexprs (a constexpr
     parameter not given takes its default), pointers
-    (element types in ``ptrs``) and integers 16-divisible (GROUP excepted), softmax scales FP32."""
+    (element types in ``ptrs``) and integers 16-divisible (those in ``plain_ints`` excepted), softmax
+    scales FP32; ``options``: further compile options (``enable_fp_fusion``)."""
     names = fn.arg_names
     # a constexpr parameter left out takes its default, as at a launch
     consts = {
@@ -56,13 +58,15 @@ def _compile(fn, ptrs: dict, consts: dict, num_warps: int, num_stages: int):
             sig[n] = "fp32"
         else:
             sig[n] = "i32"
-            if n != "GROUP":
+            if n not in plain_ints:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(
         fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs
     )
     return triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages)
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=num_warps, num_stages=num_stages, **options),
     )
 
 
@@ -235,15 +239,51 @@ QUANT_KERNELS = {
         4,
         "_fp8_v_t_kernel D 128 perm16 64 keys x 4 warps",
     ),
+    "rows_pair": (
+        "_fp8_rows_pair_kernel",
+        {"X": "bf16", "Y": "u8", "S": "fp32", "X2": "bf16", "Y2": "u8", "S2": "fp32"},
+        dict(D=128, FMAX=448.0, E5M2=False, ROWS=16),
+        4,
+        "_fp8_rows_pair_kernel D 128 E4M3 16 rows x 4 warps (Q and K bodies)",
+    ),
+    "rope_pair": (
+        "_fp8_rope_pair_kernel",
+        {
+            **{
+                n: t for n, t in (("X", "bf16"), ("Y", "u8"), ("S", "fp32"), ("COS", "fp32"), ("SIN", "fp32"))
+            },
+            **{
+                n: t
+                for n, t in (("X2", "bf16"), ("Y2", "u8"), ("S2", "fp32"), ("COS2", "fp32"), ("SIN2", "fp32"))
+            },
+        },
+        dict(D=128, FMAX=448.0, E5M2=False, ROWS=16, HEADS=4, BY_BITS=False),
+        4,
+        "_fp8_rope_pair_kernel D 128 E4M3 16 positions x 4 heads x 4 warps, FP contraction off "
+        "(Q and K bodies)",
+    ),
 }
+# kernels of rope.py, compiled as they launch: FP contraction off, head counts (8 for K) not 16-divisible
+QUANT_ROPE = {"rope_pair"}
 
 
 def compile_quant(name: str):
     """``(compiled kernel, label)`` of the quantizer kernel ``name`` (a key of QUANT_KERNELS), its
     unit channel stride specialised as a contiguous launch specialises it."""
-    from fp4_attention.backends.triton import quant
+    from fp4_attention.backends.triton import quant, rope
 
     fn, ptrs, consts, warps, label = QUANT_KERNELS[name]
+    if name in QUANT_ROPE:
+        kernel = _compile(
+            getattr(rope, fn),
+            ptrs,
+            consts,
+            warps,
+            1,
+            plain_ints=("H", "H2", "n_programs"),
+            enable_fp_fusion=False,
+        )
+        return kernel, label
     return compile_kernel(getattr(quant, fn), ptrs, consts, num_warps=warps), label
 
 
@@ -274,10 +314,14 @@ def main(argv=None) -> int:
         a.quant = "rows"
     if a.quant:
         kernel, what = compile_quant(a.quant)
-        sass, _ = kernel_sass(kernel)
+        sass, res = kernel_sass(kernel)
         ops = _opcodes(sass)
         main_path = _opcodes(sass[: sass.rindex("EXIT")])
         print(f"triton {triton.__version__}, sm_90, {what}")
+        print(
+            f"registers: {re.findall(r'REG:(\d+)', res)[0]}, local-memory (spill) instructions: "
+            f"{sum(op.startswith(('STL', 'LDL')) for op in ops)}"
+        )
         print(f"instructions (the division's slow path included): {len(ops)}")
         print(f"instructions up to the last EXIT: {len(main_path)}")
         for op, n in collections.Counter(ops).most_common(20):

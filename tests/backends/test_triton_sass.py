@@ -145,3 +145,39 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
     for name, kernel in kernels.items():
         st = sass_stats(kernel)
         assert st["STL"] == 0 and st["LDL"] == 0, f"{name}: register spills: {st}"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_rope_kernels_compile_without_spills_and_without_fused_multiply_adds(d):
+    """The RoPE kernels (``rope.py``) compiled as they launch, FP contraction off: no spills, and the
+    standalone RoPE (no division, whose IEEE path has FFMAs of its own) has no FFMA at all, so each
+    product is rounded before the sum as in the reference (``numerics/rope.py``)."""
+    from sass_report import _compile
+
+    from fp4_attention.backends.triton import rope
+
+    def compile_rope(fn, ptrs, consts):
+        try:
+            return _compile(
+                fn, ptrs, consts, 4, 1, plain_ints=("H", "H2", "n_programs"), enable_fp_fusion=False
+            )
+        except (RuntimeError, FileNotFoundError, PermissionError) as exc:  # no runnable ptxas on this host
+            pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
+
+    tables = dict(COS="fp32", SIN="fp32")
+    for grad in (False, True):
+        st = sass_stats(
+            compile_rope(
+                rope._rope_kernel,
+                dict(X="bf16", Y="bf16", **tables),
+                dict(D=d, ROWS=16, HEADS=4, GRAD=grad, BY_BITS=False),
+            )
+        )
+        assert st["STL"] == 0 and st["LDL"] == 0 and st["FFMA"] == 0 and st["FMUL"] > 0, (grad, st)
+    pair = compile_rope(
+        rope._fp8_rope_pair_kernel,
+        dict(X="bf16", Y="u8", S="fp32", X2="bf16", Y2="u8", S2="fp32", **tables, COS2="fp32", SIN2="fp32"),
+        dict(D=d, FMAX=448.0, E5M2=False, ROWS=16, HEADS=4, BY_BITS=False),
+    )
+    st = sass_stats(pair)
+    assert st["STL"] == 0 and st["LDL"] == 0, st
