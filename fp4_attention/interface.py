@@ -149,9 +149,9 @@ class _AttentionFunction(torch.autograd.Function):
         dq, dk, dv = get_backend(backend_name).backward(
             state, dout, recipe, causal=causal, softmax_scale=softmax_scale, **options
         )
-        if rope is not None:
-            dq = rope_op(dq, rope.cos_q, rope.sin_q, grad=True)
-            dk = rope_op(dk, rope.cos_k, rope.sin_k, grad=True)
+        if rope is not None:  # back from the RoPE'd Q/K, for the inputs that need a gradient
+            dq = rope_op(dq, rope.cos_q, rope.sin_q, grad=True) if ctx.needs_input_grad[0] else None
+            dk = rope_op(dk, rope.cos_k, rope.sin_k, grad=True) if ctx.needs_input_grad[1] else None
         return dq, dk, dv, None, None, None, None, None, None
 
 

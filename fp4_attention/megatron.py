@@ -25,10 +25,11 @@ written). Put it in the layer spec's ``self_attention.module`` (``llama.specs.la
 ``attention.fuse_rope`` is set). The tables come from megatron-core's ``rotary_pos_emb`` (freqs
 ``[s, 1, 1, D]`` = ``cat(theta, theta)``, non-interleaved): ``theta = freqs[:, 0, 0, :D/2]``, built
 once per freqs tensor (megatron-core caches the tensor per sequence length, so once per run).
-Refused, with the alternative (``fuse_rope: false``): interleaved RoPE, partial rotary
-(``rotary_percent`` < 1), YaRN's mscale, inference (KV cache, flash decode), and selective
-recomputation of the core attention alone (its recompute would run without the tables; recompute
-the whole layer instead).
+Layers that ``config.no_rope_freq`` marks get no RoPE, as in megatron-core. Selective recomputation
+of the core attention passes the tables into its recompute (``core_attention_extra_kwargs``,
+megatron-core 0.19). Refused, with the alternative (``fuse_rope: false``): interleaved RoPE,
+``fused_single_qkv_rope``, partial rotary (``rotary_percent`` < 1), YaRN's mscale, freqs that are not
+``cat(theta, theta)``, inference (KV cache, flash decode).
 
 Decisions:
 
@@ -49,6 +50,7 @@ Decisions:
 
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import torch
@@ -111,6 +113,7 @@ class FP4CoreAttention(MegatronModule):
         attn_mask_type: AttnMaskType | None = None,
         attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
+        rope_slot: tuple | None = None,
     ) -> torch.Tensor:
         if packed_seq_params is not None:
             raise NotImplementedError(
@@ -126,14 +129,16 @@ class FP4CoreAttention(MegatronModule):
         if attention_mask is not None:
             _check_mask(attention_mask, causal, query.shape[0], key.shape[0], query.shape[1])
         rope = None
+        if rope_slot is None:  # FP4SelfAttention's recompute passes the slot of its forward
+            rope_slot = self.rope_slot
         if self.rope_from_parent:
-            if self.rope_slot is None:
+            if rope_slot is None:
                 raise RuntimeError(
                     "FP4CoreAttention under FP4SelfAttention was called without its RoPE tables (outside "
                     "FP4SelfAttention.forward: a recompute of the core attention alone?); recompute the "
                     "whole layer or set attention.fuse_rope=false"
                 )
-            (rope,) = self.rope_slot
+            (rope,) = rope_slot
         out_dtype = query.dtype
         q, k, v = (t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16) for t in (query, key, value))
         out = attention(
@@ -165,7 +170,8 @@ class FP4SelfAttention(SelfAttention):
 
     Raises:
         ValueError / NotImplementedError (construction): another core attention, ``fuse_rope`` off,
-            interleaved RoPE, YaRN's mscale, or selective recomputation of the core attention;
+            interleaved RoPE, ``fused_single_qkv_rope``, YaRN's mscale, or selective recomputation of
+            the core attention with a megatron-core that cannot pass it the tables (before 0.19);
         NotImplementedError (forward): inference (a KV cache / inference context, flash decode's
             cos/sin), partial rotary (freqs narrower than the head dim).
     """
@@ -179,19 +185,24 @@ class FP4SelfAttention(SelfAttention):
                 "attention.fuse_rope=true (use megatron-core's SelfAttention otherwise)"
             )
         why = None
-        if self.checkpoint_core_attention:
+        if self.checkpoint_core_attention and not _CHECKPOINT_TAKES_EXTRA_KWARGS:
             why = (
-                "selective recomputation of the core attention (recompute_modules has 'core_attn') would "
-                "recompute it without the RoPE tables; recompute the whole layer (recompute_granularity="
-                "'full')"
+                "selective recomputation of the core attention (recompute_modules has 'core_attn') needs "
+                "megatron-core's core_attention_extra_kwargs (0.19) to carry the RoPE tables into the "
+                "recompute; recompute the whole layer (recompute_granularity='full')"
             )
         elif getattr(self.config, "rotary_interleaved", False):
             why = "interleaved RoPE (rotary_interleaved=True) is not the layout the kernels rotate"
         elif getattr(self, "_yarn_concentration_factor", None) not in (None, 1.0):
             why = "YaRN's mscale is not implemented in the fused RoPE"
+        elif getattr(self.config, "fused_single_qkv_rope", False):
+            why = "fused_single_qkv_rope (TE's RoPE fused into the QKV split) applies RoPE itself"
         if why:
             raise NotImplementedError(f"attention.fuse_rope: {why}; or set attention.fuse_rope=false")
         core.rope_from_parent = True
+        # megatron-core's layers without RoPE (config.no_rope_freq; layer_number counts from 1)
+        no_rope = getattr(self.config, "no_rope_freq", None)
+        self.no_rope = bool(no_rope[self.layer_number - 1]) if no_rope else False
 
     def forward(
         self,
@@ -209,6 +220,15 @@ class FP4SelfAttention(SelfAttention):
         *,
         inference_params=None,
     ):
+        """megatron-core's ``Attention.forward`` (same arguments; hidden states ``[s, b, h]`` in,
+        ``(output [s, b, h], bias)`` out) with ``rotary_pos_emb`` (freqs ``[s, 1, 1, D]`` or a
+        ``(q, k)`` pair, or None) handed to the core attention as RoPE tables instead of applied
+        here; none for a layer that ``config.no_rope_freq`` marks.
+
+        Raises:
+            NotImplementedError: an inference context (KV cache), or RoPE as precomputed cos/sin
+                (flash decode); partial rotary (:func:`rope_tables_of`).
+        """
         if inference_context is not None or inference_params is not None:
             raise NotImplementedError(
                 "FP4SelfAttention (attention.fuse_rope) is for training: no inference context / KV cache; "
@@ -219,7 +239,9 @@ class FP4SelfAttention(SelfAttention):
                 "FP4SelfAttention takes RoPE as rotary_pos_emb (freqs), not as precomputed cos/sin (flash "
                 "decode); set attention.fuse_rope=false"
             )
-        tables = None if rotary_pos_emb is None else rope_tables_of(rotary_pos_emb, self.config.kv_channels)
+        tables = None
+        if rotary_pos_emb is not None and not self.no_rope:
+            tables = rope_tables_of(rotary_pos_emb, self.config.kv_channels)
         self.core_attention.rope_slot = (tables,)
         try:
             return super().forward(
@@ -234,6 +256,20 @@ class FP4SelfAttention(SelfAttention):
         finally:
             self.core_attention.rope_slot = None
 
+    def _checkpointed_attention_forward(self, *args, core_attention_extra_kwargs=None, **kwargs):
+        """megatron-core's selective recomputation of the core attention, with this forward's RoPE
+        tables passed to the core attention as a keyword (``rope_slot``): the recompute, which runs
+        in the backward after :meth:`forward` has returned, then uses the same tables."""
+        extra = {**(core_attention_extra_kwargs or {}), "rope_slot": self.core_attention.rope_slot}
+        return super()._checkpointed_attention_forward(*args, core_attention_extra_kwargs=extra, **kwargs)
+
+
+# megatron-core 0.19's _checkpointed_attention_forward passes extra keywords to the core attention
+# (older releases do not: selective recompute of the core attention is then refused)
+_CHECKPOINT_TAKES_EXTRA_KWARGS = (
+    "core_attention_extra_kwargs"
+    in inspect.signature(SelfAttention._checkpointed_attention_forward).parameters
+)
 
 # id(freqs) -> (weak reference to freqs, its version counter, its tables): megatron-core's
 # RotaryEmbedding returns one cached tensor per sequence length, so the tables are built once
@@ -248,7 +284,8 @@ def rope_tables_of(rotary_pos_emb, head_dim: int) -> RoPETables:
 
     Raises:
         NotImplementedError: freqs narrower than ``head_dim`` (partial rotary, ``rotary_percent`` < 1).
-        ValueError / TypeError: freqs of another shape or dtype (``RoPETables.from_angles``).
+        ValueError / TypeError: freqs of another shape or dtype (``RoPETables.from_angles``), or whose
+            halves differ (another RoPE layout; checked when a tensor is first seen).
     """
     pair = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb, rotary_pos_emb)
     q_emb, k_emb = pair
@@ -263,13 +300,25 @@ def rope_tables_of(rotary_pos_emb, head_dim: int) -> RoPETables:
                 f"{emb.shape[-1]} channels (rotary_percent < 1): set rotary_percent=1.0 or "
                 "attention.fuse_rope=false"
             )
+    half = head_dim // 2
+    if torch.is_inference_mode_enabled() or q_emb.is_inference() or k_emb.is_inference():
+        # inference tensors have no version counter, and tables made here cannot be saved for a
+        # backward: built for this call only, not cached
+        return RoPETables.from_angles(
+            q_emb[:, 0, 0, :half], None if k_emb is q_emb else k_emb[:, 0, 0, :half]
+        )
     key = (id(q_emb), id(k_emb))
     hit = _TABLES.get(key)
     if hit is not None:
         ref_q, ref_k, versions, tables = hit
         if ref_q() is q_emb and ref_k() is k_emb and versions == (q_emb._version, k_emb._version):
             return tables
-    half = head_dim // 2
+    for emb in pair:  # once per freqs tensor: megatron-core's non-interleaved layout, cat(theta, theta)
+        if not torch.equal(emb[..., :half], emb[..., half:]):
+            raise ValueError(
+                "attention.fuse_rope: rotary_pos_emb is not cat(theta, theta) over the head dim (megatron-"
+                "core's non-interleaved RoPE); set attention.fuse_rope=false for this RoPE layout"
+            )
     theta_q = q_emb[:, 0, 0, :half]
     theta_k = None if k_emb is q_emb else k_emb[:, 0, 0, :half]
     tables = RoPETables.from_angles(theta_q, theta_k)

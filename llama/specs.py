@@ -91,6 +91,10 @@ def layer_spec(config: LlamaConfig, *, core_attention: ModuleSpec | type | None 
             (:func:`core_attention_spec`), with :class:`fp4_attention.megatron.FP4SelfAttention` as
             the self-attention module when ``config.attention.fuse_rope`` is set. Tests pass
             megatron-core's ``DotProductAttention`` to compare against its own attention path.
+
+    Raises:
+        ValueError: another ``core_attention`` with ``config.attention.fuse_rope`` (RoPE would not
+            be fused), or as :func:`uses_transformer_engine`.
     """
     if uses_transformer_engine(config):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
@@ -100,9 +104,14 @@ def layer_spec(config: LlamaConfig, *, core_attention: ModuleSpec | type | None 
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         spec = get_gpt_layer_local_spec(qk_layernorm=False, normalization="RMSNorm")
+    if config.attention.fuse_rope and core_attention is not None:
+        raise ValueError(
+            "attention.fuse_rope needs our core attention (FP4CoreAttention applies RoPE); with another "
+            "core_attention set attention.fuse_rope=false"
+        )
     slot = core_attention if core_attention is not None else core_attention_spec(config)
     # attention.fuse_rope: RoPE applied by our core attention, not by megatron-core's SelfAttention
-    module = FP4SelfAttention if config.attention.fuse_rope and core_attention is None else None
+    module = FP4SelfAttention if config.attention.fuse_rope else None
     return _with_core_attention(spec, slot, self_attention=module)
 
 

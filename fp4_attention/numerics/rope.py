@@ -1,4 +1,4 @@
-"""Rotary position embedding (RoPE) of Q and K, as ``attention(..., rotary_angles=...)`` applies it
+"""Rotary position embedding (RoPE) of Q and K, as ``attention(..., rope=RoPETables)`` applies it
 before quantizing them.
 
 Megatron-core applies RoPE in ``Attention.forward`` and hands the core attention BF16 Q/K, which the
@@ -21,7 +21,7 @@ converted to FP32 (exact); each product is rounded to FP32 and the two are added
 multiply-add: the kernels are compiled with FP contraction off); the sum is rounded once to BF16.
 So the quantizers see exactly the BF16 tensor that an FP32 RoPE followed by a BF16 cast gives
 (Transformer Engine's fused RoPE computes the same sums, with its own in-kernel ``sincos`` and FMAs),
-and ``attention(q, k, v, rotary_angles=t)`` equals ``attention(apply_rope(q, *tables),
+and ``attention(q, k, v, rope=RoPETables.from_angles(t))`` equals ``attention(apply_rope(q, *tables),
 apply_rope(k, *tables), v)`` for every recipe and backend, forward and backward.
 
 Backward: ``y = R x`` per pair with ``R`` the rotation by ``theta``, so ``dL/dx = R^T dL/dy``:
@@ -123,18 +123,29 @@ class RoPETables:
             TypeError: a table that is not an FP32 tensor.
             ValueError: an odd head dim, a table of another shape, not contiguous, or on another device.
         """
+        if head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates channel pairs (i, i + D/2): the head dim must be even, got {head_dim}"
+            )
         for name, t, s in (
             ("cos_q", self.cos_q, sq),
             ("sin_q", self.sin_q, sq),
             ("cos_k", self.cos_k, sk),
             ("sin_k", self.sin_k, sk),
         ):
-            check_rotary_angles(t, s, head_dim, f"rope.{name}")
+            fix = "build the tables with RoPETables.from_angles(theta) on the device of q"
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+                got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"rope.{name} must be an FP32 table, got {got}; {fix}")
+            if tuple(t.shape) != (s, head_dim // 2):
+                raise ValueError(
+                    f"rope.{name} must be [seq, head_dim / 2] = [{s}, {head_dim // 2}] for this call, got "
+                    f"{tuple(t.shape)}; {fix} (theta [S, D/2] of these positions)"
+                )
             if not t.is_contiguous() or t.device != device:
                 raise ValueError(
                     f"rope.{name} must be contiguous and on {device} (the device of q), got "
-                    f"{t.device}{'' if t.is_contiguous() else ', not contiguous'}; build it with "
-                    "RoPETables.from_angles on that device"
+                    f"{t.device}{'' if t.is_contiguous() else ', not contiguous'}; {fix}"
                 )
 
 

@@ -74,10 +74,35 @@ def test_fused_quantizer_bytes_equal_the_reference(fmt):
 
 
 def _backends():
-    out = [("triton", "fp8"), ("triton", "nvfp4qk_fp8pv"), ("triton", "bf16")]
+    """(backend, recipe) pairs: the fused quantizer (fp8), the RoPE pass before the others (NVFP4, bf16,
+    fp8 with the Hadamard rotation or K per 64 keys)."""
+    out = [("triton", r) for r in ("fp8", "nvfp4qk_fp8pv", "bf16", "fp8+hadamard", "fp8+k64")]
     if torch.cuda.get_device_capability()[0] == 9:
-        out += [("cute", "fp8"), ("cute", "nvfp4qk_fp8pv")]
+        out += [("cute", r) for r in ("fp8", "nvfp4qk_fp8pv", "fp8+k64")]
     return out
+
+
+def _recipe(name: str):
+    from fp4_attention.numerics.recipes import with_k_scale_keys, with_qk_rotation
+
+    if name.endswith("+hadamard"):
+        return with_qk_rotation(name.removesuffix("+hadamard"), "hadamard", 3)
+    if name.endswith("+k64"):
+        return with_k_scale_keys(name.removesuffix("+k64"), 64)
+    return name
+
+
+def _close_per_pair(got: torch.Tensor, want: torch.Tensor) -> None:
+    """``got`` within 2^-6 of the larger of its channel pair (i, i + D/2) in ``want``: gradients whose
+    accumulation order varies (FP32 atomics) differ by a BF16 step before RoPE's transposed rotation,
+    which mixes the pair, so a step of the larger member can land in the smaller one."""
+    h = want.shape[-1] // 2
+    w = want.float().abs()
+    scale = torch.maximum(w[..., :h], w[..., h:]).repeat(*([1] * (w.dim() - 1)), 2)
+    err = (got.float() - want.float()).abs()
+    assert bool((err <= 2**-6 * scale + 1e-6).all()), (
+        f"max error over pair scale {(err / (scale + 1e-6)).max()}"
+    )
 
 
 @pytest.mark.parametrize("backend, recipe", _backends())
@@ -87,7 +112,7 @@ def test_attention_with_rope_equals_attention_of_roped_inputs(backend, recipe, d
     tables = fa.RoPETables.from_angles(_angles(s, d))
     q, k, v = (_sbhd(s, b, h, d, seed=i).permute(2, 0, 1, 3) for i, h in enumerate((hq, hkv, hkv)))
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    kw = dict(recipe=recipe, causal=True, layout="sbhd", backend=backend)
+    kw = dict(recipe=_recipe(recipe), causal=True, layout="sbhd", backend=backend)
     out = fa.attention(q, k, v, rope=tables, **kw)
     qr = rope_rows(q.detach().permute(1, 2, 0, 3), tables.cos_q, tables.sin_q).permute(2, 0, 1, 3)
     kr = rope_rows(k.detach().permute(1, 2, 0, 3), tables.cos_k, tables.sin_k).permute(2, 0, 1, 3)
@@ -99,9 +124,10 @@ def test_attention_with_rope_equals_attention_of_roped_inputs(backend, recipe, d
     dqr, dkr, dv_want = torch.autograd.grad(want, (qr, kr, v), dout)
     dq_want = rope_rows(dqr.permute(1, 2, 0, 3), tables.cos_q, tables.sin_q, grad=True).permute(2, 0, 1, 3)
     dk_want = rope_rows(dkr.permute(1, 2, 0, 3), tables.cos_k, tables.sin_k, grad=True).permute(2, 0, 1, 3)
-    if fa.backend_spec(backend).nondeterministic and recipe in fa.backend_spec(backend).nondeterministic:
+    if getattr(kw["recipe"], "name", kw["recipe"]) in fa.backend_spec(backend).nondeterministic:
         # FP32 atomics (cute's dQ, GQA dK/dV): the same sums in another order
-        for a, b_ in ((dq, dq_want), (dk, dk_want), (dv, dv_want)):
-            torch.testing.assert_close(a, b_, rtol=2**-7, atol=1e-3)
+        for a, b_ in ((dq, dq_want), (dk, dk_want)):
+            _close_per_pair(a, b_)
+        torch.testing.assert_close(dv, dv_want, rtol=2**-7, atol=1e-3)
     else:
         assert torch.equal(dq, dq_want) and torch.equal(dk, dk_want) and torch.equal(dv, dv_want)

@@ -1,19 +1,24 @@
 """``attention.fuse_rope``: megatron-core's SelfAttention hands RoPE to our core attention
 (``fp4_attention.megatron.FP4SelfAttention``). The tiny Llama with it gives bit for bit the loss and
 gradients of the same model whose megatron-core RoPE is replaced by our RoPE definition (so the
-plumbing, not the rounding, is what is compared); the tables are built once per freqs tensor; what
-cannot run is refused on construction."""
+plumbing, not the rounding, is what is compared), also with layers without RoPE
+(``no_rope_freq``) and under selective recomputation of the core attention; the tables are built
+once per freqs tensor; what cannot run is refused on construction."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
+from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.transformer import attention as mcore_attention
 
+import llama.builder
 from fp4_attention import AttentionConfig
 from fp4_attention.megatron import FP4CoreAttention, FP4SelfAttention, rope_tables_of
 from fp4_attention.numerics.rope import apply_rope, rope_tables
-from llama import build_gpt_model, preset
+from llama import build_gpt_model, layer_spec, preset
 
 from .conftest import tokens
 
@@ -32,17 +37,49 @@ def _loss_and_grads(model, cfg):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
-def test_fused_rope_model_equals_the_model_with_megatrons_rope_replaced(mcore, monkeypatch, recipe):
+def _with_transformer_config(monkeypatch, **fields):
+    """Build models whose megatron-core TransformerConfig has ``fields`` set (after its checks)."""
+    make = llama.builder.transformer_config
+
+    def patched(*args, **kwargs):
+        tc = make(*args, **kwargs)
+        for name, value in fields.items():
+            setattr(tc, name, value)
+        return tc
+
+    monkeypatch.setattr(llama.builder, "transformer_config", patched)
+
+
+def _pair(recipe, backend="reference"):
     torch.manual_seed(0)
-    fused_cfg = preset("tiny", attention=AttentionConfig(recipe=recipe, backend="reference", fuse_rope=True))
+    fused_cfg = preset("tiny", attention=AttentionConfig(recipe=recipe, backend=backend, fuse_rope=True))
     fused = build_gpt_model(fused_cfg)
     layer = fused.decoder.layers[0].self_attention
     assert isinstance(layer, FP4SelfAttention) and layer.core_attention.rope_from_parent
-    plain_cfg = preset("tiny", attention=AttentionConfig(recipe=recipe, backend="reference"))
+    plain_cfg = preset("tiny", attention=AttentionConfig(recipe=recipe, backend=backend))
     plain = build_gpt_model(plain_cfg)
     assert type(plain.decoder.layers[0].self_attention) is mcore_attention.SelfAttention
     plain.load_state_dict(fused.state_dict())  # same parameters and keys: nothing new to checkpoint
+    return fused, fused_cfg, plain, plain_cfg
+
+
+_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize(
+    "recipe, backend",
+    [
+        ("fp8", "reference"),
+        ("nvfp4qk_fp8pv", "reference"),
+        # the fused RoPE + FP8 quantizer kernel and the Triton RoPE pass in the model on the GPU
+        # (the triton backward is deterministic: bit for bit holds there too)
+        pytest.param("fp8", "triton", marks=_GPU),
+        pytest.param("nvfp4qk_fp8pv", "triton", marks=_GPU),
+    ],
+)
+def test_fused_rope_model_equals_the_model_with_megatrons_rope_replaced(mcore, monkeypatch, recipe, backend):
+    fused, fused_cfg, plain, plain_cfg = _pair(recipe, backend)
+    layer = fused.decoder.layers[0].self_attention
 
     loss_f, grads_f = _loss_and_grads(fused, fused_cfg)
     monkeypatch.setattr(mcore_attention, "apply_rotary_pos_emb", _our_rope_in_megatron)
@@ -52,6 +89,30 @@ def test_fused_rope_model_equals_the_model_with_megatrons_rope_replaced(mcore, m
     for name in grads_f:
         assert torch.equal(grads_f[name], grads_p[name]), name
     assert layer.core_attention.rope_slot is None  # cleared after the forward
+
+
+@pytest.mark.parametrize("case", ["no_rope_freq", "selective recompute"])
+def test_layers_without_rope_and_selective_recompute(mcore, monkeypatch, case):
+    if case == "no_rope_freq":  # megatron-core's layers without RoPE: every other one here
+        n = preset("tiny").num_layers
+        _with_transformer_config(monkeypatch, no_rope_freq=[i % 2 for i in range(n)])
+    else:  # the core attention recomputed in the backward, after FP4SelfAttention.forward returned
+        _with_transformer_config(
+            monkeypatch, recompute_granularity="selective", recompute_modules=["core_attn"]
+        )
+        # megatron-core's checkpoint saves and restores CUDA RNG states: none on a CPU (no dropout here)
+        monkeypatch.setattr(mcore_random, "_get_all_rng_states", lambda: ())
+        monkeypatch.setattr(mcore_random, "_set_all_rng_states", lambda *states: None)
+        monkeypatch.setattr(mcore_random, "_fork_rng", contextlib.nullcontext)
+    fused, fused_cfg, plain, plain_cfg = _pair("fp8")
+    if case == "selective recompute":
+        assert fused.decoder.layers[0].self_attention.checkpoint_core_attention
+    loss_f, grads_f = _loss_and_grads(fused, fused_cfg)
+    monkeypatch.setattr(mcore_attention, "apply_rotary_pos_emb", _our_rope_in_megatron)
+    loss_p, grads_p = _loss_and_grads(plain, plain_cfg)
+    assert torch.equal(loss_f, loss_p)
+    for name in grads_f:
+        assert torch.equal(grads_f[name], grads_p[name]), name
 
 
 def test_tables_are_built_once_per_freqs_tensor():
@@ -67,13 +128,23 @@ def test_tables_are_built_once_per_freqs_tensor():
         rope_tables_of(freqs[..., :32], 128)
     with pytest.raises(ValueError, match=r"\[s, 1, 1, D\] freqs"):
         rope_tables_of(freqs[:, 0], 64)
+    with pytest.raises(ValueError, match=r"not cat\(theta, theta\)"):  # e.g. interleaved freqs
+        rope_tables_of(torch.rand(12, 1, 1, 64), 64)
+    with torch.inference_mode():  # inference tensors: tables for this call only, never cached
+        fresh = torch.cat((theta, theta), -1)[:, None, None, :]
+        assert rope_tables_of(fresh, 64) is not rope_tables_of(fresh, 64)
 
 
 def test_what_fused_rope_cannot_run_is_refused(mcore):
-    with pytest.raises(NotImplementedError, match="selective recomputation of the core attention"):
-        _build_with(recompute_granularity="selective", recompute_modules=["core_attn"])
     with pytest.raises(NotImplementedError, match="interleaved RoPE"):
         _build_with(rotary_interleaved=True)
+    with pytest.raises(NotImplementedError, match="fused_single_qkv_rope"):
+        _build_with(fused_single_qkv_rope=True)
+    with pytest.raises(ValueError, match="attention.fuse_rope needs our core attention"):
+        layer_spec(
+            preset("tiny", attention=AttentionConfig(recipe="fp8", backend="reference", fuse_rope=True)),
+            core_attention=FP4CoreAttention,
+        )
     # the core attention without its parent's tables (a recompute of it alone) is refused
     model = build_gpt_model(
         preset("tiny", attention=AttentionConfig(recipe="fp8", backend="reference", fuse_rope=True))

@@ -157,6 +157,12 @@ def test_a_fused_rope_backend_gets_the_tables_and_its_gradients_are_rotated_back
         kw = dict(recipe="fp8", causal=True)
         out = fa.attention(q, k, v, rope=rope, backend="fused-rope-test", layout="sbhd", **kw)
         got_grads = _grads(out, (q, k, v))
+        # only q needs a gradient: K's is neither rotated back nor returned
+        q_only = q.detach().requires_grad_()
+        out_q = fa.attention(
+            q_only, k.detach(), v.detach(), rope=rope, backend="fused-rope-test", layout="sbhd", **kw
+        )
+        (dq_only,) = _grads(out_q, (q_only,))
     finally:
         backends._SPECS.pop("fused-rope-test")
         backends._INSTANCES.pop("fused-rope-test")
@@ -165,4 +171,5 @@ def test_a_fused_rope_backend_gets_the_tables_and_its_gradients_are_rotated_back
     assert torch.equal(out, want)
     for a, b in zip(got_grads, _grads(want, (q, k, v))):
         assert torch.equal(a, b)
+    assert torch.equal(dq_only, got_grads[0])
     assert not base.BackendSpec(name="x", impl="", recipes=()).fused_rope  # off unless declared
