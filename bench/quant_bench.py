@@ -33,7 +33,10 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   training step runs when megatron-core applies RoPE) and ``RoPE alone``. The fewest bytes of the
   first two are the fused quantizer's (Q/K read once, codes and scales written once; the FP32
   cos/sin tables, 1 MiB at S 4096, left out), so their ``of copy`` compare the same work; RoPE
-  alone reads and writes 2 B/element. Bytes checked equal to the unfused path's.
+  alone reads and writes 2 B/element. Then NVFP4 heads of Q with RoPE in both passes
+  (``rope.quantize_nvfp4_heads_rope``, heads per program swept) against RoPE, then
+  ``quantize_nvfp4_heads``, both counted at the NVFP4 heads' fewest bytes. Bytes checked equal to
+  the unfused paths'.
 
 The target of the forward issue: the quantizers at >= 70% of the copy's bandwidth. Two times per row:
 ``ms``, the median of ``triton.testing.do_bench`` (CUDA events around the call, L2 flushed between
@@ -293,13 +296,17 @@ def _rope_records(q, k, bw) -> list[dict]:
     """The ``rope`` rows (module docstring); none for a tree without ``backends/triton/rope.py``."""
     try:
         from fp4_attention import RoPETables
-        from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair
-        from fp4_attention.backends.triton.rope import quantize_fp8_rows_pair_rope, rope_rows
+        from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair, quantize_nvfp4_heads
+        from fp4_attention.backends.triton.rope import (
+            quantize_fp8_rows_pair_rope,
+            quantize_nvfp4_heads_rope,
+            rope_rows,
+        )
     except ImportError:
         return []
-    s = q.shape[2]
-    inv = 500000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32, device="cuda") / D)
-    t = RoPETables.from_angles(torch.arange(s, dtype=torch.float32, device="cuda")[:, None] * inv)
+    s, dev = q.shape[2], q.device
+    inv = 500000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32, device=dev) / D)
+    t = RoPETables.from_angles(torch.arange(s, dtype=torch.float32, device=dev)[:, None] * inv)
     tq, tk = (t.cos_q, t.sin_q), (t.cos_k, t.sin_k)
 
     def unfused():
@@ -331,6 +338,37 @@ def _rope_records(q, k, bw) -> list[dict]:
             )
         )
     out.append(_rec("RoPE, then the pair", shape, None, 4, unfused, fp8_rows_bytes(n, D), bw, True))
+    # NVFP4 (nvfp4qk_fp8pv's Q): RoPE in both passes against RoPE, then the two passes
+    nq = q.numel()
+    ref_nv = quantize_nvfp4_heads(rope_rows(q, *tq))
+    for heads in (4, 1, 2):
+        got = quantize_nvfp4_heads_rope(q, *tq, heads=heads)
+        same_nv = torch.equal(got[0].payload, ref_nv[0].payload) and torch.equal(got[1], ref_nv[1])
+        fn = lambda heads=heads: quantize_nvfp4_heads_rope(q, *tq, heads=heads)  # noqa: E731
+        out.append(
+            _rec(
+                f"nvfp4 heads + RoPE fused, {heads} heads/program",
+                "Q B4 H32 S4096",
+                None,
+                4,
+                fn,
+                nvfp4_heads_bytes(nq, D),
+                bw,
+                same_nv,
+            )
+        )
+    out.append(
+        _rec(
+            "RoPE, then nvfp4 heads",
+            "Q B4 H32 S4096",
+            None,
+            4,
+            lambda: quantize_nvfp4_heads(rope_rows(q, *tq)),
+            nvfp4_heads_bytes(nq, D),
+            bw,
+            True,
+        )
+    )
     out.append(
         _rec(
             "RoPE alone (Q and K)",

@@ -3,7 +3,7 @@
     python bench/sass_report.py [--block-m M --block-n N --num-warps W --num-stages S]  # default tiles
     python bench/sass_report.py --backward          # the dK/dV and dQ kernels at the backend's tiles
     python bench/sass_report.py --quant nvfp4       # a quantizer kernel (rows, nvfp4, v_amax, v_codes,
-                                                    # rows_pair, rope_pair: Q/K with RoPE, rope.py)
+                                                    # rows_pair, rope_pair, rope_nvfp4: with RoPE)
                                                     # (SASS_NVFP4_ROWS: nvfp4's rows per program, 16)
 
 For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
@@ -262,9 +262,19 @@ QUANT_KERNELS = {
         "_fp8_rope_pair_kernel D 128 E4M3 16 positions x 4 heads x 4 warps, FP contraction off "
         "(Q and K bodies)",
     ),
+    "rope_nvfp4": (
+        "_nvfp4_rope_rows_kernel",
+        {
+            **{n: "fp32" for n in ("AMAX", "GOUT", "TOK", "COS", "SIN")},
+            **{"X": "bf16", "BADH": "i32", "P": "u8", "SC": "u8", "DEC": "bf16"},
+        },
+        dict(D=128, ROWS=16, HEADS=4, FAST_DIV=True, BY_BITS=False),
+        4,
+        "_nvfp4_rope_rows_kernel D 128 16 positions x 4 heads x 4 warps, FP contraction off",
+    ),
 }
 # kernels of rope.py, compiled as they launch: FP contraction off, head counts (8 for K) not 16-divisible
-QUANT_ROPE = {"rope_pair"}
+QUANT_ROPE = {"rope_pair", "rope_nvfp4"}
 
 
 def compile_quant(name: str):

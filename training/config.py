@@ -10,7 +10,7 @@ error that lists the valid ones):
 | section | holds |
 |---|---|
 | ``model`` | ``preset`` + overrides of any :class:`llama.LlamaConfig` field (shapes, init_std, ...) |
-| ``attention`` | :class:`fp4_attention.AttentionConfig`: recipe (training), backend, options, qk_rotation, fuse_rope |
+| ``attention`` | :class:`fp4_attention.AttentionConfig`: recipe, backend, options, qk_rotation, fuse_rope |
 | ``projection`` | :class:`llama.ProjectionConfig`: ``precision`` (bf16, te_fp8 here) and the TE FP8 fields |
 | ``parallel`` | :class:`llama.ParallelConfig`: ``tensor``, ``pipeline``, ``context``, ``sequence_parallel`` |
 | ``data`` | ``corpus`` (``default`` or a list of ``{prefix, weight}``), tokenizer, seq_length, split, seed |

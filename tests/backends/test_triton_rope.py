@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fp4_attention as fa
-from fp4_attention.numerics.quant import quantize_fp8
+from fp4_attention.numerics.quant import nvfp4_global_scale, quantize_fp8, quantize_nvfp4
 from fp4_attention.numerics.rope import apply_rope, rope_grad
 
 pytestmark = pytest.mark.gpu
@@ -22,8 +22,12 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair  # noqa: E402
-from fp4_attention.backends.triton.rope import quantize_fp8_rows_pair_rope, rope_rows  # noqa: E402
+from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair, quantize_nvfp4_heads  # noqa: E402
+from fp4_attention.backends.triton.rope import (  # noqa: E402
+    quantize_fp8_rows_pair_rope,
+    quantize_nvfp4_heads_rope,
+    rope_rows,
+)
 
 
 def _angles(s: int, d: int, device="cuda") -> torch.Tensor:
@@ -73,6 +77,30 @@ def test_fused_quantizer_bytes_equal_the_reference(fmt):
     plain = quantize_fp8_rows_pair(rope_rows(q, tq.cos_q, tq.sin_q), rope_rows(k, tq.cos_k, tq.sin_k), fmt)
     for a, b in zip(got, plain):
         assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_nvfp4_quantizer_with_rope_equals_the_reference(d):
+    """``quantize_nvfp4_heads_rope``: payload, block scales, global scale, decode and per-token scale of
+    the reference NVFP4 of the RoPE'd tensor (per-head global scale), with a head holding a NaN, an
+    all-zero one, 6 heads (not a multiple of the heads per program) and a length that is not a
+    multiple of the positions per program; and the bytes of the unfused GPU path."""
+    s = 1000
+    tables = fa.RoPETables.from_angles(_angles(s, d))
+    x = _sbhd(s, 2, 6, d, seed=d)
+    x[1, 4, 7, 3] = float("nan")
+    x[0, 5] = 0.0
+    got, dec, tok = quantize_nvfp4_heads_rope(x, tables.cos_q, tables.sin_q)
+    y = apply_rope(x.cpu(), tables.cos_q.cpu(), tables.sin_q.cpu())
+    ref = quantize_nvfp4(y, nvfp4_global_scale(y, dims=(2, 3)))
+    assert torch.equal(got.payload.cpu(), ref.payload) and torch.equal(got.block_scale.cpu(), ref.block_scale)
+    assert _same_values(got.global_scale, ref.global_scale)
+    assert got.global_scale[0, 5].item() == 1.0 and got.global_scale[1, 4].isnan()
+    assert _same_values(dec, ref.scaled_payload().bfloat16())
+    assert _same_values(tok, ref.global_scale.reshape(2, 6, 1).expand(2, 6, s))
+    plain, plain_dec, plain_tok = quantize_nvfp4_heads(rope_rows(x, tables.cos_q, tables.sin_q))
+    assert torch.equal(got.payload, plain.payload) and torch.equal(got.block_scale, plain.block_scale)
+    assert _same_values(dec, plain_dec) and _same_values(tok, plain_tok)
 
 
 def _backends():

@@ -6,7 +6,8 @@ conversion is not the GPU's: it rounds ties away and can lose a carry, so the in
 is compared with the interpreted unfused one; ``tests/backends/test_triton_rope.py`` compares the GPU's
 bytes with the reference's), for Q and K of different heads, lengths and layouts (read in
 place from ``[S, B, H, D]`` memory), head counts that are not a multiple of the heads per program,
-lengths that are not a multiple of the positions per program, both FP8 formats, NaN/Inf rows, and
+lengths that are not a multiple of the positions per program, both FP8 formats, NaN/Inf rows (and,
+for ``quantize_nvfp4_heads_rope``, the poisoned heads and an all-zero one), and
 angles large enough that the products round differently with an FMA; and the refusals."""
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from __future__ import annotations
 def _interpreted_checks() -> list[str]:
     import torch
 
-    from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair
-    from fp4_attention.backends.triton.rope import quantize_fp8_rows_pair_rope, rope_rows
+    from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair, quantize_nvfp4_heads
+    from fp4_attention.backends.triton.rope import (
+        quantize_fp8_rows_pair_rope,
+        quantize_nvfp4_heads_rope,
+        rope_rows,
+    )
     from fp4_attention.numerics.rope import apply_rope, rope_grad, rope_tables
 
     def same(a, b) -> bool:
@@ -29,6 +34,10 @@ def _interpreted_checks() -> list[str]:
             a.isnan(), b.isnan()
         )
 
+    # uninitialized outputs filled (NaN, or the integer maximum): an element a kernel fails to write
+    # cannot hold the right value left in reused memory by an earlier call
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
     failed = []
     g = torch.Generator().manual_seed(0)
     sq, sk, d = 37, 21, 64
@@ -57,6 +66,22 @@ def _interpreted_checks() -> list[str]:
                     failed.append(f"pair {fmt} heads={heads} rows={rows} {part}")
                 if a.data.shape != b.data.shape or a.scale.shape != b.scale.shape:
                     failed.append(f"pair {fmt} {part}: shapes")
+    # NVFP4 (nvfp4qk_fp8pv's Q/K): both passes with RoPE against the unfused quantizer on apply_rope
+    kz = k.clone()
+    kz[1] = 0.0  # an all-zero batch: global scale 1
+    for name, x, (c, s) in (("q", q, (cq, sq_tab)), ("k", kz, (ck, sk_tab))):
+        want, want_dec, want_tok = quantize_nvfp4_heads(apply_rope(x, c, s))
+        for heads, rows in ((None, None), (4, 8), (1, 64)):
+            got, dec, tok = quantize_nvfp4_heads_rope(x, c, s, rows=rows, heads=heads)
+            ok = (
+                torch.equal(got.payload, want.payload)
+                and torch.equal(got.block_scale, want.block_scale)
+                and same_values(got.global_scale, want.global_scale)
+                and same_values(dec, want_dec)
+                and same_values(tok, want_tok)
+            )
+            if not ok:
+                failed.append(f"nvfp4 {name} heads={heads} rows={rows}")
     return failed
 
 

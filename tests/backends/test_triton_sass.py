@@ -181,3 +181,28 @@ def test_rope_kernels_compile_without_spills_and_without_fused_multiply_adds(d):
     )
     st = sass_stats(pair)
     assert st["STL"] == 0 and st["LDL"] == 0, st
+    nvfp4 = {
+        "head amax": compile_rope(
+            rope._head_amax_rope_kernel,
+            dict(X="bf16", AMAX="fp32", BAD="i32", **tables),
+            dict(D=d, ROWS=64, HEADS=4, BY_BITS=False),
+        ),
+        "rows": compile_rope(
+            rope._nvfp4_rope_rows_kernel,
+            dict(
+                X="bf16",
+                AMAX="fp32",
+                BADH="i32",
+                P="u8",
+                SC="u8",
+                DEC="bf16",
+                GOUT="fp32",
+                TOK="fp32",
+                **tables,
+            ),
+            dict(D=d, ROWS=2048 // d, HEADS=4, FAST_DIV=True, BY_BITS=False),
+        ),
+    }
+    for name, kernel in nvfp4.items():
+        st = sass_stats(kernel)
+        assert st["STL"] == 0 and st["LDL"] == 0, (name, st)

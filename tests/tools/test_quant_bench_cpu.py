@@ -1,7 +1,8 @@
 """``bench/quant_bench.py --kinds amax`` without a GPU: its launches of V's amax kernel and of the
 per-head amax kernel (every entry of V_AMAX_LAUNCHES and HEAD_AMAX_LAUNCHES, rows past the end
 included) run interpreted (``TRITON_INTERPRET=1``, in a subprocess) and give, on finite inputs, the
-amax of the first launch of their kind, which equals torch's (with a NaN, the flag). The timing
+amax of the first launch of their kind, which equals torch's (with a NaN, the flag). Its ``rope``
+rows likewise: every call runs, and the fused quantizers' bytes equal the unfused paths'. The timing
 itself needs the GPU.
 """
 
@@ -49,6 +50,15 @@ def _interpreted_checks() -> list[str]:
     want = x.float().abs().amax(dim=(2, 3)).flatten()
     if not (bad.tolist() == [0, 0, 0, 0, 0, 1] and torch.equal(amax[:5], want[:5])):
         failed.append(f"head amax {amax.tolist()} {bad.tolist()}, want {want.tolist()}")
+    # the rope kind's calls, small: every launch of ROPE_SWEEP and the NVFP4 heads, bytes checked
+    seen.clear()
+    q = (torch.randn(1, 4, 40, qb.D, generator=g) * 2).bfloat16()
+    k = torch.randn(1, 2, 40, qb.D, generator=g).bfloat16()
+    for r in qb._rope_records(q, k, 1.0):
+        if not r["bytes_equal_default"]:
+            failed.append(f"rope: {r['quantizer']} at {r['rows']}: bytes differ from the unfused path's")
+    if len(seen) != len(qb.ROPE_SWEEP) + 2 + 3 + 1:
+        failed.append(f"rope: {len(seen)} calls run: {seen}")
     return failed
 
 

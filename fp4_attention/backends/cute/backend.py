@@ -15,8 +15,8 @@ Scope, said plainly:
   products, V back in key order); FA4's postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV)
   accumulators into BF16.
 * Quantization of Q/K/V: the Triton quantizers (bytes equal ``numerics.quant``'s), with RoPE
-  (``attention(..., rope=...)``) applied inside the FP8 Q/K quantizer (``triton/rope.py``). The V quantizer
-  writes V transposed with its keys permuted within each 16
+  (``attention(..., rope=...)``) applied inside the FP8 and NVFP4 Q/K quantizers
+  (``triton/rope.py``). The V quantizer writes V transposed with its keys permuted within each 16
   (:data:`~fp4_attention.backends.pv_layout.V_PERM16`) and padded to a multiple of 16 keys, the
   kernel's operand; that is the ``v`` of the :class:`SavedState` this backend writes.
 * Layouts (recipe ``fp8``): the quantizers read Q/K (and V) in place from the caller's strides (the
@@ -54,7 +54,7 @@ from ..triton.quant import (
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
 )
-from ..triton.rope import quantize_fp8_rows_pair_rope, rope_rows
+from ..triton.rope import quantize_fp8_rows_pair_rope, quantize_nvfp4_heads_rope, rope_rows
 from . import SPEC
 
 try:
@@ -243,12 +243,14 @@ def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rop
     ``nvfp4qk_fp8pv``: Q and K NVFP4 (per-head global scale, 16-element E4M3 block scales) with their
     exact BF16 decodes and per-token global scales ``decoded = (s_b * q, s_b * k, g_q, g_k)`` (``g``
     FP32 ``[B, H, S]``), which feed the BF16 QK product (contract §1), and V as in
-    :func:`quantize_inputs` (Triton quantizers). With ``rope`` (a ``RoPETables``) Q and K are RoPE'd
-    first (``rope_rows``: one more pass; the NVFP4 quantizer does not apply it in its kernels yet)."""
+    :func:`quantize_inputs` (Triton quantizers). With ``rope`` (a ``RoPETables``) those of the RoPE'd
+    Q and K, RoPE applied in both passes of the quantizer (``quantize_nvfp4_heads_rope``)."""
     if rope is not None:
-        q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
-    q_s, q_dec, q_tok = quantize_nvfp4_heads(q)  # read in place; the global scale formed in the kernels
-    k_s, k_dec, k_tok = quantize_nvfp4_heads(k)
+        q_s, q_dec, q_tok = quantize_nvfp4_heads_rope(q, rope.cos_q, rope.sin_q)
+        k_s, k_dec, k_tok = quantize_nvfp4_heads_rope(k, rope.cos_k, rope.sin_k)
+    else:  # read in place; the global scale formed in the kernels
+        q_s, q_dec, q_tok = quantize_nvfp4_heads(q)
+        k_s, k_dec, k_tok = quantize_nvfp4_heads(k)
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec, q_tok, k_tok)
 
 

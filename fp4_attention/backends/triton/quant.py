@@ -877,14 +877,42 @@ def _nvfp4_rows_kernel(
         tl.store(TOK + r, g, mask=ok)
     else:
         g = tl.load(G + r, mask=ok, other=1.0)
+        g1 = 1.0  # unused: the fast division is decided per block
+    nvfp4_block_rows(x, g, g1, r, ok, P, SC, DEC, 0, ROWS, NB, D, HEAD_AMAX, FAST_DIV)
+
+
+@triton.jit
+def nvfp4_block_rows(
+    x,
+    g,
+    g1,
+    r,
+    ok,
+    P,
+    SC,
+    DEC,
+    C0: tl.constexpr,
+    ROWS: tl.constexpr,
+    NBX: tl.constexpr,
+    D: tl.constexpr,
+    HEAD_AMAX: tl.constexpr,
+    FAST_DIV: tl.constexpr,
+):
+    """NVFP4 of the 16-element blocks ``x [ROWS, NBX, 16]`` (FP32) of rows ``r`` (``ok``: the rows to
+    write), columns ``C0 .. C0 + 16 NBX`` of rows of ``D``, with the per-row global scale ``g
+    [ROWS]`` (``HEAD_AMAX``: one scale ``g1`` for them all, which decides the fast division): block
+    scales to SC ``[*, D / 16]``, packed E2M1 codes to P ``[*, D / 2]``, the exact decode ``s_b * q``
+    to DEC ``[*, D]`` (BF16). The body of ``_nvfp4_rows_kernel`` (whole rows, C0 = 0) and of the
+    RoPE'd rows kernel (``rope.py``: each half row)."""
+    NB: tl.constexpr = D // 16
     # one NaN-propagating max per element (the rows kernel's reason): the block's amax, NaN or Inf
     # for a block holding one; such a block's amax counts as 0, so its denominator is 0 and its
     # quotients 0 (the reference zeroes the block's x first: the same codes)
-    m_b = tl.reduce(tl.abs(x), 2, _max_propagating_nan)  # [ROWS, NB]
+    m_b = tl.reduce(tl.abs(x), 2, _max_propagating_nan)  # [ROWS, NBX]
     bad = (m_b != m_b) | (m_b == float("inf")) | ((g != g) | (tl.abs(g) == float("inf")))[:, None]
     amax_b = tl.where(bad, 0.0, m_b)
-    six = tl.full([ROWS, NB], 6.0, tl.float32)
-    gb = tl.broadcast_to(g[:, None], [ROWS, NB])
+    six = tl.full([ROWS, NBX], 6.0, tl.float32)
+    gb = tl.broadcast_to(g[:, None], [ROWS, NBX])
     s_real = tl.math.div_rn(tl.math.div_rn(amax_b, six), gb)
     s_code = tl.minimum(s_real, 448.0).to(tl.float8e4nv)
     s_b = s_code.to(tl.float32)
@@ -917,12 +945,15 @@ def _nvfp4_rows_kernel(
     # poisoned block decodes through a NaN scale (its sign is +), not a select per element
     s_dec = tl.where(bad, float("nan"), s_b)
     dec = ((val * s_dec[:, :, None]).to(tl.int32, bitcast=True) ^ sign).to(tl.float32, bitcast=True)
-    code2 = tl.reshape(code, [ROWS, D // 2, 2])
+    code2 = tl.reshape(code, [ROWS, NBX * 8, 2])
     lo, hi = tl.split(code2)
     packed = (lo | (hi << 4)).to(tl.uint8)
-    tl.store(P + r[:, None] * (D // 2) + tl.arange(0, D // 2)[None, :], packed, mask=ok[:, None])
-    tl.store(SC + r[:, None] * NB + tl.arange(0, NB)[None, :], s_bits.to(tl.uint8), mask=ok[:, None])
-    tl.store(DEC + r[:, None, None] * D + offs[None, :, :], dec.to(tl.bfloat16), mask=ok[:, None, None])
+    offs = tl.arange(0, NBX)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NBX, 16]
+    tl.store(P + r[:, None] * (D // 2) + (C0 // 2 + tl.arange(0, NBX * 8))[None, :], packed, mask=ok[:, None])
+    tl.store(
+        SC + r[:, None] * NB + (C0 // 16 + tl.arange(0, NBX))[None, :], s_bits.to(tl.uint8), mask=ok[:, None]
+    )
+    tl.store(DEC + r[:, None, None] * D + C0 + offs[None, :, :], dec.to(tl.bfloat16), mask=ok[:, None, None])
 
 
 @triton.jit
@@ -963,6 +994,19 @@ def _head_amax_kernel(
     tl.atomic_max(AMAX + bh, tl.where(bad, 0.0, m))
 
 
+def nvfp4_head_outputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The outputs of the NVFP4 quantizer with per-head global scale for ``x [B, H, S, D]``, empty:
+    ``(global scale [B, H, 1, 1] FP32, payload [B, H, S, D/2] uint8, block scales [B, H, S, D/16]
+    uint8, decode [B, H, S, D] BF16, per-token scale [B, H, S] FP32)``, contiguous."""
+    b, h, s, d = x.shape
+    g = torch.empty((b, h, 1, 1), dtype=torch.float32, device=x.device)
+    payload = torch.empty((b, h, s, d // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
+    dec = torch.empty((b, h, s, d), dtype=torch.bfloat16, device=x.device)
+    tok = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
+    return g, payload, scales, dec, tok
+
+
 def quantize_nvfp4_heads(
     x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4
 ) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
@@ -996,11 +1040,7 @@ def quantize_nvfp4_heads(
     amax, bad = zeroed_amax_and_flag((b * h,), x.device)
     block_s = 64
     _head_amax_kernel[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
-    g = torch.empty((b, h, 1, 1), dtype=torch.float32, device=x.device)
-    payload = torch.empty((b, h, s, d // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((b, h, s, d // 16), dtype=torch.uint8, device=x.device)
-    dec = torch.empty((b, h, s, d), dtype=torch.bfloat16, device=x.device)
-    tok = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
+    g, payload, scales, dec, tok = nvfp4_head_outputs(x)
     # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
     # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))

@@ -8,6 +8,10 @@ quantizer of Q and K with RoPE applied to the rows it loads.
 * :func:`quantize_fp8_rows_pair_rope`: the bytes of ``quant.quantize_fp8_rows_pair(apply_rope(q),
   apply_rope(k))`` in one launch that reads Q and K once and writes only their FP8 codes and scales:
   the roped BF16 Q/K never go through memory.
+* :func:`quantize_nvfp4_heads_rope`: the bytes of ``quant.quantize_nvfp4_heads(apply_rope(x))``
+  (``nvfp4qk_fp8pv``'s Q or K) in its two passes, each applying RoPE to the rows it reads: the
+  per-head amax of the RoPE'd rows, then the NVFP4 blocks of each half row
+  (``quant.nvfp4_block_rows``, the rows kernel's own body).
 
 Both kernels load a row as its two halves (channels ``i`` and ``i + D/2``, the pairs RoPE rotates),
 so no register shuffle is needed, and a program loads the ``cos``/``sin`` rows of its positions once
@@ -22,12 +26,21 @@ import torch
 import triton
 import triton.language as tl
 
-from ...numerics.quant import FP8_FORMATS, FP8Tensor
+from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
 from ..layouts import empty_in_layout_of
 from .launch import interpreted, launcher
-from .quant import _fp8_codes, _fp8_scale, _max_propagating_nan, _rows_option, check_int32_span
+from .quant import (
+    _fp8_codes,
+    _fp8_scale,
+    _max_propagating_nan,
+    _rows_option,
+    check_int32_span,
+    nvfp4_block_rows,
+    nvfp4_head_outputs,
+    zeroed_amax_and_flag,
+)
 
-__all__ = ["quantize_fp8_rows_pair_rope", "rope_rows"]
+__all__ = ["quantize_fp8_rows_pair_rope", "quantize_nvfp4_heads_rope", "rope_rows"]
 
 # positions per program and heads per program (the tables loaded once for HEADS heads)
 DEFAULT_ROWS = 16
@@ -220,6 +233,96 @@ def _fp8_rope_pair_kernel(
         )
 
 
+@triton.jit
+def _roped_rows(X, b, h, s, okh, sxb, sxh, sxs, c, sn, HALF: tl.constexpr, BY_BITS: tl.constexpr):
+    """The RoPE'd BF16 halves of rows ``s`` of head ``(b, h)``, as FP32 (the unfused path's values)."""
+    x1, x2 = _load_halves(X, b, h, s, okh, sxb, sxh, sxs, HALF)
+    y1, y2 = _rope_halves(x1, x2, c, sn, False)
+    return _round_bf16(y1, BY_BITS), _round_bf16(y2, BY_BITS)
+
+
+@triton.jit
+def _head_amax_rope_kernel(
+    X,
+    AMAX,
+    BAD,
+    COS,
+    SIN,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEADS: tl.constexpr,
+    BY_BITS: tl.constexpr,
+):
+    """``quant._head_amax_kernel`` of the RoPE'd ``X``: per (batch, head), the non-finite flag and the
+    amax of the finite blocks of rows, by atomic max; ROWS positions x HEADS heads per program (the
+    tables loaded once), program ``pid`` placed as ``_program_place`` places it."""
+    HALF: tl.constexpr = D // 2
+    s, ok, h0, b = _program_place(tl.program_id(0), SEQ, H, ROWS, HEADS)
+    c, sn = _load_tables(COS, SIN, s, ok, HALF)
+    for j in tl.static_range(HEADS):
+        h = h0 + j
+        y1, y2 = _roped_rows(X, b, h, s, ok & (h < H), sxb, sxh, sxs, c, sn, HALF, BY_BITS)
+        a = tl.reduce(_max_propagating_nan(tl.abs(y1), tl.abs(y2)), 1, _max_propagating_nan)
+        m = tl.reduce(a, 0, _max_propagating_nan)
+        bad = (m != m) | (m == float("inf"))
+        tl.atomic_max(BAD + b * H + h, bad.to(tl.int32), mask=h < H)
+        tl.atomic_max(AMAX + b * H + h, tl.where(bad, 0.0, m), mask=h < H)
+
+
+@triton.jit
+def _nvfp4_rope_rows_kernel(
+    X,
+    AMAX,
+    BADH,
+    P,
+    SC,
+    DEC,
+    GOUT,
+    TOK,
+    COS,
+    SIN,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEADS: tl.constexpr,
+    FAST_DIV: tl.constexpr,
+    BY_BITS: tl.constexpr,
+):
+    """``quant._nvfp4_rows_kernel`` (``HEAD_AMAX``) of the RoPE'd ``X``: each head's global scale from
+    its amax (AMAX, BADH: ``_head_amax_rope_kernel``), written to GOUT ``[B * H]`` and per row to TOK,
+    then the blocks of each half row (``nvfp4_block_rows``); ROWS positions x HEADS heads per
+    program."""
+    HALF: tl.constexpr = D // 2
+    NB: tl.constexpr = D // 16
+    s, ok, h0, b = _program_place(tl.program_id(0), SEQ, H, ROWS, HEADS)
+    c, sn = _load_tables(COS, SIN, s, ok, HALF)
+    for j in tl.static_range(HEADS):
+        h = h0 + j
+        okh = ok & (h < H)
+        bh = b * H + h
+        amax = tl.load(AMAX + bh, mask=h < H, other=0.0)
+        g1 = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 2688.0))
+        g1 = tl.where(tl.load(BADH + bh, mask=h < H, other=0) != 0, float("nan"), g1)
+        r = bh * SEQ + s
+        g = tl.full([ROWS], 1.0, tl.float32) * g1
+        tl.store(GOUT + bh + 0 * s, g, mask=(s == 0) & (h < H))  # by the program of position 0
+        tl.store(TOK + r, g, mask=okh)
+        y1, y2 = _roped_rows(X, b, h, s, okh, sxb, sxh, sxs, c, sn, HALF, BY_BITS)
+        x1 = tl.reshape(y1, [ROWS, NB // 2, 16])
+        x2 = tl.reshape(y2, [ROWS, NB // 2, 16])
+        nvfp4_block_rows(x1, g, g1, r, okh, P, SC, DEC, 0, ROWS, NB // 2, D, True, FAST_DIV)
+        nvfp4_block_rows(x2, g, g1, r, okh, P, SC, DEC, HALF, ROWS, NB // 2, D, True, FAST_DIV)
+
+
 def _check_input(x: torch.Tensor, who: str) -> torch.Tensor:
     """``x`` as the kernels read it: 4-D ``[B, H, S, D]`` with a unit last stride (copied otherwise),
     D even and a power of two (the halves are loaded as one block each).
@@ -312,6 +415,84 @@ def rope_rows(
             enable_fp_fusion=False,
         )
     return y
+
+
+def quantize_nvfp4_heads_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    rows: int | None = None,
+    heads: int | None = None,
+    num_warps: int = 4,
+) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
+    """``quant.quantize_nvfp4_heads(apply_rope(x, cos, sin))`` to the byte, RoPE applied in both of its
+    passes (module docstring).
+
+    Args:
+        x: CUDA ``[B, H, S, D]`` (BF16 or FP32), any strides with a unit last one (read in place), D a
+            power of two in [32, 256].
+        cos, sin: contiguous FP32 ``[S, D/2]`` (``numerics.rope.rope_tables``).
+        rows, heads, num_warps: the rows pass's positions per program (a power of two, default
+            2048 / D), heads per program (default 4) and warps: launch options, the bytes do not
+            depend on them.
+    Returns:
+        ``(NVFP4Tensor, decoded, token_scale)`` as :func:`quant.quantize_nvfp4_heads` returns them.
+    Raises:
+        ValueError: as :func:`quantize_fp8_rows_pair_rope`, D below 32, or S = 0.
+    """
+    who = "quantize_nvfp4_heads_rope"
+    x = _check_input(x, who)
+    _check_tables(x, cos, sin, who)
+    b, h, s, d = x.shape
+    if d < 32:
+        raise ValueError(
+            f"{who}: the head dim must be at least 32 (a half row holds whole 16-element blocks), got {d}"
+        )
+    if s == 0:
+        raise ValueError(f"{who}: no tokens (S = 0); the per-head global scale is undefined")
+    heads = _heads_option(heads)
+    layout = (h, s, *x.stride()[:3])
+    amax, bad = zeroed_amax_and_flag((b * h,), x.device)
+    amax_rows = 64
+    by_bits = interpreted()
+    launcher(_head_amax_rope_kernel)[(_programs(x, amax_rows, heads),)](
+        x,
+        amax,
+        bad,
+        cos,
+        sin,
+        *layout,
+        D=d,
+        ROWS=amax_rows,
+        HEADS=heads,
+        BY_BITS=by_bits,
+        num_warps=4,
+        enable_fp_fusion=False,
+    )
+    g, payload, scales, dec, tok = nvfp4_head_outputs(x)
+    rows = _rows_option(who, rows, max(1, 2048 // d))
+    launcher(_nvfp4_rope_rows_kernel)[(_programs(x, rows, heads),)](
+        x,
+        amax,
+        bad,
+        payload,
+        scales,
+        dec,
+        g,
+        tok,
+        cos,
+        sin,
+        *layout,
+        D=d,
+        ROWS=rows,
+        HEADS=heads,
+        FAST_DIV=not interpreted(),
+        BY_BITS=by_bits,
+        num_warps=num_warps,
+        enable_fp_fusion=False,
+    )
+    return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=g), dec, tok
 
 
 def _heads_option(heads: int | None) -> int:
