@@ -199,8 +199,8 @@ def attention(
             (``RoPETables.from_angles(theta)``, ``theta`` FP32 ``[S, D/2]``; build it once per step).
             The result equals attention of ``apply_rope(q)``, ``apply_rope(k)``, gradients to the
             un-rotated q and k. Backends that declare ``fused_rope`` (triton, cute) apply it inside
-            their Q/K quantizers (the ``fp8`` recipe's Q and K per token: one kernel that reads Q and
-            K once); for the others it runs first, as its own pass.
+            their Q/K quantizers (``fp8``: one kernel that reads Q and K once; ``nvfp4qk_fp8pv``:
+            both passes of the NVFP4 quantizer); for the others it runs first, as its own pass.
         options: the backend's options (its ``spec.options``; reference: ``block_n``,
             ``rescale_threshold``; triton: forward tiles; cute: ``tiles``).
     Returns:
