@@ -343,7 +343,16 @@ def _rope_records(q, k, bw) -> list[dict]:
     ref_nv = quantize_nvfp4_heads(rope_rows(q, *tq))
     for heads in (4, 1, 2):
         got = quantize_nvfp4_heads_rope(q, *tq, heads=heads)
-        same_nv = torch.equal(got[0].payload, ref_nv[0].payload) and torch.equal(got[1], ref_nv[1])
+        same_nv = all(
+            torch.equal(a.nan_to_num(), b.nan_to_num())
+            for a, b in (
+                (got[0].payload, ref_nv[0].payload),
+                (got[0].block_scale, ref_nv[0].block_scale),
+                (got[0].global_scale, ref_nv[0].global_scale),
+                (got[1], ref_nv[1]),
+                (got[2], ref_nv[2]),
+            )
+        )
         fn = lambda heads=heads: quantize_nvfp4_heads_rope(q, *tq, heads=heads)  # noqa: E731
         out.append(
             _rec(

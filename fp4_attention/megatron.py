@@ -20,11 +20,13 @@ returns ``[sq, b, np * hn]``. We pass them to ``attention(..., layout="sbhd")`` 
 RoPE inside the attention (``AttentionConfig.fuse_rope``): :class:`FP4SelfAttention`, megatron-core's
 ``SelfAttention`` with one change: it does not apply RoPE to Q and K but hands the step's RoPE
 tables to its :class:`FP4CoreAttention`, which passes them to ``attention(..., rope=...)``, where
-the quantizer of the ``fp8`` recipe applies it to the rows it loads (the roped BF16 Q/K are never
-written). Put it in the layer spec's ``self_attention.module`` (``llama.specs.layer_spec`` does when
-``attention.fuse_rope`` is set). The tables come from megatron-core's ``rotary_pos_emb`` (freqs
-``[s, 1, 1, D]`` = ``cat(theta, theta)``, non-interleaved): ``theta = freqs[:, 0, 0, :D/2]``, built
-once per freqs tensor (megatron-core caches the tensor per sequence length, so once per run).
+the Q/K quantizers of ``fp8`` and ``nvfp4qk_fp8pv`` apply it to the rows they load (the roped BF16
+Q/K are never written). Put it in the layer spec's ``self_attention.module``
+(``llama.specs.layer_spec`` does when ``attention.fuse_rope`` is set; our core attention with
+``fuse_rope`` under another self-attention module raises). The tables come from megatron-core's
+``rotary_pos_emb`` (freqs ``[s, 1, 1, D]`` = ``cat(theta, theta)``, non-interleaved):
+``theta = freqs[:, 0, 0, :D/2]``, built once per freqs tensor (megatron-core caches the tensor per
+sequence length, so once per run).
 Layers that ``config.no_rope_freq`` marks get no RoPE, as in megatron-core. Selective recomputation
 of the core attention passes the tables into its recompute (``core_attention_extra_kwargs``,
 megatron-core 0.19). Refused, with the alternative (``fuse_rope: false``): interleaved RoPE,
@@ -129,6 +131,12 @@ class FP4CoreAttention(MegatronModule):
         if attention_mask is not None:
             _check_mask(attention_mask, causal, query.shape[0], key.shape[0], query.shape[1])
         rope = None
+        if self.attention.fuse_rope and not self.rope_from_parent:
+            raise RuntimeError(
+                "FP4CoreAttention with attention.fuse_rope=true needs FP4SelfAttention as its self-attention "
+                "module (llama.specs.layer_spec puts it there); under megatron-core's SelfAttention RoPE "
+                "would not be fused"
+            )
         if rope_slot is None:  # FP4SelfAttention's recompute passes the slot of its forward
             rope_slot = self.rope_slot
         if self.rope_from_parent:
@@ -301,18 +309,14 @@ def rope_tables_of(rotary_pos_emb, head_dim: int) -> RoPETables:
                 "attention.fuse_rope=false"
             )
     half = head_dim // 2
-    if torch.is_inference_mode_enabled() or q_emb.is_inference() or k_emb.is_inference():
-        # inference tensors have no version counter, and tables made here cannot be saved for a
-        # backward: built for this call only, not cached
-        return RoPETables.from_angles(
-            q_emb[:, 0, 0, :half], None if k_emb is q_emb else k_emb[:, 0, 0, :half]
-        )
-    key = (id(q_emb), id(k_emb))
-    hit = _TABLES.get(key)
-    if hit is not None:
-        ref_q, ref_k, versions, tables = hit
-        if ref_q() is q_emb and ref_k() is k_emb and versions == (q_emb._version, k_emb._version):
-            return tables
+    inference = torch.is_inference_mode_enabled() or q_emb.is_inference() or k_emb.is_inference()
+    if not inference:
+        key = (id(q_emb), id(k_emb))
+        hit = _TABLES.get(key)
+        if hit is not None:
+            ref_q, ref_k, versions, tables = hit
+            if ref_q() is q_emb and ref_k() is k_emb and versions == (q_emb._version, k_emb._version):
+                return tables
     for emb in pair:  # once per freqs tensor: megatron-core's non-interleaved layout, cat(theta, theta)
         if not torch.equal(emb[..., :half], emb[..., half:]):
             raise ValueError(
@@ -322,6 +326,8 @@ def rope_tables_of(rotary_pos_emb, head_dim: int) -> RoPETables:
     theta_q = q_emb[:, 0, 0, :half]
     theta_k = None if k_emb is q_emb else k_emb[:, 0, 0, :half]
     tables = RoPETables.from_angles(theta_q, theta_k)
+    if inference:  # inference tensors have no version counter, and tables made here cannot be saved
+        return tables  # for a backward: built for this call only, not cached
     if len(_TABLES) >= _TABLES_MAX:
         _TABLES.clear()
     _TABLES[key] = (weakref.ref(q_emb), weakref.ref(k_emb), (q_emb._version, k_emb._version), tables)

@@ -8,14 +8,14 @@ take every value and a fused multiply-add would round the sum of products differ
 reference (the kernels are compiled with FP contraction off: ``enable_fp_fusion=False``).
 """
 
-import importlib.util
-
 import pytest
 import torch
 
 import fp4_attention as fa
 from fp4_attention.numerics.quant import nvfp4_global_scale, quantize_fp8, quantize_nvfp4
 from fp4_attention.numerics.rope import apply_rope, rope_grad
+
+from ..conftest import have_module
 
 pytestmark = pytest.mark.gpu
 
@@ -82,20 +82,31 @@ def test_fused_quantizer_bytes_equal_the_reference(fmt):
 @pytest.mark.parametrize("d", [64, 128])
 def test_nvfp4_quantizer_with_rope_equals_the_reference(d):
     """``quantize_nvfp4_heads_rope``: payload, block scales, global scale, decode and per-token scale of
-    the reference NVFP4 of the RoPE'd tensor (per-head global scale), with a head holding a NaN, an
-    all-zero one, 6 heads (not a multiple of the heads per program) and a length that is not a
-    multiple of the positions per program; and the bytes of the unfused GPU path."""
+    the reference NVFP4 of the RoPE'd tensor (per-head global scale), with a head holding a NaN, one
+    an Inf, an all-zero one, two whose global scales take the exact division, 6 heads (not a multiple
+    of the heads per program) and a length that is not a multiple of the positions per program; and
+    the bytes of the unfused GPU path."""
     s = 1000
     tables = fa.RoPETables.from_angles(_angles(s, d))
     x = _sbhd(s, 2, 6, d, seed=d)
     x[1, 4, 7, 3] = float("nan")
+    x[1, 3, 9, 1] = float("-inf")
     x[0, 5] = 0.0
+    # global scales far outside the fast division's range (2^-55 .. 2^51): those heads' programs divide
+    # with div_rn, a path only the GPU runs (the interpreter always does)
+    x[0, 1] *= 2.0**-100
+    x[1, 0] *= 2.0**100
     got, dec, tok = quantize_nvfp4_heads_rope(x, tables.cos_q, tables.sin_q)
     y = apply_rope(x.cpu(), tables.cos_q.cpu(), tables.sin_q.cpu())
     ref = quantize_nvfp4(y, nvfp4_global_scale(y, dims=(2, 3)))
     assert torch.equal(got.payload.cpu(), ref.payload) and torch.equal(got.block_scale.cpu(), ref.block_scale)
     assert _same_values(got.global_scale, ref.global_scale)
-    assert got.global_scale[0, 5].item() == 1.0 and got.global_scale[1, 4].isnan()
+    assert (
+        got.global_scale[0, 5].item() == 1.0
+        and got.global_scale[1, 4].isnan()
+        and got.global_scale[1, 3].isnan()
+    )
+    assert got.global_scale[0, 1].item() < 2.0**-90 and got.global_scale[1, 0].item() > 2.0**90
     assert _same_values(dec, ref.scaled_payload().bfloat16())
     assert _same_values(tok, ref.global_scale.reshape(2, 6, 1).expand(2, 6, s))
     plain, plain_dec, plain_tok = quantize_nvfp4_heads(rope_rows(x, tables.cos_q, tables.sin_q))
@@ -107,8 +118,13 @@ def _backends():
     """(backend, recipe) pairs: the fused quantizer (fp8), the RoPE pass before the others (NVFP4, bf16,
     fp8 with the Hadamard rotation or K per 64 keys)."""
     out = [("triton", r) for r in ("fp8", "nvfp4qk_fp8pv", "bf16", "fp8+hadamard", "fp8+k64")]
-    # the cute cases where its backend imports (the CUTLASS DSL: bench/cute_session.sh's call B)
-    if torch.cuda.get_device_capability()[0] == 9 and importlib.util.find_spec("cutlass") is not None:
+    # the cute cases where its backend can import: the CUTLASS DSL and flash-attn-4 (bench/cute_session.sh's
+    # call B; call A has the DSL's first part, not flash-attn-4)
+    if (
+        torch.cuda.get_device_capability()[0] == 9
+        and have_module("cutlass")
+        and have_module("flash_attn.cute")
+    ):
         out += [("cute", r) for r in ("fp8", "nvfp4qk_fp8pv", "fp8+k64")]
     return out
 

@@ -133,6 +133,8 @@ def test_tables_are_built_once_per_freqs_tensor():
     with torch.inference_mode():  # inference tensors: tables for this call only, never cached
         fresh = torch.cat((theta, theta), -1)[:, None, None, :]
         assert rope_tables_of(fresh, 64) is not rope_tables_of(fresh, 64)
+        with pytest.raises(ValueError, match=r"not cat\(theta, theta\)"):  # checked there too
+            rope_tables_of(torch.rand(12, 1, 1, 64), 64)
 
 
 def test_what_fused_rope_cannot_run_is_refused(mcore):
@@ -154,6 +156,10 @@ def test_what_fused_rope_cannot_run_is_refused(mcore):
     q = torch.zeros(8, 1, core.config.num_attention_heads, core.config.kv_channels)
     kv = torch.zeros(8, 1, core.config.num_query_groups, core.config.kv_channels)
     with pytest.raises(RuntimeError, match="without its RoPE tables"):
+        core(q, kv, kv, None)
+    # fuse_rope under megatron-core's own SelfAttention (a hand-built spec) would not fuse: refused
+    core.rope_from_parent = False
+    with pytest.raises(RuntimeError, match="needs FP4SelfAttention as its self-attention module"):
         core(q, kv, kv, None)
 
 
