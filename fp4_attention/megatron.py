@@ -297,7 +297,8 @@ def rope_tables_of(rotary_pos_emb, head_dim: int) -> RoPETables:
     """
     pair = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb, rotary_pos_emb)
     q_emb, k_emb = pair
-    for emb in pair:
+    distinct = (q_emb,) if k_emb is q_emb else pair  # self-attention: one tensor, checked once
+    for emb in distinct:
         if emb.dim() != 4 or emb.shape[1:3] != (1, 1):
             raise ValueError(
                 f"rotary_pos_emb must be megatron-core's [s, 1, 1, D] freqs, got {tuple(emb.shape)}"
@@ -317,7 +318,7 @@ def rope_tables_of(rotary_pos_emb, head_dim: int) -> RoPETables:
             ref_q, ref_k, versions, tables = hit
             if ref_q() is q_emb and ref_k() is k_emb and versions == (q_emb._version, k_emb._version):
                 return tables
-    for emb in pair:  # once per freqs tensor: megatron-core's non-interleaved layout, cat(theta, theta)
+    for emb in distinct:  # once per freqs tensor: megatron-core's non-interleaved layout, cat(theta, theta)
         if not torch.equal(emb[..., :half], emb[..., half:]):
             raise ValueError(
                 "attention.fuse_rope: rotary_pos_emb is not cat(theta, theta) over the head dim (megatron-"

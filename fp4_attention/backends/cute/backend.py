@@ -228,13 +228,13 @@ def quantize_inputs(
     # Q and K read in place from any [B, H, S, D] strides; per token, in one launch
     if rope is not None and k_scale_keys == 1:
         q_s, k_s = quantize_fp8_rows_pair_rope(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
-        return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True)
-    if rope is not None:
-        q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
-    if k_scale_keys == 1:
-        q_s, k_s = quantize_fp8_rows_pair(q, k)
     else:
-        q_s, k_s = quantize_fp8_rows(q), quantize_fp8_key_groups(k, k_scale_keys)
+        if rope is not None:  # K per group of keys: RoPE as its own pass first
+            q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
+        if k_scale_keys == 1:
+            q_s, k_s = quantize_fp8_rows_pair(q, k)
+        else:
+            q_s, k_s = quantize_fp8_rows(q), quantize_fp8_key_groups(k, k_scale_keys)
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True)
 
 

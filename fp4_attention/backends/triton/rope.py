@@ -135,6 +135,14 @@ def _rope_kernel(
 
 
 @triton.jit
+def _roped_rows(X, b, h, s, okh, sxb, sxh, sxs, c, sn, HALF: tl.constexpr, BY_BITS: tl.constexpr):
+    """The RoPE'd BF16 halves of rows ``s`` of head ``(b, h)``, as FP32 (the unfused path's values)."""
+    x1, x2 = _load_halves(X, b, h, s, okh, sxb, sxh, sxs, HALF)
+    y1, y2 = _rope_halves(x1, x2, c, sn, False)
+    return _round_bf16(y1, BY_BITS), _round_bf16(y2, BY_BITS)
+
+
+@triton.jit
 def _fp8_rope_program(
     pid,
     X,
@@ -163,10 +171,7 @@ def _fp8_rope_program(
     for j in tl.static_range(HEADS):
         h = h0 + j
         okh = ok & (h < H)
-        x1, x2 = _load_halves(X, b, h, s, okh, sxb, sxh, sxs, HALF)
-        y1, y2 = _rope_halves(x1, x2, c, sn, False)
-        y1 = _round_bf16(y1, BY_BITS)  # the roped BF16 Q/K the quantizer would have read
-        y2 = _round_bf16(y2, BY_BITS)
+        y1, y2 = _roped_rows(X, b, h, s, okh, sxb, sxh, sxs, c, sn, HALF, BY_BITS)
         # one NaN-propagating max per element pair, then one reduction over the half row
         amax = tl.reduce(_max_propagating_nan(tl.abs(y1), tl.abs(y2)), 1, _max_propagating_nan)
         scale, bad = _fp8_scale(amax, FMAX)
@@ -231,14 +236,6 @@ def _fp8_rope_pair_kernel(
             HEADS,
             BY_BITS,
         )
-
-
-@triton.jit
-def _roped_rows(X, b, h, s, okh, sxb, sxh, sxs, c, sn, HALF: tl.constexpr, BY_BITS: tl.constexpr):
-    """The RoPE'd BF16 halves of rows ``s`` of head ``(b, h)``, as FP32 (the unfused path's values)."""
-    x1, x2 = _load_halves(X, b, h, s, okh, sxb, sxh, sxs, HALF)
-    y1, y2 = _rope_halves(x1, x2, c, sn, False)
-    return _round_bf16(y1, BY_BITS), _round_bf16(y2, BY_BITS)
 
 
 @triton.jit
