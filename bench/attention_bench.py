@@ -26,8 +26,8 @@ of ``GRAPHED`` were captured: ``results/cute_graphed_h200``). cuDNN FP8 is not i
 ours through ``attention(..., rope=...)``, where the triton and cute backends apply it inside the
 ``fp8`` Q/K quantizer (``backends/triton/rope.py``) and RoPE's gradient after the backward; the BF16
 baselines (``cudnn_bf16+rope``, ``fa4_bf16+rope``) with RoPE as its own pass before the kernel (our
-Triton RoPE kernel, ``rope_rows``: one read and one write of Q and K at about copy speed, and its
-transposed rotation on dQ/dK). Their ``vs`` columns compare with the ``+rope`` baselines.
+Triton RoPE kernel, ``rope_rows_pair``: one read and one write of Q and K in one launch, and its
+transposed rotation on dQ/dK, also one launch). Their ``vs`` columns compare with the ``+rope`` baselines.
 
 Baselines measured in the same run: cuDNN BF16 and FlashAttention-2 through torch SDPA backends
 (GQA through ``enable_gqa``), and cuDNN FP8 attention through ``nvidia-cudnn-frontend``
@@ -51,7 +51,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa
-from fp4_attention.backends.rope import RoPEFunction, rope_op
+from fp4_attention.backends.rope import RoPEFunction, rope_pair_op
 from fp4_attention.backends.triton import backend as triton_backend
 from fp4_attention.numerics.recipes import ROTATION_RECIPES, with_qk_rotation
 from tools.fidelity import parse_recipe
@@ -101,8 +101,9 @@ def rope_tables_for(s: int) -> fa.RoPETables:
 
 
 def sdpa_fn(backend, q, k, v, causal, pass_, rope=None):
-    """torch SDPA with ``backend``; with ``rope`` (tables) RoPE runs first as its own pass (``rope_op``,
-    and ``RoPEFunction`` under autograd: its transposed rotation in the backward)."""
+    """torch SDPA with ``backend``; with ``rope`` (tables) RoPE runs first as its own pass
+    (``rope_pair_op``: Q and K in one launch, and ``RoPEFunction`` under autograd: its transposed
+    rotation in the backward, one launch for dQ and dK)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     be = {"cudnn_bf16": SDPBackend.CUDNN_ATTENTION, "fa2_bf16": SDPBackend.FLASH_ATTENTION}[backend]
@@ -112,11 +113,7 @@ def sdpa_fn(backend, q, k, v, causal, pass_, rope=None):
     def roped(a, b, grad):
         if rope is None:
             return a, b
-        if grad:
-            return RoPEFunction.apply(a, rope.cos_q, rope.sin_q), RoPEFunction.apply(
-                b, rope.cos_k, rope.sin_k
-            )
-        return rope_op(a, rope.cos_q, rope.sin_q), rope_op(b, rope.cos_k, rope.sin_k)
+        return RoPEFunction.apply(a, b, rope) if grad else rope_pair_op(a, b, rope)
 
     def fwd():
         qr, kr = roped(q, k, False)

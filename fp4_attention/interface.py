@@ -19,7 +19,7 @@ from .backends import (
     resolve_backend,
     restore_state,
 )
-from .backends.rope import RoPEFunction, rope_op
+from .backends.rope import RoPEFunction, rope_pair_op
 from .numerics.recipes import Recipe, get_recipe, with_qk_rotation
 from .numerics.rope import RoPETables
 from .numerics.rotation import check_rotation_head_dim
@@ -149,9 +149,9 @@ class _AttentionFunction(torch.autograd.Function):
         dq, dk, dv = get_backend(backend_name).backward(
             state, dout, recipe, causal=causal, softmax_scale=softmax_scale, **options
         )
-        if rope is not None:  # back from the RoPE'd Q/K, for the inputs that need a gradient
-            dq = rope_op(dq, rope.cos_q, rope.sin_q, grad=True) if ctx.needs_input_grad[0] else None
-            dk = rope_op(dk, rope.cos_k, rope.sin_k, grad=True) if ctx.needs_input_grad[1] else None
+        if rope is not None:  # back from the RoPE'd Q/K, for the inputs that need a gradient (one launch)
+            need_q, need_k = ctx.needs_input_grad[:2]
+            dq, dk = rope_pair_op(dq if need_q else None, dk if need_k else None, rope, grad=True)
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -245,12 +245,8 @@ def attention(
                 f"{type(rope).__name__}"
             )
         rope.check(qb.shape[2], kb.shape[2], qb.shape[-1], qb.device)
-        if not spec.fused_rope:  # RoPE as its own pass before this backend
-            if needs_grad:
-                qb = RoPEFunction.apply(qb, rope.cos_q, rope.sin_q)
-                kb = RoPEFunction.apply(kb, rope.cos_k, rope.sin_k)
-            else:
-                qb, kb = rope_op(qb, rope.cos_q, rope.sin_q), rope_op(kb, rope.cos_k, rope.sin_k)
+        if not spec.fused_rope:  # RoPE as its own pass (one launch for Q and K) before this backend
+            qb, kb = RoPEFunction.apply(qb, kb, rope) if needs_grad else rope_pair_op(qb, kb, rope)
             rope = None
     if needs_grad:
         out, lse = _AttentionFunction.apply(

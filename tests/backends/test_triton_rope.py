@@ -27,6 +27,7 @@ from fp4_attention.backends.triton.rope import (  # noqa: E402
     quantize_fp8_rows_pair_rope,
     quantize_nvfp4_heads_rope,
     rope_rows,
+    rope_rows_pair,
 )
 
 
@@ -58,6 +59,13 @@ def test_rope_rows_equals_the_reference(d):
         assert _same_values(y, apply_rope(*cpu)), (heads, rows)
         assert y.permute(2, 0, 1, 3).is_contiguous()  # written in the caller's [S, B, H, D] order
         assert _same_values(rope_rows(x, tables.cos_q, tables.sin_q, grad=True), rope_grad(*cpu))
+    # two tensors in one launch (dQ and dK of the backward): K contiguous, fewer heads, other positions
+    kt = fa.RoPETables.from_angles(_angles(1000, d))
+    k = torch.randn(2, 1, 1000, d, device="cuda").bfloat16()
+    k_cpu = (k.cpu(), kt.cos_q.cpu(), kt.sin_q.cpu())
+    for grad, fn in ((False, apply_rope), (True, rope_grad)):
+        yq, yk = rope_rows_pair(x, k, (tables.cos_q, tables.sin_q), (kt.cos_q, kt.sin_q), grad=grad)
+        assert _same_values(yq, fn(*cpu)) and _same_values(yk, fn(*k_cpu)), grad
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])

@@ -1,6 +1,7 @@
 """The Triton RoPE kernels without a GPU, interpreted (``TRITON_INTERPRET=1``, in a subprocess: the
 variable is read when the kernels are defined): ``rope_rows`` equals ``numerics.rope.apply_rope`` and
-``rope_grad`` to the bit (NaN where they give NaN), and ``quantize_fp8_rows_pair_rope`` equals
+``rope_grad`` to the bit (NaN where they give NaN), ``rope_rows_pair`` (two tensors, one launch)
+equals them too, and ``quantize_fp8_rows_pair_rope`` equals
 ``quantize_fp8_rows_pair`` of the reference's RoPE'd Q and K byte for byte (the interpreter's FP8
 conversion is not the GPU's: it rounds ties away and can lose a carry, so the interpreted fused kernel
 is compared with the interpreted unfused one; ``tests/backends/test_triton_rope.py`` compares the GPU's
@@ -21,6 +22,7 @@ def _interpreted_checks() -> list[str]:
         quantize_fp8_rows_pair_rope,
         quantize_nvfp4_heads_rope,
         rope_rows,
+        rope_rows_pair,
     )
     from fp4_attention.numerics.rope import apply_rope, rope_grad, rope_tables
 
@@ -57,6 +59,20 @@ def _interpreted_checks() -> list[str]:
                 failed.append(f"rope_rows {name} heads={heads} rows={rows}")
         if not same_values(rope_rows(x, c, s, grad=True), rope_grad(x, c, s)):
             failed.append(f"rope_rows grad {name}")
+    # Q (BF16, [S, B, H, D] memory) and K (FP32) of other heads and lengths in one launch, both ways
+    for grad, fn in ((False, apply_rope), (True, rope_grad)):
+        for heads, rows in ((4, 16), (5, 8)):
+            yq, yk = rope_rows_pair(q, k, (cq, sq_tab), (ck, sk_tab), grad=grad, rows=rows, heads=heads)
+            if not (same_values(yq, fn(q, cq, sq_tab)) and same_values(yk, fn(k, ck, sk_tab))):
+                failed.append(f"rope_rows_pair grad={grad} heads={heads} rows={rows}")
+            if yq.stride() != q.stride() or not yk.is_contiguous():  # each in its input's memory order
+                failed.append(f"rope_rows_pair grad={grad}: strides {yq.stride()} {yk.stride()}")
+    try:  # one head dim for both
+        rope_rows_pair(q, k[..., :32], (cq, sq_tab), (ck[:, :16], sk_tab[:, :16]))
+        failed.append("rope_rows_pair: two head dims not refused")
+    except ValueError as err:
+        if "one head dim and one device" not in str(err):
+            failed.append(f"rope_rows_pair: {err}")
     for fmt in ("e4m3", "e5m2"):
         for heads, rows in ((4, 16), (3, 8)):
             got = quantize_fp8_rows_pair_rope(q, k, (cq, sq_tab), (ck, sk_tab), fmt, rows=rows, heads=heads)

@@ -169,7 +169,7 @@ def test_rope_kernels_compile_without_spills_and_without_fused_multiply_adds(d):
         st = sass_stats(
             compile_rope(
                 rope._rope_kernel,
-                dict(X="bf16", Y="bf16", **tables),
+                dict(X="bf16", Y="bf16", **tables, X2="bf16", Y2="bf16", COS2="fp32", SIN2="fp32"),
                 dict(D=d, ROWS=16, HEADS=4, GRAD=grad, BY_BITS=False),
             )
         )

@@ -121,6 +121,20 @@ def test_attention_with_rope_equals_attention_of_roped_inputs(recipe, layout):
         assert torch.equal(fa.attention(q, k, v, rope=rope, layout=layout, **kw), out)
 
 
+def test_rope_pass_with_one_input_needing_a_gradient():
+    # the reference backend takes RoPE as its own pass (RoPEFunction over Q and K): a K without
+    # requires_grad gets none, and Q's gradient is the one of the call where both need one
+    q, k, v = _case("bshd")
+    rope = RoPETables.from_angles(_angles(48, scale=5.0))
+    kw = dict(recipe="fp8", causal=True, backend="reference")
+    dq_both = _grads(fa.attention(q, k, v, rope=rope, **kw), (q,))[0]
+    q_only = q.detach().requires_grad_()
+    k_plain = k.detach()
+    out = fa.attention(q_only, k_plain, v.detach(), rope=rope, **kw)
+    assert torch.equal(_grads(out, (q_only,))[0], dq_both)
+    assert k_plain.grad is None
+
+
 def test_rope_of_other_positions_for_k():
     q, k, v = _case("bshd", sq=16, sk=48)
     theta = _angles(48, scale=2.0)

@@ -12,7 +12,7 @@ SPEC = BackendSpec(
     head_dims=(64, 128),
     max_batch_heads=65535,  # its Triton quantizers and dO preparation put B * Hq on a grid's y axis
     options=("tiles",),
-    fused_rope=True,  # RoPE inside the FP8 and NVFP4 Q/K quantizers (triton/rope.py), else rope_rows first
+    fused_rope=True,  # RoPE inside the FP8 and NVFP4 Q/K quantizers (triton/rope.py), else rope_rows_pair
     k_scale_keys=(1, 64),  # 64: the forward folds each group's scale into its row factor (k_group)
     # fwd+bwd on the H200 (2026-12-02, 19f036c, results/cute_nvfp4_bwd_h200), cute (forward tiles
     # 128x128) vs triton: fp8 4.262 vs 10.841 ms at B4 H32/8 S4096 causal, 2.420 vs 3.034 at B1,

@@ -54,7 +54,7 @@ from ..triton.quant import (
     quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
 )
-from ..triton.rope import quantize_fp8_rows_pair_rope, quantize_nvfp4_heads_rope, rope_rows
+from ..triton.rope import quantize_fp8_rows_pair_rope, quantize_nvfp4_heads_rope, rope_rows_pair
 from . import SPEC
 
 try:
@@ -224,13 +224,13 @@ def quantize_inputs(
     that is not 1, the scale repeated per key: ``Recipe.k_scale_keys``), V E4M3 per channel,
     transposed and in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands`
     makes them the kernel's arguments. With ``rope`` (a ``RoPETables``) those of the RoPE'd Q and K:
-    inside the quantizer for Q and K per token, by ``rope_rows`` first for K per group of keys."""
+    inside the quantizer for Q and K per token, by ``rope_rows_pair`` first for K per group of keys."""
     # Q and K read in place from any [B, H, S, D] strides; per token, in one launch
     if rope is not None and k_scale_keys == 1:
         q_s, k_s = quantize_fp8_rows_pair_rope(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
     else:
         if rope is not None:  # K per group of keys: RoPE as its own pass first
-            q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
+            q, k = rope_rows_pair(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
         if k_scale_keys == 1:
             q_s, k_s = quantize_fp8_rows_pair(q, k)
         else:

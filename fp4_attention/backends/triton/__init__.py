@@ -13,7 +13,7 @@ SPEC = BackendSpec(
     max_batch_heads=65535,  # its kernels and quantizers put B * Hq on a grid's y axis
     options=("block_m", "block_n", "num_warps", "num_stages"),
     qk_rotations=("hadamard",),  # rotated in the Q/K quantizer kernels (quant.py)
-    fused_rope=True,  # RoPE inside the FP8 and NVFP4 Q/K quantizers (triton/rope.py), else rope_rows first
+    fused_rope=True,  # RoPE inside the FP8 and NVFP4 Q/K quantizers (triton/rope.py), else rope_rows_pair
     k_scale_keys=(1, 64),  # quant.quantize_fp8_key_groups; the kernels read the scale repeated per key
     # auto's choice for fp8 under deterministic mode (its backward has no atomics, so bitwise resume
     # holds), where cute's fp8 backward is passed over; otherwise cute's is faster (cute/__init__.py)

@@ -5,11 +5,11 @@ Quantization of Q/K/V runs in the Triton quantizers of ``quant.py`` (their bytes
 ``numerics.quant``'s; ``tests/backends/test_triton_quant.py``), with the recipe's Q/K rotation
 (``numerics/rotation.py``) applied inside them; the backward's dQ/dK are then unrotated from FP32
 by ``rotation.unrotate_rows``. RoPE (``attention(..., rope=...)``) is applied inside the per-token
-FP8 and the NVFP4 Q/K quantizers (``rope.py``), by ``rope.rope_rows`` before the others; dO is
-quantized to E5M2 with ``numerics.quant.quantize_fp8`` on the GPU. The attention products run in
-``kernels.py``. Forward saves the quantized payloads and scales, the output and the LSE, never BF16
-Q/K/V (for the FP8 recipes); its :class:`SavedState` holds V8 transposed, ``[B, Hkv, D, Sk]`` (the
-K-major B operand of the FP8 PV product).
+FP8 and the NVFP4 Q/K quantizers (``rope.py``), by ``rope.rope_rows_pair`` (Q and K in one launch)
+before the others; dO is quantized to E5M2 with ``numerics.quant.quantize_fp8`` on the GPU. The
+attention products run in ``kernels.py``. Forward saves the quantized payloads and scales, the
+output and the LSE, never BF16 Q/K/V (for the FP8 recipes); its :class:`SavedState` holds V8
+transposed, ``[B, Hkv, D, Sk]`` (the K-major B operand of the FP8 PV product).
 
 Supported: head dims 64 and 128; any sequence lengths, causal (bottom-right) or not, GQA. The
 Direct-P recipes (``nvfp4qk_mxfp4pv_fast`` / ``_accurate``, forward only) run in the same forward
@@ -39,7 +39,7 @@ from .quant import (
     quantize_nvfp4_heads,
     quantize_nvfp4_rows,
 )
-from .rope import quantize_fp8_rows_pair_rope, quantize_nvfp4_heads_rope, rope_rows
+from .rope import quantize_fp8_rows_pair_rope, quantize_nvfp4_heads_rope, rope_rows_pair
 from .rotation import rotated_row_amax, unrotate_rows
 
 __all__ = ["TritonBackend", "forward_operands", "launch_forward"]
@@ -73,7 +73,7 @@ def _quantize_qk_fast(q, k, recipe: Recipe, rope=None):
     Q/K rotation included: rotated inside the quantizer kernels). With ``rope`` (a ``RoPETables``)
     those of the RoPE'd Q/K: applied inside the per-token FP8 quantizer of Q and K
     (``rope.quantize_fp8_rows_pair_rope``) and the NVFP4 one (``rope.quantize_nvfp4_heads_rope``);
-    with a Q/K rotation, K per group of keys, or BF16 Q/K by ``rope.rope_rows`` first.
+    with a Q/K rotation, K per group of keys, or BF16 Q/K by ``rope.rope_rows_pair`` first.
 
     Returns ``(q_saved, k_saved, decoded)`` where ``decoded`` is the BF16 ``s_b * q`` pair for NVFP4.
     """
@@ -87,7 +87,7 @@ def _quantize_qk_fast(q, k, recipe: Recipe, rope=None):
             q_s, q_dec, _ = quantize_nvfp4_heads_rope(q, rope.cos_q, rope.sin_q)
             k_s, k_dec, _ = quantize_nvfp4_heads_rope(k, rope.cos_k, rope.sin_k)
             return q_s, k_s, (q_dec, k_dec)
-        q, k = rope_rows(q, rope.cos_q, rope.sin_q), rope_rows(k, rope.cos_k, rope.sin_k)
+        q, k = rope_rows_pair(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
     if recipe.qk == "fp8":  # read in place from any [B, H, S, D] strides
         if recipe.k_scale_keys == 1:  # Q and K per token, in one launch
             return (*quantize_fp8_rows_pair(q, k, signs=signs), None)

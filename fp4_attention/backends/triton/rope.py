@@ -4,7 +4,8 @@ quantizer of Q and K with RoPE applied to the rows it loads.
 * :func:`rope_rows`: ``apply_rope`` (or, with ``grad=True``, ``rope_grad``) of a ``[B, H, S, D]``
   tensor read in place from any strides with a unit last one, written BF16 in its memory order: the RoPE of
   the backends that quantize without it, the backward's ``R^T dQ`` / ``R^T dK``, and the benchmark's
-  RoPE in front of the BF16 baselines.
+  RoPE in front of the BF16 baselines; :func:`rope_rows_pair` does two tensors (Q and K, dQ and dK)
+  in one launch.
 * :func:`quantize_fp8_rows_pair_rope`: the bytes of ``quant.quantize_fp8_rows_pair(apply_rope(q),
   apply_rope(k))`` in one launch that reads Q and K once and writes only their FP8 codes and scales:
   the roped BF16 Q/K never go through memory.
@@ -40,7 +41,7 @@ from .quant import (
     zeroed_amax_and_flag,
 )
 
-__all__ = ["quantize_fp8_rows_pair_rope", "quantize_nvfp4_heads_rope", "rope_rows"]
+__all__ = ["quantize_fp8_rows_pair_rope", "quantize_nvfp4_heads_rope", "rope_rows", "rope_rows_pair"]
 
 # positions per program and heads per program (the tables loaded once for HEADS heads)
 DEFAULT_ROWS = 16
@@ -100,7 +101,8 @@ def _load_halves(X, b, h, s, okh, sxb, sxh, sxs, HALF: tl.constexpr):
 
 
 @triton.jit
-def _rope_kernel(
+def _rope_program(
+    pid,
     X,
     Y,
     COS,
@@ -119,8 +121,9 @@ def _rope_kernel(
     GRAD: tl.constexpr,
     BY_BITS: tl.constexpr,
 ):
+    """Program ``pid``'s rows of one tensor: RoPE (``GRAD``: its transpose), rounded to BF16."""
     HALF: tl.constexpr = D // 2
-    s, ok, h0, b = _program_place(tl.program_id(0), SEQ, H, ROWS, HEADS)
+    s, ok, h0, b = _program_place(pid, SEQ, H, ROWS, HEADS)
     c, sn = _load_tables(COS, SIN, s, ok, HALF)
     i = tl.arange(0, HALF)
     for j in tl.static_range(HEADS):
@@ -132,6 +135,70 @@ def _rope_kernel(
         # exact in BF16 after _round_bf16: the conversion that stores them rounds nothing
         tl.store(Y + dst, _round_bf16(y1, BY_BITS).to(tl.bfloat16), mask=okh[:, None])
         tl.store(Y + dst + HALF, _round_bf16(y2, BY_BITS).to(tl.bfloat16), mask=okh[:, None])
+
+
+@triton.jit
+def _rope_kernel(
+    X,
+    Y,
+    COS,
+    SIN,
+    H,
+    SEQ,
+    sxb,
+    sxh,
+    sxs,
+    syb,
+    syh,
+    sys,
+    X2,
+    Y2,
+    COS2,
+    SIN2,
+    H2,
+    SEQ2,
+    sxb2,
+    sxh2,
+    sxs2,
+    syb2,
+    syh2,
+    sys2,
+    n_programs,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEADS: tl.constexpr,
+    GRAD: tl.constexpr,
+    BY_BITS: tl.constexpr,
+):
+    """One tensor, or two in one launch: programs ``[0, n_programs)`` the first's, the rest the
+    second's (for one tensor the grid has ``n_programs`` programs and the second's arguments repeat the
+    first's)."""
+    pid = tl.program_id(0)
+    if pid < n_programs:
+        _rope_program(
+            pid, X, Y, COS, SIN, H, SEQ, sxb, sxh, sxs, syb, syh, sys, D, ROWS, HEADS, GRAD, BY_BITS
+        )
+    else:
+        _rope_program(
+            pid - n_programs,
+            X2,
+            Y2,
+            COS2,
+            SIN2,
+            H2,
+            SEQ2,
+            sxb2,
+            sxh2,
+            sxs2,
+            syb2,
+            syh2,
+            sys2,
+            D,
+            ROWS,
+            HEADS,
+            GRAD,
+            BY_BITS,
+        )
 
 
 @triton.jit
@@ -387,23 +454,60 @@ def rope_rows(
     Raises:
         ValueError: as :func:`quantize_fp8_rows_pair_rope`.
     """
-    x = _check_input(x, "rope_rows")
-    _check_tables(x, cos, sin, "rope_rows")
-    rows = _rows_option("rope_rows", rows, DEFAULT_ROWS)
+    return _rope_launch("rope_rows", [(x, cos, sin)], grad, rows, heads)[0]
+
+
+def rope_rows_pair(
+    x: torch.Tensor,
+    x2: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor],
+    tables2: tuple[torch.Tensor, torch.Tensor],
+    *,
+    grad: bool = False,
+    rows: int | None = None,
+    heads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_rows` of two tensors in one launch (Q and K, or the backward's dQ and dK): the
+    bits of ``(rope_rows(x, *tables), rope_rows(x2, *tables2))``, one launch instead of two.
+
+    Args:
+        x, x2: CUDA ``[B, H, S, D]`` and ``[B, H2, S2, D]`` (one head dim, one device), strides as
+            :func:`rope_rows` takes them.
+        tables, tables2: ``(cos, sin)`` of each one's positions, contiguous FP32 ``[S, D/2]``.
+        grad, rows, heads: as :func:`rope_rows`.
+    Returns:
+        ``(y, y2)`` BF16, each in its input's memory order.
+    Raises:
+        ValueError: as :func:`quantize_fp8_rows_pair_rope` (head dims or devices that differ too).
+    """
+    return tuple(_rope_launch("rope_rows_pair", [(x, *tables), (x2, *tables2)], grad, rows, heads))
+
+
+def _rope_launch(who: str, items: list, grad: bool, rows: int | None, heads: int | None) -> list:
+    """Checks ``items`` (``(x, cos, sin)``, one or two) and launches ``_rope_kernel`` over all of
+    them; returns the outputs."""
+    xs = [_check_input(x, who) for x, _, _ in items]
+    if len({(x.shape[-1], x.device) for x in xs}) > 1:
+        raise ValueError(
+            f"{who}: the tensors need one head dim and one device, got "
+            + ", ".join(f"{x.shape[-1]} on {x.device}" for x in xs)
+        )
+    for x, (_, cos, sin) in zip(xs, items):
+        _check_tables(x, cos, sin, who)
+    rows = _rows_option(who, rows, DEFAULT_ROWS)
     heads = _heads_option(heads)
-    y = empty_in_layout_of(x, x.shape)
-    if x.numel():
-        b, h, s, d = x.shape
-        launcher(_rope_kernel)[(_programs(x, rows, heads),)](
-            x,
-            y,
-            cos,
-            sin,
-            h,
-            s,
-            *x.stride()[:3],
-            *y.stride()[:3],
-            D=d,
+    ys = [empty_in_layout_of(x, x.shape) for x in xs]
+    operands = []
+    for x, y, (_, cos, sin) in zip(xs, ys, items):
+        operands.append([x, y, cos, sin, x.shape[1], x.shape[2], *x.stride()[:3], *y.stride()[:3]])
+    n_first = _programs(xs[0], rows, heads)
+    total = sum(_programs(x, rows, heads) for x in xs)
+    if total:
+        launcher(_rope_kernel)[(total,)](
+            *operands[0],
+            *operands[-1],  # one tensor: its own arguments again, never reached (n_first == total)
+            n_first,
+            D=xs[0].shape[-1],
             ROWS=rows,
             HEADS=heads,
             GRAD=grad,
@@ -411,7 +515,7 @@ def rope_rows(
             num_warps=4,
             enable_fp_fusion=False,
         )
-    return y
+    return ys
 
 
 def quantize_nvfp4_heads_rope(
