@@ -88,6 +88,32 @@ def _interpreted_checks() -> list[str]:
     fills = [op for op in ops.names if op in FILL_OPS]
     if fills != ["zeros"]:
         failed.append(f"the accumulators take the fills {fills}, not one")
+    # the caller's zeroed words instead (the CuTe backward's accumulator fill): no fill of its own,
+    # the same bytes (the last case has a non-finite head and an all-zero one: both words used)
+    kw = dict(lift=8, pad_to=pad, transposed=True, q_scale=qs, q8=q8)
+    want = quantize_dout_fused(dout, out, vs, lse, **kw)
+    zeroed = torch.zeros(2 * b * hq + 3)[3:]  # an offset view: the words need not start the storage
+    with OpNames() as ops:
+        got = quantize_dout_fused(dout, out, vs, lse, zeroed=zeroed, **kw)
+    if [op for op in ops.names if op in FILL_OPS]:
+        failed.append("zeroed: a fill of its own")
+    same = [
+        torch.equal(a.view(torch.uint8), c.view(torch.uint8))
+        for a, c in ((got.do_q.data, want.do_q.data), (got.dot, want.dot))
+    ]
+    same += [
+        torch.equal(a.nan_to_num(7.0), c.nan_to_num(7.0))
+        for a, c in ((got.s_do, want.s_do), (got.delta, want.delta))
+    ]
+    if not all(same):
+        failed.append(f"zeroed: other results {same}")
+    for bad in (torch.zeros(2 * b * hq + 1), torch.zeros(2 * b * hq, dtype=torch.int32)):
+        try:
+            quantize_dout_fused(dout, out, vs, lse, zeroed=bad, **kw)
+            failed.append(f"zeroed {bad.dtype} {tuple(bad.shape)} not refused")
+        except ValueError as err:
+            if "zeroed must be a contiguous FP32" not in str(err):
+                failed.append(f"zeroed: {err}")
     return failed
 
 

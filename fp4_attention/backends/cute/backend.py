@@ -339,7 +339,8 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
     payload from two Triton kernels (``triton.dout_quant``); the BF16 image of the K payload and V in
-    key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators with torch (one fill).
+    key order from one (``triton.bwd_kv``); the zeroed FP32 accumulators and the dO amax pass's
+    zeroed words with torch (one fill).
 
     ``fp8`` state (E4M3 Q/K): the BF16 operands of dK and dQ carry the token scales, ``qb`` =
     BF16(q8 * row) and ``kb`` = BF16(k8 * col2) (``row``, ``col2``: the Q and K token scales times
@@ -353,6 +354,13 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
     b, hq, sq, d = dout.shape
     hkv, sk = (k_s.shape if nvfp4 else k_s.data.shape)[1:3]
     v_scale = v_s.scale.squeeze(2).contiguous()  # [B, Hkv, D]
+    # one fill zeroes the FP32 accumulators the kernel bulk-adds into (dQ's, and for GQA dK's and
+    # dV's: contiguous slices whose offsets are multiples of tile_m * d * 4 bytes) and, after them,
+    # the dO amax pass's per-head amax and flag (2 * B * Hq words): one launch for both
+    dq_shape = (b, hq, _round_up(sq, tile_m) * d)
+    kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
+    n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
+    acc = torch.zeros(n_dq + 2 * n_kv + 2 * b * hq, dtype=torch.float32, device=dout.device)
     if nvfp4:  # the per-head scale expanded over the queries: read through its strides, not copied
         q_scale = q_s.global_scale.reshape(b, hq, 1).float().expand(b, hq, sq)
     else:
@@ -368,11 +376,11 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         q_scale=q_scale,
         qk_scale_log2=softmax_scale * LOG2E,
         q8=None if nvfp4 else q_s.data,
+        zeroed=acc[n_dq + 2 * n_kv :],
     )
     qb = decode_nvfp4_rows(q_s) if nvfp4 else dv.qb
     kv = backward_kv_operands(k_s, v_s.data, col2_scale=2.0**-LIFT)  # kb, v8, col, col2
     kb = kv["kb"]
-    dev = dout.device
     ops = dict(
         q8=qb if nvfp4 else q_s.data,
         qb=qb,
@@ -390,19 +398,13 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         s_do=dv.s_do,
         v_scale=v_scale,
     )
-    # the FP32 accumulators the kernel bulk-adds into, zeroed by one fill: dQ's, and for GQA dK's
-    # and dV's (each a contiguous slice; offsets are multiples of tile_m * d * 4 bytes)
-    dq_shape = (b, hq, _round_up(sq, tile_m) * d)
-    kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
-    n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
-    acc = torch.zeros(n_dq + 2 * n_kv, dtype=torch.float32, device=dev)
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
     if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
         ops["dv"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
     else:
         ops["dk"] = acc[n_dq : n_dq + n_kv].view(kv_shape)
-        ops["dv"] = acc[n_dq + n_kv :].view(kv_shape)
+        ops["dv"] = acc[n_dq + n_kv : n_dq + 2 * n_kv].view(kv_shape)
     return ops
 
 

@@ -154,6 +154,7 @@ def quantize_dout_fused(
     q_scale: torch.Tensor | None = None,
     qk_scale_log2: float = 0.0,
     q8: torch.Tensor | None = None,
+    zeroed: torch.Tensor | None = None,
 ) -> DoutOperands:
     """The FP8 backwards' dO operand and per-query vectors in two passes over dO (module docstring).
 
@@ -169,6 +170,9 @@ def quantize_dout_fused(
         q8: E4M3 ``[B, Hq, Sq, D]`` contiguous (the saved Q payload): also ``qb`` = ``BF16(q8 *
             q_scale * 2^-lift)`` (the CuTe backward's dK operand, ``reference_backward``'s ``fp8``
             placement of the token scales), in the same pass; needs ``transposed``.
+        zeroed: a zero-filled CUDA FP32 tensor of ``2 * B * Hq`` elements, contiguous, for the amax
+            pass's per-head amax and non-finite flag (the caller's fill of its own accumulators
+            covers it: one launch less); default a fill of their own.
     Returns:
         :class:`DoutOperands`. The codes and the scale equal ``backends.dout.quantize_dout``'s bytes
         (the GPU tests check it); D equals its value up to FP32 summation order.
@@ -204,7 +208,15 @@ def quantize_dout_fused(
     dev = dout.device
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
-    amax, bad = zeroed_amax_and_flag((b * hq,), dev)
+    if zeroed is None:
+        amax, bad = zeroed_amax_and_flag((b * hq,), dev)
+    elif zeroed.dtype != torch.float32 or zeroed.shape != (2 * b * hq,) or not zeroed.is_contiguous():
+        raise ValueError(
+            f"quantize_dout_fused: zeroed must be a contiguous FP32 [{2 * b * hq}] tensor (2 * B * Hq), "
+            f"got {zeroed.dtype} {tuple(zeroed.shape)}"
+        )
+    else:  # the same words as zeroed_amax_and_flag's: an FP32 amax, an int32 flag (zero bits both)
+        amax, bad = zeroed[: b * hq], zeroed[b * hq :].view(torch.int32)
     # the amax pass's launch: 32 to 256 queries per program, 4 or 8 warps, took the same time on the
     # H200 (results/prep_transpose_h200/README.md)
     block = 64
