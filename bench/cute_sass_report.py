@@ -42,9 +42,9 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
     from cutlass import cute
-    from flash_attn.cute.cute_dsl_utils import to_cute_tensor
 
     from fp4_attention.backends.cute.fwd_sm90 import FP8ForwardSm90
+    from fp4_attention.backends.cute.prebuild import cute_operand
 
     b, hkv, s, d = 1, 2, 512, head_dim
     hq = hkv * group
@@ -54,24 +54,18 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     vt = torch.zeros(b, hkv, d, s, dtype=torch.float8_e4m3fn).permute(0, 3, 1, 2)
     o = torch.empty(b, hq, s, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
     small = [torch.empty(b, hq, s), torch.ones(b, hq, s), torch.ones(b, hkv, s), torch.ones(b, hkv, d)]
-    args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)] + [
-        to_cute_tensor(vt, leading_dim=1),
-        to_cute_tensor(o, leading_dim=3),
+    # CUDA-tensor descriptors (prebuild.cute_operand): the kernel a GPU compiles, global memory
+    args = [cute_operand(t, leading_dim=3) for t in (q, k)] + [
+        cute_operand(vt, leading_dim=1),
+        cute_operand(o, leading_dim=3),
     ]
-    args += [to_cute_tensor(t, assumed_align=4, leading_dim=2) for t in small]
+    args += [cute_operand(t, assumed_align=4, leading_dim=2) for t in small]
     kernel = FP8ForwardSm90(
         d, group, causal, tile_m=tiles[0], tile_n=tiles[1], num_stages=tiles[2], **kernel_options
     )
-    try:  # the cubin is written before the host-side launcher needs a GPU tensor
-        cute.compile(
-            kernel,
-            *args,
-            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-            options="--enable-tvm-ffi",
-        )
-    except Exception as err:  # only "no GPU tensors" (the host launcher) is expected here
-        if "GPU" not in str(err) and "EnvStream" not in str(err):
-            raise
+    cute.compile(
+        kernel, *args, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi"
+    )
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -114,38 +108,42 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
 
 
 def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
-    """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on fake operands (no GPU):
+    """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on descriptors of CUDA operands
+    (``prebuild.cute_operand``, no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
     kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
     import cutlass
+    import torch
     from cutlass import cute
-    from quack.compile_utils import make_fake_tensor as fake
 
     from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
+    from fp4_attention.backends.cute.prebuild import cute_operand
 
     b, hkv, s, d = 1, 2, seq, head_dim
     hq = hkv * group
-    e4, e5, bf, f32 = cutlass.Float8E4M3FN, cutlass.Float8E5M2, cutlass.BFloat16, cutlass.Float32
+    e4, e5, bf = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
 
-    def bshd(h, dt):
-        return fake(dt, (b, s, h, d), divisibility=16)
+    def bshd(h, dt):  # a (B, S, H, D) view of [B, H, S, D] memory, as the backend passes them
+        return cute_operand(torch.zeros(b, h, s, d, dtype=dt).permute(0, 2, 1, 3), 3)
 
+    def vec(*shape, align=4):
+        return cute_operand(torch.zeros(shape), len(shape) - 1, align)
+
+    # CUDA-tensor descriptors (prebuild.cute_operand), in backend._bwd_args's order: the kernel a GPU compiles
     qk = bf if qk_bf16 else e4
     args = [bshd(hq, qk), bshd(hq, bf), bshd(hkv, qk), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
-    args.append(fake(e5, (b, s, hq, d), divisibility=16, leading_dim=1))  # dO^T, queries contiguous
-    args += [fake(f32, (b, hq, s), divisibility=4) for _ in range(4)]
-    args += [fake(f32, (b, hkv, s), divisibility=4) for _ in range(2)]
-    args += [fake(f32, (b, hq)), fake(f32, (b, hkv, d), divisibility=4)]
-    args.append(fake(f32, (b, hq, s * d), divisibility=4))
+    args.append(cute_operand(torch.zeros(b, hq, d, s, dtype=e5).permute(0, 3, 1, 2), 1))  # dO^T
+    args += [vec(b, hq, s) for _ in range(4)] + [vec(b, hkv, s) for _ in range(2)]
+    args += [vec(b, hq), vec(b, hkv, d), vec(b, hq, s * d, align=16)]
     if group == 1:
         args += [bshd(hkv, bf), bshd(hkv, bf)]
     else:
-        args += [fake(f32, (b, hkv, s * d), divisibility=4) for _ in range(2)]
+        args += [vec(b, hkv, s * d, align=16) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
         FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
-        f32(0.1),
+        cutlass.Float32(0.1),
         stream,
         options="--enable-tvm-ffi",
     )

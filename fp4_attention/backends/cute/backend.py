@@ -28,12 +28,15 @@ Scope, said plainly:
 * Compiled kernels are cached per (head dim, GQA group, causal, tiles); the first call of a key
   compiles (seconds; :data:`COMPILE_SECONDS` records each compile's wall time). With
   ``FP4_ATTENTION_CUTE_CACHE_DIR`` set they are also kept on disk and later processes load them
-  (``compile_cache.py``).
+  (``compile_cache.py``); a machine without a GPU can fill that cache (``prebuild.py``: the compile
+  functions take CPU stand-ins of their operands).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 
 import torch
@@ -60,12 +63,12 @@ from . import SPEC
 try:
     import cutlass
     from cutlass import cute
-    from flash_attn.cute.cute_dsl_utils import to_cute_tensor
     from flash_attn.cute.interface import _bwd_postprocess_convert
 
     from .bwd_sm90 import FP8BackwardSm90
     from .compile_cache import make_cache
     from .fwd_sm90 import LIFT, FP8ForwardSm90
+    from .prebuild import cute_operand
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
     raise ImportError(
         f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
@@ -143,15 +146,26 @@ def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dic
             d, group, causal, tile_m=tile_m, tile_n=tile_n, num_stages=stages, **kernel_options
         )
         q, k, vt, out, lse, row, col, vs = args
-        cute_args = [to_cute_tensor(t, leading_dim=3) for t in (q, k)]
-        cute_args.append(to_cute_tensor(vt, leading_dim=1))
-        cute_args.append(to_cute_tensor(out, leading_dim=3))
-        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=2) for t in (lse, row, col, vs)]
+        cute_args = [cute_operand(t, leading_dim=3) for t in (q, k)]
+        cute_args.append(cute_operand(vt, leading_dim=1))
+        cute_args.append(cute_operand(out, leading_dim=3))
+        cute_args += [cute_operand(t, assumed_align=4, leading_dim=2) for t in (lse, row, col, vs)]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         t0 = time.perf_counter()
         _CACHE[key] = cute.compile(kernel, *cute_args, stream, options="--enable-tvm-ffi")
-        COMPILE_SECONDS[key] = time.perf_counter() - t0
+        _record_compile(key, time.perf_counter() - t0)
     return _CACHE[key]
+
+
+def _record_compile(key: tuple, seconds: float) -> None:
+    """:data:`COMPILE_SECONDS`, and with ``FP4_ATTENTION_CUTE_COMPILE_LOG`` set one JSON line per
+    compile appended to that file (``{"key": ..., "seconds": ...}``): which kernels a run compiled
+    rather than loaded, e.g. those a prebuilt cache (``prebuild.py``) lacked."""
+    COMPILE_SECONDS[key] = seconds
+    path = os.environ.get("FP4_ATTENTION_CUTE_COMPILE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"key": repr(key), "seconds": round(seconds, 2)}) + "\n")
 
 
 def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False) -> None:
@@ -424,17 +438,17 @@ def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, s
     if key not in _CACHE:
         kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
-        cute_args = [to_cute_tensor(t, leading_dim=3) for t in args[:6]]
-        cute_args.append(to_cute_tensor(args[6], leading_dim=1))
-        cute_args += [to_cute_tensor(t, assumed_align=4, leading_dim=t.dim() - 1) for t in args[7:15]]
-        cute_args.append(to_cute_tensor(args[15], leading_dim=2))
-        cute_args += [to_cute_tensor(t, leading_dim=t.dim() - 1) for t in args[16:]]
+        cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
+        cute_args.append(cute_operand(args[6], leading_dim=1))
+        cute_args += [cute_operand(t, assumed_align=4, leading_dim=t.dim() - 1) for t in args[7:15]]
+        cute_args.append(cute_operand(args[15], leading_dim=2))
+        cute_args += [cute_operand(t, leading_dim=t.dim() - 1) for t in args[16:]]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         t0 = time.perf_counter()
         _CACHE[key] = cute.compile(
             kernel, *cute_args, cutlass.Float32(softmax_scale), stream, options="--enable-tvm-ffi"
         )
-        COMPILE_SECONDS[key] = time.perf_counter() - t0
+        _record_compile(key, time.perf_counter() - t0)
     return _CACHE[key]
 
 

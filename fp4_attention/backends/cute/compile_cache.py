@@ -14,7 +14,10 @@ The fingerprint changes with any of these, so a changed kernel is never loaded s
 - flash-attn-4's own source fingerprint (its CuTe sources, the CUTLASS DSL and TVM-FFI versions, Python);
 - the version of quack-kernels, whose layout and sm90 helpers the kernels trace (flash-attn-4 does not
   pin it, and its fingerprint leaves it out);
-- the target architecture (``CUTE_DSL_ARCH``, or the GPU's compute capability).
+- the target architecture (``CUTE_DSL_ARCH``, or the GPU's compute capability as the DSL names it).
+
+A machine without a GPU can fill the cache for a GPU one: ``prebuild.py``
+(``tools/prebuild_cute_kernels.py``).
 
 The cache stays off unless the variable is set. Export and load passed on the H200
 (``results/cute_prep_h200``: 24 cute tests took 102 s compiling, 14 s in a second process loading).
@@ -35,6 +38,10 @@ _SOURCES = (*sorted(_PACKAGE.glob("*.py")), _PACKAGE.parent / "pv_layout.py")
 
 
 def _target() -> str:
+    """The architecture the CUTLASS DSL compiles for: ``CUTE_DSL_ARCH``, else the GPU's, named as
+    the DSL names it when it detects one (``sm_90a`` on an H100/H200: the arch-specific target from
+    sm_90 on), so a cache filled on a CPU with ``CUTE_DSL_ARCH=sm_90a`` (``prebuild.py``) has the
+    fingerprint a GPU process computes without the variable."""
     arch = os.environ.get("CUTE_DSL_ARCH")
     if arch:
         return arch
@@ -42,7 +49,7 @@ def _target() -> str:
 
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}"
+        return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
     return "no-gpu"
 
 

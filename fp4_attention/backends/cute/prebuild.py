@@ -1,0 +1,221 @@
+"""The cute backend's kernels compiled without a GPU, into the on-disk kernel cache
+(``compile_cache.py``), so that the processes of a job load them instead of compiling them: build
+the cache once on a CPU machine (a login node), then run with ``FP4_ATTENTION_CUTE_CACHE_DIR``
+pointing at it (``tools/prebuild_cute_kernels.py``).
+
+How: the CUTLASS DSL compiles a kernel for a target named by ``CUTE_DSL_ARCH`` (``sm_90a``) from
+descriptors of its tensor arguments; no tensor memory is touched. :func:`cute_operand` is the one
+conversion of a torch tensor into a kernel argument, used by the backend's compile functions: a CUDA
+tensor goes through flash-attn-4's ``to_cute_tensor`` (as always), a CPU tensor becomes the
+descriptor of a CUDA tensor of the same dtype and rank, which compiles to the same kernel:
+
+* the same layout types as ``to_cute_tensor`` gives: every extent dynamic (32-bit), every stride
+  dynamic (64-bit) except the leading dim's 1, the alignment asked for;
+* global memory, and the calling convention of a CUDA tensor: device type CUDA, and FP8 passed as
+  its ``uint8`` storage with the E4M3 / E5M2 element type (``to_cute_tensor`` exports FP8 through a
+  ``uint8`` view, and the backend calls the kernels with ``uint8`` views), so a kernel compiled here
+  accepts the same arguments as one compiled on the GPU.
+
+Checked without a GPU (``tests/backends/test_cute_prebuild.py``): with the CPU's own memory space
+instead of global memory, the descriptors give the forward's SASS of ``to_cute_tensor`` on CPU
+tensors instruction for instruction (the backward's bulk copies need global memory, so CPU tensors
+do not compile it); with global memory, the forward's and the backward's kernel names are those of
+the H200's compiles (``results/``), and a loaded kernel's argument checks ask for CUDA tensors with
+E4M3 as ``uint8``. Whether the loaded kernels run on the H200 is for its GPU tests to show
+(``bench/cute_session.sh``).
+
+The calling-convention part sets a private attribute of the DSL's fake tensor
+(``_tvm_ffi_tensor``, read by ``cute/_tvm_ffi_args_spec_converter.py`` and ``cute/metadata.py`` of
+nvidia-cutlass-dsl 4.8); the cache's fingerprint includes the DSL's version, so another version
+never loads these kernels unchecked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import types
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["KernelKey", "SESSION_PRESETS", "cute_operand", "keys_for", "prebuild"]
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def cute_operand(t: torch.Tensor, leading_dim: int = -1, assumed_align: int = 16, *, device: str = "cuda"):
+    """The CuTe kernel argument for ``t``: ``to_cute_tensor(t, assumed_align, leading_dim)`` for a CUDA
+    tensor; for a CPU tensor, the descriptor of a CUDA tensor of its dtype and rank (module docstring;
+    ``device="cpu"``: of a CPU tensor, to compare with ``to_cute_tensor`` on one).
+
+    Args:
+        t: any ``torch.Tensor`` of BF16, FP32, E4M3, E5M2, uint8 or int32; only its dtype and rank
+            are read when it is not on a GPU.
+        leading_dim: the dim of stride 1 (negative counts from the end).
+        assumed_align: bytes the data pointer is assumed to be aligned to.
+    Raises:
+        ValueError: a dtype outside those.
+    """
+    from flash_attn.cute.cute_dsl_utils import to_cute_tensor
+
+    if t.is_cuda:
+        return to_cute_tensor(t, assumed_align=assumed_align, leading_dim=leading_dim)
+    return _descriptor(t.dtype, t.dim(), leading_dim % t.dim(), assumed_align, device)
+
+
+def _descriptor(dtype: torch.dtype, ndim: int, leading: int, assumed_align: int, device: str):
+    import cutlass
+    import tvm_ffi
+    from cutlass import cute
+    from cutlass.base_dsl.enums import AddressSpace
+
+    elements = {
+        torch.float8_e4m3fn: cutlass.Float8E4M3FN,
+        torch.float8_e5m2: cutlass.Float8E5M2,
+        torch.bfloat16: cutlass.BFloat16,
+        torch.float32: cutlass.Float32,
+        torch.uint8: cutlass.Uint8,
+        torch.int32: cutlass.Int32,
+    }
+    if dtype not in elements:
+        raise ValueError(f"cute_operand: no kernel argument of dtype {dtype}; use one of {list(elements)}")
+    shape = tuple(cute.sym_int() for _ in range(ndim))
+    stride = tuple(1 if i == leading else cute.sym_int64() for i in range(ndim))
+    memspace = AddressSpace.gmem if device == "cuda" else AddressSpace.generic
+    desc = cute.runtime.make_fake_tensor(
+        elements[dtype], shape, stride, memspace=memspace, assumed_align=assumed_align
+    )
+    storage = "uint8" if dtype in _FP8 else str(dtype).removeprefix("torch.")
+    desc._tvm_ffi_tensor = types.SimpleNamespace(
+        dtype=tvm_ffi.dtype(storage), device=tvm_ffi.device(device, 0)
+    )
+    return desc
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """One compiled kernel of the cute backend: ``kind`` ``"fwd"`` (``FP8ForwardSm90`` at ``tiles``,
+    with ``k_group``), ``"bwd"`` (``FP8BackwardSm90``) or ``"post"`` (flash-attn-4's FP32 -> BF16
+    postprocess of the backward's accumulators, for head dim ``d``); ``qk_bf16``: the
+    ``nvfp4qk_fp8pv`` kernels."""
+
+    kind: str
+    d: int
+    group: int = 1
+    causal: bool = False
+    tiles: tuple = ()
+    qk_bf16: bool = False
+    k_group: int = 0
+
+
+def _empty(*shape_dtype):
+    return [torch.empty((1,) * ndim, dtype=dtype) for ndim, dtype in shape_dtype]
+
+
+def _forward(key: KernelKey):
+    """The backend's own compile function, on CPU stand-ins of its operands (dtype and rank)."""
+    from . import backend
+
+    qk = torch.bfloat16 if key.qk_bf16 else torch.float8_e4m3fn
+    args = _empty((4, qk), (4, qk), (4, torch.float8_e4m3fn), (4, torch.bfloat16), *[(3, torch.float32)] * 4)
+    options = {"qk_bf16": True} if key.qk_bf16 else {}
+    if key.k_group:
+        options["k_group"] = key.k_group
+    return backend._compiled(key.d, key.group, key.causal, tuple(key.tiles), args, options)
+
+
+def _backward(key: KernelKey):
+    from . import backend
+
+    qk = torch.bfloat16 if key.qk_bf16 else torch.float8_e4m3fn
+    bf, f32, e4, e5 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2
+    # _bwd_args's order: q8, qb, k8, kb, v8, do8 (B, S, H, D); dO^T; stat, r, row, delta (B, Hq, Sq);
+    # col, col2 (B, Hkv, Sk); s_do (B, Hq); v_scale (B, Hkv, D); dq_accum (B, Hq, Sq_pad * D); dk, dv
+    args = _empty((4, qk), (4, bf), (4, qk), (4, bf), (4, e4), (4, e5), (4, e5), *[(3, f32)] * 6, (2, f32))
+    args += _empty((3, f32), (3, f32))
+    args += _empty((4, bf), (4, bf)) if key.group == 1 else _empty((3, f32), (3, f32))
+    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0)
+
+
+def _postprocess(key: KernelKey):
+    """flash-attn-4's postprocess kernels of ``postprocess_gradients`` (dQ; dK/dV), compiled by its
+    own fake-tensor path (``fake_mode``), into its cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``)."""
+    import cutlass
+    from flash_attn.cute.interface import _bwd_postprocess_convert
+
+    from .backend import BWD_TILES
+
+    post = dict(arch=90, dtype=cutlass.BFloat16, hdim=key.d, num_threads=256, swap_ab=False, fake_mode=True)
+    for block, atom in ((BWD_TILES[0], 1), (BWD_TILES[1], 2)):
+        _bwd_postprocess_convert(None, None, 1.0, None, None, block_size=block, atom_layout=atom, **post)
+
+
+def keys_for(
+    head_dims=(128,),
+    groups=(1, 4),
+    causal=(False, True),
+    tiles=None,
+    recipes=("fp8", "nvfp4qk_fp8pv"),
+    k_group=False,
+) -> list[KernelKey]:
+    """Every forward, backward and postprocess kernel of the cute backend for these head dims, GQA
+    groups, masks and recipes, the forward at ``tiles`` (default: the backend's
+    ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
+    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64."""
+    from .backend import default_tiles
+
+    keys = []
+    for d in head_dims:
+        keys.append(KernelKey("post", d))
+        for group, c, recipe in itertools.product(groups, causal, recipes):
+            bf16 = recipe == "nvfp4qk_fp8pv"
+            for t in tiles or [default_tiles(d)]:
+                keys.append(KernelKey("fwd", d, group, c, tuple(t), bf16))
+                if k_group and not bf16 and t[1] % 64 == 0:
+                    keys.append(KernelKey("fwd", d, group, c, tuple(t), False, 64))
+            keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
+    return list(dict.fromkeys(keys))
+
+
+# what a device session compiles: bench/attention_bench.py's shapes (D128, GQA 4 causal and MHA
+# non-causal, both recipes, the backend's tiles), and the GPU tests' main matrix (head dims 64/128,
+# GQA 1/4/6, both masks, both recipes, at both D128 defaults)
+SESSION_PRESETS = {
+    "bench": dict(head_dims=(128,), groups=(1, 4)),
+    "tests": dict(head_dims=(64, 128), groups=(1, 4, 6), tiles=[(128, 128, 2), (128, 192, 2)], k_group=True),
+}
+
+
+def prebuild(keys: list[KernelKey], log=print) -> dict:
+    """Compile ``keys`` for ``CUTE_DSL_ARCH`` (which must be set: no GPU is asked), each into the
+    cute backend's cache (``FP4_ATTENTION_CUTE_CACHE_DIR``) or flash-attn-4's
+    (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, postprocess); a key already there is loaded, not
+    compiled. Returns ``{"compiled": n, "loaded": n, "postprocess": n, "seconds": s}`` (this
+    package's kernels compiled and loaded; ``"post"`` keys done, which flash-attn-4's cache loads or
+    compiles without saying which).
+
+    Raises:
+        ValueError: ``CUTE_DSL_ARCH`` or one of the cache directories unset (the kernels would be
+            compiled for nothing).
+    """
+    for var in ("CUTE_DSL_ARCH", "FP4_ATTENTION_CUTE_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+        if not os.environ.get(var):
+            raise ValueError(f"prebuild: set {var} (tools/prebuild_cute_kernels.py sets all three)")
+    from . import backend
+
+    counts = {"compiled": 0, "loaded": 0, "postprocess": 0, "seconds": 0.0}
+    t0 = time.perf_counter()
+    for key in keys:
+        before = len(backend.COMPILE_SECONDS)
+        t = time.perf_counter()
+        {"fwd": _forward, "bwd": _backward, "post": _postprocess}[key.kind](key)
+        if key.kind == "post":
+            done = "postprocess"
+        else:
+            done = "compiled" if len(backend.COMPILE_SECONDS) > before else "loaded"
+        counts[done] += 1
+        log(f"{done:11s} {key} {time.perf_counter() - t:.1f} s")
+    counts["seconds"] = time.perf_counter() - t0
+    return counts
