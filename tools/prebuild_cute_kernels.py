@@ -85,12 +85,12 @@ def main(argv=None) -> int:
     env = _env(args.cache_dir.resolve(), args.arch)
     os.environ.update(env)
     from fp4_attention.backends.cute.backend import SUPPORTED_TILES
-    from fp4_attention.backends.cute.prebuild import SESSION_PRESETS, keys_for
+    from fp4_attention.backends.cute.prebuild import keys_for, preset_keys
 
     if args.tiles and any(t not in SUPPORTED_TILES for t in args.tiles):
         ap.error(f"--tiles: the backend takes {SUPPORTED_TILES}")
     if args.preset:
-        keys = keys_for(**SESSION_PRESETS[args.preset])
+        keys = preset_keys(args.preset)
     else:
         causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
         keys = keys_for(args.head_dims, args.groups, causal, args.tiles, args.recipes, args.k_group)

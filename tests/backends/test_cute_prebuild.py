@@ -233,16 +233,18 @@ def test_tool_fills_a_cache_that_the_next_run_loads(tmp_path):
 
 
 def test_session_presets_name_the_backends_kernels():
-    from fp4_attention.backends.cute.backend import SUPPORTED_TILES
-    from fp4_attention.backends.cute.prebuild import SESSION_PRESETS, keys_for
+    from fp4_attention.backends.cute.backend import SUPPORTED_TILES, default_tiles
+    from fp4_attention.backends.cute.prebuild import KernelKey, preset_keys
 
-    keys = keys_for(**SESSION_PRESETS["tests"])
+    keys = preset_keys("tests")
     fwd = [k for k in keys if k.kind == "fwd"]
     assert {k.tiles for k in fwd} <= set(SUPPORTED_TILES)
     assert len(keys) == len(set(keys))
-    # forward: 2 head dims x 3 groups x 2 masks x (2 recipes x 2 tiles + fp8 K per 64 keys x 2 tiles)
-    assert len(fwd) == 2 * 3 * 2 * 6 and sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2
-    bench = keys_for(**SESSION_PRESETS["bench"])
+    # forward: 2 head dims x 3 groups x 2 masks x (2 recipes x 2 tiles + fp8 K per 64 keys x 2 tiles),
+    # and small_gpu.yaml's head dim 64 GQA 3 causal, both recipes; backward likewise
+    assert len(fwd) == 2 * 3 * 2 * 6 + 2 and sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2
+    assert KernelKey("fwd", 64, 3, True, default_tiles(64), True) in keys
+    bench = preset_keys("bench")
     assert json.dumps(sorted({(k.kind, k.d) for k in bench})) == json.dumps(
         [["bwd", 128], ["fwd", 128], ["post", 128]]
     )

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KernelKey", "SESSION_PRESETS", "cute_operand", "keys_for", "prebuild"]
+__all__ = ["KernelKey", "SESSION_PRESETS", "cute_operand", "keys_for", "prebuild", "preset_keys"]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -179,13 +179,23 @@ def keys_for(
     return list(dict.fromkeys(keys))
 
 
-# what a device session compiles: bench/attention_bench.py's shapes (D128, GQA 4 causal and MHA
-# non-causal, both recipes, the backend's tiles), and the GPU tests' main matrix (head dims 64/128,
-# GQA 1/4/6, both masks, both recipes, at both D128 defaults)
+# what a device session compiles (keys_for arguments, one dict per group of keys): "bench",
+# bench/attention_bench.py's shapes (D128, GQA 4 causal and MHA non-causal, both recipes, the
+# backend's tiles); "tests", the GPU tests' main matrix (head dims 64/128, GQA 1/4/6, both masks,
+# both recipes, at both D128 defaults) and configs/small_gpu.yaml's model (the train step: head dim
+# 64, GQA 3, causal)
 SESSION_PRESETS = {
-    "bench": dict(head_dims=(128,), groups=(1, 4)),
-    "tests": dict(head_dims=(64, 128), groups=(1, 4, 6), tiles=[(128, 128, 2), (128, 192, 2)], k_group=True),
+    "bench": [dict(head_dims=(128,), groups=(1, 4))],
+    "tests": [
+        dict(head_dims=(64, 128), groups=(1, 4, 6), tiles=[(128, 128, 2), (128, 192, 2)], k_group=True),
+        dict(head_dims=(64,), groups=(3,), causal=(True,)),
+    ],
 }
+
+
+def preset_keys(name: str) -> list[KernelKey]:
+    """The keys of :data:`SESSION_PRESETS` ``name``, each once."""
+    return list(dict.fromkeys(k for kwargs in SESSION_PRESETS[name] for k in keys_for(**kwargs)))
 
 
 def prebuild(keys: list[KernelKey], log=print) -> dict:
