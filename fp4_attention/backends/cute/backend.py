@@ -85,6 +85,7 @@ __all__ = [
     "backward_operands",
     "default_tiles",
     "forward_fp8",
+    "forward_key",
     "kernel_operands",
     "postprocess_gradients",
     "triton_state",
@@ -138,8 +139,21 @@ def triton_state(state: SavedState) -> SavedState:
     )
 
 
+# FP8ForwardSm90's options at their defaults: left out of the compiled-kernel key, so that one
+# kernel has one key however its caller spells it (qk_bf16=False or nothing; prebuild.py's keys)
+_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0}
+
+
+def forward_key(d: int, group: int, causal: bool, tiles, kernel_options: dict) -> tuple:
+    """The compiled-kernel cache key of the forward (``_CACHE``, and on disk ``compile_cache``):
+    ``(d, group, causal, tiles, options)`` with the options that differ from
+    ``FP8ForwardSm90``'s defaults, sorted."""
+    options = {k: v for k, v in kernel_options.items() if _FWD_OPTION_DEFAULTS.get(k, object()) != v}
+    return (d, group, causal, tuple(tiles), tuple(sorted(options.items())))
+
+
 def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dict):
-    key = (d, group, causal, tiles, tuple(sorted(kernel_options.items())))
+    key = forward_key(d, group, causal, tiles, kernel_options)
     if key not in _CACHE:
         tile_m, tile_n, stages = tiles
         kernel = FP8ForwardSm90(
@@ -539,8 +553,8 @@ class CuteBackend:
             tiles=tiles,
             out_layout_of=q,  # the output in the caller's layout: no copy on the way back
             qk_bf16=recipe.qk == "nvfp4",
-            # K per k_scale_keys keys: the kernel folds each group's scale (k_group). Per token no
-            # option is passed, so the compiled-kernel cache key is the same as a plain forward_fp8's
+            # K per k_scale_keys keys: the kernel folds each group's scale (k_group); options at
+            # their defaults are left out of the compiled-kernel key (forward_key)
             **({"k_group": recipe.k_scale_keys} if recipe.k_scale_keys > 1 else {}),
         )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)

@@ -14,7 +14,11 @@ The fingerprint changes with any of these, so a changed kernel is never loaded s
 - flash-attn-4's own source fingerprint (its CuTe sources, the CUTLASS DSL and TVM-FFI versions, Python);
 - the version of quack-kernels, whose layout and sm90 helpers the kernels trace (flash-attn-4 does not
   pin it, and its fingerprint leaves it out);
-- the target architecture (``CUTE_DSL_ARCH``, or the GPU's compute capability as the DSL names it).
+- the target architecture (``CUTE_DSL_ARCH``, or the GPU's compute capability as the DSL names it);
+- the CUTLASS DSL's compiler library that compiles them, by name and SHA-256 (the DSL ships the
+  hash, ``_cutlass_ir_version_cu1X.py``): version 4.8.1 comes with a CUDA 12 and a CUDA 13 build,
+  which give different SASS for the same kernel (:func:`compiler_dso`); the DSL's version alone
+  does not tell them apart.
 
 A machine without a GPU can fill the cache for a GPU one: ``prebuild.py``
 (``tools/prebuild_cute_kernels.py``).
@@ -30,7 +34,7 @@ import importlib.metadata
 import os
 from pathlib import Path
 
-__all__ = ["ENV", "make_cache", "source_fingerprint"]
+__all__ = ["ENV", "compiler_dso", "make_cache", "source_fingerprint"]
 
 ENV = "FP4_ATTENTION_CUTE_CACHE_DIR"
 _PACKAGE = Path(__file__).resolve().parent
@@ -53,9 +57,32 @@ def _target() -> str:
     return "no-gpu"
 
 
+def compiler_dso() -> tuple[str, str]:
+    """``(flavour, "<file name>:<sha256>")`` of the CUTLASS DSL compiler library this process loaded:
+    flavour ``cu12`` or ``cu13`` (the CUDA build of nvidia-cutlass-dsl's libraries; ``unknown``
+    where the module's file name does not say), the name and the DSL's own SHA-256 of it (empty
+    where the DSL ships none)."""
+    import importlib
+    import sys
+
+    import cutlass  # noqa: F401  (loads the compiler library)
+
+    mod = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
+    name = os.path.basename(getattr(mod, "__file__", None) or "unknown")
+    parts = name.split(".")
+    flavour = parts[1] if len(parts) > 2 and parts[1].startswith("cu") else "unknown"
+    try:
+        stamps = importlib.import_module(f"cutlass._mlir._mlir_libs._cutlass_ir_version_{flavour}")
+        sha = stamps.DSO_SHA256.get(name, "")
+    except ImportError:
+        sha = ""
+    return flavour, f"{name}:{sha}"
+
+
 def source_fingerprint() -> str:
     """SHA-256 (hex, 16 characters) of the kernels' sources, flash-attn-4's fingerprint, the
-    quack-kernels version and the target architecture (module docstring)."""
+    quack-kernels version, the target architecture and the DSL's compiler library (module
+    docstring)."""
     from flash_attn.cute.cache_utils import _compute_source_fingerprint
 
     h = hashlib.sha256()
@@ -65,6 +92,7 @@ def source_fingerprint() -> str:
     h.update(_compute_source_fingerprint().encode())
     h.update(f"quack-kernels={importlib.metadata.version('quack-kernels')}".encode())
     h.update(_target().encode())
+    h.update(compiler_dso()[1].encode())
     return h.hexdigest()[:16]
 
 

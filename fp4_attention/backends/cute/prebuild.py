@@ -24,6 +24,11 @@ the H200's compiles (``results/``), and a loaded kernel's argument checks ask fo
 E4M3 as ``uint8``. Whether the loaded kernels run on the H200 is for its GPU tests to show
 (``bench/cute_session.sh``).
 
+Compile with the DSL build the GPU runs: nvidia-cutlass-dsl 4.8.1 comes with a CUDA 12 and a CUDA 13
+build of its compiler, which give different SASS for the same kernel; the cache's fingerprint tells
+them apart (``compile_cache.compiler_dso``), and ``tools/prebuild_cute_kernels.py --dsl-bundle``
+compiles with the GPU bundle's.
+
 The calling-convention part sets a private attribute of the DSL's fake tensor
 (``_tvm_ffi_tensor``, read by ``cute/_tvm_ffi_args_spec_converter.py`` and ``cute/metadata.py`` of
 nvidia-cutlass-dsl 4.8); the cache's fingerprint includes the DSL's version, so another version
@@ -120,10 +125,13 @@ def _forward(key: KernelKey):
 
     qk = torch.bfloat16 if key.qk_bf16 else torch.float8_e4m3fn
     args = _empty((4, qk), (4, qk), (4, torch.float8_e4m3fn), (4, torch.bfloat16), *[(3, torch.float32)] * 4)
-    options = {"qk_bf16": True} if key.qk_bf16 else {}
-    if key.k_group:
-        options["k_group"] = key.k_group
-    return backend._compiled(key.d, key.group, key.causal, tuple(key.tiles), args, options)
+    return backend._compiled(key.d, key.group, key.causal, tuple(key.tiles), args, forward_options(key))
+
+
+def forward_options(key: KernelKey) -> dict:
+    """The ``FP8ForwardSm90`` options of a ``"fwd"`` key, as ``CuteBackend.forward`` passes them
+    (``backend.forward_key`` leaves those at their defaults out of the cache key)."""
+    return {"qk_bf16": key.qk_bf16, **({"k_group": key.k_group} if key.k_group else {})}
 
 
 def _backward(key: KernelKey):

@@ -210,10 +210,15 @@ def quantize_dout_fused(
     sq16 = -(-sq // 16) * 16
     if zeroed is None:
         amax, bad = zeroed_amax_and_flag((b * hq,), dev)
-    elif zeroed.dtype != torch.float32 or zeroed.shape != (2 * b * hq,) or not zeroed.is_contiguous():
+    elif (
+        zeroed.dtype != torch.float32
+        or zeroed.shape != (2 * b * hq,)
+        or not zeroed.is_contiguous()
+        or zeroed.device != dev
+    ):
         raise ValueError(
-            f"quantize_dout_fused: zeroed must be a contiguous FP32 [{2 * b * hq}] tensor (2 * B * Hq), "
-            f"got {zeroed.dtype} {tuple(zeroed.shape)}"
+            f"quantize_dout_fused: zeroed must be a contiguous FP32 [{2 * b * hq}] tensor (2 * B * Hq) on "
+            f"{dev}, got {zeroed.dtype} {tuple(zeroed.shape)} on {zeroed.device}"
         )
     else:  # the same words as zeroed_amax_and_flag's: an FP32 amax, an int32 flag (zero bits both)
         amax, bad = zeroed[: b * hq], zeroed[b * hq :].view(torch.int32)
