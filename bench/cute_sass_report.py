@@ -8,7 +8,15 @@ count its SASS instructions.
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
 module, which must come before the first import of ``cutlass``); Triton's bundled
 ``cuobjdump`` disassembles it. Reports registers, stack, spill loads/stores (STL/LDL), QGMMA (FP8
-wgmma), MUFU.EX2 and F2FP (the E4M3 packing of P) counts.
+wgmma), MUFU.EX2 and F2FP (the E4M3 packing of P) counts. The operands are descriptors of CUDA
+tensors (``prebuild.cute_operand``), so the kernel is the one a GPU compiles.
+
+Which build of the DSL's compiler: the H200 runs the GPU bundle's CUDA 13 build, the CPU venv has the
+CUDA 12 one, and their SASS differ (2026-12-05, fp8 forward at 128x192: 754 against 756 instructions
+in the unmasked KV loop, 128x224: 32 against 29 spill stores; backward loop 462 against 468). For the
+H200's SASS run this with the bundle's DSL: ``source .gpu-bundle/install.sh .gpu-bundle /tmp/gpusite``
+(it exports PYTHONPATH), then ``.venv/bin/python bench/cute_sass_report.py ...``; the JSON's
+``dsl_compiler`` names the build (``compile_cache.compiler_dso``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,12 @@ if "CUTE_DSL_DUMP_DIR" not in os.environ:  # a temporary one, removed at exit
 DUMP_DIR = os.environ["CUTE_DSL_DUMP_DIR"]
 
 from sass_report import disassemble  # noqa: E402  (bench/, beside this file: Triton's cuobjdump)
+
+
+def _dsl_compiler() -> str:
+    from fp4_attention.backends.cute.compile_cache import compiler_dso
+
+    return compiler_dso()[0]
 
 
 def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **kernel_options) -> dict:
@@ -85,6 +99,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
         "group": group,
         "head_dim": head_dim,
         **kernel_options,
+        "dsl_compiler": _dsl_compiler(),
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         "STL": count("STL"),
@@ -169,6 +184,7 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dic
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
+        "dsl_compiler": _dsl_compiler(),
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         **counts,
