@@ -135,7 +135,7 @@ ROPE_SWEEP = [
     (8, 4),
     (32, 4),
     (32, 2),
-]  # positions x heads; default (16, 4)
+]  # positions x heads; rope.py's default (16, 2) since 2026-12-05 (PAIR_HEADS), (16, 4) before
 
 
 def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:

@@ -284,9 +284,12 @@ def test_session_presets_name_the_backends_kernels():
     fwd = [k for k in keys if k.kind == "fwd"]
     assert {k.tiles for k in fwd} <= set(SUPPORTED_TILES)
     assert len(keys) == len(set(keys))
-    # forward: 2 head dims x 3 groups x 2 masks x (2 recipes x 2 tiles + fp8 K per 64 keys x 2 tiles),
-    # and small_gpu.yaml's head dim 64 GQA 3 causal, both recipes; backward likewise
-    assert len(fwd) == 2 * 3 * 2 * 6 + 2 and sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2
+    # forward: 2 head dims x 3 groups x 2 masks x (2 recipes x 2 tiles + fp8 K per 64 keys x 2 tiles);
+    # small_gpu.yaml's head dim 64 GQA 3 causal, both recipes; the 128x64 and 128x96 tiles (2 head
+    # dims x GQA 4 x 2 masks x (2 recipes x 2 tiles + K per 64 keys at 128x64)); GQA 2 at D128
+    # non-causal (2 recipes x 2 tiles). Backward: each (head dim, group, mask, recipe) once
+    assert len(fwd) == 2 * 3 * 2 * 6 + 2 + 2 * 2 * 5 + 4
+    assert sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2 + 2
     assert KernelKey("fwd", 64, 3, True, default_tiles(64), True) in keys
     bench = preset_keys("bench")
     assert json.dumps(sorted({(k.kind, k.d) for k in bench})) == json.dumps(

@@ -190,13 +190,17 @@ def keys_for(
 # what a device session compiles (keys_for arguments, one dict per group of keys): "bench",
 # bench/attention_bench.py's shapes (D128, GQA 4 causal and MHA non-causal, both recipes, the
 # backend's tiles); "tests", the GPU tests' main matrix (head dims 64/128, GQA 1/4/6, both masks,
-# both recipes, at both D128 defaults) and configs/small_gpu.yaml's model (the train step: head dim
-# 64, GQA 3, causal)
+# both recipes, at both D128 defaults), configs/small_gpu.yaml's model (the train step: head dim
+# 64, GQA 3, causal) and the rest of what the GPU tests compile
 SESSION_PRESETS = {
     "bench": [dict(head_dims=(128,), groups=(1, 4))],
     "tests": [
         dict(head_dims=(64, 128), groups=(1, 4, 6), tiles=[(128, 128, 2), (128, 192, 2)], k_group=True),
         dict(head_dims=(64,), groups=(3,), causal=(True,)),
+        # what the session of 2026-12-05 still compiled on the GPU (its compile_log.jsonl): the other
+        # tiles of test_other_tiles_match_reference, and GQA 2 at D128 non-causal
+        dict(head_dims=(64, 128), groups=(4,), tiles=[(128, 64, 2), (128, 96, 2)], k_group=True),
+        dict(head_dims=(128,), groups=(2,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)]),
     ],
 }
 

@@ -43,9 +43,15 @@ from .quant import (
 
 __all__ = ["quantize_fp8_rows_pair_rope", "quantize_nvfp4_heads_rope", "rope_rows", "rope_rows_pair"]
 
-# positions per program and heads per program (the tables loaded once for HEADS heads)
+# positions per program and heads per program (the tables loaded once for HEADS heads). Heads per
+# program by kernel, from one H200 run (2026-12-05, results/session_2026-12-05_h200/quant_bench_h200.md,
+# Q B4 H32 + K B4 H8 S4096 D128, 16 positions): the fused FP8 pair 0.1169 ms at 4 heads, 0.1076 at 2,
+# 0.1113 at 1, 0.1099 at 8; the NVFP4 quantizer 0.2051 at 4, 0.1910 at 1, 0.2142 at 2. rope_rows
+# (RoPE alone) was timed at 4 only.
 DEFAULT_ROWS = 16
 DEFAULT_HEADS = 4
+PAIR_HEADS = 2
+NVFP4_HEADS = 1
 
 
 @triton.jit
@@ -535,8 +541,8 @@ def quantize_nvfp4_heads_rope(
             power of two in [32, 256].
         cos, sin: contiguous FP32 ``[S, D/2]`` (``numerics.rope.rope_tables``).
         rows, heads, num_warps: the rows pass's positions per program (a power of two, default
-            2048 / D), heads per program (default 4) and warps: launch options, the bytes do not
-            depend on them.
+            2048 / D), heads per program (default :data:`NVFP4_HEADS`, 1) and warps: launch options,
+            the bytes do not depend on them.
     Returns:
         ``(NVFP4Tensor, decoded, token_scale)`` as :func:`quant.quantize_nvfp4_heads` returns them.
     Raises:
@@ -552,7 +558,7 @@ def quantize_nvfp4_heads_rope(
         )
     if s == 0:
         raise ValueError(f"{who}: no tokens (S = 0); the per-head global scale is undefined")
-    heads = _heads_option(heads)
+    heads = _heads_option(heads, NVFP4_HEADS)
     layout = (h, s, *x.stride()[:3])
     amax, bad = zeroed_amax_and_flag((b * h,), x.device)
     amax_rows = 64
@@ -596,9 +602,9 @@ def quantize_nvfp4_heads_rope(
     return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=g), dec, tok
 
 
-def _heads_option(heads: int | None) -> int:
+def _heads_option(heads: int | None, default: int = DEFAULT_HEADS) -> int:
     if heads is None:
-        return DEFAULT_HEADS
+        return default
     if heads < 1:
         raise ValueError(f"heads per program must be >= 1, got {heads}")
     return heads
@@ -624,7 +630,8 @@ def quantize_fp8_rows_pair_rope(
         rope_q, rope_k: ``(cos, sin)`` tables of Q's and K's positions, contiguous FP32 ``[S, D/2]``
             (``numerics.rope.rope_tables``; the same pair for both in self-attention).
         rows, heads, num_warps: positions per program (a power of two, default 16), heads per
-            program (default 4) and warps: launch options; the bytes do not depend on them.
+            program (default :data:`PAIR_HEADS`, 2) and warps: launch options; the bytes do not depend
+            on them.
     Returns:
         two :class:`FP8Tensor`, data ``[B, H, S, D]`` and scale ``[B, H, S, 1]``, contiguous.
     Raises:
@@ -643,7 +650,7 @@ def quantize_fp8_rows_pair_rope(
     _check_tables(k, *rope_k, who)
     dtype, fmax = FP8_FORMATS[fmt]
     rows = _rows_option(who, rows, DEFAULT_ROWS)
-    heads = _heads_option(heads)
+    heads = _heads_option(heads, PAIR_HEADS)
     operands, outs = [], []
     for x, (cos, sin) in ((q, rope_q), (k, rope_k)):
         y = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
