@@ -80,7 +80,13 @@ if [[ $mode == A ]]; then
   tail -3 "$out/triton_tests.log"
   exit 0
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+# .whl once per machine (a later B call of the same wheels skips it: the reinstall took seconds of
+# device time and printed a warning per package)
+whl_stamp=$(cd .whl 2>/dev/null && ls -1 *.whl | sort | md5sum | cut -c1-12)
+if [[ -n $whl_stamp && ! -f /tmp/site/.whl-$whl_stamp.done ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+    touch "/tmp/site/.whl-$whl_stamp.done"
+fi
 # kernels compiled on the CPU machine (tools/prebuild_cute_kernels.py --archive
 # .gpu-bundle/cute-prebuilt.tar.xz), carried by this call or an earlier B call: every process loads
 # them instead of compiling; kernels they lack are compiled here, added to the cache and listed in
