@@ -98,8 +98,9 @@ if [[ ${PREBUILT:-1} == 1 ]]; then
   fi
   if [[ -d /tmp/cute-prebuilt/cute ]]; then
     # the DSL's CUDA build of this machine (cu13 with the bundle): flash-attn-4's cache has a folder per build
-    flavour=$(python3 -c 'from fp4_attention.backends.cute.compile_cache import compiler_dso; print(compiler_dso()[0])')
-    fingerprint=$(python3 -c 'from fp4_attention.backends.cute.compile_cache import source_fingerprint; print(source_fingerprint())')
+    # one process: each import of the DSL and flash-attn-4 costs seconds of device time
+    read -r flavour fingerprint < <(python3 -c 'from fp4_attention.backends.cute.compile_cache import compiler_dso, source_fingerprint as f
+print(compiler_dso()[0], f())')
     export FP4_ATTENTION_CUTE_CACHE_DIR=/tmp/cute-prebuilt/cute FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 \
       FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="/tmp/cute-prebuilt/fa4-$flavour" FP4_ATTENTION_CUTE_COMPILE_LOG="$out/compile_log.jsonl"
     echo "prebuilt kernels for this fingerprint ($fingerprint, DSL $flavour): $(find "/tmp/cute-prebuilt/cute/$fingerprint" \

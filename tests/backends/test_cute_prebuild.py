@@ -74,32 +74,6 @@ def _fwd_tensors(group=4, d=128, s=256):
     return [(q, 3, 16), (k, 3, 16), (vt, 1, 16), (o, 3, 16)] + [(t, 2, 4) for t in small]
 
 
-def _bwd_tensors(group, d=128, s=256):
-    b, hkv = 1, 2
-    hq = hkv * group
-    e4, e5, bf, f32 = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float32
-
-    def bshd(h, dt):
-        return torch.zeros(b, h, s, d, dtype=dt).permute(0, 2, 1, 3)
-
-    out = [(bshd(hq, e4), 3, 16), (bshd(hq, bf), 3, 16), (bshd(hkv, e4), 3, 16), (bshd(hkv, bf), 3, 16)]
-    out += [(bshd(hkv, e4), 3, 16), (bshd(hq, e5), 3, 16)]
-    out.append((torch.zeros(b, hq, d, s, dtype=e5).permute(0, 3, 1, 2), 1, 16))  # dO^T, queries contiguous
-    out += [(torch.zeros(b, hq, s), 2, 4) for _ in range(4)] + [
-        (torch.zeros(b, hkv, s), 2, 4) for _ in range(2)
-    ]
-    out += [
-        (torch.zeros(b, hq), 1, 4),
-        (torch.zeros(b, hkv, d), 2, 4),
-        (torch.zeros(b, hq, s * d, dtype=f32), 2, 16),
-    ]
-    if group == 1:
-        out += [(bshd(hkv, bf), 3, 16), (bshd(hkv, bf), 3, 16)]
-    else:
-        out += [(torch.zeros(b, hkv, s * d, dtype=f32), 2, 16) for _ in range(2)]
-    return out
-
-
 def _compile(kernel, tensors, convert, *scalars):
     from cutlass import cute
 
@@ -132,14 +106,11 @@ def test_forward_descriptors_compile_the_kernel_of_the_real_operands():
 @pytest.mark.parametrize("group", [4, 1])
 def test_backward_compiles_from_descriptors_to_the_gpus_kernel(group):
     # its TMA bulk copies need global memory: CPU tensors do not compile, so no SASS to compare with;
-    # the name (the DSL cuts it) is the one of the H200's fp8 backward
-    import cutlass
+    # the name (the DSL cuts it) is the one of the H200's fp8 backward. cute_sass_report.compile_bwd
+    # compiles it on prebuild.cute_operand descriptors in backend._bwd_args's order
+    from cute_sass_report import compile_bwd
 
-    from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
-    from fp4_attention.backends.cute.prebuild import cute_operand
-
-    kernel = FP8BackwardSm90(128, group, True, 64, 128)
-    name, sass = _sass(lambda: _compile(kernel, _bwd_tensors(group), cute_operand, cutlass.Float32(0.1)))
+    name, sass = _sass(lambda: compile_bwd(True, group, 128, seq=256))
     assert name.endswith(GPU_BACKWARD_NAME), name
     assert any(line.startswith("QGMMA") for line in sass)
 
