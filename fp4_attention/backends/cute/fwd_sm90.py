@@ -144,6 +144,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             keys (K quantized per 64 keys); the kernel reads the first key's of each group per KV
             tile and scores ``t * fold_k_scale(r_i, s_g)``, with no per-score multiply. Needs
             ``tile_n`` a multiple of 64.
+        col_perm16: a measurement option of the ``fp8`` kernel: ``mCol`` is ``(B, Hkv, Sk16)``, the K
+            token scales permuted within every 16 keys as V's keys are (``pv_layout.V_PERM16``) and
+            padded (``pv_layout.permute_v_for_pv``), 16-byte aligned per head; a thread's four
+            accumulator columns of each 16 keys are then four consecutive floats, read by one
+            16-byte load (tile_n / 16 loads per KV tile instead of tile_n / 4). The same values.
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
@@ -181,6 +186,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_pv: bool = True,
         qk_bf16: bool = False,
         k_group: int = 0,
+        col_perm16: bool = False,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -211,6 +217,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 f"FP8ForwardSm90: k_group must be 0, or 64 with E4M3 Q/K and tile_n % 64 == 0; got {k_group}"
             )
         self.k_group = k_group
+        # col_perm16: mCol is the K token scales permuted like V's keys (pv_layout.V_PERM16) and
+        # padded to 16 keys, so that a thread's four columns of each 16 keys are four consecutive
+        # floats: one 16-byte load instead of four 4-byte ones
+        if col_perm16 and (qk_bf16 or k_group):
+            raise ValueError("FP8ForwardSm90: col_perm16 needs E4M3 Q/K with per-token K scales (k_group=0)")
+        self.col_perm16 = col_perm16
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -731,10 +743,29 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         grouped = const_expr(self.k_group > 0)
         n = self.tile_n // self.k_group if grouped else cute.size(tScS_mn, mode=[1])
         col = cute.make_rmem_tensor(n, Float32)
-        k_last = seqlen_k - 1
-        for c in cutlass.range(n, unroll_full=True):
-            k_idx = n_block * self.tile_n + (c * self.k_group if grouped else tScS_mn[0, c][1])
-            col[c] = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)] if const_expr(clamp) else mCol[k_idx]
+        if const_expr(self.col_perm16):
+            # mCol permuted per 16 keys (pv_layout.V_PERM16) and padded: this thread's columns
+            # {2q, 2q+1, 8+2q, 9+2q} of 16-key block b (mn-order entries 4b..4b+3) sit in slots
+            # 16 b + 4q .. 16 b + 4q + 3. Clamped: a block outside the padded keys reads the first
+            # or the last block (masked scores, as above)
+            q4 = (tScS_mn[0, 0][1] // 2) * 4
+            last_block = cute.size(mCol.shape[0]) - 16
+            for b in cutlass.range_constexpr(n // 4):
+                base = n_block * self.tile_n + 16 * b
+                if const_expr(clamp):
+                    base = cutlass.max(cutlass.min(base, last_block), 0)
+                ptr = cute.make_ptr(
+                    Float32, (mCol.iterator + (base + q4)).toint(), cute.AddressSpace.gmem, assumed_align=16
+                )
+                four = cute.make_tensor(ptr, cute.make_layout(4)).load()
+                for i in cutlass.range_constexpr(4):
+                    col[4 * b + i] = four[i]
+        else:
+            k_last = seqlen_k - 1
+            for c in cutlass.range(n, unroll_full=True):
+                k_idx = n_block * self.tile_n + (c * self.k_group if grouped else tScS_mn[0, c][1])
+                k_idx = cutlass.max(cutlass.min(k_idx, k_last), 0) if const_expr(clamp) else k_idx
+                col[c] = mCol[k_idx]
         return col
 
     @cute.jit
