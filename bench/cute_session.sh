@@ -16,6 +16,7 @@
 #   bundle.sh (B installs .whl/*.whl into /tmp/site, as A installs the rest):
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
 #         STEPS (default "tests bench"), each with its own time limit:
+#         "pytest": python3 -m pytest -m gpu PYTEST_ARGS (words: paths, -k ...; PYTEST_TIMEOUT, 300 s);
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
 #           GPU tests of both GPU backends, the backward's preparation kernels, RoPE (with its cute
 #           cases) and the layouts
@@ -120,6 +121,12 @@ if [[ $steps == *" tests "* ]]; then
       > "$out/layout_tests.log" 2>&1; echo "layout tests rc=$?" | tee -a "$out/status.txt"
     tail -5 "$out/layout_tests.log"
   fi
+fi
+if [[ $steps == *" pytest "* ]]; then  # chosen GPU tests (PYTEST_ARGS: paths and -k, words) with the cute setup above
+  read -ra pytest_args <<< "${PYTEST_ARGS:?the pytest step needs PYTEST_ARGS}"
+  timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu "${workers[@]}" "${pytest_args[@]}" -p no:cacheprovider \
+    > "$out/pytest.log" 2>&1; echo "pytest rc=$?" | tee -a "$out/status.txt"
+  tail -5 "$out/pytest.log"
 fi
 if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per variant (bench/cute_profile.py)
   ncu=$(command -v ncu || find /opt/nvidia -name ncu -type f 2>/dev/null | sort | tail -1)
