@@ -93,6 +93,66 @@ def report(path: str, top: int, min_share: float, loop_exe: int | None) -> str:
     return "\n".join(lines)
 
 
+# the forward's KV-tile loop in program order, split at these anchors (``loop_regions``)
+FWD_REGIONS = (
+    "K scales, K wait",
+    "QK issue",
+    "QK wait",
+    "scale, mask, row max",
+    "exp, row sum, E4M3 pack",
+    "V wait, turn",
+    "PV issue",
+    "PV wait",
+    "PV promotion",
+)
+
+
+def loop_regions(path: str, loop_exe: int | None = None) -> list[tuple[str, int]]:
+    """The CuTe fp8 forward's unmasked KV-tile loop (the instructions executed ``loop_exe`` times,
+    default the largest count shared by 100 or more) split into :data:`FWD_REGIONS`, with the stall
+    samples of each: the loop's first GMMA (QK issue) to its wait (``WARPGROUP.DEPBAR``), the
+    first ``MUFU`` after it (the exponentials), the branch before the turn's ``BAR.SYNC`` (V's
+    barrier wait, then the turn), the second GMMA run (PV) and its wait, the rest (promotion).
+
+    Raises:
+        ValueError: the loop lacks one of the anchors (not the forward's loop).
+    """
+    ins = load(path)
+    if loop_exe is None:
+        counts = collections.Counter(x[2] for x in ins if x[2] > 0)
+        loop_exe = max(e for e, n in counts.items() if n >= 100)
+    body = [x for x in ins if x[2] == loop_exe]
+    ops = [OPCODE.match(x[0]).group(1) if OPCODE.match(x[0]) else "" for x in body]
+
+    def first(pred, start=0):
+        for i in range(start, len(ops)):
+            if pred(ops[i]):
+                return i
+        raise ValueError(f"{path}: no loop anchor after instruction {start} (not the fp8 forward's loop?)")
+
+    g1 = first(lambda o: "GMMA" in o)
+    d1 = first(lambda o: o.startswith("WARPGROUP.DEPBAR"), g1)
+    m1 = first(lambda o: o.startswith("MUFU"), d1)
+    bar = first(lambda o: o.startswith("BAR.SYNC"), m1)
+    b1 = max(i for i in range(m1, bar) if ops[i] == "BRA")
+    g2 = first(lambda o: "GMMA" in o, bar)
+    d2 = first(lambda o: o.startswith("WARPGROUP.DEPBAR"), g2)
+    cuts = [0, g1, d1, d1 + 1, m1, b1, g2, d2, d2 + 1, len(body)]
+    return [(name, sum(x[1] for x in body[a:b])) for name, a, b in zip(FWD_REGIONS, cuts, cuts[1:])]
+
+
+def regions_report(path: str, cycles_per_tile: float | None, loop_exe: int | None) -> str:
+    """:func:`loop_regions` as shares of the loop's samples and, given the cycles per KV tile of a
+    consumer warpgroup (elapsed cycles per SM / tiles per SM: samples are uniform in time), cycles."""
+    regions = loop_regions(path, loop_exe)
+    total = sum(n for _, n in regions) or 1
+    lines = [f"== {path}: the KV-tile loop by region ({total} samples)"]
+    for name, n in regions:
+        cyc = f"  {n / total * cycles_per_tile:7.0f} cycles" if cycles_per_tile else ""
+        lines.append(f"  {name:26s} {n / total:6.1%}{cyc}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
@@ -100,9 +160,13 @@ def main() -> None:
     ap.add_argument("--min-share", type=float, default=0.008)
     ap.add_argument("--loop-exe", type=int, default=None)
     ap.add_argument("--smem-steps", type=int, default=None)
+    ap.add_argument("--regions", action="store_true", help="the fp8 forward's KV-tile loop by region")
+    ap.add_argument("--cycles-per-tile", type=float, default=None, help="with --regions: cycles per KV tile")
     args = ap.parse_args()
     for path in args.files:
-        if args.smem_steps:
+        if args.regions:
+            print(regions_report(path, args.cycles_per_tile, args.loop_exe))
+        elif args.smem_steps:
             by_op = shared_by_opcode(path)
             print(f"== {path}: shared-memory traffic, KiB per step ({args.smem_steps} steps)")
             for op, wf in by_op.most_common():

@@ -55,3 +55,25 @@ def test_not_a_sass_page(tmp_path):
     bad.write_text('"a","b"\n"1","2"\n')
     with pytest.raises(ValueError, match="not an ncu SASS page"):
         ncu_stalls.load(str(bad))
+
+
+FWD_PROFILE = Path(__file__).resolve().parents[2] / (
+    "results/cute_fwd_scale_first_h200/ncu_fp8_fwd_B4_causal_1fbd2d0.sass.csv.gz"
+)
+
+
+def test_forward_loop_regions_on_the_committed_profile():
+    """The fp8 forward's KV-tile loop (the committed B4 causal profile) split at its anchors: every
+    loop sample in one region, the two wgmma waits one instruction each (8,040 and 10,664 samples
+    in the listing), the exponential region the largest."""
+    regions = dict(ncu_stalls.loop_regions(str(FWD_PROFILE)))
+    assert list(regions) == list(ncu_stalls.FWD_REGIONS)
+    loop = [x for x in ncu_stalls.load(str(FWD_PROFILE)) if x[2] == 507904]
+    assert sum(regions.values()) == sum(x[1] for x in loop)
+    assert (regions["QK wait"], regions["PV wait"]) == (8040, 10664)
+    assert max(regions, key=regions.get) == "exp, row sum, E4M3 pack"
+
+
+def test_loop_regions_refuses_another_loop(tmp_path):
+    with pytest.raises(ValueError, match="not the fp8 forward's loop"):
+        ncu_stalls.loop_regions(_write(tmp_path / "a.sass.csv.gz"))
