@@ -171,7 +171,8 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
     return fb
 
 
-FWD_OPTIONS = ("unpromoted", "k64", "colv4")  # --cute-fwd-options: FP8ForwardSm90 measurement options
+# --cute-fwd-options: FP8ForwardSm90's measurement options
+FWD_OPTIONS = ("unpromoted", "k64", "colv4", "defer")
 
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
@@ -314,7 +315,7 @@ def main(argv=None) -> int:
         default=None,
         help="also time the cute forward's measurement options, kernel only: unpromoted (no PV "
         "promotion), k64 (k_group=64, K per 64 keys), colv4 (col_perm16, the K scales four per "
-        "16-byte load); no names: all",
+        "16-byte load), defer (colv4 and defer_promote, at 128-key tiles); no names: all",
     )
     p.add_argument(
         "--cute-bwd-options",
@@ -469,6 +470,20 @@ def main(argv=None) -> int:
                             (lambda t=t: cute_kernel_only(q, k, v, causal, t, col_perm16=True)),
                         )
                         for t in tiles
+                    ]
+                if pass_ == "fwd" and "defer" in fwd_options:
+                    # and each tile's promotion after the next tile's row max (128-key tiles: 192 spills)
+                    cands += [
+                        (
+                            f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}_colv4_defer",
+                            (
+                                lambda t=t: cute_kernel_only(
+                                    q, k, v, causal, t, col_perm16=True, defer_promote=True
+                                )
+                            ),
+                        )
+                        for t in tiles
+                        if t[1] == 128
                     ]
             if args.rope and pass_ in ("fwd", "fwd_bwd"):
                 tables = rope_tables_for(s)

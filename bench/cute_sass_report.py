@@ -275,6 +275,7 @@ def main(argv=None) -> int:
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
     p.add_argument("--col-perm16", action="store_true", help="K scales in 16-byte loads (col_perm16)")
+    p.add_argument("--defer-promote", action="store_true", help="promotion after the next softmax")
     a = p.parse_args(argv)
     if a.backward:
         rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
@@ -286,6 +287,7 @@ def main(argv=None) -> int:
         promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
         **({"col_perm16": True} if a.col_perm16 else {}),
+        **({"defer_promote": True} if a.defer_promote else {}),
     )
     print(json.dumps(rep))
     return 0

@@ -141,7 +141,13 @@ def triton_state(state: SavedState) -> SavedState:
 
 # FP8ForwardSm90's options at their defaults: left out of the compiled-kernel key, so that one
 # kernel has one key however its caller spells it (qk_bf16=False or nothing; prebuild.py's keys)
-_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0, "col_perm16": False}
+_FWD_OPTION_DEFAULTS = {
+    "promote_pv": True,
+    "qk_bf16": False,
+    "k_group": 0,
+    "col_perm16": False,
+    "defer_promote": False,
+}
 
 
 def forward_key(d: int, group: int, causal: bool, tiles, kernel_options: dict) -> tuple:
@@ -326,7 +332,8 @@ def forward_fp8(
             ``k_group=64``, for K quantized per 64 keys by ``quantize_fp8_key_groups``: ``col``
             must then be constant over each 64 keys, which is not checked; ``col_perm16``: ``col``
             is ``pv_layout.permute_v_for_pv`` of the K scales, ``[B, Hkv, Sk16]`` contiguous,
-            read four keys per 16-byte load).
+            read four keys per 16-byte load; ``defer_promote``: each tile's FP32 promotion after
+            the next tile's row max, the same values).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:

@@ -149,6 +149,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             padded (``pv_layout.permute_v_for_pv``), 16-byte aligned per head; a thread's four
             accumulator columns of each 16 keys are then four consecutive floats, read by one
             16-byte load (tile_n / 16 loads per KV tile instead of tile_n / 4). The same values.
+        defer_promote: a measurement option: tile j's promotion ``O = O * alpha_j + PV_j`` (the
+            same operation, the same values) after tile j+1's row max instead of right after PV_j's
+            wait, so that it runs beside the exponentials rather than inside the warpgroup's turn;
+            PV_j's accumulator stays live through the next QK product (at 128x192 tiles it spills).
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
@@ -187,6 +191,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         qk_bf16: bool = False,
         k_group: int = 0,
         col_perm16: bool = False,
+        defer_promote: bool = False,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -223,6 +228,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         if col_perm16 and (qk_bf16 or k_group):
             raise ValueError("FP8ForwardSm90: col_perm16 needs E4M3 Q/K with per-token K scales (k_group=0)")
         self.col_perm16 = col_perm16
+        # defer_promote: tile j's FP32 promotion (O = O * alpha_j + PV_j, the same operation) runs
+        # after tile j+1's softmax instead of right after PV_j's wait, off the warpgroup's turn
+        if defer_promote and not promote_pv:
+            raise ValueError("FP8ForwardSm90: defer_promote needs promote_pv")
+        self.defer_promote = defer_promote
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -548,6 +558,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_r = cute.make_rmem_tensor(n_rows, Float32)
+        alpha_pend = cute.make_rmem_tensor(n_rows, Float32)  # defer_promote: the pending tile's alpha
         self.mma_init()
         q_phase = Int32(0)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -594,6 +605,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 softmax=softmax,
                 load_col=load_col,
                 scale_cols=scale_cols,
+                alpha_pend=alpha_pend,
+                row_max=row_max,
             )
             # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
             self.warp_scheduler_barrier_sync()
@@ -607,6 +620,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
             )
             self.warp_scheduler_barrier_arrive()
+            if const_expr(self.defer_promote):  # the last tile's promotion
+                self._promote(acc_O, acc_PV, alpha_pend)
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
@@ -668,6 +683,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         softmax,
         load_col,
         scale_cols,
+        alpha_pend: cute.Tensor,
+        row_max: cute.Tensor,
         mask_fn=None,
         is_first: cutlass.Constexpr = False,
     ):
@@ -687,6 +704,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
         alpha = softmax(acc_S, is_first=is_first, group_scales=col if const_expr(self.k_group > 0) else None)
+        if const_expr(self.defer_promote and not is_first):  # the previous tile's promotion
+            # alpha * min(max(m, 1), 1): exactly alpha (max returns 1 for a NaN m, min(inf, 1) = 1),
+            # but it depends on this tile's row max, so ptxas cannot hoist the promotion above the
+            # QK issue (it did, to lower register pressure)
+            for r in cutlass.range(cute.size(alpha_pend), unroll_full=True):
+                one = cute.arch.fmin(cute.arch.fmax(row_max[r], Float32(1.0)), Float32(1.0))
+                alpha_pend[r] = alpha_pend[r] * one
+            self._promote(acc_O, acc_PV, alpha_pend)
         self._p_to_e4m3(acc_S, tOrP)
         if const_expr(not self.promote_pv):
             acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
@@ -696,7 +721,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.warp_scheduler_barrier_sync()
         mma_pv(B_idx=kv_state.index, wg_wait=0)
         pipeline_v.consumer_release(kv_state)
-        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile
+        if const_expr(self.defer_promote):  # promoted after the next tile's softmax, or after the loop
+            for r in cutlass.range(cute.size(alpha), unroll_full=True):
+                alpha_pend[r] = alpha[r]
+        elif const_expr(self.promote_pv):  # FP32 promotion once per KV tile
             self._promote(acc_O, acc_PV, alpha)
         kv_state.advance()
         return kv_state

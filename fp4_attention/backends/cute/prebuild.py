@@ -114,6 +114,7 @@ class KernelKey:
     qk_bf16: bool = False
     k_group: int = 0
     col_perm16: bool = False
+    defer_promote: bool = False
 
 
 def _empty(*shape_dtype):
@@ -136,6 +137,7 @@ def forward_options(key: KernelKey) -> dict:
         "qk_bf16": key.qk_bf16,
         **({"k_group": key.k_group} if key.k_group else {}),
         **({"col_perm16": True} if key.col_perm16 else {}),
+        **({"defer_promote": True} if key.defer_promote else {}),
     }
 
 
@@ -178,7 +180,8 @@ def keys_for(
     groups, masks and recipes, the forward at ``tiles`` (default: the backend's
     ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
     forward with K per 64 keys at those tiles whose KV tile is a multiple of 64; with ``col_perm16``
-    also the fp8 forward that reads the K scales in 16-byte loads, at every tile."""
+    also the fp8 forward that reads the K scales in 16-byte loads, at every tile, and at 128-key
+    tiles that one with ``defer_promote`` too (at 192 keys it spills)."""
     from .backend import default_tiles
 
     keys = []
@@ -192,6 +195,10 @@ def keys_for(
                     keys.append(KernelKey("fwd", d, group, c, tuple(t), False, 64))
                 if col_perm16 and not bf16:
                     keys.append(KernelKey("fwd", d, group, c, tuple(t), col_perm16=True))
+                    if t[1] == 128:
+                        keys.append(
+                            KernelKey("fwd", d, group, c, tuple(t), col_perm16=True, defer_promote=True)
+                        )
             keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
     return list(dict.fromkeys(keys))
 
