@@ -171,23 +171,16 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
     return fb
 
 
-# --cute-fwd-options: FP8ForwardSm90's measurement options
-FWD_OPTIONS = ("unpromoted", "k64", "colv4", "defer")
-
-
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
     """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside; with the
     kernel option ``k_group``, K quantized with one scale per that many keys (torch, untimed)."""
     from fp4_attention.backends.cute import backend as cute_backend
-    from fp4_attention.backends.pv_layout import permute_v_for_pv
     from fp4_attention.numerics.quant import quantize_fp8_key_groups
 
     q_s, k_s, v_s = cute_backend.quantize_inputs(q, k, v)
     if kernel_options.get("k_group"):
         k_s = quantize_fp8_key_groups(k, kernel_options["k_group"])
     ops = cute_backend.kernel_operands(q_s, k_s, v_s, D**-0.5)
-    if kernel_options.get("col_perm16"):  # the K scales permuted and padded like V's keys (untimed)
-        ops = (*ops[:4], permute_v_for_pv(ops[4]).contiguous(), ops[5])
 
     def f():
         cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, **kernel_options)
@@ -310,12 +303,8 @@ def main(argv=None) -> int:
     p.add_argument("--cute", action="store_true", help="add the cute fp8 backend and the FA4 BF16 control")
     p.add_argument(
         "--cute-fwd-options",
-        nargs="*",
-        choices=FWD_OPTIONS,
-        default=None,
-        help="also time the cute forward's measurement options, kernel only: unpromoted (no PV "
-        "promotion), k64 (k_group=64, K per 64 keys), colv4 (col_perm16, the K scales four per "
-        "16-byte load), defer (colv4 and defer_promote, at 128-key tiles); no names: all",
+        action="store_true",
+        help="also time the cute forward's measurement options (unpromoted PV; k_group=64, K per 64 keys)",
     )
     p.add_argument(
         "--cute-bwd-options",
@@ -440,9 +429,7 @@ def main(argv=None) -> int:
                             )
                             for t in tiles
                         ]
-                fwd_options = args.cute_fwd_options
-                fwd_options = set() if fwd_options is None else set(fwd_options or FWD_OPTIONS)
-                if pass_ == "fwd" and "unpromoted" in fwd_options:
+                if pass_ == "fwd" and args.cute_fwd_options:
                     # the forward kernel's measurement option (FP8ForwardSm90): without the PV
                     # promotion, outside the contract, to price it
                     t0 = tiles[0]
@@ -452,7 +439,6 @@ def main(argv=None) -> int:
                             (lambda: cute_kernel_only(q, k, v, causal, t0, promote_pv=False)),
                         )
                     )
-                if pass_ == "fwd" and "k64" in fwd_options:
                     # one K scale per 64 keys, folded into the row factor (the K-scale decision)
                     cands += [
                         (
@@ -461,29 +447,6 @@ def main(argv=None) -> int:
                         )
                         for t in tiles
                         if t[1] % 64 == 0
-                    ]
-                if pass_ == "fwd" and "colv4" in fwd_options:
-                    # the K token scales four per 16-byte load (col_perm16: permuted like V's keys)
-                    cands += [
-                        (
-                            f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}_colv4",
-                            (lambda t=t: cute_kernel_only(q, k, v, causal, t, col_perm16=True)),
-                        )
-                        for t in tiles
-                    ]
-                if pass_ == "fwd" and "defer" in fwd_options:
-                    # and each tile's promotion after the next tile's row max (128-key tiles: 192 spills)
-                    cands += [
-                        (
-                            f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}_colv4_defer",
-                            (
-                                lambda t=t: cute_kernel_only(
-                                    q, k, v, causal, t, col_perm16=True, defer_promote=True
-                                )
-                            ),
-                        )
-                        for t in tiles
-                        if t[1] == 128
                     ]
             if args.rope and pass_ in ("fwd", "fwd_bwd"):
                 tables = rope_tables_for(s)

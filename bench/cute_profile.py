@@ -7,8 +7,7 @@ Quantizes Q/K/V once with the Triton quantizers (no attention kernel runs for th
 the chosen forward exactly three times; the first call also compiles, so ``--launch-skip 2``
 profiles the third, warm launch. ``--variant``: ``fp8`` (the contract's kernel: PV promoted per
 tile, ping-pong), ``fp8_unpromoted`` (the same without the PV
-promotion: outside the contract, for comparison), ``fp8_colv4`` and ``fp8_defer`` (the measurement
-options ``col_perm16``, and it with ``defer_promote``), ``fa4_bf16`` (FA4's BF16 forward, whose kernel
+promotion: outside the contract, for comparison), ``fa4_bf16`` (FA4's BF16 forward, whose kernel
 name matches ``FlashAttentionForwardSm90``; ``--tiles`` does not apply to it), ``fp8_bwd`` (our
 backward kernel ``FP8BackwardSm90`` on one forward's state and prepared operands: profile with
 ``-k regex:FP8BackwardSm90``), ``fa4_bf16_bwd`` (FA4's BF16 backward, ``FlashAttentionBackwardSm90``).
@@ -29,8 +28,6 @@ D = 128
 VARIANTS = {
     "fp8": {},
     "fp8_unpromoted": {"promote_pv": False},
-    "fp8_colv4": {"col_perm16": True},
-    "fp8_defer": {"col_perm16": True, "defer_promote": True},
     "fa4_bf16": None,
     "fp8_bwd": None,
     "fa4_bf16_bwd": None,
@@ -103,10 +100,6 @@ def main(argv=None) -> int:
         from fp4_attention.backends.cute import backend as cute_backend
 
         ops = cute_backend.kernel_operands(*cute_backend.quantize_inputs(q, k, v), D**-0.5)
-        if VARIANTS[args.variant].get("col_perm16"):  # the K scales permuted like V's keys
-            from fp4_attention.backends.pv_layout import permute_v_for_pv
-
-            ops = (*ops[:4], permute_v_for_pv(ops[4]).contiguous(), ops[5])
 
         def run():
             cute_backend.forward_fp8(*ops, causal=args.causal, tiles=tiles, **VARIANTS[args.variant])

@@ -67,7 +67,6 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     k = torch.zeros(b, hkv, s, d, dtype=qk_dtype).permute(0, 2, 1, 3)
     vt = torch.zeros(b, hkv, d, s, dtype=torch.float8_e4m3fn).permute(0, 3, 1, 2)
     o = torch.empty(b, hq, s, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
-    # col: K token scales [B, Hkv, Sk] (col_perm16: permuted per 16 keys, padded; s is a multiple of 16)
     small = [torch.empty(b, hq, s), torch.ones(b, hq, s), torch.ones(b, hkv, s), torch.ones(b, hkv, d)]
     # CUDA-tensor descriptors (prebuild.cute_operand): the kernel a GPU compiles, global memory
     args = [cute_operand(t, leading_dim=3) for t in (q, k)] + [
@@ -258,7 +257,6 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
                     "QK_zero_init": qk_zero,
                     **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS},
                     "LDG_before_first_GMMA": sum(o.startswith("LDG") for o in body[:first_mma]),
-                    "LDG_128": sum(o.startswith("LDG") and o.endswith(".128") for o in body),
                     "schedule": " ".join(_schedule_label(o) for o in body if o.startswith(SCHEDULE_OPS)),
                 }
             )
@@ -274,8 +272,6 @@ def main(argv=None) -> int:
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
-    p.add_argument("--col-perm16", action="store_true", help="K scales in 16-byte loads (col_perm16)")
-    p.add_argument("--defer-promote", action="store_true", help="promotion after the next softmax")
     a = p.parse_args(argv)
     if a.backward:
         rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
@@ -286,8 +282,6 @@ def main(argv=None) -> int:
         causal=not a.non_causal,
         promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
-        **({"col_perm16": True} if a.col_perm16 else {}),
-        **({"defer_promote": True} if a.defer_promote else {}),
     )
     print(json.dumps(rep))
     return 0

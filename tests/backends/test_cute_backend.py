@@ -119,34 +119,6 @@ def test_k_scale_keys_state_and_tiles():
         _TiledCute((128, 96, 2)).forward(q, k, v, K64, causal=True, softmax_scale=128**-0.5)
 
 
-@pytest.mark.parametrize(
-    "tiles, defer",
-    [(t, False) for t in TILES] + [(cute_backend.DEFAULT_TILES, True)],
-    ids=lambda x: "t{}x{}s{}".format(*x) if isinstance(x, tuple) else ("defer" if x else "colv4"),
-)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
-def test_col_perm16_is_bit_identical(tiles, defer, causal, d):
-    """The measurement options ``col_perm16`` (K token scales permuted like V's keys, four per 16-byte
-    load) and ``defer_promote`` on top (each tile's promotion after the next tile's row max) give
-    the default kernel's output and LSE bit for bit: GQA, lengths off the 16-key and KV tile grids,
-    rows without keys (Sq > Sk causal: the first tile below key 0), a NaN key."""
-    tn = tiles[1]
-    for b, hq, hkv, sq, sk in ((2, 8, 2, 300, 300), (1, 4, 1, 2 * tn + 1, 3 * tn - 1), (1, 4, 1, 600, 200)):
-        q, k, v = make_qkv(b, hq, hkv, sq, sk, d, device="cuda")
-        k[0, 0, sk // 3] = float("nan")
-        q_s, k_s, v_s = cute_backend.quantize_inputs(q, k, v)
-        ops = cute_backend.kernel_operands(q_s, k_s, v_s, d**-0.5)
-        want = cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles)
-        colp = permute_v_for_pv(ops[4]).contiguous()
-        opts = {"col_perm16": True, **({"defer_promote": True} if defer else {})}
-        got = cute_backend.forward_fp8(*ops[:4], colp, ops[5], causal=causal, tiles=tiles, **opts)
-        for w, g in zip(want, got):  # bits, so that NaNs compare too
-            assert torch.equal(w.contiguous().view(torch.uint8), g.contiguous().view(torch.uint8))
-    with pytest.raises(ValueError, match="col has shape"):
-        cute_backend.forward_fp8(*ops, causal=causal, tiles=tiles, col_perm16=True)
-
-
 @pytest.mark.parametrize("sk", [16, 100, 4096])
 def test_v_quantizer_perm16_layout(sk):
     v = torch.randn(2, 3, sk, 128, device="cuda").bfloat16()

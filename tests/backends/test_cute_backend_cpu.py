@@ -49,10 +49,6 @@ def test_forward_fp8_rejects_unsupported_tiles_and_bad_operands():
             cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=tiles, **opts)
     with pytest.raises(ValueError, match="k_group must be 0 or 64, with E4M3 Q/K"):
         cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, k_group=64, qk_bf16=True)
-    # col_perm16 (the K token scales in 16-byte loads) is for per-token K scales only
-    for opts in ({"k_group": 64}, {"qk_bf16": True}):
-        with pytest.raises(ValueError, match="col_perm16 reads per-token K scales"):
-            cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, col_perm16=True, **opts)
 
 
 def test_default_tiles_follow_the_measurement():

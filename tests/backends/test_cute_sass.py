@@ -52,21 +52,6 @@ def test_k_group_option_folds_the_group_scales(tiles, causal):
         assert loop["instructions"] < base_loop["instructions"] - 60, (loop, base_loop)
 
 
-@pytest.mark.parametrize("tiles, causal", [((128, 128, 2), True), ((128, 192, 2), False)])
-def test_col_perm16_loads_four_scales_per_instruction(tiles, causal):
-    """``col_perm16`` (the K token scales permuted like V's keys): a tile's scales in tile_n / 16
-    16-byte loads per thread, all before the QK product, where the default issues tile_n / 4 4-byte
-    ones; the rest of the loop is the default's (at 128 keys: 530 instructions against 554)."""
-    base = _fwd_report(tiles, causal=causal)
-    rep = _fwd_report(tiles, causal=causal, col_perm16=True)
-    assert rep["STL"] == 0 and rep["LDL"] == 0 and rep["reg"] <= 240, rep
-    for loop, base_loop in zip(rep["inner_loops"], base["inner_loops"], strict=True):
-        assert loop["LDG"] == loop["LDG_128"] == loop["LDG_before_first_GMMA"] == tiles[1] // 16, loop
-        for op in ("QGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "F2FP"):
-            assert loop[op] == base_loop[op], (op, loop, base_loop)
-        assert loop["instructions"] <= base_loop["instructions"] - tiles[1] // 8, (loop, base_loop)
-
-
 def test_qk_product_is_one_chain_of_four_k32_wgmmas():
     """The QK product is not promoted (the recipe's definition): per KV tile one zero-initialized
     chain of head_dim / 32 QGMMAs (a promoted product starts one per partial sum)."""

@@ -141,13 +141,7 @@ def triton_state(state: SavedState) -> SavedState:
 
 # FP8ForwardSm90's options at their defaults: left out of the compiled-kernel key, so that one
 # kernel has one key however its caller spells it (qk_bf16=False or nothing; prebuild.py's keys)
-_FWD_OPTION_DEFAULTS = {
-    "promote_pv": True,
-    "qk_bf16": False,
-    "k_group": 0,
-    "col_perm16": False,
-    "defer_promote": False,
-}
+_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0}
 
 
 def forward_key(d: int, group: int, causal: bool, tiles, kernel_options: dict) -> tuple:
@@ -188,7 +182,7 @@ def _record_compile(key: tuple, seconds: float) -> None:
             f.write(json.dumps({"key": repr(key), "seconds": round(seconds, 2)}) + "\n")
 
 
-def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False, col_perm16=False) -> None:
+def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False) -> None:
     if tiles not in SUPPORTED_TILES:
         raise ValueError(f"cute backend: tiles {tiles} not supported; use one of {SUPPORTED_TILES}")
     qk = torch.bfloat16 if qk_bf16 else torch.float8_e4m3fn
@@ -215,16 +209,11 @@ def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False, col_p
         ("k8", k8, (b, hkv, sk, d)),
         ("vt_perm", vt, (b, hkv, d, padded_keys(sk))),
         ("row_r", row_r, (b, hq, sq)),
-        ("col", col, (b, hkv, padded_keys(sk) if col_perm16 else sk)),
+        ("col", col, (b, hkv, sk)),
         ("v_scale", v_scale, (b, hkv, d)),
     ):
         if tuple(t.shape) != shape:
             raise ValueError(f"forward_fp8: {name} has shape {tuple(t.shape)}, expected {shape}")
-    if col_perm16 and (not col.is_contiguous() or col.data_ptr() % 16):
-        raise ValueError(
-            "forward_fp8: with col_perm16, col must be contiguous and 16-byte aligned "
-            "(pv_layout.permute_v_for_pv of the [B, Hkv, Sk] K scales)"
-        )
     if hq % hkv:
         raise ValueError(f"forward_fp8: query heads {hq} not a multiple of KV heads {hkv}")
 
@@ -330,17 +319,13 @@ def forward_fp8(
         kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
             :class:`FP8ForwardSm90` (``promote_pv``, at the contract's setting by default;
             ``k_group=64``, for K quantized per 64 keys by ``quantize_fp8_key_groups``: ``col``
-            must then be constant over each 64 keys, which is not checked; ``col_perm16``: ``col``
-            is ``pv_layout.permute_v_for_pv`` of the K scales, ``[B, Hkv, Sk16]`` contiguous,
-            read four keys per 16-byte load; ``defer_promote``: each tile's FP32 promotion after
-            the next tile's row max, the same values).
+            must then be constant over each 64 keys, which is not checked).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:
         ValueError: operands of the wrong dtype, layout or shape, tiles outside ``SUPPORTED_TILES``,
             or a ``k_group`` other than 0 and 64, with NVFP4 Q/K, or at KV tiles that are not a
-            multiple of 64 keys; ``col_perm16`` with ``qk_bf16`` or ``k_group``, or a ``col`` that is
-            not ``[B, Hkv, Sk16]``, contiguous and 16-byte aligned.
+            multiple of 64 keys.
     """
     tiles = default_tiles(q8.shape[-1]) if tiles is None else tuple(tiles)
     k_group = kernel_options.get("k_group", 0)
@@ -350,13 +335,7 @@ def forward_fp8(
             f"k_group={k_group} at tiles {tiles}; use k_group=0, or one of the tiles "
             f"{[t for t in SUPPORTED_TILES if t[1] % 64 == 0]}"
         )
-    qk_bf16, col_perm16 = kernel_options.get("qk_bf16", False), kernel_options.get("col_perm16", False)
-    if col_perm16 and (k_group or qk_bf16):
-        raise ValueError(
-            "forward_fp8: col_perm16 reads per-token K scales of E4M3 K; with qk_bf16 or k_group the "
-            "kernel reads one scale per head or group: leave col_perm16 off"
-        )
-    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tiles, qk_bf16, col_perm16)
+    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tiles, kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
     if out_layout_of is None or out_layout_of.stride(-1) != 1:

@@ -144,15 +144,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             keys (K quantized per 64 keys); the kernel reads the first key's of each group per KV
             tile and scores ``t * fold_k_scale(r_i, s_g)``, with no per-score multiply. Needs
             ``tile_n`` a multiple of 64.
-        col_perm16: a measurement option of the ``fp8`` kernel: ``mCol`` is ``(B, Hkv, Sk16)``, the K
-            token scales permuted within every 16 keys as V's keys are (``pv_layout.V_PERM16``) and
-            padded (``pv_layout.permute_v_for_pv``), 16-byte aligned per head; a thread's four
-            accumulator columns of each 16 keys are then four consecutive floats, read by one
-            16-byte load (tile_n / 16 loads per KV tile instead of tile_n / 4). The same values.
-        defer_promote: a measurement option: tile j's promotion ``O = O * alpha_j + PV_j`` (the
-            same operation, the same values) after tile j+1's row max instead of right after PV_j's
-            wait, so that it runs beside the exponentials rather than inside the warpgroup's turn;
-            PV_j's accumulator stays live through the next QK product (at 128x192 tiles it spills).
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
@@ -176,7 +167,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
     (``results/cute_fwd_schedule2_h200``): the previous tile's PV issued with the next QK in one
     turn, promoted while QK runs (14% slower); no warp-scheduler turn, or a turn over the QK issue
     only (8-19% slower); three consumer warpgroups at 192x64 / 192x96 (4-16% slower; 192x128
-    spills); and the row sum as four round-robin partials (no gain).
+    spills); and the row sum as four round-robin partials (no gain). Lost and deleted on
+    2026-12-05 (``results/cute_fwd_colv4_h200``, bit-identical, 1-6% slower): the K token scales
+    permuted like V's keys so that a thread's four of each 16 keys are one 16-byte load, and on top
+    of it each tile's promotion deferred past the next tile's row max.
     """
 
     def __init__(
@@ -190,8 +184,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_pv: bool = True,
         qk_bf16: bool = False,
         k_group: int = 0,
-        col_perm16: bool = False,
-        defer_promote: bool = False,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -222,17 +214,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 f"FP8ForwardSm90: k_group must be 0, or 64 with E4M3 Q/K and tile_n % 64 == 0; got {k_group}"
             )
         self.k_group = k_group
-        # col_perm16: mCol is the K token scales permuted like V's keys (pv_layout.V_PERM16) and
-        # padded to 16 keys, so that a thread's four columns of each 16 keys are four consecutive
-        # floats: one 16-byte load instead of four 4-byte ones
-        if col_perm16 and (qk_bf16 or k_group):
-            raise ValueError("FP8ForwardSm90: col_perm16 needs E4M3 Q/K with per-token K scales (k_group=0)")
-        self.col_perm16 = col_perm16
-        # defer_promote: tile j's FP32 promotion (O = O * alpha_j + PV_j, the same operation) runs
-        # after tile j+1's softmax instead of right after PV_j's wait, off the warpgroup's turn
-        if defer_promote and not promote_pv:
-            raise ValueError("FP8ForwardSm90: defer_promote needs promote_pv")
-        self.defer_promote = defer_promote
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -558,7 +539,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_r = cute.make_rmem_tensor(n_rows, Float32)
-        alpha_pend = cute.make_rmem_tensor(n_rows, Float32)  # defer_promote: the pending tile's alpha
         self.mma_init()
         q_phase = Int32(0)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -605,8 +585,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 softmax=softmax,
                 load_col=load_col,
                 scale_cols=scale_cols,
-                alpha_pend=alpha_pend,
-                row_max=row_max,
             )
             # the last KV tile first (ragged and, for causal, masked), then the causal band, then the rest
             self.warp_scheduler_barrier_sync()
@@ -620,8 +598,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 kv_state, step, n_block_min, n_block_max - 1, seqlen, m_block, block_info, mask_fn
             )
             self.warp_scheduler_barrier_arrive()
-            if const_expr(self.defer_promote):  # the last tile's promotion
-                self._promote(acc_O, acc_PV, alpha_pend)
             pipeline_q.consumer_release_w_index(0)
             q_phase ^= 1
             self._finalize(acc_O, row_max, row_sum, mVScale[None, kv_head, batch_idx], tOcO_mn)
@@ -683,8 +659,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         softmax,
         load_col,
         scale_cols,
-        alpha_pend: cute.Tensor,
-        row_max: cute.Tensor,
         mask_fn=None,
         is_first: cutlass.Constexpr = False,
     ):
@@ -704,14 +678,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
         alpha = softmax(acc_S, is_first=is_first, group_scales=col if const_expr(self.k_group > 0) else None)
-        if const_expr(self.defer_promote and not is_first):  # the previous tile's promotion
-            # alpha * min(max(m, 1), 1): exactly alpha (max returns 1 for a NaN m, min(inf, 1) = 1),
-            # but it depends on this tile's row max, so ptxas cannot hoist the promotion above the
-            # QK issue (it did, to lower register pressure)
-            for r in cutlass.range(cute.size(alpha_pend), unroll_full=True):
-                one = cute.arch.fmin(cute.arch.fmax(row_max[r], Float32(1.0)), Float32(1.0))
-                alpha_pend[r] = alpha_pend[r] * one
-            self._promote(acc_O, acc_PV, alpha_pend)
         self._p_to_e4m3(acc_S, tOrP)
         if const_expr(not self.promote_pv):
             acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
@@ -721,10 +687,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         self.warp_scheduler_barrier_sync()
         mma_pv(B_idx=kv_state.index, wg_wait=0)
         pipeline_v.consumer_release(kv_state)
-        if const_expr(self.defer_promote):  # promoted after the next tile's softmax, or after the loop
-            for r in cutlass.range(cute.size(alpha), unroll_full=True):
-                alpha_pend[r] = alpha[r]
-        elif const_expr(self.promote_pv):  # FP32 promotion once per KV tile
+        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile
             self._promote(acc_O, acc_PV, alpha)
         kv_state.advance()
         return kv_state
@@ -771,29 +734,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         grouped = const_expr(self.k_group > 0)
         n = self.tile_n // self.k_group if grouped else cute.size(tScS_mn, mode=[1])
         col = cute.make_rmem_tensor(n, Float32)
-        if const_expr(self.col_perm16):
-            # mCol permuted per 16 keys (pv_layout.V_PERM16) and padded: this thread's columns
-            # {2q, 2q+1, 8+2q, 9+2q} of 16-key block b (mn-order entries 4b..4b+3) sit in slots
-            # 16 b + 4q .. 16 b + 4q + 3. Clamped: a block outside the padded keys reads the first
-            # or the last block (masked scores, as above)
-            q4 = (tScS_mn[0, 0][1] // 2) * 4
-            last_block = cute.size(mCol.shape[0]) - 16
-            for b in cutlass.range_constexpr(n // 4):
-                base = n_block * self.tile_n + 16 * b
-                if const_expr(clamp):
-                    base = cutlass.max(cutlass.min(base, last_block), 0)
-                ptr = cute.make_ptr(
-                    Float32, (mCol.iterator + (base + q4)).toint(), cute.AddressSpace.gmem, assumed_align=16
-                )
-                four = cute.make_tensor(ptr, cute.make_layout(4)).load()
-                for i in cutlass.range_constexpr(4):
-                    col[4 * b + i] = four[i]
-        else:
-            k_last = seqlen_k - 1
-            for c in cutlass.range(n, unroll_full=True):
-                k_idx = n_block * self.tile_n + (c * self.k_group if grouped else tScS_mn[0, c][1])
-                k_idx = cutlass.max(cutlass.min(k_idx, k_last), 0) if const_expr(clamp) else k_idx
-                col[c] = mCol[k_idx]
+        k_last = seqlen_k - 1
+        for c in cutlass.range(n, unroll_full=True):
+            k_idx = n_block * self.tile_n + (c * self.k_group if grouped else tScS_mn[0, c][1])
+            col[c] = mCol[cutlass.max(cutlass.min(k_idx, k_last), 0)] if const_expr(clamp) else mCol[k_idx]
         return col
 
     @cute.jit
