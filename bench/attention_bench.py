@@ -171,6 +171,10 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
     return fb
 
 
+# --cute-fwd-options: FP8ForwardSm90's measurement options
+FWD_OPTIONS = ("unpromoted", "k64", "expf16")
+
+
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
     """The CuTe fp8 forward kernel alone on operands quantized (and V permuted) once outside; with the
     kernel option ``k_group``, K quantized with one scale per that many keys (torch, untimed)."""
@@ -303,8 +307,12 @@ def main(argv=None) -> int:
     p.add_argument("--cute", action="store_true", help="add the cute fp8 backend and the FA4 BF16 control")
     p.add_argument(
         "--cute-fwd-options",
-        action="store_true",
-        help="also time the cute forward's measurement options (unpromoted PV; k_group=64, K per 64 keys)",
+        nargs="*",
+        choices=FWD_OPTIONS,
+        default=None,
+        help="also time the cute forward's measurement options, kernel only: unpromoted (no PV "
+        "promotion), k64 (k_group=64, K per 64 keys), expf16 (exp_f16: P's exponentials and row sum "
+        "through FP16, both recipes); no names: all",
     )
     p.add_argument(
         "--cute-bwd-options",
@@ -429,7 +437,9 @@ def main(argv=None) -> int:
                             )
                             for t in tiles
                         ]
-                if pass_ == "fwd" and args.cute_fwd_options:
+                fwd_options = args.cute_fwd_options
+                fwd_options = set() if fwd_options is None else set(fwd_options or FWD_OPTIONS)
+                if pass_ == "fwd" and "unpromoted" in fwd_options:
                     # the forward kernel's measurement option (FP8ForwardSm90): without the PV
                     # promotion, outside the contract, to price it
                     t0 = tiles[0]
@@ -439,6 +449,7 @@ def main(argv=None) -> int:
                             (lambda: cute_kernel_only(q, k, v, causal, t0, promote_pv=False)),
                         )
                     )
+                if pass_ == "fwd" and "k64" in fwd_options:
                     # one K scale per 64 keys, folded into the row factor (the K-scale decision)
                     cands += [
                         (
@@ -448,6 +459,23 @@ def main(argv=None) -> int:
                         for t in tiles
                         if t[1] % 64 == 0
                     ]
+                if pass_ == "fwd" and "expf16" in fwd_options:
+                    # P's exponentials and row sum through FP16 (a numerics change, measured)
+                    cands += [
+                        (
+                            f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}_expf16",
+                            (lambda t=t: cute_kernel_only(q, k, v, causal, t, exp_f16=True)),
+                        )
+                        for t in tiles
+                    ]
+                    if "nvfp4qk_fp8pv" in args.recipes:
+                        cands += [
+                            (
+                                f"cute_nvfp4qk_fp8pv_kernel_only_t{t[0]}x{t[1]}s{t[2]}_expf16",
+                                (lambda t=t: cute_nvfp4_kernel_only(q, k, v, causal, t, exp_f16=True)),
+                            )
+                            for t in tiles
+                        ]
             if args.rope and pass_ in ("fwd", "fwd_bwd"):
                 tables = rope_tables_for(s)
                 cands.append(

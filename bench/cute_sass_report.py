@@ -257,6 +257,7 @@ def inner_loops(sass: str, min_len: int = 200) -> list[dict]:
                     "QK_zero_init": qk_zero,
                     **{k: sum(o.split(".")[0] == k for o in body) for k in LOOP_OPS},
                     "LDG_before_first_GMMA": sum(o.startswith("LDG") for o in body[:first_mma]),
+                    "MUFU_F16": sum(o.startswith("MUFU.EX2.F16") for o in body),
                     "schedule": " ".join(_schedule_label(o) for o in body if o.startswith(SCHEDULE_OPS)),
                 }
             )
@@ -272,6 +273,7 @@ def main(argv=None) -> int:
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
+    p.add_argument("--exp-f16", action="store_true", help="P's exponentials through FP16 (exp_f16)")
     a = p.parse_args(argv)
     if a.backward:
         rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
@@ -282,6 +284,7 @@ def main(argv=None) -> int:
         causal=not a.non_causal,
         promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
+        **({"exp_f16": True} if a.exp_f16 else {}),
     )
     print(json.dumps(rep))
     return 0

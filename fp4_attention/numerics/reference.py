@@ -98,6 +98,29 @@ def _scores_log2(
     return s
 
 
+def _p_fp16(x: torch.Tensor, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """P of one KV tile through FP16, as the CuTe forward's ``exp_f16`` option computes it
+    (``fwd_sm90.exp2_f16x2``, ``sum_f16x2``): ``x [..., n]`` (n <= block_n keys) is the FP32 lifted
+    argument ``z - m + LIFT``; returns P (FP16 values, as FP32) and the tile's row sum ``[..., 1]``.
+
+    P = FP16(2^FP16(x)): the argument rounded to FP16, its power of two rounded to FP16 (the
+    kernel's ``ex2.approx.f16`` is within about one FP16 step of that). The row sum follows the
+    kernel's threads: the four threads of a row hold keys ``8j + 2t + h`` (``t`` = 0..3, ``h`` =
+    0, 1; j = 0..block_n/8-1); each sums its keys of one ``h`` over j as a pairwise tree of FP16
+    adds (words (0, 1), (2, 3), ..., the last word carried when their number is odd, then the
+    sums the same way), adds its two halves in FP32, and the eight FP32 values are summed (in any
+    order: FP32 order is the kernel's own). Keys past n are zeros, as the kernel's masked keys."""
+    p16 = torch.exp2(x.half().float()).half()
+    n = x.shape[-1]
+    padded = torch.nn.functional.pad(p16, (0, block_n - n)) if n < block_n else p16
+    words = list(padded.unflatten(-1, (block_n // 8, 8)).unbind(-2))  # word j: keys 8j .. 8j + 7
+    while len(words) > 1:
+        words = [words[i] + words[i + 1] for i in range(0, len(words) - 1, 2)] + (
+            [words[-1]] if len(words) % 2 else []
+        )
+    return p16.float(), words[0].float().sum(-1, keepdim=True)
+
+
 def _round_p(p: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     return p.bfloat16().float() if recipe.pv == "bf16" else round_e4m3(p)
 
@@ -154,6 +177,7 @@ def reference_forward_quantized(
     block_n: int = DEFAULT_BLOCK_N,
     rescale_threshold: float = 0.0,
     reverse_tiles: bool = False,
+    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
     """:func:`reference_forward` on operands already quantized as ``operands.quantize_qk`` /
     ``quantize_v`` return them (V in ``[B, Hkv, Sk, D]`` layout): the way a GPU backend is
@@ -161,9 +185,18 @@ def reference_forward_quantized(
 
     ``reverse_tiles``: visit the KV tiles (the same tiles, starting at key 0) last to first, as
     FA3/FA4-style kernels do (the ``cute`` backend). The order decides the running max each FP8 P
-    tile is rounded against, so a kernel is compared rounding-for-rounding only in its own order."""
+    tile is rounded against, so a kernel is compared rounding-for-rounding only in its own order.
+
+    ``p_fp16`` (FP8 P recipes; the CuTe forward's measurement option ``exp_f16``, not a recipe):
+    P through FP16 as that kernel computes it, :func:`_p_fp16`, with ``block_n`` its KV tile.
+
+    Raises:
+        ValueError: ``reverse_tiles`` or ``p_fp16`` with a Direct-P recipe, ``p_fp16`` with BF16 P,
+            a non-positive ``block_n``, or a lift and threshold that break the saturation invariant."""
     if reverse_tiles and recipe.direct_p is not None:
         raise ValueError("reverse_tiles: not for the Direct-P recipes (their MXFP4 P has no running max)")
+    if p_fp16 and (recipe.direct_p is not None or recipe.pv != "fp8"):
+        raise ValueError(f"p_fp16: for the FP8 P recipes (fp8, nvfp4qk_fp8pv), not {recipe.name}")
     if block_n <= 0:
         raise ValueError(f"block_n must be positive, got {block_n}")
     check_saturation_invariant(recipe.p_lift_log2, rescale_threshold)
@@ -176,7 +209,7 @@ def reference_forward_quantized(
             )
         out, lse = _forward_direct_p(ops, vo, recipe, causal, block_n)
     else:
-        out, lse = _forward_fp(ops, vo, recipe, causal, block_n, rescale_threshold, reverse_tiles)
+        out, lse = _forward_fp(ops, vo, recipe, causal, block_n, rescale_threshold, reverse_tiles, p_fp16)
     return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
 
@@ -188,6 +221,7 @@ def _forward_fp(
     block_n: int,
     threshold: float,
     reverse_tiles: bool = False,
+    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     sq = ops.q_op.shape[2]
     hkv, sk = ops.k_op.shape[1], ops.k_op.shape[2]
@@ -204,8 +238,12 @@ def _forward_fp(
         m_new = torch.where(m_tile > m + threshold, m_tile, m)
         alpha = torch.where(m_new == m, torch.ones_like(m), torch.exp2(m - m_new))
         anchor = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp2(z - anchor + lift)
-        l = l * alpha + p.sum(-1, keepdim=True)
+        if p_fp16:
+            p, p_sum = _p_fp16(z - anchor + lift, block_n)
+        else:
+            p = torch.exp2(z - anchor + lift)
+            p_sum = p.sum(-1, keepdim=True)
+        l = l * alpha + p_sum
         acc = acc * alpha + torch.matmul(_round_p(p, recipe), vo.v_op[:, :, j0:j1].unsqueeze(2))
         m = m_new
     empty = l == 0

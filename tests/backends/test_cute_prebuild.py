@@ -258,8 +258,11 @@ def test_session_presets_name_the_backends_kernels():
     # forward: 2 head dims x 3 groups x 2 masks x (2 recipes x 2 tiles + fp8 K per 64 keys x 2 tiles);
     # small_gpu.yaml's head dim 64 GQA 3 causal, both recipes; the 128x64 and 128x96 tiles (2 head
     # dims x GQA 4 x 2 masks x (2 recipes x 2 tiles + K per 64 keys at 128x64)); GQA 2 at D128
-    # non-causal (2 recipes x 2 tiles). Backward: each (head dim, group, mask, recipe) once
-    assert len(fwd) == 2 * 3 * 2 * 6 + 2 + 2 * 2 * 5 + 4
+    # non-causal (2 recipes x 2 tiles); the exp_f16 option (GQA 4: 2 head dims x 2 masks x 2 recipes
+    # x 2 tiles; D128 MHA non-causal: 2 recipes x 2 tiles). Backward: each (head dim, group, mask,
+    # recipe) once
+    assert len(fwd) == 2 * 3 * 2 * 6 + 2 + 2 * 2 * 5 + 4 + 16 + 4
+    assert sum(k.exp_f16 for k in fwd) == 20
     assert sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2 + 2
     assert KernelKey("fwd", 64, 3, True, default_tiles(64), True) in keys
     bench = preset_keys("bench")

@@ -52,6 +52,24 @@ def test_k_group_option_folds_the_group_scales(tiles, causal):
         assert loop["instructions"] < base_loop["instructions"] - 60, (loop, base_loop)
 
 
+@pytest.mark.parametrize("tiles, causal", [((128, 128, 2), True), ((128, 192, 2), False)])
+def test_exp_f16_halves_the_fp32_exponentials(tiles, causal):
+    """``exp_f16``: per KV tile and thread, tile_n / 2 MUFU.EX2.F16 (two per FP16 pair) where the
+    default issues as many FP32 MUFU.EX2, which the H200 runs at half the elements per clock
+    (results/cute_fwd_colv4_h200); FP32 exponentials left: the two rows' rescale factors. The row
+    sum is FP16 adds (no FADD per element); no spills. At 128 keys the unmasked loop is 624
+    instructions against 554: an FP16 pack per pair of arguments, and ptxas merges each pair of
+    MUFU.EX2.F16 results with a PRMT (twice, for the row sum and for the E4M3 pack)."""
+    base = _fwd_report(tiles, causal=causal)
+    rep = _fwd_report(tiles, causal=causal, exp_f16=True)
+    assert rep["STL"] == 0 and rep["LDL"] == 0 and rep["reg"] <= 240, rep
+    for loop, base_loop in zip(rep["inner_loops"], base["inner_loops"], strict=True):
+        assert base_loop["MUFU_F16"] == 0 and base_loop["MUFU"] == tiles[1] // 2 + 2, base_loop
+        assert loop["MUFU_F16"] == tiles[1] // 2 and loop["MUFU"] == tiles[1] // 2 + 2, loop
+        assert loop["FADD"] <= 8 and loop["QGMMA"] == base_loop["QGMMA"], loop
+        assert loop["F2FP"] == 2 * base_loop["F2FP"], (loop, base_loop)
+
+
 def test_qk_product_is_one_chain_of_four_k32_wgmmas():
     """The QK product is not promoted (the recipe's definition): per KV tile one zero-initialized
     chain of head_dim / 32 QGMMAs (a promoted product starts one per partial sum)."""

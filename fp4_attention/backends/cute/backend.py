@@ -141,7 +141,7 @@ def triton_state(state: SavedState) -> SavedState:
 
 # FP8ForwardSm90's options at their defaults: left out of the compiled-kernel key, so that one
 # kernel has one key however its caller spells it (qk_bf16=False or nothing; prebuild.py's keys)
-_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0}
+_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0, "exp_f16": False}
 
 
 def forward_key(d: int, group: int, causal: bool, tiles, kernel_options: dict) -> tuple:
@@ -319,13 +319,15 @@ def forward_fp8(
         kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
             :class:`FP8ForwardSm90` (``promote_pv``, at the contract's setting by default;
             ``k_group=64``, for K quantized per 64 keys by ``quantize_fp8_key_groups``: ``col``
-            must then be constant over each 64 keys, which is not checked).
+            must then be constant over each 64 keys, which is not checked; ``exp_f16``: P's
+            exponentials and row sum through FP16, ``fwd_sm90.exp2_f16x2``, a numerics change
+            measured against the recipe, not the recipe).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:
         ValueError: operands of the wrong dtype, layout or shape, tiles outside ``SUPPORTED_TILES``,
-            or a ``k_group`` other than 0 and 64, with NVFP4 Q/K, or at KV tiles that are not a
-            multiple of 64 keys.
+            or a ``k_group`` other than 0 and 64, with NVFP4 Q/K, with ``exp_f16``, or at KV tiles
+            that are not a multiple of 64 keys.
     """
     tiles = default_tiles(q8.shape[-1]) if tiles is None else tuple(tiles)
     k_group = kernel_options.get("k_group", 0)
@@ -335,6 +337,8 @@ def forward_fp8(
             f"k_group={k_group} at tiles {tiles}; use k_group=0, or one of the tiles "
             f"{[t for t in SUPPORTED_TILES if t[1] % 64 == 0]}"
         )
+    if k_group and kernel_options.get("exp_f16", False):
+        raise ValueError("forward_fp8: exp_f16 is for per-token or per-head K scales; leave k_group at 0")
     _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tiles, kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
@@ -528,20 +532,35 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
 
 
 class CuteBackend:
-    """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); option ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks and tests."""
+    """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
+    ``(tile_m, tile_n, stages)`` of the forward, and ``exp_f16`` (the forward's P through FP16, a
+    measurement option: :func:`forward_fp8`), for benchmarks, tests and ``tools/fidelity.py``."""
 
     spec = SPEC
 
-    def forward(self, q, k, v, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None, rope=None):
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        recipe: Recipe,
+        *,
+        causal: bool,
+        softmax_scale: float,
+        tiles=None,
+        rope=None,
+        exp_f16: bool = False,
+    ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
         with ``recipe.k_scale_keys`` = 64, or NVFP4) and V per channel (Triton quantizers, V into the
         kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
         at ``tiles``, by default :func:`default_tiles`.
         ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
-        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
-        keys with ``k_scale_keys`` = 64."""
+        ``exp_f16``: P's exponentials and row sum through FP16 (``fwd_sm90.exp2_f16x2``), a
+        measurement option whose numerics differ from the recipe's reference (off by default).
+        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, KV tiles not a multiple of 64
+        keys with ``k_scale_keys`` = 64, or ``exp_f16`` with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v, rope)
         else:
@@ -556,12 +575,22 @@ class CuteBackend:
             # K per k_scale_keys keys: the kernel folds each group's scale (k_group); options at
             # their defaults are left out of the compiled-kernel key (forward_key)
             **({"k_group": recipe.k_scale_keys} if recipe.k_scale_keys > 1 else {}),
+            **({"exp_f16": True} if exp_f16 else {}),
         )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
     def backward(
-        self, state: SavedState, dout, recipe: Recipe, *, causal: bool, softmax_scale: float, tiles=None
+        self,
+        state: SavedState,
+        dout,
+        recipe: Recipe,
+        *,
+        causal: bool,
+        softmax_scale: float,
+        tiles=None,
+        exp_f16: bool = False,
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
-        ``nvfp4qk_fp8pv``."""
+        ``nvfp4qk_fp8pv``; ``tiles`` and ``exp_f16`` are the forward's (P is rebuilt in FP32 from the
+        saved LSE either way)."""
         return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

@@ -91,16 +91,109 @@ def _cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=
     )
 
 
+def _asm(ret, args, body: str, constraints: str, loc=None, ip=None):
+    return llvm.inline_asm(
+        ret,
+        [Float32(x).ir_value(loc=loc, ip=ip) for x in args],
+        body,
+        constraints,
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def exp2_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``2^a`` and ``2^b`` through FP16 (``exp_f16``): both arguments rounded to FP16
+    (``cvt.rn.f16x2.f32``), then one ``ex2.approx.f16x2`` (two MUFU.EX2.F16, at twice MUFU.EX2's
+    elements per clock on the H200: results/cute_fwd_colv4_h200). Returns the two FP16 results' bits
+    in one 32-bit register typed Float32 (2^a in the low half), to sit in the accumulator's slot of
+    ``a``; only :func:`sum_f16x2` and :func:`p_to_e4m3_operand` read it."""
+    return Float32(
+        _asm(
+            T.f32(),
+            (a, b),
+            "{\n.reg .b32 h;\n.reg .b16 x0, x1, e0, e1;\ncvt.rn.f16x2.f32 h, $2, $1;\nmov.b32 {x0, x1}, h;\n"
+            "ex2.approx.f16 e0, x0;\nex2.approx.f16 e1, x1;\nmov.b32 $0, {e0, e1};\n}",
+            "=f,f,f",
+            loc,
+            ip,
+        )
+    )
+
+
+@dsl_user_op
+def _add_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    return Float32(
+        _asm(
+            T.f32(),
+            (a, b),
+            "{\n.reg .b32 x, y, z;\nmov.b32 x, $1;\nmov.b32 y, $2;\nadd.rn.f16x2 z, x, y;\nmov.b32 $0, z;\n}",
+            "=f,f,f",
+            loc,
+            ip,
+        )
+    )
+
+
+@dsl_user_op
+def _f16x2_to_f32_sum(a: Float32, *, loc=None, ip=None) -> Float32:
+    return Float32(
+        _asm(
+            T.f32(),
+            (a,),
+            "{\n.reg .b32 w;\n.reg .b16 lo, hi;\n.reg .f32 x, y;\nmov.b32 w, $1;\nmov.b32 {lo, hi}, w;\n"
+            "cvt.f32.f16 x, lo;\ncvt.f32.f16 y, hi;\nadd.f32 $0, x, y;\n}",
+            "=f,f",
+            loc,
+            ip,
+        )
+    )
+
+
+def sum_f16x2(words: list) -> Float32:
+    """The sum of the FP16 pairs of :func:`exp2_f16x2`'s words: a pairwise tree of ``add.rn.f16x2``
+    (word i + word i+1, then the sums the same way), then the two halves in FP32."""
+    while len(words) > 1:
+        words = [_add_f16x2(words[i], words[i + 1]) for i in range(0, len(words) - 1, 2)] + (
+            [words[-1]] if len(words) % 2 else []
+        )
+    return _f16x2_to_f32_sum(words[0])
+
+
+@dsl_user_op
+def _cvt_e4m3x4_f16(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
+    """Two words of FP16 pairs (:func:`exp2_f16x2`) -> four E4M3 bytes (a's low half in the lowest
+    byte), round-to-nearest-even, saturating."""
+    return Int32(
+        _asm(
+            T.i32(),
+            (a, b),
+            "{\n.reg .b32 x, y;\n.reg .b16 lo, hi;\nmov.b32 x, $1;\nmov.b32 y, $2;\n"
+            "cvt.rn.satfinite.e4m3x2.f16x2 lo, x;\ncvt.rn.satfinite.e4m3x2.f16x2 hi, y;\n"
+            "mov.b32 $0, {lo, hi};\n}",
+            "=r,f,f",
+            loc,
+            ip,
+        )
+    )
+
+
 @cute.jit
-def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor):
+def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor, f16_pairs: cutlass.Constexpr = False):
     """FP32 wgmma accumulator (P, lifted) -> the E4M3 A operand of the next wgmma, registers in place
     (see ``pv_layout.V_PERM16``): per 32 accumulator columns the A fragment's 4 words are accumulator
-    values (0,1,4,5) (2,3,6,7) (8,9,12,13) (10,11,14,15); the B operand's K order is permuted to match."""
+    values (0,1,4,5) (2,3,6,7) (8,9,12,13) (10,11,14,15); the B operand's K order is permuted to match.
+    ``f16_pairs``: the accumulator holds :func:`exp2_f16x2`'s words, the pair (i, i+1) in slot i."""
     src = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
     dst = cute.recast_tensor(frag, Int32)
     for w in cutlass.range_constexpr(cute.size(dst)):
         base = (w // 4) * 16 + (w % 2) * 2 + ((w // 2) % 2) * 8
-        dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
+        if const_expr(f16_pairs):
+            dst[w] = _cvt_e4m3x4_f16(src[base], src[base + 4])
+        else:
+            dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
 
 
 K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32: a folded row scale never rounds to zero
@@ -147,6 +240,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
+        exp_f16: False (the recipe). True, a measurement option that changes the numerics: P's
+            exponentials two keys at a time through FP16 (:func:`exp2_f16x2`: the lifted argument
+            rounded to FP16, ``ex2.approx.f16``, whose MUFU rate per element is twice the FP32
+            one's on the H200), E4M3 from the FP16 values, and the tile's row sum a tree of FP16
+            pair adds (:func:`sum_f16x2`) carried in FP32 across tiles. Not with ``k_group``.
 
     Schedule: per warpgroup QK -> softmax -> PV, overlapped across the two consumer warpgroups
     (ping-pong), each part measured on the H200 before it
@@ -184,6 +282,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_pv: bool = True,
         qk_bf16: bool = False,
         k_group: int = 0,
+        exp_f16: bool = False,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -214,6 +313,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 f"FP8ForwardSm90: k_group must be 0, or 64 with E4M3 Q/K and tile_n % 64 == 0; got {k_group}"
             )
         self.k_group = k_group
+        if exp_f16 and k_group:
+            raise ValueError(
+                "FP8ForwardSm90: exp_f16 is for per-token or per-head K scales; leave k_group at 0"
+            )
+        self.exp_f16 = exp_f16
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -816,7 +920,17 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, row_max[r])
             m_safe = Float32(0.0) if m_new == -Float32.inf else m_new
-            if const_expr(group_scales is None):
+            if const_expr(self.exp_f16):
+                # P through FP16 two keys at a time, in the slot of the pair's first key; the row
+                # sum from the same FP16 values (sum_f16x2)
+                offset = Float32(LIFT) - m_safe
+                words = []
+                for c in cutlass.range_constexpr(0, n_cols, 2):
+                    w = exp2_f16x2(acc_S_mn[r, c] * row_r[r] + offset, acc_S_mn[r, c + 1] * row_r[r] + offset)
+                    acc_S_mn[r, c] = w
+                    words.append(w)
+                p_sum = sum_f16x2(words)
+            elif const_expr(group_scales is None):
                 p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
             else:
                 offset = Float32(LIFT) - m_safe
@@ -827,21 +941,28 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 p = acc_S_mn[r, None].load()
             if const_expr(is_first):
                 alpha[r] = Float32(1.0)
-                row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)
+                if const_expr(self.exp_f16):
+                    row_sum[r] = p_sum
+                else:
+                    row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)
             else:
                 alpha[r] = (
                     Float32(1.0)
                     if m_new == row_max[r]
                     else cute.math.exp2(row_max[r] - m_safe, fastmath=True)
                 )
-                row_sum[r] = fa_utils.fadd_reduce(p, init_val=row_sum[r] * alpha[r], arch=90)
+                if const_expr(self.exp_f16):
+                    row_sum[r] = row_sum[r] * alpha[r] + p_sum
+                else:
+                    row_sum[r] = fa_utils.fadd_reduce(p, init_val=row_sum[r] * alpha[r], arch=90)
             row_max[r] = m_new
-            acc_S_mn[r, None].store(p)
+            if const_expr(not self.exp_f16):
+                acc_S_mn[r, None].store(p)
         return alpha
 
     @cute.jit
     def _p_to_e4m3(self, acc_S: cute.Tensor, tOrP: cute.Tensor):
-        p_to_e4m3_operand(acc_S, tOrP)
+        p_to_e4m3_operand(acc_S, tOrP, f16_pairs=self.exp_f16)
 
     @cute.jit
     def _finalize(

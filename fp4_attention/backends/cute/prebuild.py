@@ -102,8 +102,8 @@ def _descriptor(dtype: torch.dtype, ndim: int, leading: int, assumed_align: int,
 @dataclass(frozen=True)
 class KernelKey:
     """One compiled kernel of the cute backend: ``kind`` ``"fwd"`` (``FP8ForwardSm90`` at ``tiles``,
-    with ``k_group``), ``"bwd"`` (``FP8BackwardSm90``) or ``"post"`` (flash-attn-4's FP32 -> BF16
-    postprocess of the backward's accumulators, for head dim ``d``); ``qk_bf16``: the
+    with ``k_group`` or ``exp_f16``), ``"bwd"`` (``FP8BackwardSm90``) or ``"post"`` (flash-attn-4's
+    FP32 -> BF16 postprocess of the backward's accumulators, for head dim ``d``); ``qk_bf16``: the
     ``nvfp4qk_fp8pv`` kernels."""
 
     kind: str
@@ -113,6 +113,7 @@ class KernelKey:
     tiles: tuple = ()
     qk_bf16: bool = False
     k_group: int = 0
+    exp_f16: bool = False
 
 
 def _empty(*shape_dtype):
@@ -131,7 +132,11 @@ def _forward(key: KernelKey):
 def forward_options(key: KernelKey) -> dict:
     """The ``FP8ForwardSm90`` options of a ``"fwd"`` key, as ``CuteBackend.forward`` passes them
     (``backend.forward_key`` leaves those at their defaults out of the cache key)."""
-    return {"qk_bf16": key.qk_bf16, **({"k_group": key.k_group} if key.k_group else {})}
+    return {
+        "qk_bf16": key.qk_bf16,
+        **({"k_group": key.k_group} if key.k_group else {}),
+        **({"exp_f16": True} if key.exp_f16 else {}),
+    }
 
 
 def _backward(key: KernelKey):
@@ -167,11 +172,13 @@ def keys_for(
     tiles=None,
     recipes=("fp8", "nvfp4qk_fp8pv"),
     k_group=False,
+    exp_f16=False,
 ) -> list[KernelKey]:
     """Every forward, backward and postprocess kernel of the cute backend for these head dims, GQA
     groups, masks and recipes, the forward at ``tiles`` (default: the backend's
     ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
-    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64."""
+    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64; with ``exp_f16`` also
+    each recipe's forward with P's exponentials through FP16, at every tile."""
     from .backend import default_tiles
 
     keys = []
@@ -183,6 +190,8 @@ def keys_for(
                 keys.append(KernelKey("fwd", d, group, c, tuple(t), bf16))
                 if k_group and not bf16 and t[1] % 64 == 0:
                     keys.append(KernelKey("fwd", d, group, c, tuple(t), False, 64))
+                if exp_f16:
+                    keys.append(KernelKey("fwd", d, group, c, tuple(t), bf16, exp_f16=True))
             keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
     return list(dict.fromkeys(keys))
 
@@ -201,6 +210,11 @@ SESSION_PRESETS = {
         # tiles of test_other_tiles_match_reference, and GQA 2 at D128 non-causal
         dict(head_dims=(64, 128), groups=(4,), tiles=[(128, 64, 2), (128, 96, 2)], k_group=True),
         dict(head_dims=(128,), groups=(2,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)]),
+        # the exp_f16 measurement option: its GPU test (GQA 4) and attention_bench's rows (MHA)
+        dict(head_dims=(64, 128), groups=(4,), tiles=[(128, 128, 2), (128, 192, 2)], exp_f16=True),
+        dict(
+            head_dims=(128,), groups=(1,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)], exp_f16=True
+        ),
     ],
 }
 
