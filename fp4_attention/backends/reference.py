@@ -13,7 +13,7 @@ SPEC = BackendSpec(
     impl="fp4_attention.backends.reference:ReferenceBackend",
     recipes=("bf16", "fp8", "nvfp4qk_fp8pv", "nvfp4qk_mxfp4pv_fast", "nvfp4qk_mxfp4pv_accurate"),
     devices=("cpu", "cuda"),
-    options=("block_n", "rescale_threshold"),
+    options=("block_n", "rescale_threshold", "p_fp16"),
     qk_rotations=("hadamard",),
     k_scale_keys=(1, 64),
     priority=0,
@@ -23,12 +23,23 @@ SPEC = BackendSpec(
 
 class ReferenceBackend:
     """Options: ``block_n`` (keys per tile, default 128), ``rescale_threshold`` (lazy rescaling,
-    log2 units, default 0; forward only)."""
+    log2 units, default 0; forward only), ``p_fp16`` (FP8 P through FP16 as the CuTe forward's
+    measurement option ``exp_f16`` computes it, ``reference_forward_quantized``; forward only)."""
 
     spec = SPEC
 
     def forward(
-        self, q, k, v, recipe, *, causal, softmax_scale, block_n=DEFAULT_BLOCK_N, rescale_threshold=0.0
+        self,
+        q,
+        k,
+        v,
+        recipe,
+        *,
+        causal,
+        softmax_scale,
+        block_n=DEFAULT_BLOCK_N,
+        rescale_threshold=0.0,
+        p_fp16=False,
     ):
         return reference_forward(
             q,
@@ -39,6 +50,7 @@ class ReferenceBackend:
             softmax_scale=softmax_scale,
             block_n=block_n,
             rescale_threshold=rescale_threshold,
+            p_fp16=p_fp16,
         )
 
     def backward(
@@ -51,6 +63,7 @@ class ReferenceBackend:
         softmax_scale,
         block_n=DEFAULT_BLOCK_N,
         rescale_threshold=0.0,
+        p_fp16=False,
     ):
         return reference_backward(
             state, dout.contiguous(), recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n

@@ -135,6 +135,7 @@ def reference_forward(
     softmax_scale: float,
     block_n: int = DEFAULT_BLOCK_N,
     rescale_threshold: float = 0.0,
+    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
     """Forward of ``recipe`` on BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]``.
 
@@ -146,6 +147,7 @@ def reference_forward(
             Direct-P recipes, whose MXFP4 blocks must not straddle tiles).
         rescale_threshold: lazy-rescale threshold in log2 units (FA4-style: the running max is
             only raised when a tile's max exceeds it by more than this). 0 = always rescale.
+        p_fp16: P through FP16 (:func:`reference_forward_quantized`).
     Returns:
         ``(out, lse, state)``: out BF16 ``[B, Hq, Sq, D]``, lse FP32 ``[B, Hq, Sq]`` (natural log),
         and the :class:`SavedState` for backward.
@@ -163,6 +165,7 @@ def reference_forward(
         softmax_scale=softmax_scale,
         block_n=block_n,
         rescale_threshold=rescale_threshold,
+        p_fp16=p_fp16,
     )
 
 
