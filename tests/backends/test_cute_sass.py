@@ -57,9 +57,10 @@ def test_exp_f16_halves_the_fp32_exponentials(tiles, causal):
     """``exp_f16``: per KV tile and thread, tile_n / 2 MUFU.EX2.F16 (two per FP16 pair) where the
     default issues as many FP32 MUFU.EX2, which the H200 runs at half the elements per clock
     (results/cute_fwd_colv4_h200); FP32 exponentials left: the two rows' rescale factors. The row
-    sum is FP16 adds (no FADD per element); no spills. At 128 keys the unmasked loop is 624
+    sum is FP16 adds (no FADD per element); no spills. At 128 keys the unmasked loop is 616
     instructions against 554: an FP16 pack per pair of arguments, and ptxas merges each pair of
-    MUFU.EX2.F16 results with a PRMT (twice, for the row sum and for the E4M3 pack)."""
+    MUFU.EX2.F16 results with a PRMT, twice (the E4M3 pack overwrites its copy; the row sum reads
+    the other)."""
     base = _fwd_report(tiles, causal=causal)
     rep = _fwd_report(tiles, causal=causal, exp_f16=True)
     assert rep["STL"] == 0 and rep["LDL"] == 0 and rep["reg"] <= 240, rep

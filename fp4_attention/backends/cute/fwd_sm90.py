@@ -108,8 +108,8 @@ def exp2_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """``2^a`` and ``2^b`` through FP16 (``exp_f16``): both arguments rounded to FP16
     (``cvt.rn.f16x2.f32``), then one ``ex2.approx.f16x2`` (two MUFU.EX2.F16, at twice MUFU.EX2's
     elements per clock on the H200: results/cute_fwd_colv4_h200). Returns the two FP16 results' bits
-    in one 32-bit register typed Float32 (2^a in the low half), to sit in the accumulator's slot of
-    ``a``; only :func:`sum_f16x2` and :func:`p_to_e4m3_operand` read it."""
+    in one 32-bit register typed Float32 (2^a in the low half), for :func:`sum_f16x2` and the E4M3
+    conversion (``_cvt_e4m3x4_f16``) only."""
     return Float32(
         _asm(
             T.f32(),
@@ -181,19 +181,15 @@ def _cvt_e4m3x4_f16(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
 
 
 @cute.jit
-def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor, f16_pairs: cutlass.Constexpr = False):
+def p_to_e4m3_operand(acc: cute.Tensor, frag: cute.Tensor):
     """FP32 wgmma accumulator (P, lifted) -> the E4M3 A operand of the next wgmma, registers in place
     (see ``pv_layout.V_PERM16``): per 32 accumulator columns the A fragment's 4 words are accumulator
-    values (0,1,4,5) (2,3,6,7) (8,9,12,13) (10,11,14,15); the B operand's K order is permuted to match.
-    ``f16_pairs``: the accumulator holds :func:`exp2_f16x2`'s words, the pair (i, i+1) in slot i."""
+    values (0,1,4,5) (2,3,6,7) (8,9,12,13) (10,11,14,15); the B operand's K order is permuted to match."""
     src = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
     dst = cute.recast_tensor(frag, Int32)
     for w in cutlass.range_constexpr(cute.size(dst)):
         base = (w // 4) * 16 + (w % 2) * 2 + ((w // 2) % 2) * 8
-        if const_expr(f16_pairs):
-            dst[w] = _cvt_e4m3x4_f16(src[base], src[base + 4])
-        else:
-            dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
+        dst[w] = _cvt_e4m3x4(src[base], src[base + 1], src[base + 4], src[base + 5])
 
 
 K_SCALE_FLOOR = 2.0**-126  # the smallest normal FP32: a folded row scale never rounds to zero
@@ -781,8 +777,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         scale_cols(acc_S, None if const_expr(self.k_group > 0) else col, n_block=n_block, is_first=is_first)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(acc_S, is_first=is_first, group_scales=col if const_expr(self.k_group > 0) else None)
-        self._p_to_e4m3(acc_S, tOrP)
+        alpha = softmax(
+            acc_S,
+            is_first=is_first,
+            group_scales=col if const_expr(self.k_group > 0) else None,
+            tOrP=tOrP if const_expr(self.exp_f16) else None,
+        )
+        if const_expr(not self.exp_f16):  # exp_f16: the softmax wrote the E4M3 operand
+            self._p_to_e4m3(acc_S, tOrP)
         if const_expr(not self.promote_pv):
             acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
             for r in cutlass.range(cute.size(alpha), unroll_full=True):
@@ -885,10 +887,12 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_sum: cute.Tensor,
         row_r: cute.Tensor,
         group_scales: cute.Tensor | None = None,
+        tOrP: cute.Tensor | None = None,
     ) -> cute.Tensor:
         """Online softmax of one score tile in place, on the scores already masked (``t * col`` per
         token, or ``t`` with ``qk_bf16`` and ``k_group``: :meth:`_scale_cols`, then the mask); acc_S
-        becomes the lifted P. Returns the per-row
+        becomes the lifted P (``exp_f16``: acc_S is left as it is and P goes as E4M3 straight into
+        ``tOrP``, the PV product's A operand, in :func:`p_to_e4m3_operand`'s order). Returns the per-row
         rescale factor alpha of the running output (contract §2, reference.py). ``group_scales``
         (``k_group``): the scores are the unscaled ``t``, key group g's factor is
         ``fold_k_scale(r_i, s_g)``, and the row max is the largest of the groups' ``max t * factor``
@@ -926,9 +930,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 offset = Float32(LIFT) - m_safe
                 words = []
                 for c in cutlass.range_constexpr(0, n_cols, 2):
-                    w = exp2_f16x2(acc_S_mn[r, c] * row_r[r] + offset, acc_S_mn[r, c + 1] * row_r[r] + offset)
-                    acc_S_mn[r, c] = w
-                    words.append(w)
+                    words.append(
+                        exp2_f16x2(acc_S_mn[r, c] * row_r[r] + offset, acc_S_mn[r, c + 1] * row_r[r] + offset)
+                    )
+                # the E4M3 operand of PV from each two words (keys 4k .. 4k + 3 of this thread's row
+                # r): A-fragment word 4 (k // 2) + 2 (k % 2) + r, p_to_e4m3_operand's order
+                dst = cute.recast_tensor(tOrP, Int32)
+                for k in cutlass.range_constexpr(len(words) // 2):
+                    dst[4 * (k // 2) + 2 * (k % 2) + r] = _cvt_e4m3x4_f16(words[2 * k], words[2 * k + 1])
                 p_sum = sum_f16x2(words)
             elif const_expr(group_scales is None):
                 p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
@@ -962,7 +971,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
 
     @cute.jit
     def _p_to_e4m3(self, acc_S: cute.Tensor, tOrP: cute.Tensor):
-        p_to_e4m3_operand(acc_S, tOrP, f16_pairs=self.exp_f16)
+        p_to_e4m3_operand(acc_S, tOrP)
 
     @cute.jit
     def _finalize(
