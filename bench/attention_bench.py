@@ -312,7 +312,8 @@ def main(argv=None) -> int:
         default=None,
         help="also time the cute forward's measurement options, kernel only: unpromoted (no PV "
         "promotion), k64 (k_group=64, K per 64 keys), expf16 (exp_f16: P's exponentials and row sum "
-        "through FP16, both recipes); no names: all",
+        "through FP16, both recipes, kernel only and, in the fwd and fwd_bwd passes, the backend's "
+        "step with quantization); no names: all",
     )
     p.add_argument(
         "--cute-bwd-options",
@@ -476,6 +477,17 @@ def main(argv=None) -> int:
                             )
                             for t in tiles
                         ]
+                if pass_ in ("fwd", "fwd_bwd") and "expf16" in fwd_options:
+                    # the training step's forward (quantization included) with the option, at the
+                    # backend's tiles; the backward is the same kernel either way
+                    cands += [
+                        (
+                            f"cute_{r}_expf16",
+                            (lambda r=r: ours_fn(r, q, k, v, causal, pass_, backend="cute", exp_f16=True)),
+                        )
+                        for r in args.recipes
+                        if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
+                    ]
             if args.rope and pass_ in ("fwd", "fwd_bwd"):
                 tables = rope_tables_for(s)
                 cands.append(

@@ -22,7 +22,8 @@
 #           cases) and the layouts
 #           (TESTS_TIMEOUT, default 360 s; TEST_WORKERS processes, default 8, as the Triton tests of A);
 #         "fidelity": tools/fidelity.py FID_RECIPES (default fp8) for each of FID_BACKENDS (default "cute triton"), cute with
-#           the cuDNN FP8 peer (FID_TIMEOUT per backend, 200 s);
+#           the cuDNN FP8 peer (FID_TIMEOUT per backend, 200 s); FID_ARGS: more arguments (words), FID_TAG a
+#           suffix for the output names;
 #         "train": configs/small_gpu.yaml, each recipe of TRAIN_RECIPES (default fp8), TRAIN_ITERS (120)
 #           steps with each backend of TRAIN_BACKENDS (default "triton cute"), the same seed and data
 #           (TRAIN_TIMEOUT per run, 150 s); TRAIN_OVERRIDES: more config overrides (words, e.g.
@@ -177,8 +178,10 @@ if [[ $steps == *" fidelity "* ]]; then
   for be in ${FID_BACKENDS:-cute triton}; do
     peers=(); [[ $be == cute ]] && peers=(--peers cudnn_fp8)
     read -ra fid_recipes <<< "${FID_RECIPES:-fp8}"
+    read -ra fid_args <<< "${FID_ARGS:-}"  # more arguments, e.g. "--backend-option exp_f16=True"
     timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend "$be" --device cuda --recipes "${fid_recipes[@]}" "${peers[@]}" \
-      --out "$out/fidelity_${be}_h200" > "$out/fidelity_$be.log" 2>&1; echo "fidelity $be rc=$?" | tee -a "$out/status.txt"
+      "${fid_args[@]}" --out "$out/fidelity_${be}${FID_TAG:-}_h200" > "$out/fidelity_$be${FID_TAG:-}.log" 2>&1
+    echo "fidelity $be${FID_TAG:-} rc=$?" | tee -a "$out/status.txt"
   done
 fi
 if [[ $steps == *" train "* ]]; then
