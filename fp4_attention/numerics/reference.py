@@ -194,12 +194,15 @@ def reference_forward_quantized(
     P through FP16 as that kernel computes it, :func:`_p_fp16`, with ``block_n`` its KV tile.
 
     Raises:
-        ValueError: ``reverse_tiles`` or ``p_fp16`` with a Direct-P recipe, ``p_fp16`` with BF16 P,
-            a non-positive ``block_n``, or a lift and threshold that break the saturation invariant."""
+        ValueError: ``reverse_tiles`` or ``p_fp16`` with a Direct-P recipe, ``p_fp16`` with BF16 P or
+            a ``block_n`` that is not a multiple of 8, a non-positive ``block_n``, or a lift and
+            threshold that break the saturation invariant."""
     if reverse_tiles and recipe.direct_p is not None:
         raise ValueError("reverse_tiles: not for the Direct-P recipes (their MXFP4 P has no running max)")
     if p_fp16 and (recipe.direct_p is not None or recipe.pv != "fp8"):
         raise ValueError(f"p_fp16: for the FP8 P recipes (fp8, nvfp4qk_fp8pv), not {recipe.name}")
+    if p_fp16 and block_n % 8:
+        raise ValueError(f"p_fp16: block_n must be a multiple of 8 (as the kernel's KV tiles), got {block_n}")
     if block_n <= 0:
         raise ValueError(f"block_n must be positive, got {block_n}")
     check_saturation_invariant(recipe.p_lift_log2, rescale_threshold)

@@ -135,11 +135,14 @@ class _ExpF16Cute(_TiledCute):
 def test_exp_f16_matches_its_reference(tiles, recipe, causal, d):
     """The measurement option ``exp_f16`` (P's exponentials and row sum through FP16) against the
     reference's ``p_fp16`` (the same FP16 steps: ``reference._p_fp16``) on the same quantized inputs,
-    with the tests' bounds, the LSE's for BF16 QK raised from 1e-4 to 3.5e-3: the kernel's
-    ``ex2.approx.f16`` is within about one FP16 step (2^-10 relative) of the reference's correctly
-    rounded FP16 power, and where a P differs, each of the row-sum tree's log2(24) FP16 additions
-    above it may round the other way (2^-11 each): at most 1e-3 + 2.3e-3 of the row sum, as much
-    in the LSE (the bound is the worst case; the test prints what it sees). Lengths off the tile grid,
+    with the tests' bounds for FP8 QK, for BF16 QK too. The kernel's ``ex2.approx.f16`` is within
+    2^-9.9 (PTX's bound, about one FP16 step) of the reference's correctly rounded FP16 power.
+    Output 1e-2 (not BF16 QK's 5e-3): a CPU simulation of that bound, one FP16 step either way on
+    2/3 of the values, gave 3.7e-3 to 5.5e-3 on these shapes, each step flipping about 1% of P's
+    E4M3 codes (a table of the H200's 65,536 FP16 results would make the reference exact). LSE
+    3.5e-3 (not 1e-4): where a P differs, each of the row-sum tree's log2(24) FP16 additions above
+    it may round the other way (2^-11 each), at most 1e-3 + 2.3e-3 of the row sum (the worst
+    case; the simulation stayed below 1.1e-3; the test prints what it sees). Lengths off the tile grid,
     GQA, rows without keys (Sq > Sk causal); for ``fp8`` also ``tt.compare`` (the gradients of the
     CuTe backward on this state).
     Prints how far the option's reference moves from the recipe's (rel-L2 of the output, LSE)."""
@@ -164,7 +167,7 @@ def test_exp_f16_matches_its_reference(tiles, recipe, causal, d):
             f"exp_f16 {recipe} d{d} causal={causal} t{tiles} {sq}x{sk}: kernel-ref out {d_out:.2e} "
             f"lse {d_lse:.2e}; p_fp16 ref - recipe ref out {moved[0]:.2e} lse {moved[1]:.2e}"
         )
-        assert d_out <= (1e-2 if rec.qk == "fp8" else 5e-3), d_out
+        assert d_out <= 1e-2, d_out
         assert d_lse <= 3.5e-3, d_lse
     if rec.qk == "fp8":  # with gradients, all of tt.compare's bounds (BF16 QK: its LSE bound is 1e-4)
         tt.compare(recipe, 2, 8, 2, 300, 300, d, causal, target=target)

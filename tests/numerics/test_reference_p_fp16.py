@@ -70,6 +70,7 @@ def test_p_fp16_forward_stays_near_the_recipe(recipe):
 
 
 def test_p_fp16_refuses_other_p_formats():
+    """BF16 and MXFP4 P, and tiles that are not a multiple of 8 keys (the kernel's row-sum words)."""
     q, k, v = make_qkv(1, 2, 1, 64, 64, 64)
     for name in ("bf16", "nvfp4qk_mxfp4pv_fast"):
         rec = fa.get_recipe(name)
@@ -78,3 +79,9 @@ def test_p_fp16_refuses_other_p_formats():
             reference_forward_quantized(
                 q_s, k_s, quantize_v(v, rec), rec, causal=True, softmax_scale=0.1, p_fp16=True
             )
+    rec = fa.get_recipe("fp8")
+    q_s, k_s = quantize_qk(q, k, rec)
+    with pytest.raises(ValueError, match="p_fp16: block_n must be a multiple of 8"):
+        reference_forward_quantized(
+            q_s, k_s, quantize_v(v, rec), rec, causal=True, softmax_scale=0.1, p_fp16=True, block_n=100
+        )

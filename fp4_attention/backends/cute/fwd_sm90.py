@@ -106,10 +106,11 @@ def _asm(ret, args, body: str, constraints: str, loc=None, ip=None):
 @dsl_user_op
 def exp2_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """``2^a`` and ``2^b`` through FP16 (``exp_f16``): both arguments rounded to FP16
-    (``cvt.rn.f16x2.f32``), then one ``ex2.approx.f16x2`` (two MUFU.EX2.F16, at twice MUFU.EX2's
-    elements per clock on the H200: results/cute_fwd_colv4_h200). Returns the two FP16 results' bits
-    in one 32-bit register typed Float32 (2^a in the low half), for :func:`sum_f16x2` and the E4M3
-    conversion (``_cvt_e4m3x4_f16``) only."""
+    (``cvt.rn.f16x2.f32``), then two ``ex2.approx.f16`` (two MUFU.EX2.F16, the same instructions
+    ``ex2.approx.f16x2`` becomes; at twice MUFU.EX2's elements per clock on the H200:
+    results/cute_fwd_colv4_h200; PTX gives a maximum relative error of 2^-9.9). Returns the two
+    FP16 results' bits in one 32-bit register typed Float32 (2^a in the low half), for
+    :func:`sum_f16x2` and the E4M3 conversion (``_cvt_e4m3x4_f16``) only."""
     return Float32(
         _asm(
             T.f32(),
@@ -925,8 +926,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 m_new = cute.arch.fmax(m_new, row_max[r])
             m_safe = Float32(0.0) if m_new == -Float32.inf else m_new
             if const_expr(self.exp_f16):
-                # P through FP16 two keys at a time, in the slot of the pair's first key; the row
-                # sum from the same FP16 values (sum_f16x2)
+                # P through FP16 two keys at a time (one word per pair of keys), written as E4M3
+                # into the PV operand below; the row sum from the same FP16 values (sum_f16x2)
                 offset = Float32(LIFT) - m_safe
                 words = []
                 for c in cutlass.range_constexpr(0, n_cols, 2):
