@@ -51,6 +51,7 @@ Conventions (contract §2, "facts from the paper's code release"):
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -98,6 +99,19 @@ def _scores_log2(
     return s
 
 
+def pairwise_tree(items, add):
+    """``items`` (a non-empty sequence) summed as a pairwise tree with ``add``: items (0, 1), (2, 3),
+    ..., the last one carried when their number is odd, then the sums the same way. The order of
+    the row-sum tree of the CuTe forward's ``exp_f16`` (``fwd_sm90.sum_f16x2``, on FP16 words) and of
+    :func:`_p_fp16` (on FP16 tensors), one function so that the two cannot drift apart."""
+    items = list(items)
+    while len(items) > 1:
+        items = [add(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)] + (
+            [items[-1]] if len(items) % 2 else []
+        )
+    return items[0]
+
+
 def _p_fp16(x: torch.Tensor, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """P of one KV tile through FP16, as the CuTe forward's ``exp_f16`` option computes it
     (``fwd_sm90.exp2_f16x2``, ``sum_f16x2``): ``x [..., n]`` (n <= block_n keys) is the FP32 lifted
@@ -113,12 +127,8 @@ def _p_fp16(x: torch.Tensor, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
     p16 = torch.exp2(x.half().float()).half()
     n = x.shape[-1]
     padded = torch.nn.functional.pad(p16, (0, block_n - n)) if n < block_n else p16
-    words = list(padded.unflatten(-1, (block_n // 8, 8)).unbind(-2))  # word j: keys 8j .. 8j + 7
-    while len(words) > 1:
-        words = [words[i] + words[i + 1] for i in range(0, len(words) - 1, 2)] + (
-            [words[-1]] if len(words) % 2 else []
-        )
-    return p16.float(), words[0].float().sum(-1, keepdim=True)
+    words = padded.unflatten(-1, (block_n // 8, 8)).unbind(-2)  # word j: keys 8j .. 8j + 7
+    return p16.float(), pairwise_tree(words, operator.add).float().sum(-1, keepdim=True)
 
 
 def _round_p(p: torch.Tensor, recipe: Recipe) -> torch.Tensor:

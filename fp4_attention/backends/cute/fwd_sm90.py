@@ -68,30 +68,16 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
+from ...numerics.reference import pairwise_tree
+
 __all__ = ["K_SCALE_FLOOR", "LIFT", "FP8ForwardSm90", "fold_k_scale", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
 
 
-@dsl_user_op
-def _cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Int32:
-    """Four FP32 -> four E4M3 bytes (a in the lowest byte), round-to-nearest-even, saturating."""
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-            "{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
-            "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\nmov.b32 $0, {lo, hi};\n}",
-            "=r,f,f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-    )
-
-
 def _asm(ret, args, body: str, constraints: str, loc=None, ip=None):
+    """Inline PTX ``body`` (no side effects) on FP32 ``args``, returning the LLVM type ``ret``."""
     return llvm.inline_asm(
         ret,
         [Float32(x).ir_value(loc=loc, ip=ip) for x in args],
@@ -100,6 +86,22 @@ def _asm(ret, args, body: str, constraints: str, loc=None, ip=None):
         has_side_effects=False,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def _cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Int32:
+    """Four FP32 -> four E4M3 bytes (a in the lowest byte), round-to-nearest-even, saturating."""
+    return Int32(
+        _asm(
+            T.i32(),
+            (a, b, c, d),
+            "{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+            "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\nmov.b32 $0, {lo, hi};\n}",
+            "=r,f,f,f,f",
+            loc,
+            ip,
+        )
     )
 
 
@@ -154,13 +156,10 @@ def _f16x2_to_f32_sum(a: Float32, *, loc=None, ip=None) -> Float32:
 
 
 def sum_f16x2(words: list) -> Float32:
-    """The sum of the FP16 pairs of :func:`exp2_f16x2`'s words: a pairwise tree of ``add.rn.f16x2``
-    (word i + word i+1, then the sums the same way), then the two halves in FP32."""
-    while len(words) > 1:
-        words = [_add_f16x2(words[i], words[i + 1]) for i in range(0, len(words) - 1, 2)] + (
-            [words[-1]] if len(words) % 2 else []
-        )
-    return _f16x2_to_f32_sum(words[0])
+    """The sum of the FP16 pairs of :func:`exp2_f16x2`'s words: ``add.rn.f16x2`` in
+    ``numerics.reference.pairwise_tree``'s order (the reference's ``p_fp16`` uses the same
+    function), then the two halves in FP32."""
+    return _f16x2_to_f32_sum(pairwise_tree(words, _add_f16x2))
 
 
 @dsl_user_op
