@@ -23,8 +23,9 @@ SPEC = BackendSpec(
 
 class ReferenceBackend:
     """Options: ``block_n`` (keys per tile, default 128), ``rescale_threshold`` (lazy rescaling,
-    log2 units, default 0; forward only), ``p_fp16`` (FP8 P through FP16 as the CuTe forward's
-    measurement option ``exp_f16`` computes it, ``reference_forward_quantized``; forward only)."""
+    log2 units, default 0; forward only), ``p_fp16`` (FP8 P through FP16 as the CuTe kernels'
+    measurement option ``exp_f16`` computes it: ``reference_forward_quantized`` and
+    ``reference_backward``)."""
 
     spec = SPEC
 
@@ -66,5 +67,11 @@ class ReferenceBackend:
         p_fp16=False,
     ):
         return reference_backward(
-            state, dout.contiguous(), recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n
+            state,
+            dout.contiguous(),
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            block_n=block_n,
+            p_fp16=p_fp16,
         )

@@ -313,6 +313,7 @@ def reference_backward(
     block_n: int = DEFAULT_BLOCK_N,
     ds_round=None,
     token_scales: str | None = None,
+    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of a training recipe from its saved state (see the module docstring).
 
@@ -336,6 +337,10 @@ def reference_backward(
             the S^T product reads, and ``bf16``). ``fp8`` took ``"operands"`` on the H200 measurement
             of ``results/cute_scaled_operands_h200/`` (2-3% faster CuTe backward, every fidelity
             family within 6e-5 cosine of ``"ds"``); the contract's rule, dS in BF16, holds both ways.
+        p_fp16: P rebuilt through FP16 (FP8 P recipes; the CuTe backward's measurement option
+            ``exp_f16``, not a recipe): ``P = FP16(2^FP16(z + stat))``, the lifted argument rounded
+            to FP16 and its power of two rounded to FP16 (the kernel's ``ex2.approx.f16`` is within
+            about one FP16 step of that), used as FP32 by dV's E4M3 operand and by dS.
     Returns:
         ``(dq, dk, dv)`` in BF16, shaped like q, k, v (straight-through to the BF16 inputs).
     Raises:
@@ -350,6 +355,8 @@ def reference_backward(
             f"recipe {recipe.name} is forward-only (MXFP4 P/V diverged in every training run of the paper); "
             "train with bf16, fp8 or nvfp4qk_fp8pv"
         )
+    if p_fp16 and recipe.pv != "fp8":
+        raise ValueError(f"p_fp16: for the FP8 P recipes (fp8, nvfp4qk_fp8pv), not {recipe.name}")
     ops = qk_operands(state.q, state.k, recipe, softmax_scale)
     vo = v_operand(state.v, recipe)
     sq = ops.q_op.shape[2]
@@ -381,7 +388,7 @@ def reference_backward(
     for j0 in range(0, sk, block_n):
         j1 = min(j0 + block_n, sk)
         z = _scores_log2(ops, qg, row_g, j0, j1, causal, sq, sk)
-        p_lift = torch.exp2(z + stat)
+        p_lift = torch.exp2((z + stat).half().float()).half().float() if p_fp16 else torch.exp2(z + stat)
         p_op = _round_p(p_lift, recipe)
         v_t = vo.v_op[:, :, j0:j1].unsqueeze(2)
         dv[:, :, j0:j1] = (torch.matmul(p_op.transpose(-1, -2), do_op) * s_do).sum(2)

@@ -85,3 +85,51 @@ def test_p_fp16_refuses_other_p_formats():
         reference_forward_quantized(
             q_s, k_s, quantize_v(v, rec), rec, causal=True, softmax_scale=0.1, p_fp16=True, block_n=100
         )
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4qk_fp8pv"])
+def test_p_fp16_backward_rebuilds_p_through_fp16(recipe):
+    """``reference_backward(p_fp16=True)`` (the CuTe backward's ``exp_f16``): P^T = FP16(2^FP16(z +
+    stat)) wherever the recipe's P is finite. dV, which reads P only through its E4M3 rounding, is
+    checked against a dV computed from that rule directly; dQ/dK stay within 2e-2 rel-L2 of the
+    recipe's (P's FP16 error, <= 2^-8 relative, against dS's BF16 rounding of 2^-9), and a zero dO
+    still gives zero gradients."""
+    from fp4_attention.numerics.reference import reference_backward
+
+    rec = fa.get_recipe(recipe)
+    q, k, v = make_qkv(1, 4, 2, 200, 200, 64)
+    q_s, k_s = quantize_qk(q, k, rec)
+    v_s = quantize_v(v, rec)
+    kw = dict(causal=True, softmax_scale=64**-0.5)
+    out, lse, state = reference_forward_quantized(q_s, k_s, v_s, rec, block_n=128, **kw)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).bfloat16()
+    base = reference_backward(state, dout, rec, **kw)
+    fp16 = reference_backward(state, dout, rec, p_fp16=True, **kw)
+    for a, b in zip(fp16, base):
+        assert torch.isfinite(a).all() and rel_l2(a, b) <= 2e-2
+    assert not torch.equal(fp16[2], base[2])  # some P^T E4M3 code moved
+    # with one KV tile (block_n >= Sk) the rule gives dV in one product: check it directly
+    one = reference_backward(state, dout, rec, p_fp16=True, block_n=256, **kw)
+    assert torch.equal(one[2], _dv_fp16_rule(state, dout, rec, 64**-0.5))
+    zero = reference_backward(state, torch.zeros_like(dout), rec, p_fp16=True, **kw)
+    assert all(torch.count_nonzero(g) == 0 for g in zero)
+
+
+def _dv_fp16_rule(state, dout, rec, softmax_scale):
+    """dV of one KV tile from P^T = FP16(2^FP16(z + stat)), written out: the reference's operands
+    and dO rule, P rounded to E4M3 (2^-LIFT and V's scale in the epilogue)."""
+    from fp4_attention.numerics.formats import round_e4m3
+    from fp4_attention.numerics.operands import qk_operands, v_operand
+    from fp4_attention.numerics.quant import quantize_fp8
+    from fp4_attention.numerics.reference import LOG2E, _group, _scores_log2
+
+    ops, vo = qk_operands(state.q, state.k, rec, softmax_scale), v_operand(state.v, rec)
+    hkv, sq, sk = ops.k_op.shape[1], ops.q_op.shape[2], ops.k_op.shape[2]
+    lift = float(rec.p_lift_log2)
+    lse = _group(state.lse.unsqueeze(-1), hkv)
+    stat = torch.where(torch.isinf(lse), torch.full_like(lse, -torch.inf), lift - lse * LOG2E)
+    z = _scores_log2(ops, _group(ops.q_op, hkv), _group(ops.row_scale, hkv), 0, sk, True, sq, sk)
+    p = torch.exp2((z + stat).half().float()).half().float()
+    do_q = quantize_fp8(_group(dout.float(), hkv) * vo.v_scale.unsqueeze(2), "e5m2", dims=(-2, -1))
+    dv = (torch.matmul(round_e4m3(p).transpose(-1, -2), do_q.data.float()) * do_q.scale).sum(2)
+    return (dv * 2.0**-lift / vo.v_scale).bfloat16()
