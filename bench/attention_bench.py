@@ -206,12 +206,14 @@ def cute_nvfp4_kernel_only(q, k, v, causal, tiles, **kernel_options):
     return f
 
 
-def _cute_state(recipe, q, k, v, causal):
+def _cute_state(recipe, q, k, v, causal, exp_f16=False):
     """One cute forward's saved state and a random BF16 dO, for the backward rows that skip autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     rec = parse_recipe(recipe, 0)
-    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
+    _, _, st = cute_backend.CuteBackend().forward(
+        q, k, v, rec, causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16
+    )
     return st, torch.randn_like(q)
 
 
@@ -224,13 +226,13 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal):
+def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd."""
+    one forward's state, without autograd; ``exp_f16``: the measurement option in both passes."""
     from fp4_attention.backends.cute import backend as cute_backend
 
-    st, dout = _cute_state(recipe, q, k, v, causal)
-    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5)
+    st, dout = _cute_state(recipe, q, k, v, causal, exp_f16)
+    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16)
 
 
 def fa4_bwd_direct(q, k, v, causal):
@@ -313,7 +315,8 @@ def main(argv=None) -> int:
         help="also time the cute forward's measurement options, kernel only: unpromoted (no PV "
         "promotion), k64 (k_group=64, K per 64 keys), expf16 (exp_f16: P's exponentials and row sum "
         "through FP16, both recipes, kernel only and, in the fwd and fwd_bwd passes, the backend's "
-        "step with quantization); no names: all",
+        "step with quantization, the backward's P^T through FP16 too; with --cute-bwd-options also "
+        "the bwd_direct rows with it); no names: all",
     )
     p.add_argument(
         "--cute-bwd-options",
@@ -477,9 +480,19 @@ def main(argv=None) -> int:
                             )
                             for t in tiles
                         ]
+                if pass_ == "bwd" and args.cute_bwd_options and "expf16" in fwd_options:
+                    # the backward's exp_f16 (P^T through FP16), on the state of the forward with it
+                    cands += [
+                        (
+                            f"cute_{r}_bwd_direct_expf16",
+                            (lambda r=r: cute_bwd_direct(r, q, k, v, causal, exp_f16=True)),
+                        )
+                        for r in args.recipes
+                        if r in ("fp8", "nvfp4qk_fp8pv")
+                    ]
                 if pass_ in ("fwd", "fwd_bwd") and "expf16" in fwd_options:
-                    # the training step's forward (quantization included) with the option, at the
-                    # backend's tiles; the backward is the same kernel either way
+                    # the training step (quantization included) with the option, in the forward and,
+                    # for fwd_bwd, the backward, at the backend's tiles
                     cands += [
                         (
                             f"cute_{r}_expf16",

@@ -1,5 +1,5 @@
 """Compile the CuTe fp8 forward (or, with --backward, the backward) for sm_90a on any machine (no GPU) and
-count its SASS instructions.
+count its SASS instructions; ``sass_sha256`` digests the whole SASS (equal digests: the same code).
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
         python bench/cute_sass_report.py [--tiles 128,128,2] [--no-promote-pv] [--qk-bf16]
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import hashlib
 import json
 import os
 import re
@@ -108,6 +109,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
         "HGMMA": count("HGMMA"),
         "MUFU.EX2": count("MUFU.EX2"),
         "F2FP": count("F2FP"),
+        "sass_sha256": sass_digest(ins),
         "inner_loops": loops,
         # outside the KV-tile loops (the peeled first tile, the prologue and epilogue): the
         # warp-scheduler turns (named barriers with a register id; the fixed-id ones are the CTA's
@@ -122,11 +124,12 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_f16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on descriptors of CUDA operands
     (``prebuild.cute_operand``, no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
-    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
+    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS);
+    ``exp_f16``: P^T's exponentials through FP16."""
     import cutlass
     import torch
     from cutlass import cute
@@ -156,7 +159,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
         args += [vec(b, hkv, s * d, align=16) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, **({"exp_f16": True} if exp_f16 else {})),
         *args,
         cutlass.Float32(0.1),
         stream,
@@ -164,11 +167,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, exp_f16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, exp_f16=exp_f16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -184,13 +187,22 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dic
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
+        "exp_f16": exp_f16,
         "dsl_compiler": _dsl_compiler(),
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
         **counts,
         "instructions": len(ins),
+        "sass_sha256": sass_digest(ins),
         "inner_loops": inner_loops(sass),
     }
+
+
+def sass_digest(ins: list[tuple[int, str, str]]) -> str:
+    """SHA-256 of the instructions (address, opcode and operands, in order): equal digests mean the
+    same SASS, instruction for instruction (the claim "bit-identical SASS" of a refactor)."""
+    text = "\n".join(f"{a:x} {op} {rest}" for a, op, rest in ins)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _instructions(sass: str) -> list[tuple[int, str, str]]:
@@ -276,7 +288,7 @@ def main(argv=None) -> int:
     p.add_argument("--exp-f16", action="store_true", help="P's exponentials through FP16 (exp_f16)")
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.exp_f16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(

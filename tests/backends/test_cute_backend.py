@@ -13,6 +13,8 @@ import torch
 
 import fp4_attention as fa
 from fp4_attention.numerics.exact import naive_attention
+from fp4_attention.numerics.operands import SavedState
+from fp4_attention.numerics.reference import reference_backward
 
 from ..conftest import cosine, make_qkv, rel_l2
 
@@ -120,11 +122,27 @@ def test_k_scale_keys_state_and_tiles():
 
 
 class _ExpF16Cute(_TiledCute):
-    """The cute backend's forward with the measurement option ``exp_f16``."""
+    """The cute backend with the measurement option ``exp_f16`` in its forward, and with
+    ``backward=True`` in its backward too."""
+
+    def __init__(self, tiles, backward=False):
+        super().__init__(tiles)
+        self.exp_f16_backward = backward
 
     def forward(self, q, k, v, recipe, *, causal, softmax_scale, tiles=None):
         return cute_backend.CuteBackend.forward(
             self, q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles, exp_f16=True
+        )
+
+    def backward(self, state, dout, recipe, *, causal, softmax_scale, tiles=None):
+        return cute_backend.CuteBackend.backward(
+            self,
+            state,
+            dout,
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            exp_f16=self.exp_f16_backward,
         )
 
 
@@ -171,6 +189,49 @@ def test_exp_f16_matches_its_reference(tiles, recipe, causal, d):
         assert d_lse <= 3.5e-3, d_lse
     if rec.qk == "fp8":  # with gradients, all of tt.compare's bounds (BF16 QK: its LSE bound is 1e-4)
         tt.compare(recipe, 2, 8, 2, 300, 300, d, causal, target=target)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4])
+def test_exp_f16_backward_matches_its_reference(recipe, causal, d, group):
+    """The backward's ``exp_f16`` (P^T through FP16, ``FP8BackwardSm90(exp_f16=True)``) on the state of
+    the forward with ``exp_f16``, against ``reference_backward(p_fp16=True)`` on the kernel's own
+    output and LSE: the tests' gradient bounds (``tt.compare``: 2e-2 for FP8 QK, 1e-2 for BF16 QK);
+    ``ex2.approx.f16`` is within about one FP16 step of the reference's correctly rounded power, and
+    where that moves a P^T E4M3 code, dV moves by one E4M3 step of that P. Lengths off the tiles,
+    rows without keys (Sq > Sk causal), GQA. Prints the distances, and how far the option's
+    reference gradients are from the recipe's."""
+    tiles = cute_backend.default_tiles(d)
+    target = tt.Target(
+        _ExpF16Cute(tiles, backward=True),
+        lambda d: tiles[1],
+        reverse_tiles=True,
+        reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
+        reference_forward_options=(("p_fp16", True),),
+    )
+    rec, sm = fa.get_recipe(recipe), d**-0.5
+    bound = 2e-2 if rec.qk == "fp8" else 1e-2
+    for b, hq, hkv, sq, sk in ((2, 2 * group, 2, 300, 300), (1, group, 1, 257, 130)):
+        q, k, v = make_qkv(b, hq, hkv, sq, sk, d, device="cuda")
+        out, lse, st = target.backend.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
+        got = target.backend.backward(st, dout, rec, causal=causal, softmax_scale=sm)
+        # the reference reads the kernel's own output and LSE, V in its key order (tt.compare's way)
+        rst = target.reference(st, rec, causal=causal, softmax_scale=sm, d=d)[2]
+        ref_state = SavedState(q=rst.q, k=rst.k, v=rst.v, out=out, lse=lse)
+        kw = dict(causal=causal, softmax_scale=sm)
+        ref = reference_backward(ref_state, dout, rec, p_fp16=True, **kw)
+        plain = reference_backward(ref_state, dout, rec, **kw)
+        for name, g, r, p in zip("qkv", got, ref, plain):
+            assert torch.isfinite(g).all(), name
+            dist, moved = rel_l2(g, r), rel_l2(r, p)
+            print(
+                f"exp_f16 bwd {recipe} d{d} g{group} causal={causal} {sq}x{sk} d{name}: {dist:.2e} "
+                f"(p_fp16 ref - recipe ref {moved:.2e})"
+            )
+            assert dist <= bound, (name, dist)
 
 
 @pytest.mark.parametrize("sk", [16, 100, 4096])

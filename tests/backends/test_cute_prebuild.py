@@ -259,11 +259,14 @@ def test_session_presets_name_the_backends_kernels():
     # small_gpu.yaml's head dim 64 GQA 3 causal, both recipes; the 128x64 and 128x96 tiles (2 head
     # dims x GQA 4 x 2 masks x (2 recipes x 2 tiles + K per 64 keys at 128x64)); GQA 2 at D128
     # non-causal (2 recipes x 2 tiles); the exp_f16 option (GQA 4: 2 head dims x 2 masks x 2 recipes
-    # x 2 tiles; D128 MHA non-causal: 2 recipes x 2 tiles). Backward: each (head dim, group, mask,
-    # recipe) once
-    assert len(fwd) == 2 * 3 * 2 * 6 + 2 + 2 * 2 * 5 + 4 + 16 + 4
-    assert sum(k.exp_f16 for k in fwd) == 20
-    assert sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2 + 2
+    # x 2 tiles; MHA at the default tiles: 2 head dims x 2 masks x 2 recipes, of which D128
+    # non-causal is also in the next; D128 MHA non-causal: 2 recipes x 2 tiles). Backward: each
+    # (head dim, group, mask, recipe) once, and with exp_f16 for each of the exp_f16 forwards' (GQA 4
+    # and MHA: 2 x 2 x 2 each)
+    assert len(fwd) == 2 * 3 * 2 * 6 + 2 + 2 * 2 * 5 + 4 + 16 + 6 + 4
+    assert sum(k.exp_f16 for k in fwd) == 26
+    assert sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2 + 2 + 16
+    assert sum(k.exp_f16 for k in keys if k.kind == "bwd") == 16
     assert KernelKey("fwd", 64, 3, True, default_tiles(64), True) in keys
     bench = preset_keys("bench")
     assert json.dumps(sorted({(k.kind, k.d) for k in bench})) == json.dumps(

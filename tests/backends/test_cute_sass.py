@@ -131,6 +131,26 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal, qk_bf
         assert rep["STL"] <= 3, rep
 
 
+@pytest.mark.parametrize("qk_bf16", [False, True])
+def test_backward_exp_f16_rebuilds_p_with_fp16_exponentials(qk_bf16):
+    """The backward's ``exp_f16`` (P^T through FP16, ``reference_backward(p_fp16=True)``): its 32
+    exponentials per thread and query block are MUFU.EX2.F16 (two per FP16 pair, twice MUFU.EX2's
+    elements per clock on the H200) where the default's are FP32; one FP16 pack per pair and the
+    unpacking back to FP32 add about 1.5 instructions per score (fp8, GQA 4, D128 causal: 468 -> 515
+    per loop trip on the CPU machine's DSL build); the products and the spills are the default's.
+    The default kernel's SASS is unchanged by the option's code path (``sass_sha256`` equal to that
+    of the tree before it, checked when the option was added)."""
+    base = _bwd_report(True, 4, 128, qk_bf16)
+    rep = _bwd_report(True, 4, 128, qk_bf16, True)
+    (loop,), (base_loop,) = rep["inner_loops"], base["inner_loops"]
+    assert base_loop["MUFU"] == 32 and base_loop["MUFU_F16"] == 0, base_loop
+    assert loop["MUFU"] == loop["MUFU_F16"] == 32, loop
+    assert loop["F2FP"] == base_loop["F2FP"] + 16, (loop, base_loop)  # one cvt.rn.f16x2.f32 per pair
+    assert loop["instructions"] <= base_loop["instructions"] + 64, (loop, base_loop)
+    assert (rep["QGMMA"], rep["HGMMA"]) == (base["QGMMA"], base["HGMMA"]), rep
+    assert (loop["STL"], loop["LDL"]) == (base_loop["STL"], base_loop["LDL"]), (loop, base_loop)
+
+
 @pytest.mark.parametrize(
     "tiles, causal", [((128, 128, 2), True), ((128, 96, 2), True), ((128, 192, 2), False)]
 )

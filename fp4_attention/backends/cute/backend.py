@@ -451,10 +451,14 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
-    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
+def _compiled_bwd(
+    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, exp_f16: bool = False
+):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ()) + (("exp_f16",) if exp_f16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
+        kernel = FP8BackwardSm90(
+            d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, **({"exp_f16": True} if exp_f16 else {})
+        )
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
         cute_args.append(cute_operand(args[6], leading_dim=1))
@@ -470,12 +474,16 @@ def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, s
     return _CACHE[key]
 
 
-def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
+def backward_fp8(
+    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, exp_f16: bool = False
+):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
-    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition).
+    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). ``exp_f16`` (a
+    measurement option, off by default): P^T's exponentials through FP16, two per
+    ``fwd_sm90.exp2_f16x2`` (``reference_backward(p_fp16=True)``'s numerics, not the recipe's).
 
     Raises:
         ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
@@ -494,7 +502,7 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
     ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, exp_f16)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     return postprocess_gradients(ops, state, softmax_scale)
 
@@ -533,8 +541,9 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
 
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward, and ``exp_f16`` (the forward's P through FP16, a
-    measurement option: :func:`forward_fp8`), for benchmarks, tests and ``tools/fidelity.py``."""
+    ``(tile_m, tile_n, stages)`` of the forward, and ``exp_f16`` (P through FP16 in the forward and
+    the backward, a measurement option: :func:`forward_fp8`, :func:`backward_fp8`), for benchmarks,
+    tests and ``tools/fidelity.py``."""
 
     spec = SPEC
 
@@ -591,6 +600,6 @@ class CuteBackend:
         exp_f16: bool = False,
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
-        ``nvfp4qk_fp8pv``; ``tiles`` and ``exp_f16`` are the forward's (P is rebuilt in FP32 from the
-        saved LSE either way)."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)
+        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``);
+        ``exp_f16``: P^T rebuilt through FP16 (the measurement option of both passes)."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, exp_f16=exp_f16)

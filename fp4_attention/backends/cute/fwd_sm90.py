@@ -70,7 +70,15 @@ from quack import layout_utils, sm90_utils
 
 from ...numerics.reference import pairwise_tree
 
-__all__ = ["K_SCALE_FLOOR", "LIFT", "FP8ForwardSm90", "fold_k_scale", "p_to_e4m3_operand"]
+__all__ = [
+    "K_SCALE_FLOOR",
+    "LIFT",
+    "FP8ForwardSm90",
+    "exp2_f16x2",
+    "f16x2_to_f32x2",
+    "fold_k_scale",
+    "p_to_e4m3_operand",
+]
 
 LIFT = 8
 LN2 = math.log(2.0)
@@ -112,7 +120,8 @@ def exp2_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     ``ex2.approx.f16x2`` becomes; at twice MUFU.EX2's elements per clock on the H200:
     results/cute_fwd_colv4_h200; PTX gives a maximum relative error of 2^-9.9). Returns the two
     FP16 results' bits in one 32-bit register typed Float32 (2^a in the low half), for
-    :func:`sum_f16x2` and the E4M3 conversion (``_cvt_e4m3x4_f16``) only."""
+    :func:`sum_f16x2`, the E4M3 conversion (``_cvt_e4m3x4_f16``) and :func:`f16x2_to_f32x2` (the
+    backward's ``exp_f16``) only."""
     return Float32(
         _asm(
             T.f32(),
@@ -153,6 +162,26 @@ def _f16x2_to_f32_sum(a: Float32, *, loc=None, ip=None) -> Float32:
             ip,
         )
     )
+
+
+@dsl_user_op
+def _f16x2_half_to_f32(a: Float32, high: bool, *, loc=None, ip=None) -> Float32:
+    return Float32(
+        _asm(
+            T.f32(),
+            (a,),
+            "{\n.reg .b32 w;\n.reg .b16 lo, hi;\nmov.b32 w, $1;\nmov.b32 {lo, hi}, w;\n"
+            f"cvt.f32.f16 $0, {'hi' if high else 'lo'};\n}}",
+            "=f,f",
+            loc,
+            ip,
+        )
+    )
+
+
+def f16x2_to_f32x2(a: Float32) -> tuple:
+    """The two FP16 values of one :func:`exp2_f16x2` word as FP32 (exactly): ``(low, high)``."""
+    return _f16x2_half_to_f32(a, False), _f16x2_half_to_f32(a, True)
 
 
 def sum_f16x2(words: list) -> Float32:

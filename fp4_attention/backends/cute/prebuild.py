@@ -102,9 +102,9 @@ def _descriptor(dtype: torch.dtype, ndim: int, leading: int, assumed_align: int,
 @dataclass(frozen=True)
 class KernelKey:
     """One compiled kernel of the cute backend: ``kind`` ``"fwd"`` (``FP8ForwardSm90`` at ``tiles``,
-    with ``k_group`` or ``exp_f16``), ``"bwd"`` (``FP8BackwardSm90``) or ``"post"`` (flash-attn-4's
-    FP32 -> BF16 postprocess of the backward's accumulators, for head dim ``d``); ``qk_bf16``: the
-    ``nvfp4qk_fp8pv`` kernels."""
+    with ``k_group`` or ``exp_f16``), ``"bwd"`` (``FP8BackwardSm90``, with ``exp_f16``) or ``"post"``
+    (flash-attn-4's FP32 -> BF16 postprocess of the backward's accumulators, for head dim ``d``);
+    ``qk_bf16``: the ``nvfp4qk_fp8pv`` kernels."""
 
     kind: str
     d: int
@@ -149,7 +149,7 @@ def _backward(key: KernelKey):
     args = _empty((4, qk), (4, bf), (4, qk), (4, bf), (4, e4), (4, e5), (4, e5), *[(3, f32)] * 6, (2, f32))
     args += _empty((3, f32), (3, f32))
     args += _empty((4, bf), (4, bf)) if key.group == 1 else _empty((3, f32), (3, f32))
-    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0)
+    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0, key.exp_f16)
 
 
 def _postprocess(key: KernelKey):
@@ -178,7 +178,7 @@ def keys_for(
     groups, masks and recipes, the forward at ``tiles`` (default: the backend's
     ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
     forward with K per 64 keys at those tiles whose KV tile is a multiple of 64; with ``exp_f16`` also
-    each recipe's forward with P's exponentials through FP16, at every tile."""
+    each recipe's forward with P's exponentials through FP16, at every tile, and its backward."""
     from .backend import default_tiles
 
     keys = []
@@ -193,6 +193,8 @@ def keys_for(
                 if exp_f16:
                     keys.append(KernelKey("fwd", d, group, c, tuple(t), bf16, exp_f16=True))
             keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
+            if exp_f16:
+                keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16, exp_f16=True))
     return list(dict.fromkeys(keys))
 
 
@@ -210,8 +212,10 @@ SESSION_PRESETS = {
         # tiles of test_other_tiles_match_reference, and GQA 2 at D128 non-causal
         dict(head_dims=(64, 128), groups=(4,), tiles=[(128, 64, 2), (128, 96, 2)], k_group=True),
         dict(head_dims=(128,), groups=(2,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)]),
-        # the exp_f16 measurement option: its GPU test (GQA 4) and attention_bench's rows (MHA)
+        # the exp_f16 measurement option: its GPU tests (GQA 4 at both tiles; the backward's also MHA
+        # at the default tiles) and attention_bench's rows (MHA)
         dict(head_dims=(64, 128), groups=(4,), tiles=[(128, 128, 2), (128, 192, 2)], exp_f16=True),
+        dict(head_dims=(64, 128), groups=(1,), exp_f16=True),
         dict(
             head_dims=(128,), groups=(1,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)], exp_f16=True
         ),
