@@ -366,7 +366,7 @@ def quantize_fp8_key_groups(
     dtype, fmax = FP8_FORMATS["e4m3"]
     y = torch.empty(k.shape, dtype=torch.uint8, device=k.device)
     s = torch.empty((b, h, seq, 1), dtype=torch.float32, device=k.device)
-    _fp8_key_groups_kernel[(triton.cdiv(seq, keys), b * h)](
+    launcher(_fp8_key_groups_kernel)[(triton.cdiv(seq, keys), b * h)](
         k,
         y,
         s,
@@ -1039,12 +1039,12 @@ def quantize_nvfp4_heads(
     _check_grid_axis("quantize_nvfp4_heads", b * h, "B * H (the amax pass's grid)")
     amax, bad = zeroed_amax_and_flag((b * h,), x.device)
     block_s = 64
-    _head_amax_kernel[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
+    launcher(_head_amax_kernel)[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
     g, payload, scales, dec, tok = nvfp4_head_outputs(x)
     # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
     # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
-    _nvfp4_rows_kernel[(triton.cdiv(s, rows), h, b)](
+    launcher(_nvfp4_rows_kernel)[(triton.cdiv(s, rows), h, b)](
         x,
         amax,
         payload,
@@ -1093,7 +1093,7 @@ def quantize_nvfp4_rows(
     batch = x.numel() // (d * seq * heads) if seq else 0
     _check_grid_axis("quantize_nvfp4_rows", heads, "H")
     _check_grid_axis("quantize_nvfp4_rows", batch, "B")
-    _nvfp4_rows_kernel[(triton.cdiv(seq, rows), heads, batch)](
+    launcher(_nvfp4_rows_kernel)[(triton.cdiv(seq, rows), heads, batch)](
         x,
         g,
         payload,
@@ -1168,5 +1168,5 @@ def decode_nvfp4_rows(t: NVFP4Tensor) -> torch.Tensor:
     n = p.numel() * 2 // d
     rows = max(1, 2048 // d)
     check_int32_span("decode_nvfp4_rows", out)
-    _nvfp4_decode_kernel[(triton.cdiv(n, rows),)](p, sc, out, n, D=d, ROWS=rows, num_warps=4)
+    launcher(_nvfp4_decode_kernel)[(triton.cdiv(n, rows),)](p, sc, out, n, D=d, ROWS=rows, num_warps=4)
     return out
