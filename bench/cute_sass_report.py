@@ -56,6 +56,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
 
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
+    import cutlass
     from cutlass import cute
 
     from fp4_attention.backends.cute.fwd_sm90 import FP8ForwardSm90
@@ -79,7 +80,11 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
         d, group, causal, tile_m=tiles[0], tile_n=tiles[1], num_stages=tiles[2], **kernel_options
     )
     cute.compile(
-        kernel, *args, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi"
+        kernel,
+        *args,
+        cutlass.Float32(1.0),  # qk_scale_log2
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        options="--enable-tvm-ffi",
     )
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:

@@ -40,17 +40,17 @@ def test_forward_fp8_rejects_unsupported_tiles_and_bad_operands():
     vt = torch.zeros(1, 1, 128, 64, dtype=torch.float8_e4m3fn)
     row, col, vs = torch.ones(1, 4, 64), torch.ones(1, 1, 64), torch.ones(1, 1, 128)
     with pytest.raises(ValueError, match="tiles .* not supported; use one of"):
-        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=(64, 64, 2))
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, 0.1, causal=True, tiles=(64, 64, 2))
     with pytest.raises(ValueError, match="q8 must be a CUDA"):  # CPU tensors
-        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True)
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, 0.1, causal=True)
     # the k_group option: one K scale per 64 keys needs KV tiles of a multiple of 64 and E4M3 Q/K
     for tiles, opts in (((128, 96, 2), {"k_group": 64}), ((128, 128, 2), {"k_group": 32})):
         with pytest.raises(ValueError, match=r"k_group must be 0 or 64.*one of the tiles \[\(128, 128, 2\)"):
-            cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, tiles=tiles, **opts)
+            cute_backend.forward_fp8(q8, k8, vt, row, col, vs, 0.1, causal=True, tiles=tiles, **opts)
     with pytest.raises(ValueError, match="k_group must be 0 or 64, with E4M3 Q/K"):
-        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, k_group=64, qk_bf16=True)
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, 0.1, causal=True, k_group=64, qk_bf16=True)
     with pytest.raises(ValueError, match="exp_f16 is for per-token or per-head K scales"):
-        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, causal=True, k_group=64, exp_f16=True)
+        cute_backend.forward_fp8(q8, k8, vt, row, col, vs, 0.1, causal=True, k_group=64, exp_f16=True)
 
 
 def test_default_tiles_follow_the_measurement():
@@ -60,7 +60,7 @@ def test_default_tiles_follow_the_measurement():
     assert cute_backend.default_tiles(64) == cute_backend.DEFAULT_TILES == (128, 128, 2)
     assert {cute_backend.DEFAULT_TILES, cute_backend.D128_TILES} <= set(cute_backend.SUPPORTED_TILES)
     q8 = torch.zeros(1, 4, 64, 128, dtype=torch.float8_e4m3fn)
-    args = (q8, q8[:, :1], torch.zeros(1, 1, 128, 64, dtype=torch.float8_e4m3fn), *[torch.ones(1)] * 3)
+    args = (q8, q8[:, :1], torch.zeros(1, 1, 128, 64, dtype=torch.float8_e4m3fn), *[torch.ones(1)] * 3, 0.1)
     for tiles in ((128, 160, 2), (128, 128, 3), (128, 160, 3), (192, 64, 2)):
         with pytest.raises(ValueError, match="not supported"):
             cute_backend.forward_fp8(*args, causal=True, tiles=tiles)

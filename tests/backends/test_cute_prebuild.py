@@ -91,15 +91,20 @@ def test_forward_descriptors_compile_the_kernel_of_the_real_operands():
     def kernel():
         return FP8ForwardSm90(128, 4, True, tile_m=128, tile_n=192, num_stages=2)
 
+    import cutlass
+
     tensors = _fwd_tensors()
+    qk_scale = cutlass.Float32(1.0)  # the kernel's qk_scale_log2 argument
     name_r, sass_r = _sass(
-        lambda: _compile(kernel(), tensors, lambda t, lead, al: to_cute_tensor(t, al, lead))
+        lambda: _compile(kernel(), tensors, lambda t, lead, al: to_cute_tensor(t, al, lead), qk_scale)
     )
     name_d, sass_d = _sass(
-        lambda: _compile(kernel(), tensors, lambda t, lead, al: cute_operand(t, lead, al, device="cpu"))
+        lambda: _compile(
+            kernel(), tensors, lambda t, lead, al: cute_operand(t, lead, al, device="cpu"), qk_scale
+        )
     )
     assert name_d == name_r and sass_d == sass_r
-    name_g, _ = _sass(lambda: _compile(kernel(), tensors, cute_operand))
+    name_g, _ = _sass(lambda: _compile(kernel(), tensors, cute_operand, qk_scale))
     assert "generic" in name_r and name_g.endswith(GPU_FORWARD_NAME), (name_r, name_g)
 
 
@@ -176,7 +181,7 @@ args = [torch.zeros(b, s, 8, d, dtype=torch.uint8), torch.zeros(b, s, hkv, d, dt
 args += [torch.zeros(b, s, hkv, d, dtype=torch.uint8), torch.zeros(b, s, 8, d, dtype=torch.bfloat16)]
 args += [torch.zeros(b, 8, s), torch.zeros(b, 8, s), torch.zeros(b, hkv, s), torch.zeros(b, hkv, d)]
 try:
-    backend._CACHE[key](*args)
+    backend._CACHE[key](*args, 0.1)  # qk_scale_log2
 except ValueError as err:
     print(err)
 """

@@ -11,7 +11,8 @@ reference need the hardware's FP8 conversion, test_triton_quant.py on the GPU); 
 decodes (the quantizer's and ``decode_nvfp4_rows``) equal ``scaled_payload()`` in BF16 bit for bit,
 the sign of zero included (E2M1 code 8 is -0), and the Triton backend's Q/K kernel operands without
 a decoded pair at hand decode the saved Q/K to those bits. The launch options of the Q/K
-quantizers (rows per program, warps: ``bench/quant_bench.py``'s sweep) do not change their bytes.
+quantizers (rows per program, warps: ``bench/quant_bench.py``'s sweep) do not change their bytes;
+the amax pass's words given by the caller (``zeroed``) make no fill and the same bytes.
 """
 
 from __future__ import annotations
@@ -143,6 +144,23 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"rows={bad} did not raise")
         except ValueError:
             pass
+    # the amax pass's words from the caller's fill (the cute forward zeroes the three amax passes'
+    # words in one launch): no fill of its own, the same bytes; a wrong buffer is refused
+    zeroed = torch.zeros(2 * 2 * 3)
+    with OpNames() as ops:
+        given = quantize_nvfp4_heads(x, zeroed=zeroed)
+    if [op for op in ops.names if op in FILL_OPS]:
+        failed.append(f"zeroed given: fills {[op for op in ops.names if op in FILL_OPS]}")
+    same_tok = torch.equal(given[2].nan_to_num(-1.0), base_nv[2].nan_to_num(-1.0))  # a NaN head's NaN
+    if not (torch.equal(given[0].payload, base_nv[0].payload) and same_tok):
+        failed.append("zeroed given: other bytes or per-token scales")
+    for bad_words in (torch.zeros(11), torch.zeros(12, dtype=torch.float64), torch.zeros(24)[::2]):
+        try:
+            quantize_nvfp4_heads(x, zeroed=bad_words)
+            failed.append(f"zeroed {bad_words.dtype} {tuple(bad_words.shape)} did not raise")
+        except ValueError as e:
+            if "zeroed must be a contiguous FP32 [12]" not in str(e):
+                failed.append(f"zeroed: {e}")
     return failed
 
 

@@ -166,7 +166,10 @@ def _compiled(d: int, group: int, causal: bool, tiles, args, kernel_options: dic
         cute_args += [cute_operand(t, assumed_align=4, leading_dim=2) for t in (lse, row, col, vs)]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         t0 = time.perf_counter()
-        _CACHE[key] = cute.compile(kernel, *cute_args, stream, options="--enable-tvm-ffi")
+        # the FP32 scalar qk_scale_log2 (a runtime argument: one kernel for every softmax scale)
+        _CACHE[key] = cute.compile(
+            kernel, *cute_args, cutlass.Float32(1.0), stream, options="--enable-tvm-ffi"
+        )
         _record_compile(key, time.perf_counter() - t0)
     return _CACHE[key]
 
@@ -182,7 +185,7 @@ def _record_compile(key: tuple, seconds: float) -> None:
             f.write(json.dumps({"key": repr(key), "seconds": round(seconds, 2)}) + "\n")
 
 
-def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False) -> None:
+def _check_operands(q8, k8, vt, row, col, v_scale, tiles, qk_bf16=False) -> None:
     if tiles not in SUPPORTED_TILES:
         raise ValueError(f"cute backend: tiles {tiles} not supported; use one of {SUPPORTED_TILES}")
     qk = torch.bfloat16 if qk_bf16 else torch.float8_e4m3fn
@@ -190,7 +193,7 @@ def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False) -> No
         ("q8", q8, qk),
         ("k8", k8, qk),
         ("vt_perm", vt, torch.float8_e4m3fn),
-        ("row_r", row_r, torch.float32),
+        ("row", row, torch.float32),
         ("col", col, torch.float32),
         ("v_scale", v_scale, torch.float32),
     ):
@@ -208,7 +211,7 @@ def _check_operands(q8, k8, vt, row_r, col, v_scale, tiles, qk_bf16=False) -> No
     for name, t, shape in (
         ("k8", k8, (b, hkv, sk, d)),
         ("vt_perm", vt, (b, hkv, d, padded_keys(sk))),
-        ("row_r", row_r, (b, hq, sq)),
+        ("row", row, (b, hq, sq)),
         ("col", col, (b, hkv, sk)),
         ("v_scale", v_scale, (b, hkv, d)),
     ):
@@ -226,7 +229,8 @@ def kernel_operands(
     decoded=None,
 ) -> tuple:
     """The operands of :func:`forward_fp8` from quantized Q/K/V as :class:`SavedState` saves them:
-    ``(q_op, k_op, vt_perm, row_r, col, v_scale)``, ``row_r`` = row scale * softmax_scale * log2 e.
+    ``(q_op, k_op, vt_perm, row, col, v_scale, qk_scale_log2)``: ``row`` the Q token scales (no
+    copy of them: the kernel multiplies each by ``qk_scale_log2`` = softmax_scale * log2 e, a float).
     FP8 Q/K: the E4M3 payloads and their token scales. NVFP4 Q/K: the BF16 decode ``s_b * q`` and
     the per-head global scales broadcast per token (as the Triton backend): ``decoded`` as
     :func:`quantize_nvfp4_inputs` returns it when at hand, else decoded and broadcast here."""
@@ -237,11 +241,11 @@ def kernel_operands(
             q_op, k_op, row, col = decoded
         else:
             q_op, k_op = decode_nvfp4_rows(q_s), decode_nvfp4_rows(k_s)
-            row = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq)
+            row = q_s.global_scale.reshape(b, hq, 1).expand(b, hq, sq).contiguous()
             col = k_s.global_scale.reshape(b, hkv, 1).expand(b, hkv, sk).contiguous()
     else:
         q_op, k_op, row, col = q_s.data, k_s.data, q_s.scale.squeeze(-1), k_s.scale.squeeze(-1)
-    return q_op, k_op, v_s.data, row * (softmax_scale * LOG2E), col, v_s.scale.squeeze(2).contiguous()
+    return q_op, k_op, v_s.data, row, col, v_s.scale.squeeze(2).contiguous(), softmax_scale * LOG2E
 
 
 def quantize_inputs(
@@ -254,6 +258,7 @@ def quantize_inputs(
     makes them the kernel's arguments. With ``rope`` (a ``RoPETables``) those of the RoPE'd Q and K:
     inside the quantizer for Q and K per token, by ``rope_rows_pair`` first for K per group of keys."""
     # Q and K read in place from any [B, H, S, D] strides; per token, in one launch
+    zeroed = _zeroed_words(v, [v.shape[0] * v.shape[1] * v.shape[3]])[0]
     if rope is not None and k_scale_keys == 1:
         q_s, k_s = quantize_fp8_rows_pair_rope(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
     else:
@@ -263,7 +268,15 @@ def quantize_inputs(
             q_s, k_s = quantize_fp8_rows_pair(q, k)
         else:
             q_s, k_s = quantize_fp8_rows(q), quantize_fp8_key_groups(k, k_scale_keys)
-    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True)
+    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True, zeroed=zeroed)
+
+
+def _zeroed_words(x: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+    """Zero-filled FP32 words for the amax passes of a forward's quantizers, ``2 * n`` per count
+    ``n`` (each quantizer's amax and flag: ``triton.quant.amax_and_flag_words``), from one fill:
+    one launch for all of them."""
+    words = torch.zeros(2 * sum(counts), dtype=torch.float32, device=x.device)
+    return list(words.split([2 * n for n in counts]))
 
 
 def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope=None) -> tuple:
@@ -273,22 +286,26 @@ def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rop
     FP32 ``[B, H, S]``), which feed the BF16 QK product (contract §1), and V as in
     :func:`quantize_inputs` (Triton quantizers). With ``rope`` (a ``RoPETables``) those of the RoPE'd
     Q and K, RoPE applied in both passes of the quantizer (``quantize_nvfp4_heads_rope``)."""
+    b, hq, _, d = q.shape
+    hkv = k.shape[1]
+    zq, zk, zv = _zeroed_words(q, [b * hq, b * hkv, b * hkv * d])  # the three amax passes, one fill
     if rope is not None:
-        q_s, q_dec, q_tok = quantize_nvfp4_heads_rope(q, rope.cos_q, rope.sin_q)
-        k_s, k_dec, k_tok = quantize_nvfp4_heads_rope(k, rope.cos_k, rope.sin_k)
+        q_s, q_dec, q_tok = quantize_nvfp4_heads_rope(q, rope.cos_q, rope.sin_q, zeroed=zq)
+        k_s, k_dec, k_tok = quantize_nvfp4_heads_rope(k, rope.cos_k, rope.sin_k, zeroed=zk)
     else:  # read in place; the global scale formed in the kernels
-        q_s, q_dec, q_tok = quantize_nvfp4_heads(q)
-        k_s, k_dec, k_tok = quantize_nvfp4_heads(k)
-    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True), (q_dec, k_dec, q_tok, k_tok)
+        q_s, q_dec, q_tok = quantize_nvfp4_heads(q, zeroed=zq)
+        k_s, k_dec, k_tok = quantize_nvfp4_heads(k, zeroed=zk)
+    return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True, zeroed=zv), (q_dec, k_dec, q_tok, k_tok)
 
 
 def forward_fp8(
     q8,
     k8,
     vt_perm,
-    row_r,
+    row,
     col,
     v_scale,
+    qk_scale_log2: float,
     *,
     causal: bool,
     tiles=None,
@@ -302,8 +319,7 @@ def forward_fp8(
             ``qk_bf16=True``: the NVFP4 decode ``s_b * q`` of ``nvfp4qk_fp8pv``).
         vt_perm: E4M3 ``[B, Hkv, D, Sk16]`` in the ``pv_layout`` key order
             (``quantize_fp8_v_transposed(v, perm16=True).data``).
-        row_r: FP32 ``[B, Hq, Sq]``, Q token scale (NVFP4: the per-head global scale, broadcast)
-            times softmax_scale * log2 e.
+        row: FP32 ``[B, Hq, Sq]``, the Q token scale (NVFP4: the per-head global scale per token).
         col: FP32 ``[B, Hkv, Sk]``, K token scale (NVFP4: global scale, broadcast): positive and
             finite, or NaN only for a key whose K operand is NaN (as the quantizers write them). The
             kernel multiplies the scores by ``col`` before the mask, so a masked score is -inf
@@ -312,6 +328,8 @@ def forward_fp8(
             (``fwd_sm90.fold_k_scale``: a NaN scale read as 1, the product floored at 2^-126, so a
             masked -inf stays -inf), as the backward does for ``qk_bf16``;
         v_scale: FP32 ``[B, Hkv, D]``.
+        qk_scale_log2: softmax_scale * log2 e (a float): the kernel's row factor of query i is
+            ``row[i] * qk_scale_log2`` in FP32.
         tiles: ``(tile_m, tile_n, stages)``, one of ``SUPPORTED_TILES``; default
             :func:`default_tiles` of the head dim.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
@@ -339,7 +357,7 @@ def forward_fp8(
         )
     if k_group and kernel_options.get("exp_f16", False):
         raise ValueError("forward_fp8: exp_f16 is for per-token or per-head K scales; leave k_group at 0")
-    _check_operands(q8, k8, vt_perm, row_r, col, v_scale, tiles, kernel_options.get("qk_bf16", False))
+    _check_operands(q8, k8, vt_perm, row, col, v_scale, tiles, kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
     if out_layout_of is None or out_layout_of.stride(-1) != 1:
@@ -353,12 +371,12 @@ def forward_fp8(
         vt_perm.permute(0, 3, 1, 2),
         out.permute(0, 2, 1, 3),
         lse,
-        row_r,
+        row,
         col,
         v_scale,
     )
     fn = _compiled(d, hq // hkv, causal, tiles, args, kernel_options)
-    fn(*[t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in args])
+    fn(*[t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in args], qk_scale_log2)
     return out, lse
 
 

@@ -12,7 +12,8 @@ ping-pong the two consumer warpgroups, and the TMA epilogue. Ours are the parts 
 
 * QK is an E4M3 x E4M3 wgmma (K-major both). The score of key j for query i, in log2 units, is
   ``z = (t_ij * col_j) * r_i`` with ``t`` the MMA dot, ``col`` the K token scale and
-  ``r = row * softmax_scale * log2 e`` (``row`` the Q token scale); the row max is taken of
+  ``r = row * softmax_scale * log2 e`` (``row`` the Q token scale, times the kernel's scalar
+  argument ``qk_scale_log2`` as each work tile starts); the row max is taken of
   ``t * col`` and scaled once (``r > 0``), and ``P = exp2(fma(t * col, r, LIFT - m))`` is one FFMA
   and one MUFU.EX2, lifted by 2^LIFT (LIFT = 8) into [0, 256] (contract §2). ``qk_bf16``
   (``nvfp4qk_fp8pv``): K's scale is one global scale per head, so it is folded into the row
@@ -403,12 +404,14 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         mRow: cute.Tensor,
         mCol: cute.Tensor,
         mVScale: cute.Tensor,
+        qk_scale_log2: Float32,
         stream,
     ):
         """mQ ``(B, Sq, Hq, D)`` E4M3, mK ``(B, Sk, Hkv, D)`` E4M3, mVt ``(B, Sk, Hkv, D)`` E4M3 with
         stride 1 along Sk (the permuted transposed V), mO ``(B, Sq, Hq, D)`` BF16, mLSE / mRow
-        ``(B, Hq, Sq)`` FP32 (mRow = Q token scale * softmax_scale * log2 e), mCol ``(B, Hkv, Sk)``
-        FP32 (K token scale), mVScale ``(B, Hkv, D)`` FP32."""
+        ``(B, Hq, Sq)`` FP32 (mRow = Q token scale), mCol ``(B, Hkv, Sk)`` FP32 (K token scale),
+        mVScale ``(B, Hkv, D)`` FP32; ``qk_scale_log2`` = softmax_scale * log2 e: the row factor of
+        query i is ``mRow[i] * qk_scale_log2`` (one FP32 product, as the host computed it before)."""
         mQ, mK, mO = [assume_tensor_aligned(t) for t in (mQ, mK, mO)]
         mQ, mO, mK, mVt = [layout_utils.select(t, [1, 3, 2, 0]) for t in (mQ, mO, mK, mVt)]
         mLSE, mRow, mCol, mVScale = [layout_utils.select(t, [2, 1, 0]) for t in (mLSE, mRow, mCol, mVScale)]
@@ -490,6 +493,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             mRow,
             mCol,
             mVScale,
+            qk_scale_log2,
             tma_atom_Q,
             tma_atom_K,
             tma_atom_V,
@@ -521,6 +525,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         mRow: cute.Tensor,
         mCol: cute.Tensor,
         mVScale: cute.Tensor,
+        qk_scale_log2: Float32,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -604,6 +609,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 mRow,
                 mCol,
                 mVScale,
+                qk_scale_log2,
                 sQ,
                 sK,
                 layout_utils.transpose_view(sV),
@@ -629,6 +635,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         mRow: cute.Tensor,
         mCol: cute.Tensor,
         mVScale: cute.Tensor,
+        qk_scale_log2: Float32,
         sQ: cute.Tensor,
         sK: cute.Tensor,
         sVt: cute.Tensor,
@@ -693,7 +700,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 q_idx = m_block * self.tile_m + tScS_mn[r, 0][0]
                 row_r[r] = Float32(1.0)
                 if q_idx < seqlen.seqlen_q:
-                    row_r[r] = mRow[q_idx, head_idx, batch_idx]
+                    row_r[r] = mRow[q_idx, head_idx, batch_idx] * qk_scale_log2
                 if const_expr(self.qk_bf16):
                     row_r[r] = fold_k_scale(row_r[r], g_k)
             softmax = partial(self._softmax_tile, row_max=row_max, row_sum=row_sum, row_r=row_r)

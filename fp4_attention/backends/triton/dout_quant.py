@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
 from .launch import launcher
-from .quant import _head_amax_kernel, check_int32_span, e4m3_to_bf16, transpose_codes, zeroed_amax_and_flag
+from .quant import _head_amax_kernel, amax_and_flag_words, check_int32_span, e4m3_to_bf16, transpose_codes
 from .quant import interpreted as _interpreted
 
 __all__ = ["DoutOperands", "quantize_dout_fused"]
@@ -208,20 +208,7 @@ def quantize_dout_fused(
     dev = dout.device
     spad = -(-sq // pad_to) * pad_to
     sq16 = -(-sq // 16) * 16
-    if zeroed is None:
-        amax, bad = zeroed_amax_and_flag((b * hq,), dev)
-    elif (
-        zeroed.dtype != torch.float32
-        or zeroed.shape != (2 * b * hq,)
-        or not zeroed.is_contiguous()
-        or zeroed.device != dev
-    ):
-        raise ValueError(
-            f"quantize_dout_fused: zeroed must be a contiguous FP32 [{2 * b * hq}] tensor (2 * B * Hq) on "
-            f"{dev}, got {zeroed.dtype} {tuple(zeroed.shape)} on {zeroed.device}"
-        )
-    else:  # the same words as zeroed_amax_and_flag's: an FP32 amax, an int32 flag (zero bits both)
-        amax, bad = zeroed[: b * hq], zeroed[b * hq :].view(torch.int32)
+    amax, bad = amax_and_flag_words(zeroed, (b * hq,), dev, "quantize_dout_fused")
     # the amax pass's launch: 32 to 256 queries per program, 4 or 8 warps, took the same time on the
     # H200 (results/prep_transpose_h200/README.md)
     block = 64

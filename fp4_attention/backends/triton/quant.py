@@ -35,6 +35,8 @@ from ``rotation.rotated_row_amax``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -74,6 +76,30 @@ def zeroed_amax_and_flag(shape: tuple[int, ...], device) -> tuple[torch.Tensor, 
     atomic-max amax (+0.0 is the all-zero bit pattern) and int32 for a non-finite flag."""
     both = torch.zeros((2, *shape), dtype=torch.int32, device=device)
     return both[0].view(torch.float32), both[1]
+
+
+def amax_and_flag_words(
+    zeroed: torch.Tensor | None, shape: tuple[int, ...], device, who: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The amax and flag accumulators of an amax pass, :func:`zeroed_amax_and_flag`'s words: a fill of
+    their own for ``zeroed`` None, else views of ``zeroed``, a zero-filled contiguous FP32 tensor of
+    ``2 * prod(shape)`` elements on ``device`` (the amax words, then the flag's), which a caller
+    zeroes with other words in one fill (one launch for several quantizers).
+
+    Raises:
+        ValueError: ``zeroed`` of another dtype, size, layout or device.
+    """
+    if zeroed is None:
+        return zeroed_amax_and_flag(shape, device)
+    n = math.prod(shape)
+    if zeroed.dtype != torch.float32 or zeroed.shape != (2 * n,) or not zeroed.is_contiguous():
+        raise ValueError(
+            f"{who}: zeroed must be a contiguous FP32 [{2 * n}] tensor (2 x {shape}), got {zeroed.dtype} "
+            f"{tuple(zeroed.shape)}"
+        )
+    if zeroed.device != torch.device(device):
+        raise ValueError(f"{who}: zeroed is on {zeroed.device}, the input on {device}")
+    return zeroed[:n].view(shape), zeroed[n:].view(torch.int32).view(shape)
 
 
 def _row_input(x: torch.Tensor, who: str) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -629,6 +655,7 @@ def quantize_fp8_v_transposed(
     rows: int | None = None,
     num_warps: int = 4,
     amax_rows: int | None = None,
+    zeroed: torch.Tensor | None = None,
 ) -> FP8Tensor:
     """E4M3 V with one power-of-two FP32 scale per (batch, head, channel), stored transposed.
 
@@ -647,9 +674,11 @@ def quantize_fp8_v_transposed(
         ``rows`` / ``num_warps``: the codes kernel's keys per program (a power of two >= 16,
         default 64) and warps, launch options for ``bench/quant_bench.py``; the bytes do not depend
         on them. ``amax_rows``: keys per program of the amax pass (:func:`amax_rows_per_program`).
+        ``zeroed``: the amax pass's words, ``2 * B * H * D`` zeroed FP32 (:func:`amax_and_flag_words`;
+        the caller's fill then covers them), default a fill of its own.
     Raises:
         ValueError: not a 4-D CUDA tensor, no keys, D not a power of two <= 256, B * H above
-            65,535, or a launch option out of range.
+            65,535, a launch option out of range, or ``zeroed`` not as described.
     """
     if (not v.is_cuda and not interpreted()) or v.dim() != 4:
         raise ValueError("quantize_fp8_v_transposed: needs a CUDA tensor [B, H, S, D]")
@@ -662,7 +691,7 @@ def quantize_fp8_v_transposed(
     _check_grid_axis("quantize_fp8_v_transposed", b * h, "B * H")
     _, fmax = FP8_FORMATS["e4m3"]
     # two passes (the amax of every channel, then the scale and the codes): no torch op in between
-    amax, bad = zeroed_amax_and_flag((b * h, d), v.device)
+    amax, bad = amax_and_flag_words(zeroed, (b * h, d), v.device, "quantize_fp8_v_transposed")
     scale = torch.empty((b, h, 1, d), dtype=torch.float32, device=v.device)
     so = padded_keys(sk) if perm16 else sk
     y = torch.empty((b, h, d, so), dtype=torch.uint8, device=v.device)
@@ -1008,13 +1037,15 @@ def nvfp4_head_outputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def quantize_nvfp4_heads(
-    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4
+    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4, zeroed: torch.Tensor | None = None
 ) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
     ``rows`` / ``num_warps``: the rows kernel's launch options (rows per program, a power of two,
     default 2048 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
+    ``zeroed``: the amax pass's words, ``2 * B * H`` zeroed FP32 (:func:`amax_and_flag_words`; the
+    caller's fill then covers them), default a fill of its own.
 
     Returns:
         ``(NVFP4Tensor, decoded, token_scale)``: bytes and global scale equal ``quant.quantize_nvfp4(x,
@@ -1024,8 +1055,8 @@ def quantize_nvfp4_heads(
         of each token's head (the row/col vector of the attention kernels, written by the same
         kernel: no broadcast copy); all contiguous.
     Raises:
-        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, or B * H
-            above 65,535 (raised before any launch).
+        ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, B * H
+            above 65,535 (raised before any launch), or ``zeroed`` not as described.
     """
     if x.dim() != 4:
         raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
@@ -1037,7 +1068,7 @@ def quantize_nvfp4_heads(
         raise ValueError("quantize_nvfp4_heads: no tokens (S = 0); the per-head global scale is undefined")
     layout = (h, s, *x.stride()[:3])  # the true heads, also for a contiguous x
     _check_grid_axis("quantize_nvfp4_heads", b * h, "B * H (the amax pass's grid)")
-    amax, bad = zeroed_amax_and_flag((b * h,), x.device)
+    amax, bad = amax_and_flag_words(zeroed, (b * h,), x.device, "quantize_nvfp4_heads")
     block_s = 64
     launcher(_head_amax_kernel)[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
     g, payload, scales, dec, tok = nvfp4_head_outputs(x)

@@ -35,10 +35,10 @@ from .quant import (
     _fp8_scale,
     _max_propagating_nan,
     _rows_option,
+    amax_and_flag_words,
     check_int32_span,
     nvfp4_block_rows,
     nvfp4_head_outputs,
-    zeroed_amax_and_flag,
 )
 
 __all__ = ["quantize_fp8_rows_pair_rope", "quantize_nvfp4_heads_rope", "rope_rows", "rope_rows_pair"]
@@ -532,6 +532,7 @@ def quantize_nvfp4_heads_rope(
     rows: int | None = None,
     heads: int | None = None,
     num_warps: int = 4,
+    zeroed: torch.Tensor | None = None,
 ) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
     """``quant.quantize_nvfp4_heads(apply_rope(x, cos, sin))`` to the byte, RoPE applied in both of its
     passes (module docstring).
@@ -543,10 +544,11 @@ def quantize_nvfp4_heads_rope(
         rows, heads, num_warps: the rows pass's positions per program (a power of two, default
             2048 / D), heads per program (default :data:`NVFP4_HEADS`, 1) and warps: launch options,
             the bytes do not depend on them.
+        zeroed: as :func:`quant.quantize_nvfp4_heads`'s.
     Returns:
         ``(NVFP4Tensor, decoded, token_scale)`` as :func:`quant.quantize_nvfp4_heads` returns them.
     Raises:
-        ValueError: as :func:`quantize_fp8_rows_pair_rope`, D below 32, or S = 0.
+        ValueError: as :func:`quantize_fp8_rows_pair_rope`, D below 32, S = 0, or a bad ``zeroed``.
     """
     who = "quantize_nvfp4_heads_rope"
     x = _check_input(x, who)
@@ -560,7 +562,7 @@ def quantize_nvfp4_heads_rope(
         raise ValueError(f"{who}: no tokens (S = 0); the per-head global scale is undefined")
     heads = _heads_option(heads, NVFP4_HEADS)
     layout = (h, s, *x.stride()[:3])
-    amax, bad = zeroed_amax_and_flag((b * h,), x.device)
+    amax, bad = amax_and_flag_words(zeroed, (b * h,), x.device, who)
     amax_rows = 64
     by_bits = interpreted()
     launcher(_head_amax_rope_kernel)[(_programs(x, amax_rows, heads),)](
