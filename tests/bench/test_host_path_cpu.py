@@ -36,6 +36,7 @@ def test_launches_of_a_step(tmp_path):
         "torch_kernels"
     ]  # V's amax words; the backward's accumulators
     assert fp8["launches_total"] == 13
+    assert fp8["allocations"] == 19 and nv["allocations"] == 25  # dO's four per-query vectors: one
     assert nv["launches_total"] == 17  # NVFP4 Q, K and V amax words zeroed by one fill
     # every Triton launch of both recipes' steps goes through the launch cache (NVFP4's five did not)
     assert fp8["triton_launches_not_through_launcher"] == nv["triton_launches_not_through_launcher"] == {}

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import NVFP4Tensor
-from .launch import launcher
+from .launch import cdiv, launcher
 from .quant import check_int32_span, e4m3_to_bf16, nvfp4_to_bf16
 from .quant import interpreted as _interpreted
 
@@ -138,7 +138,7 @@ def backward_kv_operands(k8, vt_perm: torch.Tensor, *, col2_scale: float) -> dic
     v8 = torch.empty((b, h, sk, d), dtype=torch.uint8, device=dev)
     cols = torch.empty((2 if nvfp4 else 1, b, h, sk), dtype=torch.float32, device=dev)
     col = cols[1] if nvfp4 else k8.scale.view(b, h, sk)
-    launcher(_bwd_kv_kernel)[(triton.cdiv(sk, KV_BLOCK), b * h)](
+    launcher(_bwd_kv_kernel)[(cdiv(sk, KV_BLOCK), b * h)](
         payload.view(torch.uint8),
         k8.block_scale if nvfp4 else None,
         vt_perm.view(torch.uint8),

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
-from .launch import launcher
+from .launch import cdiv, launcher
 from .quant import _head_amax_kernel, amax_and_flag_words, check_int32_span, e4m3_to_bf16, transpose_codes
 from .quant import interpreted as _interpreted
 
@@ -212,7 +212,7 @@ def quantize_dout_fused(
     # the amax pass's launch: 32 to 256 queries per program, 4 or 8 warps, took the same time on the
     # H200 (results/prep_transpose_h200/README.md)
     block = 64
-    grid = (triton.cdiv(sq, block), b * hq)
+    grid = (cdiv(sq, block), b * hq)
     strides = (dout.stride(0), dout.stride(1), dout.stride(2))
     launcher(_head_amax_kernel)[grid](
         dout, amax, bad, hq, sq, *strides, D=d, BLOCK_S=block, VS=v_scale, G=hq // hkv, CHANNEL_SCALED=True
@@ -220,8 +220,9 @@ def quantize_dout_fused(
     y = torch.empty((b, hq, sq, d), dtype=torch.uint8, device=dev)
     yt = torch.empty((b, hq, d, sq16), dtype=torch.uint8, device=dev) if transposed else y
     s_do = torch.empty((b, hq), dtype=torch.float32, device=dev)
-    vec = [torch.empty((b, hq, spad), dtype=torch.float32, device=dev) for _ in range(4)]
-    delta, stat, r, row = vec
+    delta, stat, r, row = torch.empty(
+        (4, b, hq, spad), dtype=torch.float32, device=dev
+    ).unbind()  # one allocation
     # q_scale read through its strides: a per-token vector, or a per-head scale expanded over the
     # queries (stride 0: NVFP4's global scale), without a copy
     if transposed and (q_scale.stride(0) != hq * q_scale.stride(1) or q_scale.dtype != torch.float32):
@@ -229,7 +230,7 @@ def quantize_dout_fused(
     qs = q_scale if transposed else lse
     q_strides = (q_scale.stride(1), q_scale.stride(2)) if transposed else (sq, 1)
     qb = torch.empty((b, hq, sq, d), dtype=torch.bfloat16, device=dev) if q8 is not None else None
-    grid = (triton.cdiv(max(spad, sq16), QUANT_BLOCK), b * hq)
+    grid = (cdiv(max(spad, sq16), QUANT_BLOCK), b * hq)
     launcher(_dout_quant_kernel)[grid](
         dout,
         out,

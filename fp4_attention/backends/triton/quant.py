@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
 from ..pv_layout import padded_keys
-from .launch import interpreted, launcher
+from .launch import cdiv, interpreted, launcher
 from .rotation import rotate_rows, rotation_args
 
 __all__ = [
@@ -63,7 +63,10 @@ def check_int32_span(who: str, *tensors: torch.Tensor) -> None:
     """Raise ValueError if a tensor's elements span 2^31 or more (offset of its last element + 1):
     the kernels index with 32-bit offsets. A strided view's span is its storage's, not its numel."""
     for t in tensors:
-        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+        if t.is_contiguous():  # the common case, on every launch's path: the span is the numel
+            span = t.numel()
+        else:
+            span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
         if span >= 2**31:
             raise ValueError(
                 f"{who}: a tensor of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements, "
@@ -82,9 +85,10 @@ def amax_and_flag_words(
     zeroed: torch.Tensor | None, shape: tuple[int, ...], device, who: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The amax and flag accumulators of an amax pass, :func:`zeroed_amax_and_flag`'s words: a fill of
-    their own for ``zeroed`` None, else views of ``zeroed``, a zero-filled contiguous FP32 tensor of
-    ``2 * prod(shape)`` elements on ``device`` (the amax words, then the flag's), which a caller
-    zeroes with other words in one fill (one launch for several quantizers).
+    their own for ``zeroed`` None, else flat views of ``zeroed`` (the kernels index them), a
+    zero-filled contiguous FP32 tensor of ``2 * prod(shape)`` elements on ``device`` (the amax words,
+    then the flag's), which a caller zeroes with other words in one fill (one launch for several
+    quantizers).
 
     Raises:
         ValueError: ``zeroed`` of another dtype, size, layout or device.
@@ -99,7 +103,7 @@ def amax_and_flag_words(
         )
     if zeroed.device != torch.device(device):
         raise ValueError(f"{who}: zeroed is on {zeroed.device}, the input on {device}")
-    return zeroed[:n].view(shape), zeroed[n:].view(torch.int32).view(shape)
+    return zeroed[:n], zeroed[n:].view(torch.int32)
 
 
 def _row_input(x: torch.Tensor, who: str) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -392,7 +396,7 @@ def quantize_fp8_key_groups(
     dtype, fmax = FP8_FORMATS["e4m3"]
     y = torch.empty(k.shape, dtype=torch.uint8, device=k.device)
     s = torch.empty((b, h, seq, 1), dtype=torch.float32, device=k.device)
-    launcher(_fp8_key_groups_kernel)[(triton.cdiv(seq, keys), b * h)](
+    launcher(_fp8_key_groups_kernel)[(cdiv(seq, keys), b * h)](
         k,
         y,
         s,
@@ -481,7 +485,7 @@ def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who) -> tuple:
         n = x.numel() // d
         operands += [x, y, s, n, *layout]
         outs.append(FP8Tensor(data=y.view(dtype), scale=s))
-        programs.append(triton.cdiv(n, rows))
+        programs.append(cdiv(n, rows))
     kernel = _fp8_rows_kernel if len(xs) == 1 else _fp8_rows_pair_kernel
     if len(xs) == 2:
         operands.append(programs[0])
@@ -699,10 +703,10 @@ def quantize_fp8_v_transposed(
     if block_s < 16:
         raise ValueError(f"quantize_fp8_v_transposed: keys per program must be >= 16, got {block_s}")
     amax_rows = amax_rows_per_program(b * h, sk, amax_rows)
-    launcher(_v_amax_kernel)[(triton.cdiv(sk, amax_rows), b * h)](
+    launcher(_v_amax_kernel)[(cdiv(sk, amax_rows), b * h)](
         v, amax, bad, h, sk, *v.stride(), D=d, BLOCK_S=AMAX_BLOCK, ROWS=amax_rows
     )
-    launcher(_fp8_v_t_kernel)[(triton.cdiv(sk, block_s), b * h)](
+    launcher(_fp8_v_t_kernel)[(cdiv(sk, block_s), b * h)](
         v,
         amax,
         bad,
@@ -1070,12 +1074,12 @@ def quantize_nvfp4_heads(
     _check_grid_axis("quantize_nvfp4_heads", b * h, "B * H (the amax pass's grid)")
     amax, bad = amax_and_flag_words(zeroed, (b * h,), x.device, "quantize_nvfp4_heads")
     block_s = 64
-    launcher(_head_amax_kernel)[(triton.cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
+    launcher(_head_amax_kernel)[(cdiv(s, block_s), b * h)](x, amax, bad, *layout, D=d, BLOCK_S=block_s)
     g, payload, scales, dec, tok = nvfp4_head_outputs(x)
     # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
     # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
-    launcher(_nvfp4_rows_kernel)[(triton.cdiv(s, rows), h, b)](
+    launcher(_nvfp4_rows_kernel)[(cdiv(s, rows), h, b)](
         x,
         amax,
         payload,
@@ -1124,7 +1128,7 @@ def quantize_nvfp4_rows(
     batch = x.numel() // (d * seq * heads) if seq else 0
     _check_grid_axis("quantize_nvfp4_rows", heads, "H")
     _check_grid_axis("quantize_nvfp4_rows", batch, "B")
-    launcher(_nvfp4_rows_kernel)[(triton.cdiv(seq, rows), heads, batch)](
+    launcher(_nvfp4_rows_kernel)[(cdiv(seq, rows), heads, batch)](
         x,
         g,
         payload,
@@ -1199,5 +1203,5 @@ def decode_nvfp4_rows(t: NVFP4Tensor) -> torch.Tensor:
     n = p.numel() * 2 // d
     rows = max(1, 2048 // d)
     check_int32_span("decode_nvfp4_rows", out)
-    launcher(_nvfp4_decode_kernel)[(triton.cdiv(n, rows),)](p, sc, out, n, D=d, ROWS=rows, num_warps=4)
+    launcher(_nvfp4_decode_kernel)[(cdiv(n, rows),)](p, sc, out, n, D=d, ROWS=rows, num_warps=4)
     return out

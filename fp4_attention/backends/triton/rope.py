@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
 from ..layouts import empty_in_layout_of
-from .launch import interpreted, launcher
+from .launch import cdiv, interpreted, launcher
 from .quant import (
     _fp8_codes,
     _fp8_scale,
@@ -434,7 +434,7 @@ def _check_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, who: st
 
 def _programs(x: torch.Tensor, rows: int, heads: int) -> int:
     b, h, s, _ = x.shape
-    return b * triton.cdiv(h, heads) * triton.cdiv(s, rows)
+    return b * cdiv(h, heads) * cdiv(s, rows)
 
 
 def rope_rows(

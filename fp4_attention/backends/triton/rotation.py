@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ...numerics.rotation import check_rotation_head_dim, inv_sqrt_dim
-from .launch import launcher
+from .launch import cdiv, launcher
 
 __all__ = ["fwht_rows", "rotate_rows", "rotated_row_amax", "rotation_args", "unrotate_rows"]
 
@@ -110,7 +110,7 @@ def _launch_rows(kernel, x: torch.Tensor, out: torch.Tensor, signs: torch.Tensor
     args = rotation_args(x, signs)
     d = x.shape[-1]
     n, rows = x.numel() // d, max(1, 1024 // d)
-    launcher(kernel)[(triton.cdiv(n, rows),)](x, out, n, D=d, ROWS=rows, **args, num_warps=4)
+    launcher(kernel)[(cdiv(n, rows),)](x, out, n, D=d, ROWS=rows, **args, num_warps=4)
     return out
 
 
