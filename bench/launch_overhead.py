@@ -132,7 +132,8 @@ def _rows(calls: int, tl_launch) -> dict[str, float]:
     out["cute_bwd_kernel_call"] = host_us(lambda: bfn(*bargs, sm), calls)
     out["cute_bwd_postprocess"] = host_us(lambda: cb.postprocess_gradients(bops, state, sm), calls)
     out["torch_zeros"] = host_us(lambda: torch.zeros(1 << 18, device="cuda"), calls)
-    out["cute_forward_checks"] = host_us(lambda: cb._check_operands(*ops, cb.DEFAULT_TILES), calls)
+    # the operand tensors (ops[6] is kernel_operands' scalar qk_scale_log2)
+    out["cute_forward_checks"] = host_us(lambda: cb._check_operands(*ops[:6], cb.DEFAULT_TILES), calls)
     from fp4_attention.backends.fa4.backend import FA4Backend
 
     out["fa4_backend_forward"] = host_us(

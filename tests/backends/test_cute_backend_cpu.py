@@ -85,3 +85,18 @@ def test_cute_profile_says_what_is_wrong():
     if not torch.cuda.is_available():
         res = run([sys.executable, str(script)])
         assert res.returncode != 0 and "needs a CUDA GPU" in res.stderr, res.stderr
+
+
+def test_zeroed_words_of_a_forward_are_one_fill_aligned_parts():
+    """The forward's amax words (NVFP4 Q, K, V): one zero fill split into parts of ``2 n`` words, each
+    starting on a 16-byte boundary (Triton specializes on a pointer's alignment), none overlapping."""
+    from tests.dispatch_ops import FILL_OPS, OpNames
+
+    with OpNames() as ops:
+        parts = cute_backend._zeroed_words(torch.empty(1), [1 * 4, 1 * 1, 1 * 1 * 128])
+    assert [op for op in ops.names if op in FILL_OPS] == ["zeros"]
+    assert [p.numel() for p in parts] == [8, 2, 256]
+    offsets = [p.storage_offset() for p in parts]
+    assert all(o % 4 == 0 for o in offsets) and offsets == sorted(offsets)
+    assert all(a + p.numel() <= b for p, a, b in zip(parts, offsets, offsets[1:]))
+    assert all(p.is_contiguous() and p.dtype == torch.float32 and not p.any() for p in parts)

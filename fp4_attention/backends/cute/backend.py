@@ -274,9 +274,11 @@ def quantize_inputs(
 def _zeroed_words(x: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
     """Zero-filled FP32 words for the amax passes of a forward's quantizers, ``2 * n`` per count
     ``n`` (each quantizer's amax and flag: ``triton.quant.amax_and_flag_words``), from one fill:
-    one launch for all of them."""
-    words = torch.zeros(2 * sum(counts), dtype=torch.float32, device=x.device)
-    return list(words.split([2 * n for n in counts]))
+    one launch for all of them. Each part starts on a 16-byte boundary (its size rounded up to 4
+    words), as a fill of its own would: Triton specializes a kernel on a pointer's 16-byte alignment."""
+    padded = [-(-2 * n // 4) * 4 for n in counts]
+    words = torch.zeros(sum(padded), dtype=torch.float32, device=x.device)
+    return [part[: 2 * n] for part, n in zip(words.split(padded), counts, strict=True)]
 
 
 def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope=None) -> tuple:
