@@ -2,7 +2,8 @@
 (``TRITON_INTERPRET=1``, in a subprocess: the variable is read when the kernels are defined): the
 bytes of two ``quantize_fp8_rows`` calls, for tensors of different heads, lengths, layouts (read in
 place from ``[B, S, H, D]`` memory) and dtypes, in both FP8 formats, with a rotation's signs, with
-NaN/Inf rows and a row count that is not a multiple of the rows per program; and the refusal of two
+NaN/Inf rows and a row count that is not a multiple of the rows per program; the same launch zeroing
+another buffer (``zero``, the cute forward's V amax words) of any length; and the refusal of two
 head dims."""
 
 from __future__ import annotations
@@ -41,6 +42,29 @@ def _interpreted_checks() -> list[str]:
             failed.append(name)
         if pair[1].scale.shape != (*b.shape[:-1], 1) or pair[1].data.shape != b.shape:
             failed.append(f"{name}: shapes")
+    # the same launch zeroes another buffer (the cute forward's V amax words): more words than one
+    # step of the grid-stride loop covers (1024 per program and step), not a multiple of it, and more
+    # than the grid's programs reach in one step; the bytes unchanged
+    from tests.dispatch_ops import FILL_OPS, OpNames
+
+    for n_words, rows in ((2500, None), (1024 * 40 + 3, 64)):
+        buf = torch.full((n_words,), float("nan"))
+        with OpNames() as ops:
+            pair = quantize_fp8_rows_pair(q, k, rows=rows, zero=buf)
+        one = quantize_fp8_rows_pair(q, k, rows=rows)
+        if not (same(pair[0], one[0]) and same(pair[1], one[1])):
+            failed.append(f"zero {n_words}: other bytes")
+        if not (buf == 0).all():
+            failed.append(f"zero {n_words}: {int((buf != 0).sum())} words not zeroed")
+        if [op for op in ops.names if op in FILL_OPS]:
+            failed.append(f"zero {n_words}: a fill launch")
+    for bad in (torch.zeros(8, dtype=torch.float64), torch.zeros(16)[::2]):
+        try:
+            quantize_fp8_rows_pair(q, k, zero=bad)
+            failed.append(f"zero {bad.dtype} strides {bad.stride()}: not refused")
+        except ValueError as e:
+            if "zero must be a contiguous FP32 tensor" not in str(e):
+                failed.append(f"zero refused with: {e}")
     return failed
 
 

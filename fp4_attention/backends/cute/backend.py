@@ -257,28 +257,39 @@ def quantize_inputs(
     transposed and in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands`
     makes them the kernel's arguments. With ``rope`` (a ``RoPETables``) those of the RoPE'd Q and K:
     inside the quantizer for Q and K per token, by ``rope_rows_pair`` first for K per group of keys."""
+    # V's amax words: zeroed by the Q/K pair kernel (no fill launch), else by a fill
+    v_words = v.shape[0] * v.shape[1] * v.shape[3]
+    if rope is None and k_scale_keys == 1:
+        words, (zeroed,) = _words(v, [v_words], fill=False)
+        q_s, k_s = quantize_fp8_rows_pair(q, k, zero=words)
+        return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True, zeroed=zeroed)
+    zeroed = _zeroed_words(v, [v_words])[0]
     # Q and K read in place from any [B, H, S, D] strides; per token, in one launch
-    zeroed = _zeroed_words(v, [v.shape[0] * v.shape[1] * v.shape[3]])[0]
     if rope is not None and k_scale_keys == 1:
         q_s, k_s = quantize_fp8_rows_pair_rope(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
     else:
         if rope is not None:  # K per group of keys: RoPE as its own pass first
             q, k = rope_rows_pair(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
-        if k_scale_keys == 1:
-            q_s, k_s = quantize_fp8_rows_pair(q, k)
-        else:
-            q_s, k_s = quantize_fp8_rows(q), quantize_fp8_key_groups(k, k_scale_keys)
+        q_s, k_s = quantize_fp8_rows(q), quantize_fp8_key_groups(k, k_scale_keys)
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True, zeroed=zeroed)
 
 
 def _zeroed_words(x: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
     """Zero-filled FP32 words for the amax passes of a forward's quantizers, ``2 * n`` per count
     ``n`` (each quantizer's amax and flag: ``triton.quant.amax_and_flag_words``), from one fill:
-    one launch for all of them. Each part starts on a 16-byte boundary (its size rounded up to 4
-    words), as a fill of its own would: Triton specializes a kernel on a pointer's 16-byte alignment."""
+    one launch for all of them (:func:`_words`)."""
+    return _words(x, counts, fill=True)[1]
+
+
+def _words(x: torch.Tensor, counts: list[int], fill: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One FP32 buffer on ``x``'s device and its parts of ``2 * n`` words per count ``n``, zero-filled
+    (``fill``) or left for a kernel to zero (the Q/K pair quantizer's ``zero``). Each part starts on a
+    16-byte boundary (its size rounded up to 4 words), as a buffer of its own would: Triton
+    specializes a kernel on a pointer's 16-byte alignment."""
     padded = [-(-2 * n // 4) * 4 for n in counts]
-    words = torch.zeros(sum(padded), dtype=torch.float32, device=x.device)
-    return [part[: 2 * n] for part, n in zip(words.split(padded), counts, strict=True)]
+    make = torch.zeros if fill else torch.empty
+    words = make(sum(padded), dtype=torch.float32, device=x.device)
+    return words, [part[: 2 * n] for part, n in zip(words.split(padded), counts, strict=True)]
 
 
 def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope=None) -> tuple:

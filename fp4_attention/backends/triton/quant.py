@@ -227,6 +227,10 @@ def _fp8_rows_kernel(
     )
 
 
+ZERO_WORDS = 1024  # words a program of _fp8_rows_pair_kernel zeroes per step (ZERO_STEPS)
+ZERO_BLOCK = tl.constexpr(ZERO_WORDS)
+
+
 @triton.jit
 def _fp8_rows_pair_kernel(
     X,
@@ -256,9 +260,20 @@ def _fp8_rows_pair_kernel(
     ROTATE: tl.constexpr = False,
     LOG2_D: tl.constexpr = 0,
     INV_SQRT_D: tl.constexpr = 1.0,
+    ZERO=None,
+    n_zero=0,
+    ZERO_STEPS: tl.constexpr = 0,
 ):
-    """Two tensors' rows in one launch: programs ``[0, n_programs)`` the first's, the rest the second's."""
+    """Two tensors' rows in one launch: programs ``[0, n_programs)`` the first's, the rest the second's.
+    With ``ZERO_STEPS`` > 0 every program also zeroes ``ZERO_BLOCK`` words of ``ZERO`` (``n_zero``
+    FP32 words) in each of ``ZERO_STEPS`` steps of a grid-stride loop (one at the attention shapes:
+    the grid holds a program per few rows of Q and K): another kernel's accumulators, with no fill
+    launch of their own."""
     pid = tl.program_id(0)
+    if ZERO_STEPS > 0:
+        for step in range(ZERO_STEPS):
+            offs = (step * tl.num_programs(0) + pid) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
+            tl.store(ZERO + offs, tl.zeros([ZERO_BLOCK], tl.float32), mask=offs < n_zero)
     if pid < n_programs:
         _fp8_rows_program(
             pid,
@@ -448,6 +463,7 @@ def quantize_fp8_rows_pair(
     signs: torch.Tensor | None = None,
     rows: int | None = None,
     num_warps: int = 4,
+    zero: torch.Tensor | None = None,
 ) -> tuple[FP8Tensor, FP8Tensor]:
     """:func:`quantize_fp8_rows` of two tensors (Q and K) in one kernel launch: the same bytes as two
     calls, one launch's host time less (each Triton launch costs tens of microseconds of host time,
@@ -457,21 +473,32 @@ def quantize_fp8_rows_pair(
         x, x2: as :func:`quantize_fp8_rows`'s ``x``, of one head dim; their shapes, strides and
             dtypes may differ (``[B, Hq, Sq, D]`` and ``[B, Hkv, Sk, D]``).
         fmt, signs, rows, num_warps: as :func:`quantize_fp8_rows`, for both.
+        zero: a contiguous FP32 tensor on their device that the same launch also zeroes (the cute
+            forward's V amax words: one fill launch less; a later kernel on the stream sees zeros).
     Returns:
         the two :class:`FP8Tensor` of :func:`quantize_fp8_rows`.
     Raises:
-        ValueError: as :func:`quantize_fp8_rows`, or head dims or devices that differ.
+        ValueError: as :func:`quantize_fp8_rows`, head dims or devices that differ, or a ``zero``
+            that is not a contiguous FP32 tensor on their device.
     """
     if x.shape[-1] != x2.shape[-1] or x.device != x2.device:
         raise ValueError(
             f"quantize_fp8_rows_pair: both tensors need one head dim and one device, got {x.shape[-1]} on "
             f"{x.device} and {x2.shape[-1]} on {x2.device}"
         )
-    return _quantize_fp8_row_tensors((x, x2), fmt, signs, rows, num_warps, "quantize_fp8_rows_pair")
+    if zero is not None and (
+        zero.dtype != torch.float32 or not zero.is_contiguous() or zero.device != x.device
+    ):
+        raise ValueError(
+            f"quantize_fp8_rows_pair: zero must be a contiguous FP32 tensor on {x.device}, got {zero.dtype} "
+            f"on {zero.device} with strides {zero.stride()}"
+        )
+    return _quantize_fp8_row_tensors((x, x2), fmt, signs, rows, num_warps, "quantize_fp8_rows_pair", zero)
 
 
-def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who) -> tuple:
-    """One or two tensors' per-row FP8 (``_fp8_rows_kernel`` or ``_fp8_rows_pair_kernel``)."""
+def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who, zero=None) -> tuple:
+    """One or two tensors' per-row FP8 (``_fp8_rows_kernel`` or ``_fp8_rows_pair_kernel``, which also
+    zeroes ``zero``)."""
     prepared = [_row_input(x, who) for x in xs]
     d = prepared[0][0].shape[-1]
     if d & (d - 1) or d > 256:
@@ -497,8 +524,18 @@ def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who) -> tuple:
         ROWS=rows,
         num_warps=num_warps,
         **_rotation_args(prepared[0][0], signs),
+        **_zeroing_args(zero, sum(programs)),
     )
     return tuple(outs)
+
+
+def _zeroing_args(zero: torch.Tensor | None, n_grid: int) -> dict:
+    """``_fp8_rows_pair_kernel``'s arguments that zero ``zero`` across a grid of ``n_grid`` programs
+    (none without it)."""
+    if zero is None:
+        return {}
+    n = zero.numel()
+    return {"ZERO": zero, "n_zero": n, "ZERO_STEPS": max(1, cdiv(n, n_grid * ZERO_WORDS))}
 
 
 def _rows_option(who: str, rows: int | None, default: int) -> int:
