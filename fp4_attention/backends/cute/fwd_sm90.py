@@ -151,21 +151,6 @@ def _add_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def _f16x2_to_f32_sum(a: Float32, *, loc=None, ip=None) -> Float32:
-    return Float32(
-        _asm(
-            T.f32(),
-            (a,),
-            "{\n.reg .b32 w;\n.reg .b16 lo, hi;\n.reg .f32 x, y;\nmov.b32 w, $1;\nmov.b32 {lo, hi}, w;\n"
-            "cvt.f32.f16 x, lo;\ncvt.f32.f16 y, hi;\nadd.f32 $0, x, y;\n}",
-            "=f,f",
-            loc,
-            ip,
-        )
-    )
-
-
-@dsl_user_op
 def _f16x2_half_to_f32(a: Float32, high: bool, *, loc=None, ip=None) -> Float32:
     return Float32(
         _asm(
@@ -189,7 +174,8 @@ def sum_f16x2(words: list) -> Float32:
     """The sum of the FP16 pairs of :func:`exp2_f16x2`'s words: ``add.rn.f16x2`` in
     ``numerics.reference.pairwise_tree``'s order (the reference's ``p_fp16`` uses the same
     function), then the two halves in FP32."""
-    return _f16x2_to_f32_sum(pairwise_tree(words, _add_f16x2))
+    low, high = f16x2_to_f32x2(pairwise_tree(words, _add_f16x2))
+    return low + high
 
 
 @dsl_user_op
