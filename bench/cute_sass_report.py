@@ -164,7 +164,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_
         args += [vec(b, hkv, s * d, align=16) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, **({"exp_f16": True} if exp_f16 else {})),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, exp_f16=exp_f16),
         *args,
         cutlass.Float32(0.1),
         stream,

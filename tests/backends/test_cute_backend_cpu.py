@@ -93,7 +93,7 @@ def test_zeroed_words_of_a_forward_are_one_fill_aligned_parts():
     from tests.dispatch_ops import FILL_OPS, OpNames
 
     with OpNames() as ops:
-        parts = cute_backend._zeroed_words(torch.empty(1), [1 * 4, 1 * 1, 1 * 1 * 128])
+        parts = cute_backend._words(torch.empty(1), [1 * 4, 1 * 1, 1 * 1 * 128], fill=True)[1]
     assert [op for op in ops.names if op in FILL_OPS] == ["zeros"]
     assert [p.numel() for p in parts] == [8, 2, 256]
     offsets = [p.storage_offset() for p in parts]

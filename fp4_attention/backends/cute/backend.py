@@ -257,15 +257,13 @@ def quantize_inputs(
     transposed and in the ``pv_layout`` key order (Triton quantizers). :func:`kernel_operands`
     makes them the kernel's arguments. With ``rope`` (a ``RoPETables``) those of the RoPE'd Q and K:
     inside the quantizer for Q and K per token, by ``rope_rows_pair`` first for K per group of keys."""
-    # V's amax words: zeroed by the Q/K pair kernel (no fill launch), else by a fill
-    v_words = v.shape[0] * v.shape[1] * v.shape[3]
-    if rope is None and k_scale_keys == 1:
-        words, (zeroed,) = _words(v, [v_words], fill=False)
-        q_s, k_s = quantize_fp8_rows_pair(q, k, zero=words)
-        return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True, zeroed=zeroed)
-    zeroed = _zeroed_words(v, [v_words])[0]
+    # V's amax words: zeroed by the Q/K pair kernel's launch when that is the Q/K launch, else by a fill
+    pair = rope is None and k_scale_keys == 1
+    words, (zeroed,) = _words(v, [v.shape[0] * v.shape[1] * v.shape[3]], fill=not pair)
     # Q and K read in place from any [B, H, S, D] strides; per token, in one launch
-    if rope is not None and k_scale_keys == 1:
+    if pair:
+        q_s, k_s = quantize_fp8_rows_pair(q, k, zero=words)
+    elif k_scale_keys == 1:
         q_s, k_s = quantize_fp8_rows_pair_rope(q, k, (rope.cos_q, rope.sin_q), (rope.cos_k, rope.sin_k))
     else:
         if rope is not None:  # K per group of keys: RoPE as its own pass first
@@ -274,18 +272,13 @@ def quantize_inputs(
     return q_s, k_s, quantize_fp8_v_transposed(v, perm16=True, zeroed=zeroed)
 
 
-def _zeroed_words(x: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
-    """Zero-filled FP32 words for the amax passes of a forward's quantizers, ``2 * n`` per count
-    ``n`` (each quantizer's amax and flag: ``triton.quant.amax_and_flag_words``), from one fill:
-    one launch for all of them (:func:`_words`)."""
-    return _words(x, counts, fill=True)[1]
-
-
 def _words(x: torch.Tensor, counts: list[int], fill: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One FP32 buffer on ``x``'s device and its parts of ``2 * n`` words per count ``n``, zero-filled
-    (``fill``) or left for a kernel to zero (the Q/K pair quantizer's ``zero``). Each part starts on a
-    16-byte boundary (its size rounded up to 4 words), as a buffer of its own would: Triton
-    specializes a kernel on a pointer's 16-byte alignment."""
+    """The amax passes' words of a forward's quantizers in one FP32 buffer on ``x``'s device: the
+    buffer and its parts of ``2 * n`` words per count ``n`` (each quantizer's amax and flag:
+    ``triton.quant.amax_and_flag_words``), zero-filled by one launch for all of them (``fill``) or
+    left for a kernel to zero (the Q/K pair quantizer's ``zero``). Each part starts on a 16-byte
+    boundary (its size rounded up to 4 words), as a buffer of its own would: Triton specializes a
+    kernel on a pointer's 16-byte alignment."""
     padded = [-(-2 * n // 4) * 4 for n in counts]
     make = torch.zeros if fill else torch.empty
     words = make(sum(padded), dtype=torch.float32, device=x.device)
@@ -301,7 +294,7 @@ def quantize_nvfp4_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rop
     Q and K, RoPE applied in both passes of the quantizer (``quantize_nvfp4_heads_rope``)."""
     b, hq, _, d = q.shape
     hkv = k.shape[1]
-    zq, zk, zv = _zeroed_words(q, [b * hq, b * hkv, b * hkv * d])  # the three amax passes, one fill
+    zq, zk, zv = _words(q, [b * hq, b * hkv, b * hkv * d], fill=True)[1]  # the three amax passes, one fill
     if rope is not None:
         q_s, q_dec, q_tok = quantize_nvfp4_heads_rope(q, rope.cos_q, rope.sin_q, zeroed=zq)
         k_s, k_dec, k_tok = quantize_nvfp4_heads_rope(k, rope.cos_k, rope.sin_k, zeroed=zk)
@@ -487,9 +480,7 @@ def _compiled_bwd(
 ):
     key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ()) + (("exp_f16",) if exp_f16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(
-            d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, **({"exp_f16": True} if exp_f16 else {})
-        )
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, exp_f16=exp_f16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
         cute_args.append(cute_operand(args[6], leading_dim=1))
