@@ -29,7 +29,7 @@ def empty_in_layout_of(like: torch.Tensor, shape, dtype=torch.bfloat16) -> torch
     order = (*sorted(range(last), key=strides.__getitem__, reverse=True), last)  # stable: ties in order
     if order not in _INVERSE:
         inverse = tuple(order.index(i) for i in range(last + 1))
-        _INVERSE[order] = None if inverse == order == tuple(range(last + 1)) else inverse
+        _INVERSE[order] = None if inverse == tuple(range(last + 1)) else inverse
     phys = torch.empty([shape[i] for i in order], dtype=dtype, device=like.device)
     inverse = _INVERSE[order]
     return phys if inverse is None else phys.permute(inverse)

@@ -96,14 +96,20 @@ def amax_and_flag_words(
     if zeroed is None:
         return zeroed_amax_and_flag(shape, device)
     n = math.prod(shape)
-    if zeroed.dtype != torch.float32 or zeroed.shape != (2 * n,) or not zeroed.is_contiguous():
-        raise ValueError(
-            f"{who}: zeroed must be a contiguous FP32 [{2 * n}] tensor (2 x {shape}), got {zeroed.dtype} "
-            f"{tuple(zeroed.shape)}"
-        )
-    if zeroed.device != torch.device(device):
-        raise ValueError(f"{who}: zeroed is on {zeroed.device}, the input on {device}")
+    check_fp32_words(zeroed, device, who, "zeroed", 2 * n)
     return zeroed[:n], zeroed[n:].view(torch.int32)
+
+
+def check_fp32_words(t: torch.Tensor, device, who: str, name: str, size: int | None = None) -> None:
+    """Raise ValueError unless ``t`` is a contiguous FP32 tensor on ``device`` (of ``size`` elements,
+    one-dimensional, when given): the words a caller hands a kernel to zero or to accumulate into."""
+    shape_ok = size is None or tuple(t.shape) == (size,)
+    if t.dtype != torch.float32 or not t.is_contiguous() or not shape_ok or t.device != torch.device(device):
+        want = f"[{size}] tensor" if size is not None else "tensor"
+        raise ValueError(
+            f"{who}: {name} must be a contiguous FP32 {want} on {device}, got {t.dtype} {tuple(t.shape)} "
+            f"on {t.device} with strides {t.stride()}"
+        )
 
 
 def _row_input(x: torch.Tensor, who: str) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -486,13 +492,8 @@ def quantize_fp8_rows_pair(
             f"quantize_fp8_rows_pair: both tensors need one head dim and one device, got {x.shape[-1]} on "
             f"{x.device} and {x2.shape[-1]} on {x2.device}"
         )
-    if zero is not None and (
-        zero.dtype != torch.float32 or not zero.is_contiguous() or zero.device != x.device
-    ):
-        raise ValueError(
-            f"quantize_fp8_rows_pair: zero must be a contiguous FP32 tensor on {x.device}, got {zero.dtype} "
-            f"on {zero.device} with strides {zero.stride()}"
-        )
+    if zero is not None:
+        check_fp32_words(zero, x.device, "quantize_fp8_rows_pair", "zero")
     return _quantize_fp8_row_tensors((x, x2), fmt, signs, rows, num_warps, "quantize_fp8_rows_pair", zero)
 
 
