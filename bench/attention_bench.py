@@ -226,13 +226,15 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False):
+def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False, postprocess="fa4"):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd; ``exp_f16``: the measurement option in both passes."""
+    one forward's state, without autograd; ``exp_f16``: the measurement option in both passes;
+    ``postprocess``: the backward's accumulator conversion ("fa4" or "triton")."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal, exp_f16)
-    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16)
+    kw = dict(causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16, postprocess=postprocess)
+    return lambda: cute_backend.backward_fp8(st, dout, **kw)
 
 
 def fa4_bwd_direct(q, k, v, causal):
@@ -321,7 +323,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd",
+        help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd; "
+        "cute_<recipe>_bwd_direct_post_triton and, in the fwd_bwd pass, cute_<recipe>_post_triton: the "
+        "backward's accumulators converted by triton.bwd_post (postprocess='triton') instead of FA4's kernel",
     )
     p.add_argument(
         "--qk-rotation",
@@ -424,6 +428,28 @@ def main(argv=None) -> int:
                         (f"cute_{r}_bwd_direct", (lambda r=r: cute_bwd_direct(r, q, k, v, causal)))
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
+                    ]
+                    # the accumulators' conversion by triton.bwd_post (one launch) instead of FA4's
+                    cands += [
+                        (
+                            f"cute_{r}_bwd_direct_post_triton",
+                            (lambda r=r: cute_bwd_direct(r, q, k, v, causal, postprocess="triton")),
+                        )
+                        for r in args.recipes
+                        if r in ("fp8", "nvfp4qk_fp8pv")
+                    ]
+                if pass_ == "fwd_bwd" and args.cute_bwd_options:  # the training step with it
+                    cands += [
+                        (
+                            f"cute_{r}_post_triton",
+                            (
+                                lambda r=r: ours_fn(
+                                    r, q, k, v, causal, pass_, backend="cute", postprocess="triton"
+                                )
+                            ),
+                        )
+                        for r in args.recipes
+                        if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
                     ]
                 if pass_ == "fwd":
                     cands += [

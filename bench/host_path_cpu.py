@@ -122,8 +122,9 @@ def _inputs():
     return [torch.randn(b, h, s, d, generator=g).bfloat16() for h in (hq, hkv, hkv, hq)]
 
 
-def step_fns(recipe: str):
-    """``(forward, backward)`` of one step on CPU tensors: ``forward()`` returns the saved state."""
+def step_fns(recipe: str, postprocess: str = "fa4"):
+    """``(forward, backward)`` of one step on CPU tensors: ``forward()`` returns the saved state;
+    ``postprocess``: the backward's accumulator conversion (``CuteBackend.backward``'s option)."""
     from fp4_attention.backends.cute import backend as cb
     from fp4_attention.numerics.recipes import get_recipe
 
@@ -135,17 +136,17 @@ def step_fns(recipe: str):
         return be.forward(q, k, v, rec, causal=True, softmax_scale=sm)[2]
 
     def backward(state):
-        return be.backward(state, dout, rec, causal=True, softmax_scale=sm)
+        return be.backward(state, dout, rec, causal=True, softmax_scale=sm, postprocess=postprocess)
 
     return forward, backward
 
 
-def count_step(recipe: str) -> dict:
+def count_step(recipe: str, postprocess: str = "fa4") -> dict:
     """Launches by kernel, aten ops by name and Python calls of one step (forward and backward)."""
     launches: Counter = Counter()
     uncached: Counter = Counter()
     with stubbed_launches(launches, uncached):
-        forward, backward = step_fns(recipe)
+        forward, backward = step_fns(recipe, postprocess)
         backward(forward())  # warm: first calls import and build caches
         launches.clear()
         uncached.clear()
@@ -177,10 +178,10 @@ def count_step(recipe: str) -> dict:
     }
 
 
-def time_step(recipe: str, steps: int) -> dict:
+def time_step(recipe: str, steps: int, postprocess: str = "fa4") -> dict:
     """Median microseconds of the forward, the backward and the two, on this CPU."""
     with stubbed_launches(Counter()):
-        forward, backward = step_fns(recipe)
+        forward, backward = step_fns(recipe, postprocess)
         for _ in range(200):
             backward(forward())
         fwd, bwd, both = [], [], []
@@ -202,7 +203,8 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
         "# Host path of the cute backend's step on a CPU (launches counted, not run)",
         "",
         f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, {meta['cpu']}; "
-        f"B1 Hq2/Hkv1 S128 D128 causal; median of {meta['steps']} steps",
+        f"B1 Hq2/Hkv1 S128 D128 causal; median of {meta['steps']} steps; "
+        f"backward postprocess {meta.get('postprocess', 'fa4')}",
         "",
         "| recipe | forward us | backward us | step us | launches | allocations | aten ops | Python calls |",
         "|---|---|---|---|---|---|---|---|",
@@ -238,6 +240,13 @@ def main(argv=None) -> int:
     p.add_argument("--recipes", nargs="+", default=["fp8", "nvfp4qk_fp8pv"], choices=["fp8", "nvfp4qk_fp8pv"])
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--out", default=None, help="output prefix (PREFIX.json, PREFIX.md)")
+    p.add_argument(
+        "--postprocess",
+        choices=("fa4", "triton"),
+        default="fa4",
+        help="the backward's accumulator conversion (the cute backend's option): FA4's kernel per "
+        "tensor, or triton.bwd_post's one launch",
+    )
     a = p.parse_args(argv)
     try:
         import cutlass  # noqa: F401  (the cute backend's module imports it)
@@ -247,7 +256,8 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    rows = [{"recipe": r, **time_step(r, a.steps), **count_step(r)} for r in a.recipes]
+    post = a.postprocess
+    rows = [{"recipe": r, **time_step(r, a.steps, post), **count_step(r, post)} for r in a.recipes]
     import platform
 
     meta = {
@@ -256,6 +266,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "steps": a.steps,
+        "postprocess": a.postprocess,
     }
     md = to_markdown(rows, meta)
     print(md)

@@ -234,6 +234,41 @@ def test_exp_f16_backward_matches_its_reference(recipe, causal, d, group):
             assert dist <= bound, (name, dist)
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 6])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_triton_postprocess_equals_fa4(recipe, d, group, layout):
+    """``postprocess="triton"`` (``triton.bwd_post``, one launch) writes the bytes of FA4's
+    postprocess (three launches for GQA), bit for bit: on the accumulators of one real backward
+    (lengths off the 64-query and 128-key blocks, causal) and on random FP32 accumulators whose
+    padding rows hold values that must not reach the gradients; gradients in the caller's layout."""
+    rec, sm = fa.get_recipe(recipe), d**-0.5
+    be = cute_backend.CuteBackend()
+    for b, sq, sk in ((2, 300, 300), (1, 257, 130), (1, 64, 4096)):
+        hkv = 2
+        q, k, v = make_qkv(b, hkv * group, hkv, sq, sk, d, device="cuda")
+        if layout == "bshd":  # [B, H, S, D] views of bshd memory, as the interface hands them over
+            q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        out, lse, st = be.forward(q, k, v, rec, causal=True, softmax_scale=sm)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
+        ops = cute_backend.backward_operands(st, dout, sm)
+        args = cute_backend._bwd_args(ops)
+        qk_bf16 = rec.qk == "nvfp4"
+        fn = cute_backend._compiled_bwd(d, group, True, qk_bf16, args, sm)
+        fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], sm)
+        for fill in ("kernel", "random"):
+            if fill == "random":  # every accumulator value, padding rows included
+                n = ops["acc"].numel() - 2 * b * hkv * group  # not the dO amax words after them
+                ops["acc"][:n] = torch.randn(n, device="cuda") * 100.0
+            fa4 = cute_backend.postprocess_gradients(ops, st, sm, "fa4")
+            ours = cute_backend.postprocess_gradients(ops, st, sm, "triton")
+            for name, a, o in zip("qkv", fa4, ours):
+                assert o.stride() == a.stride(), (name, fill)
+                same = torch.equal(a.view(torch.int16), o.view(torch.int16))
+                assert same, (name, fill, (a.float() - o.float()).abs().max().item())
+
+
 @pytest.mark.parametrize("sk", [16, 100, 4096])
 def test_v_quantizer_perm16_layout(sk):
     v = torch.randn(2, 3, sk, 128, device="cuda").bfloat16()

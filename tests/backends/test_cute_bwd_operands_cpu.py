@@ -29,7 +29,8 @@ def _interpreted_checks() -> list[str]:
 
     failed = []
     g = torch.Generator().manual_seed(0)
-    shapes = ((1, 4, 1, 100, 64), (1, 2, 2, 130, 128), (2, 4, 2, 70, 64))  # B > 1: the batch offsets
+    # B > 1: the batch offsets; GQA at S 130: 192 padded query rows, 256 padded keys
+    shapes = ((1, 4, 1, 100, 64), (1, 2, 2, 130, 128), (2, 4, 2, 70, 64), (1, 4, 2, 130, 64))
     cases = [(qk, *shape) for qk in ("fp8", "nvfp4") for shape in shapes]
     for qk, b, hq, hkv, s, d in cases:
         case = f"{qk} B{b} H{hq}/{hkv} S{s} D{d}"
@@ -125,6 +126,42 @@ def _interpreted_checks() -> list[str]:
         dot = permute_v_for_pv(ops["do8"].transpose(-1, -2).contiguous())
         if not torch.equal(dot.view(torch.uint8), ops["dot8"].view(torch.uint8)):
             failed.append(f"{case}: dO^T")
+        failed += _postprocess_checks(case, cb, ops, state, sm)
+    return failed
+
+
+def _postprocess_checks(case, cb, ops, state, sm) -> list[str]:
+    """``postprocess_gradients(..., "triton")`` on these operands: the gradients from accumulators
+    filled with random values (the dO amax words after them kept), each value at the offset
+    ``test_bwd_post_cpu.unit_offset`` gives, dQ times the softmax scale."""
+    import torch
+
+    from tests.backends.test_bwd_post_cpu import unit_offset
+    from tests.interp_rounding import bf16_either_rounding
+
+    b, hq, s, d = state.out.shape
+    n = sum(ops[name].numel() for name in ("dq_accum", "dk", "dv") if ops[name].dtype == torch.float32)
+    ops["acc"][:n] = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    got = cb.postprocess_gradients(ops, state, sm, "triton")
+    failed = []
+    for name, blk, acc, t, scale in (
+        ("dq", 64, ops["dq_accum"], got[0], sm),
+        ("dk", 128, ops["dk"], got[1], 1.0),
+        ("dv", 128, ops["dv"], got[2], 1.0),
+    ):
+        if acc.dtype != torch.float32:  # MHA: the kernel's own BF16 dK/dV, returned as they are
+            if t is not acc:
+                failed.append(f"{case}: {name} is not the kernel's tensor")
+            continue
+        kind = "dq" if name == "dq" else "dk"
+        off = torch.tensor(
+            [[(r // blk) * blk * d + unit_offset(kind, d, r % blk, c) for c in range(d)] for r in range(s)]
+        )
+        want = acc.reshape(acc.shape[0], acc.shape[1], -1)[:, :, off.reshape(-1)].reshape(t.shape) * scale
+        if name == "dq" and t.stride() != state.out.stride():  # the caller's layout
+            failed.append(f"{case}: dq strides {t.stride()}")
+        if not bf16_either_rounding(t, want):
+            failed.append(f"{case}: postprocess {name}")
     return failed
 
 

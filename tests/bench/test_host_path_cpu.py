@@ -41,3 +41,17 @@ def test_launches_of_a_step(tmp_path):
     # every Triton launch of both recipes' steps goes through the launch cache (NVFP4's five did not)
     assert fp8["triton_launches_not_through_launcher"] == nv["triton_launches_not_through_launcher"] == {}
     assert (Path(f"{out}.md")).read_text().startswith("# Host path of the cute backend's step")
+
+
+def test_launches_with_triton_postprocess(tmp_path):
+    """The backward's ``postprocess="triton"`` option: one launch (triton.bwd_post) converts dQ and
+    GQA's dK and dV instead of FA4's three."""
+    out = tmp_path / "hp"
+    script = str(ROOT / "bench" / "host_path_cpu.py")
+    cmd = [sys.executable, script, "--steps", "3", "--postprocess", "triton", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    rows = {r["recipe"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    for recipe, total in (("fp8", 10), ("nvfp4qk_fp8pv", 15)):
+        launches = rows[recipe]["launches"]
+        assert launches.get("_bwd_post_kernel") == 1 and "FA4 postprocess" not in launches, launches
+        assert rows[recipe]["launches_total"] == total, (recipe, rows[recipe]["launches_total"])

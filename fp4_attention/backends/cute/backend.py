@@ -48,6 +48,7 @@ from ..dout import LOG2E
 from ..layouts import empty_in_layout_of
 from ..pv_layout import padded_keys, unpermute_v_keys
 from ..triton.bwd_kv import backward_kv_operands
+from ..triton.bwd_post import convert_accumulators
 from ..triton.dout_quant import quantize_dout_fused
 from ..triton.quant import (
     decode_nvfp4_rows,
@@ -80,6 +81,7 @@ __all__ = [
     "COMPILE_SECONDS",
     "DEFAULT_TILES",
     "D128_TILES",
+    "POSTPROCESS",
     "CuteBackend",
     "backward_fp8",
     "backward_operands",
@@ -454,6 +456,7 @@ def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: floa
         s_do=dv.s_do,
         v_scale=v_scale,
     )
+    ops["acc"] = acc  # dQ's accumulator, then GQA's dK's and dV's (triton.bwd_post reads them in one)
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
     if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
@@ -496,8 +499,17 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
+POSTPROCESS = ("fa4", "triton")  # the accumulators' conversion: postprocess_gradients
+
+
 def backward_fp8(
-    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, exp_f16: bool = False
+    state: SavedState,
+    dout: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    exp_f16: bool = False,
+    postprocess: str = "fa4",
 ):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
@@ -506,11 +518,15 @@ def backward_fp8(
     scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). ``exp_f16`` (a
     measurement option, off by default): P^T's exponentials through FP16, two per
     ``fwd_sm90.exp2_f16x2`` (``reference_backward(p_fp16=True)``'s numerics, not the recipe's).
+    ``postprocess``: how the FP32 accumulators become BF16 (:func:`postprocess_gradients`; the same
+    bytes either way).
 
     Raises:
-        ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
-            Q/K, or V not E4M3).
+        ValueError: head dim other than 64/128, a state of another recipe (neither E4M3 nor NVFP4
+            Q/K, or V not E4M3), or ``postprocess`` not in :data:`POSTPROCESS`.
     """
+    if postprocess not in POSTPROCESS:
+        raise ValueError(f"cute backward: postprocess must be one of {POSTPROCESS}, got {postprocess!r}")
     b, hq, sq, d = dout.shape
     if d not in (64, 128):
         raise ValueError(f"cute backward: head dim must be 64 or 128, got {d}; use backend='triton'")
@@ -526,19 +542,37 @@ def backward_fp8(
     args = _bwd_args(ops)
     fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, exp_f16)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
-    return postprocess_gradients(ops, state, softmax_scale)
+    return postprocess_gradients(ops, state, softmax_scale, postprocess)
 
 
-def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
+def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float, postprocess: str = "fa4"):
     """The BF16 ``(dq, dk, dv)`` ``[B, H, S, D]`` from the backward kernel's FP32 accumulators in ``ops``
-    (:func:`backward_operands`), by FA4's postprocess kernel: dQ times ``softmax_scale``, and for GQA
-    dK and dV; without GQA the kernel wrote dK/dV in BF16 and they are returned as they are. The
-    gradients take the memory order of the forward's output (the caller's layout): no copy on the
-    way back."""
+    (:func:`backward_operands`): dQ times ``softmax_scale``, and for GQA dK and dV; without GQA the
+    kernel wrote dK/dV in BF16 and they are returned as they are. ``postprocess`` "fa4": FA4's
+    postprocess kernel, one launch per tensor; "triton": ``triton.bwd_post.convert_accumulators``,
+    one launch for all (a measurement option until the H200 has timed it; the same bytes, tested
+    against FA4's). The gradients take the memory order of the forward's output (the caller's
+    layout): no copy on the way back."""
     tile_m, tile_n = BWD_TILES
     b, hq, sq, d = state.out.shape
-    post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
     dq = empty_in_layout_of(state.out, (b, hq, sq, d))
+    if postprocess == "triton":
+        dk = dv = None
+        if ops["dk"].dim() != 4:  # GQA: FP32 dK/dV accumulators after dQ's in ops["acc"]
+            hkv, sk = ops["v8"].shape[1:3]
+            dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
+            dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
+        convert_accumulators(
+            ops["acc"],
+            dq,
+            dk,
+            dv,
+            softmax_scale=softmax_scale,
+            q_rows=_round_up(sq, tile_m),
+            kv_rows=_round_up(ops["v8"].shape[2], tile_n),
+        )
+        return (dq, ops["dk"], ops["dv"]) if dk is None else (dq, dk, dv)
+    post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
     _bwd_postprocess_convert(
         ops["dq_accum"],
         dq.permute(0, 2, 1, 3),
@@ -563,8 +597,9 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
 
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward, and ``exp_f16`` (P through FP16 in the forward and
-    the backward, a measurement option: :func:`forward_fp8`, :func:`backward_fp8`), for benchmarks,
+    ``(tile_m, tile_n, stages)`` of the forward, ``exp_f16`` (P through FP16 in the forward and
+    the backward, a measurement option: :func:`forward_fp8`, :func:`backward_fp8`) and the backward's
+    ``postprocess`` ("fa4" or "triton", a measurement option: :func:`postprocess_gradients`), for benchmarks,
     tests and ``tools/fidelity.py``."""
 
     spec = SPEC
@@ -581,6 +616,7 @@ class CuteBackend:
         tiles=None,
         rope=None,
         exp_f16: bool = False,
+        postprocess: str = "fa4",
     ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
@@ -590,6 +626,7 @@ class CuteBackend:
         ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
         ``exp_f16``: P's exponentials and row sum through FP16 (``fwd_sm90.exp2_f16x2``), a
         measurement option whose numerics differ from the recipe's reference (off by default).
+        ``postprocess`` is the backward's option (:meth:`backward`); the forward takes and ignores it.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64, or ``exp_f16`` with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
@@ -620,8 +657,12 @@ class CuteBackend:
         softmax_scale: float,
         tiles=None,
         exp_f16: bool = False,
+        postprocess: str = "fa4",
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
         ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``);
-        ``exp_f16``: P^T rebuilt through FP16 (the measurement option of both passes)."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, exp_f16=exp_f16)
+        ``exp_f16``: P^T rebuilt through FP16 (the measurement option of both passes);
+        ``postprocess``: the accumulators' conversion, "fa4" or "triton" (:func:`postprocess_gradients`)."""
+        return backward_fp8(
+            state, dout, causal=causal, softmax_scale=softmax_scale, exp_f16=exp_f16, postprocess=postprocess
+        )
