@@ -30,14 +30,16 @@ __all__ = ["LAYOUTS", "FP4Attention", "attention"]
 LAYOUTS = {"bshd": (0, 2, 1, 3), "bhsd": (0, 1, 2, 3), "sbhd": (1, 2, 0, 3)}
 
 
+# layout name -> permutation from [B, H, S, D] back to the layout
+_INVERSE = {name: tuple(perm.index(i) for i in range(4)) for name, perm in LAYOUTS.items()}
+
+
 def _to_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    return x.permute(*LAYOUTS[layout])
+    return x if layout == "bhsd" else x.permute(*LAYOUTS[layout])  # no identity view per call
 
 
 def _from_bhsd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    perm = LAYOUTS[layout]
-    inv = [perm.index(i) for i in range(4)]
-    return x.permute(*inv)
+    return x if layout == "bhsd" else x.permute(*_INVERSE[layout])
 
 
 def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

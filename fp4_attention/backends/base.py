@@ -158,20 +158,42 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
     return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
 
 
+_REFS = tuple(_Ref(i) for i in range(64))  # made once: a state holds a dozen tensors
+
+
+def _ref(i: int) -> _Ref:
+    return _REFS[i] if i < len(_REFS) else _Ref(i)
+
+
 def _flatten_state(obj: Any, out: list[torch.Tensor]) -> Any:
+    # loops rather than generator expressions, tensor fields without a call of their own: this
+    # runs on every attention forward (bench/interface_overhead.py)
     if isinstance(obj, torch.Tensor):
         out.append(obj)
-        return _Ref(len(out) - 1)
+        return _ref(len(out) - 1)
     names = _field_names(type(obj))
     if names is None:
         return obj
-    return _Node((type(obj), tuple((n, _flatten_state(getattr(obj, n), out)) for n in names)))
+    fields = []
+    for n in names:
+        v = getattr(obj, n)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+            fields.append((n, _ref(len(out) - 1)))
+        else:
+            fields.append((n, _flatten_state(v, out)))
+    return _Node((type(obj), tuple(fields)))
 
 
 def _restore_state(obj: Any, tensors) -> Any:
-    if type(obj) is _Ref:
+    kind = type(obj)
+    if kind is _Ref:
         return tensors[obj]
-    if type(obj) is _Node:
-        cls, fields = obj
-        return cls(**{n: _restore_state(v, tensors) for n, v in fields})
-    return obj
+    if kind is not _Node:
+        return obj
+    cls, fields = obj
+    kwargs = {}
+    for n, v in fields:
+        kind = type(v)
+        kwargs[n] = tensors[v] if kind is _Ref else (_restore_state(v, tensors) if kind is _Node else v)
+    return cls(**kwargs)
