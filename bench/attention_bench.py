@@ -173,6 +173,13 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 
 # --cute-fwd-options: FP8ForwardSm90's measurement options
 FWD_OPTIONS = ("unpromoted", "k64", "expf16")
+# --cute-bwd-options: the backward's measurement options, (row label suffix, backend options); the
+# head_loop rows only for GQA shapes
+BWD_OPTION_ROWS = (
+    ("post_triton", {"postprocess": "triton"}),
+    ("head_loop", {"head_loop": True}),
+    ("head_loop_post_triton", {"head_loop": True, "postprocess": "triton"}),
+)
 
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
@@ -226,14 +233,17 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False, postprocess="fa4"):
+def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False, postprocess="fa4", head_loop=False):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
     one forward's state, without autograd; ``exp_f16``: the measurement option in both passes;
-    ``postprocess``: the backward's accumulator conversion ("fa4" or "triton")."""
+    ``postprocess``: the backward's accumulator conversion ("fa4" or "triton"); ``head_loop``: the
+    GQA group's query heads in one CTA."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal, exp_f16)
-    kw = dict(causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16, postprocess=postprocess)
+    kw = dict(
+        causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16, postprocess=postprocess, head_loop=head_loop
+    )
     return lambda: cute_backend.backward_fp8(st, dout, **kw)
 
 
@@ -324,8 +334,9 @@ def main(argv=None) -> int:
         "--cute-bwd-options",
         action="store_true",
         help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd; "
-        "cute_<recipe>_bwd_direct_post_triton and, in the fwd_bwd pass, cute_<recipe>_post_triton: the "
-        "backward's accumulators converted by triton.bwd_post (postprocess='triton') instead of FA4's kernel",
+        "cute_<recipe>_bwd_direct_<option> and, in the fwd_bwd pass, cute_<recipe>_<option>: the backward's "
+        "measurement options (BWD_OPTION_ROWS): post_triton (the accumulators converted by triton.bwd_post), "
+        "head_loop (GQA shapes: the group's query heads in one CTA) and both",
     )
     p.add_argument(
         "--qk-rotation",
@@ -429,27 +440,28 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ]
-                    # the accumulators' conversion by triton.bwd_post (one launch) instead of FA4's
+                    # the accumulators' conversion by triton.bwd_post (one launch) instead of FA4's, and
+                    # (GQA) the group's query heads in one CTA, alone and with it
                     cands += [
                         (
-                            f"cute_{r}_bwd_direct_post_triton",
-                            (lambda r=r: cute_bwd_direct(r, q, k, v, causal, postprocess="triton")),
+                            f"cute_{r}_bwd_direct_{label}",
+                            (lambda r=r, kw=kw: cute_bwd_direct(r, q, k, v, causal, **kw)),
                         )
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
+                        for label, kw in BWD_OPTION_ROWS
+                        if hq != hkv or "head_loop" not in kw
                     ]
-                if pass_ == "fwd_bwd" and args.cute_bwd_options:  # the training step with it
+                if pass_ == "fwd_bwd" and args.cute_bwd_options:  # the training step with them
                     cands += [
                         (
-                            f"cute_{r}_post_triton",
-                            (
-                                lambda r=r: ours_fn(
-                                    r, q, k, v, causal, pass_, backend="cute", postprocess="triton"
-                                )
-                            ),
+                            f"cute_{r}_{label}",
+                            (lambda r=r, kw=kw: ours_fn(r, q, k, v, causal, pass_, backend="cute", **kw)),
                         )
                         for r in args.recipes
                         if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
+                        for label, kw in BWD_OPTION_ROWS
+                        if hq != hkv or "head_loop" not in kw
                     ]
                 if pass_ == "fwd":
                     cands += [
