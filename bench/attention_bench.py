@@ -174,12 +174,18 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 # --cute-fwd-options: FP8ForwardSm90's measurement options
 FWD_OPTIONS = ("unpromoted", "k64", "expf16")
 # --cute-bwd-options: the backward's measurement options, (row label suffix, backend options); the
-# head_loop rows only for GQA shapes
+# head_loop rows only for GQA shapes, the lpt rows only for causal ones (bwd_option_applies)
 BWD_OPTION_ROWS = (
     ("post_triton", {"postprocess": "triton"}),
     ("head_loop", {"head_loop": True}),
     ("head_loop_post_triton", {"head_loop": True, "postprocess": "triton"}),
+    ("lpt", {"lpt": True}),
 )
+
+
+def bwd_option_applies(kw: dict, hq: int, hkv: int, causal: bool) -> bool:
+    """Whether the backward options ``kw`` change anything at this shape (head_loop: GQA; lpt: causal)."""
+    return (hq != hkv or "head_loop" not in kw) and (causal or "lpt" not in kw)
 
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
@@ -336,7 +342,8 @@ def main(argv=None) -> int:
         help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd; "
         "cute_<recipe>_bwd_direct_<option> and, in the fwd_bwd pass, cute_<recipe>_<option>: the backward's "
         "measurement options (BWD_OPTION_ROWS): post_triton (the accumulators converted by triton.bwd_post), "
-        "head_loop (GQA shapes: the group's query heads in one CTA) and both",
+        "head_loop (GQA shapes: the group's query heads in one CTA), both, and lpt (causal shapes: the "
+        "CTAs heaviest first)",
     )
     p.add_argument(
         "--qk-rotation",
@@ -450,7 +457,7 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                         for label, kw in BWD_OPTION_ROWS
-                        if hq != hkv or "head_loop" not in kw
+                        if bwd_option_applies(kw, hq, hkv, causal)
                     ]
                 if pass_ == "fwd_bwd" and args.cute_bwd_options:  # the training step with them
                     cands += [
@@ -461,7 +468,7 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
                         for label, kw in BWD_OPTION_ROWS
-                        if hq != hkv or "head_loop" not in kw
+                        if bwd_option_applies(kw, hq, hkv, causal)
                     ]
                 if pass_ == "fwd":
                     cands += [

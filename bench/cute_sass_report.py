@@ -129,13 +129,15 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_f16=False, head_loop=False):
+def compile_bwd(
+    causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_f16=False, head_loop=False, lpt=False
+):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on descriptors of CUDA operands
     (``prebuild.cute_operand``, no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
     kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS);
     ``exp_f16``: P^T's exponentials through FP16; ``head_loop``: one CTA per KV head running the
-    group's query heads (BF16 dK/dV outputs, as for MHA)."""
+    group's query heads (BF16 dK/dV outputs, as for MHA); ``lpt``: causal CTAs heaviest first."""
     import cutlass
     import torch
     from cutlass import cute
@@ -165,7 +167,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_
         args += [vec(b, hkv, s * d, align=16) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, exp_f16=exp_f16, head_loop=head_loop),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, exp_f16=exp_f16, head_loop=head_loop, lpt=lpt),
         *args,
         cutlass.Float32(0.1),
         stream,
@@ -174,12 +176,12 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_
 
 
 def compile_bwd_report(
-    causal=True, group=4, head_dim=128, qk_bf16=False, exp_f16=False, head_loop=False
+    causal=True, group=4, head_dim=128, qk_bf16=False, exp_f16=False, head_loop=False, lpt=False
 ) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, exp_f16=exp_f16, head_loop=head_loop)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, exp_f16=exp_f16, head_loop=head_loop, lpt=lpt)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -197,6 +199,7 @@ def compile_bwd_report(
         "qk_bf16": qk_bf16,
         "exp_f16": exp_f16,
         **({"head_loop": True} if head_loop else {}),
+        **({"lpt": True} if lpt else {}),
         "dsl_compiler": _dsl_compiler(),
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
@@ -300,9 +303,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="backward: one CTA per KV head runs the GQA group (head_loop)",
     )
+    p.add_argument("--lpt", action="store_true", help="backward: causal CTAs heaviest first (lpt)")
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.exp_f16, a.head_loop)
+        rep = compile_bwd_report(
+            not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.exp_f16, a.head_loop, a.lpt
+        )
         print(json.dumps(rep))
         return 0
     rep = compile_report(

@@ -264,6 +264,35 @@ def test_head_loop_backward_matches_reference(recipe, causal, d, group):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4])
+def test_lpt_order_matches_reference(recipe, d, group):
+    """``lpt`` (causal: the CTAs take their tiles heaviest first, the dQ warp with them): the tests'
+    bounds against the reference (``tt.compare``), and the default backward's gradients on the same
+    state but for dQ's (and GQA dK/dV's) FP32 atomics order (rel. L2 <= 1e-3)."""
+    tiles = cute_backend.default_tiles(d)
+    target = tt.Target(
+        _OptionsCute(tiles, bwd={"lpt": True}),
+        lambda d: tiles[1],
+        reverse_tiles=True,
+        reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
+    )
+    for b, hkv, sq, sk in ((2, 2, 300, 300), (1, 1, 257, 130), (3, 2, 130, 700)):
+        tt.compare(recipe, b, hkv * group, hkv, sq, sk, d, True, target=target)
+    rec, sm = fa.get_recipe(recipe), d**-0.5
+    q, k, v = make_qkv(2, 2 * group, 2, 1000, 1000, d, device="cuda")
+    be = cute_backend.CuteBackend()
+    out, lse, st = be.forward(q, k, v, rec, causal=True, softmax_scale=sm)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
+    plain = be.backward(st, dout, rec, causal=True, softmax_scale=sm)
+    ordered = be.backward(st, dout, rec, causal=True, softmax_scale=sm, lpt=True)
+    for name, a, o in zip("qkv", plain, ordered):
+        dist = rel_l2(o, a)
+        print(f"lpt {recipe} d{d} g{group} d{name}: {dist:.2e} from the default")
+        assert dist <= 1e-3, (name, dist)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("group", [1, 4, 6])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_triton_postprocess_equals_fa4(recipe, d, group, layout):

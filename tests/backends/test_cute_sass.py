@@ -151,7 +151,7 @@ def test_backward_exp_f16_rebuilds_p_with_fp16_exponentials(qk_bf16):
     assert (loop["STL"], loop["LDL"]) == (base_loop["STL"], base_loop["LDL"]), (loop, base_loop)
 
 
-def test_backward_head_loop_keeps_the_loop():
+def test_backward_head_loop_and_lpt_keep_the_loop():
     """The backward's ``head_loop`` (GQA: one CTA runs the group's query heads, dK/dV stored once in
     BF16): the loop body appears once (no peeled first block: dK/dV accumulate from zeroed
     registers), with the default's products, exponentials and no spills in it; the runtime flag
@@ -168,6 +168,11 @@ def test_backward_head_loop_keeps_the_loop():
         assert loop[k] == base_loop[k], (k, loop, base_loop)
     assert loop["instructions"] <= base_loop["instructions"] + 16, (loop, base_loop)
     assert rep["STL"] == 0 and rep["LDL"] == 0, rep
+    # lpt (causal CTAs heaviest first) changes the tile coordinates, not the loop
+    lpt = _bwd_report(True, 4, 128, False, False, False, True)
+    (lpt_loop,) = lpt["inner_loops"]
+    assert lpt_loop["instructions"] == base_loop["instructions"], (lpt_loop, base_loop)
+    assert (lpt["QGMMA"], lpt["STL"], lpt["LDL"]) == (base["QGMMA"], base["STL"], base["LDL"]), lpt
 
 
 @pytest.mark.parametrize(

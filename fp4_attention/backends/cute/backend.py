@@ -492,12 +492,14 @@ def _compiled_bwd(
     softmax_scale: float,
     exp_f16: bool = False,
     head_loop: bool = False,
+    lpt: bool = False,
 ):
-    flags = (("qk_bf16", qk_bf16), ("exp_f16", exp_f16), ("head_loop", head_loop))
+    lpt = lpt and causal and not head_loop  # head_loop implies it; without a causal mask it is moot
+    flags = (("qk_bf16", qk_bf16), ("exp_f16", exp_f16), ("head_loop", head_loop), ("lpt", lpt))
     key = ("bwd", d, group, causal) + tuple(name for name, on in flags if on)
     if key not in _CACHE:
         kernel = FP8BackwardSm90(
-            d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, exp_f16=exp_f16, head_loop=head_loop
+            d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, exp_f16=exp_f16, head_loop=head_loop, lpt=lpt
         )
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
@@ -526,6 +528,7 @@ def backward_fp8(
     exp_f16: bool = False,
     postprocess: str = "fa4",
     head_loop: bool = False,
+    lpt: bool = False,
 ):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
@@ -538,7 +541,8 @@ def backward_fp8(
     bytes either way). ``head_loop`` (a measurement option for GQA, off by default; without GQA it
     changes nothing): one CTA per KV block and KV head runs the group's query heads in turn and
     stores dK/dV once in BF16 (``FP8BackwardSm90(head_loop=True)``: no FP32 dK/dV accumulators, fill
-    or conversion for them).
+    or conversion for them). ``lpt`` (a measurement option, causal only): the CTAs take their
+    tiles heaviest first (``FP8BackwardSm90(lpt=True)``).
 
     Raises:
         ValueError: head dim other than 64/128, a state of another recipe (neither E4M3 nor NVFP4
@@ -560,7 +564,7 @@ def backward_fp8(
     head_loop = head_loop and hq != hkv
     ops = backward_operands(state, dout, softmax_scale, head_loop)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, exp_f16, head_loop)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, exp_f16, head_loop, lpt)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     return postprocess_gradients(ops, state, softmax_scale, postprocess)
 
@@ -619,8 +623,8 @@ class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
     ``(tile_m, tile_n, stages)`` of the forward, ``exp_f16`` (P through FP16 in the forward and
     the backward, a measurement option: :func:`forward_fp8`, :func:`backward_fp8`) and the backward's
-    measurement options ``postprocess`` ("fa4" or "triton": :func:`postprocess_gradients`) and
-    ``head_loop`` (GQA: :func:`backward_fp8`), for benchmarks,
+    measurement options ``postprocess`` ("fa4" or "triton": :func:`postprocess_gradients`),
+    ``head_loop`` (GQA) and ``lpt`` (causal: :func:`backward_fp8`), for benchmarks,
     tests and ``tools/fidelity.py``."""
 
     spec = SPEC
@@ -639,6 +643,7 @@ class CuteBackend:
         exp_f16: bool = False,
         postprocess: str = "fa4",
         head_loop: bool = False,
+        lpt: bool = False,
     ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
@@ -648,8 +653,8 @@ class CuteBackend:
         ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
         ``exp_f16``: P's exponentials and row sum through FP16 (``fwd_sm90.exp2_f16x2``), a
         measurement option whose numerics differ from the recipe's reference (off by default).
-        ``postprocess`` and ``head_loop`` are the backward's options (:meth:`backward`); the forward
-        takes and ignores them.
+        ``postprocess``, ``head_loop`` and ``lpt`` are the backward's options (:meth:`backward`); the
+        forward takes and ignores them.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64, or ``exp_f16`` with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
@@ -682,12 +687,14 @@ class CuteBackend:
         exp_f16: bool = False,
         postprocess: str = "fa4",
         head_loop: bool = False,
+        lpt: bool = False,
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
         ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``);
         ``exp_f16``: P^T rebuilt through FP16 (the measurement option of both passes);
         ``postprocess``: the accumulators' conversion, "fa4" or "triton" (:func:`postprocess_gradients`);
-        ``head_loop``: dK/dV of a GQA group in one CTA (:func:`backward_fp8`)."""
+        ``head_loop``: dK/dV of a GQA group in one CTA; ``lpt``: causal CTAs heaviest first
+        (:func:`backward_fp8`)."""
         return backward_fp8(
             state,
             dout,
@@ -696,4 +703,5 @@ class CuteBackend:
             exp_f16=exp_f16,
             postprocess=postprocess,
             head_loop=head_loop,
+            lpt=lpt,
         )
