@@ -579,23 +579,25 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float, po
     layout): no copy on the way back."""
     tile_m, tile_n = BWD_TILES
     b, hq, sq, d = state.out.shape
+    hkv, sk = ops["v8"].shape[1:3]
     dq = empty_in_layout_of(state.out, (b, hq, sq, d))
+    gqa = ops["dk"].dim() != 4  # FP32 dK/dV accumulators (after dQ's in ops["acc"]), else BF16 dK/dV
+    if gqa:
+        dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
+        dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
+    else:
+        dk, dv = ops["dk"], ops["dv"]
     if postprocess == "triton":
-        dk = dv = None
-        if ops["dk"].dim() != 4:  # GQA: FP32 dK/dV accumulators after dQ's in ops["acc"]
-            hkv, sk = ops["v8"].shape[1:3]
-            dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
-            dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
         convert_accumulators(
             ops["acc"],
             dq,
-            dk,
-            dv,
+            dk if gqa else None,
+            dv if gqa else None,
             softmax_scale=softmax_scale,
             q_rows=_round_up(sq, tile_m),
-            kv_rows=_round_up(ops["v8"].shape[2], tile_n),
+            kv_rows=_round_up(sk, tile_n),
         )
-        return (dq, ops["dk"], ops["dv"]) if dk is None else (dq, dk, dv)
+        return dq, dk, dv
     post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
     _bwd_postprocess_convert(
         ops["dq_accum"],
@@ -607,15 +609,11 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float, po
         atom_layout=1,
         **post,
     )
-    if ops["dk"].dim() == 4:  # no GQA: dK/dV written in BF16 by the kernel
-        return dq, ops["dk"], ops["dv"]
-    hkv, sk = ops["v8"].shape[1:3]
-    dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
-    dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
-    for acc, t in ((ops["dk"], dk), (ops["dv"], dv)):
-        _bwd_postprocess_convert(
-            acc, t.permute(0, 2, 1, 3), 1.0, None, None, block_size=tile_n, atom_layout=2, **post
-        )
+    if gqa:
+        for acc, t in ((ops["dk"], dk), (ops["dv"], dv)):
+            _bwd_postprocess_convert(
+                acc, t.permute(0, 2, 1, 3), 1.0, None, None, block_size=tile_n, atom_layout=2, **post
+            )
     return dq, dk, dv
 
 

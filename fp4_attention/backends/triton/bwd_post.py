@@ -45,15 +45,21 @@ ROWS = 64  # gradient rows per accumulator block (two units)
 
 
 @triton.jit
-def _unit_to_bf16(ACC, u, OUT, rows, cols, s_row, S, scale, D: tl.constexpr):
-    """Unit ``u`` of the accumulator (``[n][w][r][q][i][j]``, module docstring) -> its 64 x D/2 tile
-    of the gradient, BF16(value * scale), rows at or past ``S`` (padding) not written."""
+def _unit_to_bf16(ACC, u, w, OUT, NB, H, s_b, s_h, s_s, S, scale, D: tl.constexpr):
+    """Unit ``u`` of the accumulator (``[n][w][r][q][i][j]``, module docstring), the ``w``-th of its
+    gradient ``OUT`` (``NB`` 64-row blocks per (batch, head), ``H`` heads, strides ``s_b``, ``s_h``,
+    ``s_s``): batch-head ``w // (2 NB)``, rows ``64 ((w // 2) % NB)`` on, columns ``(w % 2) D/2``
+    on, written as BF16(value * scale); rows at or past ``S`` (padding) not written."""
+    bh = w // (2 * NB)
+    rows = ((w // 2) % NB) * 64 + tl.arange(0, 64)
+    cols = (w % 2) * (D // 2) + tl.arange(0, D // 2)
+    out = OUT + (bh // H).to(tl.int64) * s_b + (bh % H) * s_h
     x = tl.load(ACC + u.to(tl.int64) * (32 * D) + tl.arange(0, 32 * D))
     x = tl.reshape(x, [D // 16, 4, 8, 4, 2, 2])
     # [n][w][r][q][i][j] -> [w][i][r][n][q][j]: rows 16 w + 8 i + r, columns 8 n + 2 q + j
     x = tl.reshape(tl.permute(x, [1, 4, 2, 0, 3, 5]), [64, D // 2])
     y = (x * scale).to(tl.bfloat16)
-    tl.store(OUT + rows[:, None] * s_row + cols[None, :], y, mask=(rows < S)[:, None])
+    tl.store(out + rows[:, None] * s_s + cols[None, :], y, mask=(rows < S)[:, None])
 
 
 @triton.jit
@@ -79,25 +85,13 @@ def _bwd_post_kernel(
     scale_q,
     D: tl.constexpr,
 ):
-    u = tl.program_id(0)
-    half = tl.arange(0, D // 2)
-    if u < UQ:  # dQ: NQ 64-row blocks per (batch, head)
-        bh = u // (2 * NQ)
-        rb = (u // 2) % NQ
-        out = DQ + (bh // HQ).to(tl.int64) * sq_b + (bh % HQ) * sq_h
-        rows = rb * 64 + tl.arange(0, 64)
-        _unit_to_bf16(ACC, u, out + (u % 2) * (D // 2), rows, half, sq_s, SQ, scale_q, D)
-    else:  # dK then dV (GQA): NK 64-row blocks per (batch, KV head)
-        w = u - UQ
-        base = DK
-        if w >= UKV:
-            w = w - UKV
-            base = DV
-        bh = w // (2 * NK)
-        rb = (w // 2) % NK
-        out = base + (bh // HKV).to(tl.int64) * skv_b + (bh % HKV) * skv_h
-        rows = rb * 64 + tl.arange(0, 64)
-        _unit_to_bf16(ACC, u, out + (w % 2) * (D // 2), rows, half, skv_s, SK, 1.0, D)
+    u = tl.program_id(0)  # the accumulator's units: dQ's (UQ), then dK's and dV's (UKV each, GQA)
+    if u < UQ:
+        _unit_to_bf16(ACC, u, u, DQ, NQ, HQ, sq_b, sq_h, sq_s, SQ, scale_q, D)
+    elif u < UQ + UKV:
+        _unit_to_bf16(ACC, u, u - UQ, DK, NK, HKV, skv_b, skv_h, skv_s, SK, 1.0, D)
+    else:
+        _unit_to_bf16(ACC, u, u - UQ - UKV, DV, NK, HKV, skv_b, skv_h, skv_s, SK, 1.0, D)
 
 
 def _kv_ok(dk, dv, shape, kv_rows: int, hq: int) -> bool:
