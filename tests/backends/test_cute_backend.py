@@ -48,13 +48,13 @@ class _TiledCute(cute_backend.CuteBackend):
         return super().forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles)
 
 
-def _target(tiles) -> tt.Target:
-    """The cute backend at ``tiles`` against the reference at the kernel's KV tile, visited like the
-    kernel (FA4's producer order) last to first; the saved V is put back in key order
-    (``triton_state``) for it. Nothing of the Triton backend is patched: the backward (the CuTe
-    kernel) runs at its own tiles."""
+def _target(tiles, backend=None) -> tt.Target:
+    """The cute backend at ``tiles`` (or ``backend``, one at those tiles) against the reference at
+    the kernel's KV tile, visited like the kernel (FA4's producer order) last to first; the saved V
+    is put back in key order (``triton_state``) for it. Nothing of the Triton backend is patched:
+    the backward (the CuTe kernel) runs at its own tiles."""
     return tt.Target(
-        _TiledCute(tiles),
+        backend or _TiledCute(tiles),
         lambda d: tiles[1],
         reverse_tiles=True,
         reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
@@ -240,25 +240,26 @@ def test_head_loop_backward_matches_reference(recipe, causal, d, group):
     postprocess too."""
     tiles = cute_backend.default_tiles(d)
     for post in ("fa4", "triton"):
-        target = tt.Target(
-            _OptionsCute(tiles, bwd={"head_loop": True, "postprocess": post}),
-            lambda d: tiles[1],
-            reverse_tiles=True,
-            reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
-        )
+        target = _target(tiles, _OptionsCute(tiles, bwd={"head_loop": True, "postprocess": post}))
         for b, hkv, sq, sk in ((2, 2, 300, 300), (1, 1, 257, 130), (1, 2, 130, 257)):
             tt.compare(recipe, b, hkv * group, hkv, sq, sk, d, causal, target=target)
+    _assert_near_default(recipe, d, group, causal, 700, head_loop=True)
+
+
+def _assert_near_default(recipe, d, group, causal, s, **bwd_options):
+    """The backward with ``bwd_options`` against the default one on the same forward state (B2, 2 KV
+    heads of ``group``, ``s`` queries and keys): the gradients' shapes and strides, and rel. L2 <= 1e-3."""
     rec, sm = fa.get_recipe(recipe), d**-0.5
-    q, k, v = make_qkv(2, 2 * group, 2, 700, 700, d, device="cuda")
+    q, k, v = make_qkv(2, 2 * group, 2, s, s, d, device="cuda")
     be = cute_backend.CuteBackend()
     out, lse, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
     plain = be.backward(st, dout, rec, causal=causal, softmax_scale=sm)
-    looped = be.backward(st, dout, rec, causal=causal, softmax_scale=sm, head_loop=True)
-    for name, a, o in zip("qkv", plain, looped):
+    got = be.backward(st, dout, rec, causal=causal, softmax_scale=sm, **bwd_options)
+    for name, a, o in zip("qkv", plain, got):
         assert o.shape == a.shape and o.stride() == a.stride(), name
         dist = rel_l2(o, a)
-        print(f"head_loop {recipe} d{d} g{group} causal={causal} d{name}: {dist:.2e} from the default")
+        print(f"{bwd_options} {recipe} d{d} g{group} causal={causal} d{name}: {dist:.2e} from the default")
         assert dist <= 1e-3, (name, dist)
 
 
@@ -270,25 +271,10 @@ def test_lpt_order_matches_reference(recipe, d, group):
     bounds against the reference (``tt.compare``), and the default backward's gradients on the same
     state but for dQ's (and GQA dK/dV's) FP32 atomics order (rel. L2 <= 1e-3)."""
     tiles = cute_backend.default_tiles(d)
-    target = tt.Target(
-        _OptionsCute(tiles, bwd={"lpt": True}),
-        lambda d: tiles[1],
-        reverse_tiles=True,
-        reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
-    )
+    target = _target(tiles, _OptionsCute(tiles, bwd={"lpt": True}))
     for b, hkv, sq, sk in ((2, 2, 300, 300), (1, 1, 257, 130), (3, 2, 130, 700)):
         tt.compare(recipe, b, hkv * group, hkv, sq, sk, d, True, target=target)
-    rec, sm = fa.get_recipe(recipe), d**-0.5
-    q, k, v = make_qkv(2, 2 * group, 2, 1000, 1000, d, device="cuda")
-    be = cute_backend.CuteBackend()
-    out, lse, st = be.forward(q, k, v, rec, causal=True, softmax_scale=sm)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
-    plain = be.backward(st, dout, rec, causal=True, softmax_scale=sm)
-    ordered = be.backward(st, dout, rec, causal=True, softmax_scale=sm, lpt=True)
-    for name, a, o in zip("qkv", plain, ordered):
-        dist = rel_l2(o, a)
-        print(f"lpt {recipe} d{d} g{group} d{name}: {dist:.2e} from the default")
-        assert dist <= 1e-3, (name, dist)
+    _assert_near_default(recipe, d, group, True, 1000, lpt=True)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
