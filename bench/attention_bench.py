@@ -173,19 +173,6 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 
 # --cute-fwd-options: FP8ForwardSm90's measurement options
 FWD_OPTIONS = ("unpromoted", "k64", "expf16")
-# --cute-bwd-options: the backward's measurement options, (row label suffix, backend options); the
-# head_loop rows only for GQA shapes, the lpt rows only for causal ones (bwd_option_applies)
-BWD_OPTION_ROWS = (
-    ("post_triton", {"postprocess": "triton"}),
-    ("head_loop", {"head_loop": True}),
-    ("head_loop_post_triton", {"head_loop": True, "postprocess": "triton"}),
-    ("lpt", {"lpt": True}),
-)
-
-
-def bwd_option_applies(kw: dict, hq: int, hkv: int, causal: bool) -> bool:
-    """Whether the backward options ``kw`` change anything at this shape (head_loop: GQA; lpt: causal)."""
-    return (hq != hkv or "head_loop" not in kw) and (causal or "lpt" not in kw)
 
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
@@ -239,17 +226,14 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False, postprocess="fa4", head_loop=False):
+def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False, postprocess="fa4"):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
     one forward's state, without autograd; ``exp_f16``: the measurement option in both passes;
-    ``postprocess``: the backward's accumulator conversion ("fa4" or "triton"); ``head_loop``: the
-    GQA group's query heads in one CTA."""
+    ``postprocess``: the backward's accumulator conversion ("fa4" or "triton")."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal, exp_f16)
-    kw = dict(
-        causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16, postprocess=postprocess, head_loop=head_loop
-    )
+    kw = dict(causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16, postprocess=postprocess)
     return lambda: cute_backend.backward_fp8(st, dout, **kw)
 
 
@@ -340,10 +324,8 @@ def main(argv=None) -> int:
         "--cute-bwd-options",
         action="store_true",
         help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd; "
-        "cute_<recipe>_bwd_direct_<option> and, in the fwd_bwd pass, cute_<recipe>_<option>: the backward's "
-        "measurement options (BWD_OPTION_ROWS): post_triton (the accumulators converted by triton.bwd_post), "
-        "head_loop (GQA shapes: the group's query heads in one CTA), both, and lpt (causal shapes: the "
-        "CTAs heaviest first)",
+        "cute_<recipe>_bwd_direct_post_triton and, in the fwd_bwd pass, cute_<recipe>_post_triton: the "
+        "backward's accumulators converted by triton.bwd_post (postprocess='triton') instead of FA4's kernel",
     )
     p.add_argument(
         "--qk-rotation",
@@ -447,28 +429,27 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ]
-                    # the accumulators' conversion by triton.bwd_post (one launch) instead of FA4's, and
-                    # (GQA) the group's query heads in one CTA, alone and with it
+                    # the accumulators' conversion by triton.bwd_post (one launch) instead of FA4's
                     cands += [
                         (
-                            f"cute_{r}_bwd_direct_{label}",
-                            (lambda r=r, kw=kw: cute_bwd_direct(r, q, k, v, causal, **kw)),
+                            f"cute_{r}_bwd_direct_post_triton",
+                            (lambda r=r: cute_bwd_direct(r, q, k, v, causal, postprocess="triton")),
                         )
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
-                        for label, kw in BWD_OPTION_ROWS
-                        if bwd_option_applies(kw, hq, hkv, causal)
                     ]
-                if pass_ == "fwd_bwd" and args.cute_bwd_options:  # the training step with them
+                if pass_ == "fwd_bwd" and args.cute_bwd_options:  # the training step with it
                     cands += [
                         (
-                            f"cute_{r}_{label}",
-                            (lambda r=r, kw=kw: ours_fn(r, q, k, v, causal, pass_, backend="cute", **kw)),
+                            f"cute_{r}_post_triton",
+                            (
+                                lambda r=r: ours_fn(
+                                    r, q, k, v, causal, pass_, backend="cute", postprocess="triton"
+                                )
+                            ),
                         )
                         for r in args.recipes
                         if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
-                        for label, kw in BWD_OPTION_ROWS
-                        if bwd_option_applies(kw, hq, hkv, causal)
                     ]
                 if pass_ == "fwd":
                     cands += [

@@ -12,12 +12,19 @@ and reports each order's makespan over the balanced time (total work / SMs):
 
 - ``default``: FA4's grid (KV block, head, batch), KV block fastest: the KV blocks of one head after
   another, so the heaviest CTAs of the last heads start late;
-- ``lpt``: the same CTAs heaviest first (KV block slowest: ``FP8BackwardSm90(lpt=True)``);
+- ``lpt``: the same CTAs heaviest first (KV block slowest);
 - ``head_loop``: one CTA per (KV block, KV head, batch) running the GQA group's query heads (4x the
-  work each, ``FP8BackwardSm90(head_loop=True)``), heaviest first (``head_loop`` implies ``lpt``).
+  work each), heaviest first.
 
 A model, not a measurement: CTAs of equal work take equal time here, memory and L2 effects are left
-out. The H200 decides (``attention_bench.py --cute-bwd-options``: rows ``*_lpt``, ``*_head_loop``).
+out. The H200 refuted what it predicts: both orders were built as options of the CuTe backward
+(96276f8, 4520c55) and lost at B4 H32/8 S4096 causal, the backward alone 2.89 ms by default against
+3.16 with ``head_loop`` and forward + backward 3.78-3.94 against 5.77 with ``lpt``
+(``results/session_2026-12-05b_h200/``); they were deleted. Heaviest first over all heads puts the
+first KV block of 132 different heads on the GPU at once, each streaming its own head's Q and dO and
+adding into its own head's dQ, where FA4's order keeps about four heads in flight (a likely cause,
+not profiled). ``head_loop`` as built always ran heaviest first; the group loop in FA4's order was
+not measured.
 """
 
 from __future__ import annotations

@@ -121,22 +121,29 @@ def test_k_scale_keys_state_and_tiles():
         _TiledCute((128, 96, 2)).forward(q, k, v, K64, causal=True, softmax_scale=128**-0.5)
 
 
-class _OptionsCute(_TiledCute):
-    """The cute backend at fixed tiles with measurement options: ``fwd`` (keyword options of every
-    forward call, e.g. ``exp_f16``) and ``bwd`` (of every backward call: ``exp_f16``, ``head_loop``,
-    ``postprocess``)."""
+class _ExpF16Cute(_TiledCute):
+    """The cute backend with the measurement option ``exp_f16`` in its forward, and with
+    ``backward=True`` in its backward too."""
 
-    def __init__(self, tiles, fwd=None, bwd=None):
+    def __init__(self, tiles, backward=False):
         super().__init__(tiles)
-        self.fwd, self.bwd = dict(fwd or {}), dict(bwd or {})
+        self.exp_f16_backward = backward
 
     def forward(self, q, k, v, recipe, *, causal, softmax_scale, tiles=None):
-        kw = dict(causal=causal, softmax_scale=softmax_scale, tiles=self.tiles, **self.fwd)
-        return cute_backend.CuteBackend.forward(self, q, k, v, recipe, **kw)
+        return cute_backend.CuteBackend.forward(
+            self, q, k, v, recipe, causal=causal, softmax_scale=softmax_scale, tiles=self.tiles, exp_f16=True
+        )
 
     def backward(self, state, dout, recipe, *, causal, softmax_scale, tiles=None):
-        kw = dict(causal=causal, softmax_scale=softmax_scale, **self.bwd)
-        return cute_backend.CuteBackend.backward(self, state, dout, recipe, **kw)
+        return cute_backend.CuteBackend.backward(
+            self,
+            state,
+            dout,
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            exp_f16=self.exp_f16_backward,
+        )
 
 
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: "t{}x{}s{}".format(*t))
@@ -158,7 +165,7 @@ def test_exp_f16_matches_its_reference(tiles, recipe, causal, d):
     CuTe backward on this state).
     Prints how far the option's reference moves from the recipe's (rel-L2 of the output, LSE)."""
     target = tt.Target(
-        _OptionsCute(tiles, fwd={"exp_f16": True}),
+        _ExpF16Cute(tiles),
         lambda d: tiles[1],
         reverse_tiles=True,
         reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
@@ -198,7 +205,7 @@ def test_exp_f16_backward_matches_its_reference(recipe, causal, d, group):
     reference gradients are from the recipe's."""
     tiles = cute_backend.default_tiles(d)
     target = tt.Target(
-        _OptionsCute(tiles, fwd={"exp_f16": True}, bwd={"exp_f16": True}),
+        _ExpF16Cute(tiles, backward=True),
         lambda d: tiles[1],
         reverse_tiles=True,
         reference_v=lambda st: tt._untransposed_v(cute_backend.triton_state(st)),
@@ -225,56 +232,6 @@ def test_exp_f16_backward_matches_its_reference(recipe, causal, d, group):
                 f"(p_fp16 ref - recipe ref {moved:.2e})"
             )
             assert dist <= bound, (name, dist)
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("group", [4, 6])
-def test_head_loop_backward_matches_reference(recipe, causal, d, group):
-    """``head_loop`` (one CTA per KV block and KV head runs the GQA group's query heads, dK/dV stored
-    once in BF16): the tests' bounds against the reference (``tt.compare``: lengths off the tiles,
-    rows without keys, B > 1), and next to the default backward on the same forward state: the same
-    gradients but for FP32 summation order (dQ's atomics, dK/dV across heads) and dV's per-head
-    rescaling (one FP32 rounding each), so within BF16 rounding (rel. L2 <= 1e-3). With the Triton
-    postprocess too."""
-    tiles = cute_backend.default_tiles(d)
-    for post in ("fa4", "triton"):
-        target = _target(tiles, _OptionsCute(tiles, bwd={"head_loop": True, "postprocess": post}))
-        for b, hkv, sq, sk in ((2, 2, 300, 300), (1, 1, 257, 130), (1, 2, 130, 257)):
-            tt.compare(recipe, b, hkv * group, hkv, sq, sk, d, causal, target=target)
-    _assert_near_default(recipe, d, group, causal, 700, head_loop=True)
-
-
-def _assert_near_default(recipe, d, group, causal, s, **bwd_options):
-    """The backward with ``bwd_options`` against the default one on the same forward state (B2, 2 KV
-    heads of ``group``, ``s`` queries and keys): the gradients' shapes and strides, and rel. L2 <= 1e-3."""
-    rec, sm = fa.get_recipe(recipe), d**-0.5
-    q, k, v = make_qkv(2, 2 * group, 2, s, s, d, device="cuda")
-    be = cute_backend.CuteBackend()
-    out, lse, st = be.forward(q, k, v, rec, causal=causal, softmax_scale=sm)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
-    plain = be.backward(st, dout, rec, causal=causal, softmax_scale=sm)
-    got = be.backward(st, dout, rec, causal=causal, softmax_scale=sm, **bwd_options)
-    for name, a, o in zip("qkv", plain, got):
-        assert o.shape == a.shape and o.stride() == a.stride(), name
-        dist = rel_l2(o, a)
-        print(f"{bwd_options} {recipe} d{d} g{group} causal={causal} d{name}: {dist:.2e} from the default")
-        assert dist <= 1e-3, (name, dist)
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("group", [1, 4])
-def test_lpt_order_matches_reference(recipe, d, group):
-    """``lpt`` (causal: the CTAs take their tiles heaviest first, the dQ warp with them): the tests'
-    bounds against the reference (``tt.compare``), and the default backward's gradients on the same
-    state but for dQ's (and GQA dK/dV's) FP32 atomics order (rel. L2 <= 1e-3)."""
-    tiles = cute_backend.default_tiles(d)
-    target = _target(tiles, _OptionsCute(tiles, bwd={"lpt": True}))
-    for b, hkv, sq, sk in ((2, 2, 300, 300), (1, 1, 257, 130), (3, 2, 130, 700)):
-        tt.compare(recipe, b, hkv * group, hkv, sq, sk, d, True, target=target)
-    _assert_near_default(recipe, d, group, True, 1000, lpt=True)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

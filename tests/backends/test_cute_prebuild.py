@@ -267,14 +267,11 @@ def test_session_presets_name_the_backends_kernels():
     # x 2 tiles; MHA at the default tiles: 2 head dims x 2 masks x 2 recipes, of which D128
     # non-causal is also in the next; D128 MHA non-causal: 2 recipes x 2 tiles). Backward: each
     # (head dim, group, mask, recipe) once, and with exp_f16 for each of the exp_f16 forwards' (GQA 4
-    # and MHA: 2 x 2 x 2 each), with head_loop for GQA 4 and 6 (2 head dims x 2 masks x 2 recipes
-    # each) and with lpt for MHA and GQA 4, causal (2 head dims x 2 recipes each)
+    # and MHA: 2 x 2 x 2 each)
     assert len(fwd) == 2 * 3 * 2 * 6 + 2 + 2 * 2 * 5 + 4 + 16 + 6 + 4
     assert sum(k.exp_f16 for k in fwd) == 26
-    assert sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2 + 2 + 16 + 16 + 8
-    assert sum(k.lpt for k in keys) == 8 and all(k.causal for k in keys if k.lpt)
+    assert sum(k.kind == "bwd" for k in keys) == 2 * 3 * 2 * 2 + 2 + 2 + 16
     assert sum(k.exp_f16 for k in keys if k.kind == "bwd") == 16
-    assert sum(k.head_loop for k in keys) == 16 and all(k.group > 1 for k in keys if k.head_loop)
     assert KernelKey("fwd", 64, 3, True, default_tiles(64), True) in keys
     bench = preset_keys("bench")
     assert json.dumps(sorted({(k.kind, k.d) for k in bench})) == json.dumps(

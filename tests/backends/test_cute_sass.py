@@ -151,30 +151,6 @@ def test_backward_exp_f16_rebuilds_p_with_fp16_exponentials(qk_bf16):
     assert (loop["STL"], loop["LDL"]) == (base_loop["STL"], base_loop["LDL"]), (loop, base_loop)
 
 
-def test_backward_head_loop_and_lpt_keep_the_loop():
-    """The backward's ``head_loop`` (GQA: one CTA runs the group's query heads, dK/dV stored once in
-    BF16): the loop body appears once (no peeled first block: dK/dV accumulate from zeroed
-    registers), with the default's products, exponentials and no spills in it; the runtime flag
-    that hands the previous block's dQ tile over costs at most 16 instructions per trip (fp8, GQA
-    4, D128 causal: 468 -> 480 on the CPU machine's DSL build). The default kernel's SASS is
-    unchanged by the option's code path (``sass_sha256`` equal to that of the tree before it, for
-    fp8 GQA 4 D128 causal and qk_bf16 at GQA 4 D128 causal and MHA D64 non-causal, checked when
-    the option was added)."""
-    base = _bwd_report(True, 4, 128, False)
-    rep = _bwd_report(True, 4, 128, False, False, True)
-    (loop,), (base_loop,) = rep["inner_loops"], base["inner_loops"]
-    assert (rep["QGMMA"], rep["HGMMA"]) == (base["QGMMA"] // 2, base["HGMMA"] // 2), rep
-    for k in ("QGMMA", "MUFU", "F2FP", "FFMA", "FMUL", "STL", "LDL"):
-        assert loop[k] == base_loop[k], (k, loop, base_loop)
-    assert loop["instructions"] <= base_loop["instructions"] + 16, (loop, base_loop)
-    assert rep["STL"] == 0 and rep["LDL"] == 0, rep
-    # lpt (causal CTAs heaviest first) changes the tile coordinates, not the loop
-    lpt = _bwd_report(True, 4, 128, False, False, False, True)
-    (lpt_loop,) = lpt["inner_loops"]
-    assert lpt_loop["instructions"] == base_loop["instructions"], (lpt_loop, base_loop)
-    assert (lpt["QGMMA"], lpt["STL"], lpt["LDL"]) == (base["QGMMA"], base["STL"], base["LDL"]), lpt
-
-
 @pytest.mark.parametrize(
     "tiles, causal", [((128, 128, 2), True), ((128, 96, 2), True), ((128, 192, 2), False)]
 )

@@ -15,11 +15,8 @@ SPEC = BackendSpec(
         "tiles",
         "exp_f16",
         "postprocess",
-        "head_loop",
-        "lpt",
     ),  # exp_f16: a measurement option of both passes (backend.forward_fp8, backward_fp8); postprocess:
-    # the backward's accumulator conversion, "fa4" or "triton" (backend.postprocess_gradients);
-    # head_loop: the backward's GQA group in one CTA; lpt: its causal CTAs heaviest first (backward_fp8)
+    # the backward's accumulator conversion, "fa4" or "triton" (backend.postprocess_gradients)
     fused_rope=True,  # RoPE inside the FP8 and NVFP4 Q/K quantizers (triton/rope.py), else rope_rows_pair
     k_scale_keys=(1, 64),  # 64: the forward folds each group's scale into its row factor (k_group)
     # fwd+bwd on the H200 (2026-12-02, 19f036c, results/cute_nvfp4_bwd_h200), cute (forward tiles

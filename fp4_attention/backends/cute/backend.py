@@ -392,9 +392,7 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def backward_operands(
-    state: SavedState, dout: torch.Tensor, softmax_scale: float, head_loop: bool = False
-) -> dict:
+def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
@@ -407,9 +405,7 @@ def backward_operands(
     2^-LIFT), as ``reference_backward`` defines the recipe's dQ/dK.
     ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the exact decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
-    ``head_loop`` (GQA; ``FP8BackwardSm90(head_loop=True)``): dK and dV are BF16 outputs the kernel
-    stores once per KV block, as without GQA, not FP32 accumulators."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -421,8 +417,7 @@ def backward_operands(
     # the dO amax pass's per-head amax and flag (2 * B * Hq words): one launch for both
     dq_shape = (b, hq, _round_up(sq, tile_m) * d)
     kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
-    kv_accumulated = hq != hkv and not head_loop  # FP32 dK/dV accumulators that each query head adds into
-    n_dq, n_kv = math.prod(dq_shape), (math.prod(kv_shape) if kv_accumulated else 0)
+    n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
     acc = torch.zeros(n_dq + 2 * n_kv + 2 * b * hq, dtype=torch.float32, device=dout.device)
     if nvfp4:  # the per-head scale expanded over the queries: read through its strides, not copied
         q_scale = q_s.global_scale.reshape(b, hq, 1).float().expand(b, hq, sq)
@@ -463,7 +458,7 @@ def backward_operands(
     )
     ops["acc"] = acc  # dQ's accumulator, then GQA's dK's and dV's (triton.bwd_post reads them in one)
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
-    if not kv_accumulated:  # written by the kernel, in the layout of the forward's output (the caller's)
+    if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
         ops["dv"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
     else:
@@ -484,23 +479,11 @@ def _bwd_args(ops: dict) -> list:
 
 
 def _compiled_bwd(
-    d: int,
-    group: int,
-    causal: bool,
-    qk_bf16: bool,
-    args: list,
-    softmax_scale: float,
-    exp_f16: bool = False,
-    head_loop: bool = False,
-    lpt: bool = False,
+    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, exp_f16: bool = False
 ):
-    lpt = lpt and causal and not head_loop  # head_loop implies it; without a causal mask it is moot
-    flags = (("qk_bf16", qk_bf16), ("exp_f16", exp_f16), ("head_loop", head_loop), ("lpt", lpt))
-    key = ("bwd", d, group, causal) + tuple(name for name, on in flags if on)
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ()) + (("exp_f16",) if exp_f16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(
-            d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, exp_f16=exp_f16, head_loop=head_loop, lpt=lpt
-        )
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, exp_f16=exp_f16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
         cute_args.append(cute_operand(args[6], leading_dim=1))
@@ -527,8 +510,6 @@ def backward_fp8(
     softmax_scale: float,
     exp_f16: bool = False,
     postprocess: str = "fa4",
-    head_loop: bool = False,
-    lpt: bool = False,
 ):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
@@ -538,11 +519,7 @@ def backward_fp8(
     measurement option, off by default): P^T's exponentials through FP16, two per
     ``fwd_sm90.exp2_f16x2`` (``reference_backward(p_fp16=True)``'s numerics, not the recipe's).
     ``postprocess``: how the FP32 accumulators become BF16 (:func:`postprocess_gradients`; the same
-    bytes either way). ``head_loop`` (a measurement option for GQA, off by default; without GQA it
-    changes nothing): one CTA per KV block and KV head runs the group's query heads in turn and
-    stores dK/dV once in BF16 (``FP8BackwardSm90(head_loop=True)``: no FP32 dK/dV accumulators, fill
-    or conversion for them). ``lpt`` (a measurement option, causal only): the CTAs take their
-    tiles heaviest first (``FP8BackwardSm90(lpt=True)``).
+    bytes either way).
 
     Raises:
         ValueError: head dim other than 64/128, a state of another recipe (neither E4M3 nor NVFP4
@@ -561,10 +538,9 @@ def backward_fp8(
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
-    head_loop = head_loop and hq != hkv
-    ops = backward_operands(state, dout, softmax_scale, head_loop)  # dout read in place
+    ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, exp_f16, head_loop, lpt)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, exp_f16)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     return postprocess_gradients(ops, state, softmax_scale, postprocess)
 
@@ -621,8 +597,7 @@ class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
     ``(tile_m, tile_n, stages)`` of the forward, ``exp_f16`` (P through FP16 in the forward and
     the backward, a measurement option: :func:`forward_fp8`, :func:`backward_fp8`) and the backward's
-    measurement options ``postprocess`` ("fa4" or "triton": :func:`postprocess_gradients`),
-    ``head_loop`` (GQA) and ``lpt`` (causal: :func:`backward_fp8`), for benchmarks,
+    ``postprocess`` ("fa4" or "triton", a measurement option: :func:`postprocess_gradients`), for benchmarks,
     tests and ``tools/fidelity.py``."""
 
     spec = SPEC
@@ -640,8 +615,6 @@ class CuteBackend:
         rope=None,
         exp_f16: bool = False,
         postprocess: str = "fa4",
-        head_loop: bool = False,
-        lpt: bool = False,
     ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
@@ -651,8 +624,7 @@ class CuteBackend:
         ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
         ``exp_f16``: P's exponentials and row sum through FP16 (``fwd_sm90.exp2_f16x2``), a
         measurement option whose numerics differ from the recipe's reference (off by default).
-        ``postprocess``, ``head_loop`` and ``lpt`` are the backward's options (:meth:`backward`); the
-        forward takes and ignores them.
+        ``postprocess`` is the backward's option (:meth:`backward`); the forward takes and ignores it.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64, or ``exp_f16`` with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
@@ -684,22 +656,11 @@ class CuteBackend:
         tiles=None,
         exp_f16: bool = False,
         postprocess: str = "fa4",
-        head_loop: bool = False,
-        lpt: bool = False,
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
         ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``);
         ``exp_f16``: P^T rebuilt through FP16 (the measurement option of both passes);
-        ``postprocess``: the accumulators' conversion, "fa4" or "triton" (:func:`postprocess_gradients`);
-        ``head_loop``: dK/dV of a GQA group in one CTA; ``lpt``: causal CTAs heaviest first
-        (:func:`backward_fp8`)."""
+        ``postprocess``: the accumulators' conversion, "fa4" or "triton" (:func:`postprocess_gradients`)."""
         return backward_fp8(
-            state,
-            dout,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            exp_f16=exp_f16,
-            postprocess=postprocess,
-            head_loop=head_loop,
-            lpt=lpt,
+            state, dout, causal=causal, softmax_scale=softmax_scale, exp_f16=exp_f16, postprocess=postprocess
         )

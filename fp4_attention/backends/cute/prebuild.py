@@ -102,9 +102,8 @@ def _descriptor(dtype: torch.dtype, ndim: int, leading: int, assumed_align: int,
 @dataclass(frozen=True)
 class KernelKey:
     """One compiled kernel of the cute backend: ``kind`` ``"fwd"`` (``FP8ForwardSm90`` at ``tiles``,
-    with ``k_group`` or ``exp_f16``), ``"bwd"`` (``FP8BackwardSm90``, with ``exp_f16``,
-    ``head_loop`` or ``lpt``) or ``"post"`` (flash-attn-4's FP32 -> BF16 postprocess of the backward's
-    accumulators, for head dim ``d``);
+    with ``k_group`` or ``exp_f16``), ``"bwd"`` (``FP8BackwardSm90``, with ``exp_f16``) or ``"post"``
+    (flash-attn-4's FP32 -> BF16 postprocess of the backward's accumulators, for head dim ``d``);
     ``qk_bf16``: the ``nvfp4qk_fp8pv`` kernels."""
 
     kind: str
@@ -115,8 +114,6 @@ class KernelKey:
     qk_bf16: bool = False
     k_group: int = 0
     exp_f16: bool = False
-    head_loop: bool = False
-    lpt: bool = False
 
 
 def _empty(*shape_dtype):
@@ -151,11 +148,8 @@ def _backward(key: KernelKey):
     # col, col2 (B, Hkv, Sk); s_do (B, Hq); v_scale (B, Hkv, D); dq_accum (B, Hq, Sq_pad * D); dk, dv
     args = _empty((4, qk), (4, bf), (4, qk), (4, bf), (4, e4), (4, e5), (4, e5), *[(3, f32)] * 6, (2, f32))
     args += _empty((3, f32), (3, f32))
-    # dk, dv: BF16 (B, S, H, D) outputs without GQA or with head_loop, else FP32 accumulators
-    args += _empty((4, bf), (4, bf)) if key.group == 1 or key.head_loop else _empty((3, f32), (3, f32))
-    return backend._compiled_bwd(
-        key.d, key.group, key.causal, key.qk_bf16, args, 1.0, key.exp_f16, key.head_loop, key.lpt
-    )
+    args += _empty((4, bf), (4, bf)) if key.group == 1 else _empty((3, f32), (3, f32))
+    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0, key.exp_f16)
 
 
 def _postprocess(key: KernelKey):
@@ -179,16 +173,12 @@ def keys_for(
     recipes=("fp8", "nvfp4qk_fp8pv"),
     k_group=False,
     exp_f16=False,
-    head_loop=False,
-    lpt=False,
 ) -> list[KernelKey]:
     """Every forward, backward and postprocess kernel of the cute backend for these head dims, GQA
     groups, masks and recipes, the forward at ``tiles`` (default: the backend's
     ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
     forward with K per 64 keys at those tiles whose KV tile is a multiple of 64; with ``exp_f16`` also
-    each recipe's forward with P's exponentials through FP16, at every tile, and its backward; with
-    ``head_loop`` also the backward with one CTA per KV head (GQA groups only); with ``lpt`` the
-    backward with its causal CTAs heaviest first (causal only)."""
+    each recipe's forward with P's exponentials through FP16, at every tile, and its backward."""
     from .backend import default_tiles
 
     keys = []
@@ -205,10 +195,6 @@ def keys_for(
             keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
             if exp_f16:
                 keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16, exp_f16=True))
-            if head_loop and group > 1:
-                keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16, head_loop=True))
-            if lpt and c:
-                keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16, lpt=True))
     return list(dict.fromkeys(keys))
 
 
@@ -233,10 +219,6 @@ SESSION_PRESETS = {
         dict(
             head_dims=(128,), groups=(1,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)], exp_f16=True
         ),
-        # the backward's head_loop measurement option: its GPU tests (GQA 4 and 6) and the bench rows
-        dict(head_dims=(64, 128), groups=(4, 6), head_loop=True),
-        # lpt (causal): its GPU test (GQA 4, MHA) and the bench rows
-        dict(head_dims=(64, 128), groups=(1, 4), causal=(True,), lpt=True),
     ],
 }
 
