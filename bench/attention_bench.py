@@ -172,7 +172,7 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 
 
 # --cute-fwd-options: FP8ForwardSm90's measurement options
-FWD_OPTIONS = ("unpromoted", "k64", "expf16")
+FWD_OPTIONS = ("unpromoted", "k64")
 
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
@@ -206,14 +206,12 @@ def cute_nvfp4_kernel_only(q, k, v, causal, tiles, **kernel_options):
     return f
 
 
-def _cute_state(recipe, q, k, v, causal, exp_f16=False):
+def _cute_state(recipe, q, k, v, causal):
     """One cute forward's saved state and a random BF16 dO, for the backward rows that skip autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     rec = parse_recipe(recipe, 0)
-    _, _, st = cute_backend.CuteBackend().forward(
-        q, k, v, rec, causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16
-    )
+    _, _, st = cute_backend.CuteBackend().forward(q, k, v, rec, causal=causal, softmax_scale=D**-0.5)
     return st, torch.randn_like(q)
 
 
@@ -226,15 +224,13 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, exp_f16=False, postprocess="fa4"):
+def cute_bwd_direct(recipe, q, k, v, causal):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd; ``exp_f16``: the measurement option in both passes;
-    ``postprocess``: the backward's accumulator conversion ("fa4" or "triton")."""
+    one forward's state, without autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
-    st, dout = _cute_state(recipe, q, k, v, causal, exp_f16)
-    kw = dict(causal=causal, softmax_scale=D**-0.5, exp_f16=exp_f16, postprocess=postprocess)
-    return lambda: cute_backend.backward_fp8(st, dout, **kw)
+    st, dout = _cute_state(recipe, q, k, v, causal)
+    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5)
 
 
 def fa4_bwd_direct(q, k, v, causal):
@@ -315,17 +311,12 @@ def main(argv=None) -> int:
         choices=FWD_OPTIONS,
         default=None,
         help="also time the cute forward's measurement options, kernel only: unpromoted (no PV "
-        "promotion), k64 (k_group=64, K per 64 keys), expf16 (exp_f16: P's exponentials and row sum "
-        "through FP16, both recipes, kernel only and, in the fwd and fwd_bwd passes, the backend's "
-        "step with quantization, the backward's P^T through FP16 too; with --cute-bwd-options also "
-        "the bwd_direct rows with it); no names: all",
+        "promotion), k64 (k_group=64, K per 64 keys); no names: all",
     )
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd; "
-        "cute_<recipe>_bwd_direct_post_triton and, in the fwd_bwd pass, cute_<recipe>_post_triton: the "
-        "backward's accumulators converted by triton.bwd_post (postprocess='triton') instead of FA4's kernel",
+        help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd",
     )
     p.add_argument(
         "--qk-rotation",
@@ -429,28 +420,6 @@ def main(argv=None) -> int:
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ]
-                    # the accumulators' conversion by triton.bwd_post (one launch) instead of FA4's
-                    cands += [
-                        (
-                            f"cute_{r}_bwd_direct_post_triton",
-                            (lambda r=r: cute_bwd_direct(r, q, k, v, causal, postprocess="triton")),
-                        )
-                        for r in args.recipes
-                        if r in ("fp8", "nvfp4qk_fp8pv")
-                    ]
-                if pass_ == "fwd_bwd" and args.cute_bwd_options:  # the training step with it
-                    cands += [
-                        (
-                            f"cute_{r}_post_triton",
-                            (
-                                lambda r=r: ours_fn(
-                                    r, q, k, v, causal, pass_, backend="cute", postprocess="triton"
-                                )
-                            ),
-                        )
-                        for r in args.recipes
-                        if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
-                    ]
                 if pass_ == "fwd":
                     cands += [
                         (
@@ -488,44 +457,6 @@ def main(argv=None) -> int:
                         )
                         for t in tiles
                         if t[1] % 64 == 0
-                    ]
-                if pass_ == "fwd" and "expf16" in fwd_options:
-                    # P's exponentials and row sum through FP16 (a numerics change, measured)
-                    cands += [
-                        (
-                            f"cute_fp8_kernel_only_t{t[0]}x{t[1]}s{t[2]}_expf16",
-                            (lambda t=t: cute_kernel_only(q, k, v, causal, t, exp_f16=True)),
-                        )
-                        for t in tiles
-                    ]
-                    if "nvfp4qk_fp8pv" in args.recipes:
-                        cands += [
-                            (
-                                f"cute_nvfp4qk_fp8pv_kernel_only_t{t[0]}x{t[1]}s{t[2]}_expf16",
-                                (lambda t=t: cute_nvfp4_kernel_only(q, k, v, causal, t, exp_f16=True)),
-                            )
-                            for t in tiles
-                        ]
-                if pass_ == "bwd" and args.cute_bwd_options and "expf16" in fwd_options:
-                    # the backward's exp_f16 (P^T through FP16), on the state of the forward with it
-                    cands += [
-                        (
-                            f"cute_{r}_bwd_direct_expf16",
-                            (lambda r=r: cute_bwd_direct(r, q, k, v, causal, exp_f16=True)),
-                        )
-                        for r in args.recipes
-                        if r in ("fp8", "nvfp4qk_fp8pv")
-                    ]
-                if pass_ in ("fwd", "fwd_bwd") and "expf16" in fwd_options:
-                    # the training step (quantization included) with the option, in the forward and,
-                    # for fwd_bwd, the backward, at the backend's tiles
-                    cands += [
-                        (
-                            f"cute_{r}_expf16",
-                            (lambda r=r: ours_fn(r, q, k, v, causal, pass_, backend="cute", exp_f16=True)),
-                        )
-                        for r in args.recipes
-                        if parse_recipe(r, 0).name in ("fp8", "nvfp4qk_fp8pv")
                     ]
             if args.rope and pass_ in ("fwd", "fwd_bwd"):
                 tables = rope_tables_for(s)

@@ -1,6 +1,6 @@
 """The cute fp8 backward against FA4 BF16's, in ms, at B4 H32/8 S4096 causal and B2 H32/32 S8192:
 ``attention_bench.cute_bwd_direct`` (``backend.backward_fp8`` on one forward's state: the operand
-preparation, the kernel and FA4's postprocess, without autograd),
+preparation, the kernel and the postprocess, without autograd),
 FA4's backward called the same way (``attention_bench.fa4_bwd_direct``: its preprocess, kernel and
 postprocess; the like-for-like baseline) and FA4's backward through autograd (which also adds the
 gradients into ``.grad``, as the ``bwd`` rows of ``attention_bench`` do for both; the only FA4

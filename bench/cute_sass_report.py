@@ -129,12 +129,11 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_f16=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on descriptors of CUDA operands
     (``prebuild.cute_operand``, no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
-    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS);
-    ``exp_f16``: P^T's exponentials through FP16."""
+    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
     import cutlass
     import torch
     from cutlass import cute
@@ -164,7 +163,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_
         args += [vec(b, hkv, s * d, align=16) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, exp_f16=exp_f16),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
         cutlass.Float32(0.1),
         stream,
@@ -172,11 +171,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, exp_
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, exp_f16=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, exp_f16=exp_f16)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -192,7 +191,6 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, exp_f1
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
-        "exp_f16": exp_f16,
         "dsl_compiler": _dsl_compiler(),
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
@@ -290,10 +288,9 @@ def main(argv=None) -> int:
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
     p.add_argument("--no-promote-pv", action="store_true")
-    p.add_argument("--exp-f16", action="store_true", help="P's exponentials through FP16 (exp_f16)")
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.exp_f16)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(
@@ -301,7 +298,6 @@ def main(argv=None) -> int:
         causal=not a.non_causal,
         promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
-        **({"exp_f16": True} if a.exp_f16 else {}),
     )
     print(json.dumps(rep))
     return 0

@@ -178,7 +178,7 @@ if [[ $steps == *" fidelity "* ]]; then
   for be in ${FID_BACKENDS:-cute triton}; do
     peers=(); [[ $be == cute ]] && peers=(--peers cudnn_fp8)
     read -ra fid_recipes <<< "${FID_RECIPES:-fp8}"
-    read -ra fid_args <<< "${FID_ARGS:-}"  # more arguments, e.g. "--backend-option exp_f16=True"
+    read -ra fid_args <<< "${FID_ARGS:-}"  # more arguments, e.g. "--backend-option tiles=(128,128,2)"
     timeout "${FID_TIMEOUT:-200}" python3 tools/fidelity.py --backend "$be" --device cuda --recipes "${fid_recipes[@]}" "${peers[@]}" \
       "${fid_args[@]}" --out "$out/fidelity_${be}${FID_TAG:-}_h200" > "$out/fidelity_$be${FID_TAG:-}.log" 2>&1
     echo "fidelity $be${FID_TAG:-} rc=$?" | tee -a "$out/status.txt"

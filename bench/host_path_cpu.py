@@ -8,7 +8,7 @@ against 1.04 graphed), so the length of the backend's Python path is what the B1
 attention benchmark measure. Its launches need a GPU; the rest of it (argument checks, allocations,
 views, the launch arguments, the saved state) runs here on CPU tensors, with the Triton kernels'
 launches (``triton.launch.CachedLaunch``), the CuTe kernels' calls (``backend._compiled``,
-``_compiled_bwd``) and FA4's postprocess (``_bwd_postprocess_convert``) counted instead of run.
+``_compiled_bwd``) counted instead of run.
 ``backend._check_operands`` is skipped (it requires CUDA tensors), so its time is not in the rows.
 ``TRITON_INTERPRET=1`` is set before Triton is imported (the Triton wrappers then take CPU tensors,
 as in the CPU tests); the interpreted kernels' ``run`` is what is counted.
@@ -49,8 +49,8 @@ SHAPE = (1, 2, 1, 128, 128)  # B, Hq, Hkv, S, D
 @contextlib.contextmanager
 def stubbed_launches(launches: Counter, uncached: Counter | None = None):
     """Every kernel launch of the cute backend's step counted in ``launches`` (by kernel) instead of
-    run: the Triton kernels' (interpreted, ``InterpretedFunction.run``), the CuTe kernels' and FA4's
-    postprocess; those Triton launches that do not go through ``triton.launch.launcher`` (whose
+    run: the Triton kernels' (interpreted, ``InterpretedFunction.run``) and the CuTe kernels'; those
+    Triton launches that do not go through ``triton.launch.launcher`` (whose
     cached launch skips ``JITFunction``'s argument binding on a GPU) also in ``uncached``.
     ``backend._check_operands`` is skipped. Puts everything back on exit."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -85,7 +85,6 @@ def stubbed_launches(launches: Counter, uncached: Counter | None = None):
         (launch.CachedLaunch, "launch", counted_cached_launch),
         (cb, "_compiled", cute_fn("FP8ForwardSm90")),
         (cb, "_compiled_bwd", cute_fn("FP8BackwardSm90")),
-        (cb, "_bwd_postprocess_convert", lambda *a, **k: launches.update(["FA4 postprocess"])),
         (cb, "_check_operands", lambda *a, **k: None),
     ]
     old = [(owner, name, getattr(owner, name)) for owner, name, _ in saved]
@@ -122,9 +121,8 @@ def _inputs():
     return [torch.randn(b, h, s, d, generator=g).bfloat16() for h in (hq, hkv, hkv, hq)]
 
 
-def step_fns(recipe: str, postprocess: str = "fa4"):
-    """``(forward, backward)`` of one step on CPU tensors: ``forward()`` returns the saved state;
-    ``postprocess``: the backward's accumulator conversion (``CuteBackend.backward``'s option)."""
+def step_fns(recipe: str):
+    """``(forward, backward)`` of one step on CPU tensors: ``forward()`` returns the saved state."""
     from fp4_attention.backends.cute import backend as cb
     from fp4_attention.numerics.recipes import get_recipe
 
@@ -136,17 +134,17 @@ def step_fns(recipe: str, postprocess: str = "fa4"):
         return be.forward(q, k, v, rec, causal=True, softmax_scale=sm)[2]
 
     def backward(state):
-        return be.backward(state, dout, rec, causal=True, softmax_scale=sm, postprocess=postprocess)
+        return be.backward(state, dout, rec, causal=True, softmax_scale=sm)
 
     return forward, backward
 
 
-def count_step(recipe: str, postprocess: str = "fa4") -> dict:
+def count_step(recipe: str) -> dict:
     """Launches by kernel, aten ops by name and Python calls of one step (forward and backward)."""
     launches: Counter = Counter()
     uncached: Counter = Counter()
     with stubbed_launches(launches, uncached):
-        forward, backward = step_fns(recipe, postprocess)
+        forward, backward = step_fns(recipe)
         backward(forward())  # warm: first calls import and build caches
         launches.clear()
         uncached.clear()
@@ -178,10 +176,10 @@ def count_step(recipe: str, postprocess: str = "fa4") -> dict:
     }
 
 
-def time_step(recipe: str, steps: int, postprocess: str = "fa4") -> dict:
+def time_step(recipe: str, steps: int) -> dict:
     """Median microseconds of the forward, the backward and the two, on this CPU."""
     with stubbed_launches(Counter()):
-        forward, backward = step_fns(recipe, postprocess)
+        forward, backward = step_fns(recipe)
         for _ in range(200):
             backward(forward())
         fwd, bwd, both = [], [], []
@@ -203,8 +201,7 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
         "# Host path of the cute backend's step on a CPU (launches counted, not run)",
         "",
         f"- date {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, {meta['cpu']}; "
-        f"B1 Hq2/Hkv1 S128 D128 causal; median of {meta['steps']} steps; "
-        f"backward postprocess {meta.get('postprocess', 'fa4')}",
+        f"B1 Hq2/Hkv1 S128 D128 causal; median of {meta['steps']} steps",
         "",
         "| recipe | forward us | backward us | step us | launches | allocations | aten ops | Python calls |",
         "|---|---|---|---|---|---|---|---|",
@@ -240,13 +237,6 @@ def main(argv=None) -> int:
     p.add_argument("--recipes", nargs="+", default=["fp8", "nvfp4qk_fp8pv"], choices=["fp8", "nvfp4qk_fp8pv"])
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--out", default=None, help="output prefix (PREFIX.json, PREFIX.md)")
-    p.add_argument(
-        "--postprocess",
-        choices=("fa4", "triton"),
-        default="fa4",
-        help="the backward's accumulator conversion (the cute backend's option): FA4's kernel per "
-        "tensor, or triton.bwd_post's one launch",
-    )
     a = p.parse_args(argv)
     try:
         import cutlass  # noqa: F401  (the cute backend's module imports it)
@@ -256,8 +246,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    post = a.postprocess
-    rows = [{"recipe": r, **time_step(r, a.steps, post), **count_step(r, post)} for r in a.recipes]
+    rows = [{"recipe": r, **time_step(r, a.steps), **count_step(r)} for r in a.recipes]
     import platform
 
     meta = {
@@ -266,7 +255,6 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "steps": a.steps,
-        "postprocess": a.postprocess,
     }
     md = to_markdown(rows, meta)
     print(md)

@@ -108,7 +108,7 @@ def stages(backend: str) -> list[tuple]:
         (cb, "_bwd_args", "cute._bwd_args"),
         (cb, "_compiled_bwd", "cute._compiled_bwd (lookup)"),
         (cb, "postprocess_gradients", "cute.postprocess_gradients"),
-        (cb, "_bwd_postprocess_convert", "cute.FA4 postprocess launches"),
+        (cb, "convert_accumulators", "cute.triton.bwd_post launch"),
     ]
 
 

@@ -13,8 +13,8 @@ the end; B1 Hq2/Hkv1 S128 D128, BF16 inputs):
   (``backend.quantize_inputs``, 4 Triton launches); ``cute_kernel_operands``; ``cute_forward_kernel``
   (``forward_fp8`` on prepared operands); ``cute_backend_forward`` (``CuteBackend.forward``: all
   three); ``cute_backward_operands`` (``backend.backward_operands``: 3 Triton launches, one fill, the
-  allocations); ``cute_backward_fp8`` (``backend.backward_fp8``: operands, kernel, 3 postprocess
-  launches); ``fa4_backend_forward`` (``FA4Backend.forward``); ``flatten_state`` /
+  allocations); ``cute_backward_fp8`` (``backend.backward_fp8``: operands, kernel, the postprocess
+  launch); ``fa4_backend_forward`` (``FA4Backend.forward``); ``flatten_state`` /
   ``restore_state``: the cute ``fp8`` saved state into autograd's tensors and back (the interface's
   own work around the backend, ``backends/base.py``);
 - ``triton_launch``: one launch of the dO kernel (``_dout_quant_kernel``, 34 arguments) through
@@ -122,7 +122,7 @@ def _rows(calls: int, tl_launch) -> dict[str, float]:
         lambda: cb.backward_fp8(state, dout, causal=True, softmax_scale=sm), calls
     )
     # the backward's pieces: the kernel's argument views, the compiled kernel's call alone (TVM-FFI,
-    # 17 tensors), FA4's postprocess launches (3 with GQA), the accumulator fill
+    # 17 tensors), the postprocess launch (triton.bwd_post), the accumulator fill
     bops = cb.backward_operands(state, dout, sm)
     out["cute_bwd_args"] = host_us(
         lambda: [t.view(torch.uint8) if t.element_size() == 1 else t for t in cb._bwd_args(bops)], calls

@@ -20,10 +20,8 @@ compiler build (``compile_cache.compiler_dso``), the kernels' sources, the DSL, 
 Python versions and the target, so a GPU process whose build or sources differ computes another
 fingerprint and compiles: it never loads a stale kernel.
 
-It writes ``DIR/cute`` (this package's kernels, ``FP4_ATTENTION_CUTE_CACHE_DIR``) and
-``DIR/fa4-<cu12|cu13>`` (flash-attn-4's backward postprocess, ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``:
-a folder per DSL build, since flash-attn-4's fingerprint does not tell the builds apart) and prints
-the variables a GPU job sets. Readers take a shared lock file per kernel: keep the lock files with
+It writes ``DIR/cute`` (this package's kernels, ``FP4_ATTENTION_CUTE_CACHE_DIR``) and prints the
+variable a GPU job sets. Readers take a shared lock file per kernel: keep the lock files with
 the cache (``--archive`` packs them) or give it a writable directory.
 
 Exit status: 0; 2 for a bad option (the message names it); 1 with the traceback where a kernel
@@ -57,7 +55,6 @@ def _env(cache_dir: Path, arch: str) -> dict:
     return {
         "CUTE_DSL_ARCH": arch,
         "FP4_ATTENTION_CUTE_CACHE_DIR": str(cache_dir / "cute"),
-        "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
     }
 
 
@@ -142,19 +139,14 @@ def main(argv=None) -> int:
         ap.error(f"--preset names every kernel itself: leave out {flags}")
     if args.dsl_bundle:
         _use_bundle(args.dsl_bundle.resolve(), args.dsl_site.resolve(), argv)
-    # before the DSL and flash-attn-4 are imported: both read these on import (the worker
-    # processes are forked from this one)
+    # before the DSL is imported: it reads CUTE_DSL_ARCH on import (the worker processes are forked
+    # from this one)
     cache_dir = args.cache_dir.resolve()
     env = _env(cache_dir, args.arch)
     os.environ.update(env)
     from fp4_attention.backends.cute.compile_cache import compiler_dso, source_fingerprint
 
-    # flash-attn-4's fingerprint does not tell the DSL's CUDA builds apart: its cache gets a folder
-    # per build (bench/cute_session.sh points the GPU's processes at theirs)
     flavour = compiler_dso()[0]
-    env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] = os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] = str(
-        cache_dir / f"fa4-{flavour}"
-    )
     from fp4_attention.backends.cute.backend import SUPPORTED_TILES
     from fp4_attention.backends.cute.prebuild import keys_for, preset_keys
 
@@ -166,29 +158,25 @@ def main(argv=None) -> int:
         causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
         keys = keys_for(args.head_dims, args.groups, causal, args.tiles, args.recipes, args.k_group)
     ours = cache_dir / "cute" / source_fingerprint()
-    fa4 = Path(env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"])
-    for d in (cache_dir / "cute", fa4):
-        d.mkdir(parents=True, exist_ok=True)
+    (cache_dir / "cute").mkdir(parents=True, exist_ok=True)
     jobs = [keys[i :: args.jobs] for i in range(args.jobs)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(_worker, jobs))
-    n = {k: sum(r[k] for r in results) for k in ("compiled", "loaded", "postprocess")}
-    size = sum(f.stat().st_size for d in (ours, fa4) for f in d.rglob("*") if f.is_file())
+    n = {k: sum(r[k] for r in results) for k in ("compiled", "loaded")}
+    size = sum(f.stat().st_size for f in ours.rglob("*") if f.is_file())
     print(
-        f"{n['compiled'] + n['loaded']} kernels ({n['compiled']} compiled, {n['loaded']} already there) "
-        f"and flash-attn-4's postprocess for {n['postprocess']} head dim(s) in "
+        f"{n['compiled'] + n['loaded']} kernels ({n['compiled']} compiled, {n['loaded']} already there) in "
         f"{max(r['seconds'] for r in results):.0f} s with the DSL's {flavour} compiler; "
-        f"{ours} and {fa4}: {size / 2**20:.1f} MiB"
+        f"{ours}: {size / 2**20:.1f} MiB"
     )
     if args.archive:
         # this build's kernels with their lock files (a reader takes a shared lock on each: with the
         # files there, a read-only copy of the cache loads), not other fingerprints' folders
         with tarfile.open(args.archive, "w:xz") as tar:
-            for d in (ours, fa4):
-                for f in sorted(p for p in d.rglob("*") if p.is_file()):
-                    tar.add(f, arcname=str(f.relative_to(cache_dir)))
+            for f in sorted(p for p in ours.rglob("*") if p.is_file()):
+                tar.add(f, arcname=str(f.relative_to(cache_dir)))
         print(f"{args.archive}: {args.archive.stat().st_size / 2**20:.1f} MiB")
-    print("to load them, a GPU job sets (paths of this machine: where the folder is there):")
+    print("to load them, a GPU job sets (a path of this machine: where the folder is there):")
     for k, v in env.items():
         if k != "CUTE_DSL_ARCH":  # the GPU's own target has the same name (compile_cache._target)
             print(f"  export {k}={v}")

@@ -13,7 +13,7 @@ SPEC = BackendSpec(
     impl="fp4_attention.backends.reference:ReferenceBackend",
     recipes=("bf16", "fp8", "nvfp4qk_fp8pv", "nvfp4qk_mxfp4pv_fast", "nvfp4qk_mxfp4pv_accurate"),
     devices=("cpu", "cuda"),
-    options=("block_n", "rescale_threshold", "p_fp16"),
+    options=("block_n", "rescale_threshold"),
     qk_rotations=("hadamard",),
     k_scale_keys=(1, 64),
     priority=0,
@@ -23,24 +23,12 @@ SPEC = BackendSpec(
 
 class ReferenceBackend:
     """Options: ``block_n`` (keys per tile, default 128), ``rescale_threshold`` (lazy rescaling,
-    log2 units, default 0; forward only), ``p_fp16`` (FP8 P through FP16 as the CuTe kernels'
-    measurement option ``exp_f16`` computes it: ``reference_forward_quantized`` and
-    ``reference_backward``)."""
+    log2 units, default 0; forward only)."""
 
     spec = SPEC
 
     def forward(
-        self,
-        q,
-        k,
-        v,
-        recipe,
-        *,
-        causal,
-        softmax_scale,
-        block_n=DEFAULT_BLOCK_N,
-        rescale_threshold=0.0,
-        p_fp16=False,
+        self, q, k, v, recipe, *, causal, softmax_scale, block_n=DEFAULT_BLOCK_N, rescale_threshold=0.0
     ):
         return reference_forward(
             q,
@@ -51,7 +39,6 @@ class ReferenceBackend:
             softmax_scale=softmax_scale,
             block_n=block_n,
             rescale_threshold=rescale_threshold,
-            p_fp16=p_fp16,
         )
 
     def backward(
@@ -64,14 +51,7 @@ class ReferenceBackend:
         softmax_scale,
         block_n=DEFAULT_BLOCK_N,
         rescale_threshold=0.0,
-        p_fp16=False,
     ):
         return reference_backward(
-            state,
-            dout.contiguous(),
-            recipe,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            block_n=block_n,
-            p_fp16=p_fp16,
+            state, dout.contiguous(), recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n
         )

@@ -51,7 +51,6 @@ Conventions (contract §2, "facts from the paper's code release"):
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 
@@ -99,38 +98,6 @@ def _scores_log2(
     return s
 
 
-def pairwise_tree(items, add):
-    """``items`` (a non-empty sequence) summed as a pairwise tree with ``add``: items (0, 1), (2, 3),
-    ..., the last one carried when their number is odd, then the sums the same way. The order of
-    the row-sum tree of the CuTe forward's ``exp_f16`` (``fwd_sm90.sum_f16x2``, on FP16 words) and of
-    :func:`_p_fp16` (on FP16 tensors), one function so that the two cannot drift apart."""
-    items = list(items)
-    while len(items) > 1:
-        items = [add(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)] + (
-            [items[-1]] if len(items) % 2 else []
-        )
-    return items[0]
-
-
-def _p_fp16(x: torch.Tensor, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """P of one KV tile through FP16, as the CuTe forward's ``exp_f16`` option computes it
-    (``fwd_sm90.exp2_f16x2``, ``sum_f16x2``): ``x [..., n]`` (n <= block_n keys) is the FP32 lifted
-    argument ``z - m + LIFT``; returns P (FP16 values, as FP32) and the tile's row sum ``[..., 1]``.
-
-    P = FP16(2^FP16(x)): the argument rounded to FP16, its power of two rounded to FP16 (the
-    kernel's ``ex2.approx.f16`` is within about one FP16 step of that). The row sum follows the
-    kernel's threads: the four threads of a row hold keys ``8j + 2t + h`` (``t`` = 0..3, ``h`` =
-    0, 1; j = 0..block_n/8-1); each sums its keys of one ``h`` over j as a pairwise tree of FP16
-    adds (words (0, 1), (2, 3), ..., the last word carried when their number is odd, then the
-    sums the same way), adds its two halves in FP32, and the eight FP32 values are summed (in any
-    order: FP32 order is the kernel's own). Keys past n are zeros, as the kernel's masked keys."""
-    p16 = torch.exp2(x.half().float()).half()
-    n = x.shape[-1]
-    padded = torch.nn.functional.pad(p16, (0, block_n - n)) if n < block_n else p16
-    words = padded.unflatten(-1, (block_n // 8, 8)).unbind(-2)  # word j: keys 8j .. 8j + 7
-    return p16.float(), pairwise_tree(words, operator.add).float().sum(-1, keepdim=True)
-
-
 def _round_p(p: torch.Tensor, recipe: Recipe) -> torch.Tensor:
     return p.bfloat16().float() if recipe.pv == "bf16" else round_e4m3(p)
 
@@ -145,7 +112,6 @@ def reference_forward(
     softmax_scale: float,
     block_n: int = DEFAULT_BLOCK_N,
     rescale_threshold: float = 0.0,
-    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
     """Forward of ``recipe`` on BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]``.
 
@@ -157,7 +123,6 @@ def reference_forward(
             Direct-P recipes, whose MXFP4 blocks must not straddle tiles).
         rescale_threshold: lazy-rescale threshold in log2 units (FA4-style: the running max is
             only raised when a tile's max exceeds it by more than this). 0 = always rescale.
-        p_fp16: P through FP16 (:func:`reference_forward_quantized`).
     Returns:
         ``(out, lse, state)``: out BF16 ``[B, Hq, Sq, D]``, lse FP32 ``[B, Hq, Sq]`` (natural log),
         and the :class:`SavedState` for backward.
@@ -175,7 +140,6 @@ def reference_forward(
         softmax_scale=softmax_scale,
         block_n=block_n,
         rescale_threshold=rescale_threshold,
-        p_fp16=p_fp16,
     )
 
 
@@ -190,7 +154,6 @@ def reference_forward_quantized(
     block_n: int = DEFAULT_BLOCK_N,
     rescale_threshold: float = 0.0,
     reverse_tiles: bool = False,
-    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, SavedState]:
     """:func:`reference_forward` on operands already quantized as ``operands.quantize_qk`` /
     ``quantize_v`` return them (V in ``[B, Hkv, Sk, D]`` layout): the way a GPU backend is
@@ -198,21 +161,9 @@ def reference_forward_quantized(
 
     ``reverse_tiles``: visit the KV tiles (the same tiles, starting at key 0) last to first, as
     FA3/FA4-style kernels do (the ``cute`` backend). The order decides the running max each FP8 P
-    tile is rounded against, so a kernel is compared rounding-for-rounding only in its own order.
-
-    ``p_fp16`` (FP8 P recipes; the CuTe forward's measurement option ``exp_f16``, not a recipe):
-    P through FP16 as that kernel computes it, :func:`_p_fp16`, with ``block_n`` its KV tile.
-
-    Raises:
-        ValueError: ``reverse_tiles`` or ``p_fp16`` with a Direct-P recipe, ``p_fp16`` with BF16 P or
-            a ``block_n`` that is not a multiple of 8, a non-positive ``block_n``, or a lift and
-            threshold that break the saturation invariant."""
+    tile is rounded against, so a kernel is compared rounding-for-rounding only in its own order."""
     if reverse_tiles and recipe.direct_p is not None:
         raise ValueError("reverse_tiles: not for the Direct-P recipes (their MXFP4 P has no running max)")
-    if p_fp16 and (recipe.direct_p is not None or recipe.pv != "fp8"):
-        raise ValueError(f"p_fp16: for the FP8 P recipes (fp8, nvfp4qk_fp8pv), not {recipe.name}")
-    if p_fp16 and block_n % 8:
-        raise ValueError(f"p_fp16: block_n must be a multiple of 8 (as the kernel's KV tiles), got {block_n}")
     if block_n <= 0:
         raise ValueError(f"block_n must be positive, got {block_n}")
     check_saturation_invariant(recipe.p_lift_log2, rescale_threshold)
@@ -225,7 +176,7 @@ def reference_forward_quantized(
             )
         out, lse = _forward_direct_p(ops, vo, recipe, causal, block_n)
     else:
-        out, lse = _forward_fp(ops, vo, recipe, causal, block_n, rescale_threshold, reverse_tiles, p_fp16)
+        out, lse = _forward_fp(ops, vo, recipe, causal, block_n, rescale_threshold, reverse_tiles)
     return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
 
@@ -237,7 +188,6 @@ def _forward_fp(
     block_n: int,
     threshold: float,
     reverse_tiles: bool = False,
-    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     sq = ops.q_op.shape[2]
     hkv, sk = ops.k_op.shape[1], ops.k_op.shape[2]
@@ -254,12 +204,8 @@ def _forward_fp(
         m_new = torch.where(m_tile > m + threshold, m_tile, m)
         alpha = torch.where(m_new == m, torch.ones_like(m), torch.exp2(m - m_new))
         anchor = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        if p_fp16:
-            p, p_sum = _p_fp16(z - anchor + lift, block_n)
-        else:
-            p = torch.exp2(z - anchor + lift)
-            p_sum = p.sum(-1, keepdim=True)
-        l = l * alpha + p_sum
+        p = torch.exp2(z - anchor + lift)
+        l = l * alpha + p.sum(-1, keepdim=True)
         acc = acc * alpha + torch.matmul(_round_p(p, recipe), vo.v_op[:, :, j0:j1].unsqueeze(2))
         m = m_new
     empty = l == 0
@@ -313,7 +259,6 @@ def reference_backward(
     block_n: int = DEFAULT_BLOCK_N,
     ds_round=None,
     token_scales: str | None = None,
-    p_fp16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of a training recipe from its saved state (see the module docstring).
 
@@ -337,10 +282,6 @@ def reference_backward(
             the S^T product reads, and ``bf16``). ``fp8`` took ``"operands"`` on the H200 measurement
             of ``results/cute_scaled_operands_h200/`` (2-3% faster CuTe backward, every fidelity
             family within 6e-5 cosine of ``"ds"``); the contract's rule, dS in BF16, holds both ways.
-        p_fp16: P rebuilt through FP16 (FP8 P recipes; the CuTe backward's measurement option
-            ``exp_f16``, not a recipe): ``P = FP16(2^FP16(z + stat))``, the lifted argument rounded
-            to FP16 and its power of two rounded to FP16 (the kernel's ``ex2.approx.f16`` is within
-            about one FP16 step of that), used as FP32 by dV's E4M3 operand and by dS.
     Returns:
         ``(dq, dk, dv)`` in BF16, shaped like q, k, v (straight-through to the BF16 inputs).
     Raises:
@@ -355,8 +296,6 @@ def reference_backward(
             f"recipe {recipe.name} is forward-only (MXFP4 P/V diverged in every training run of the paper); "
             "train with bf16, fp8 or nvfp4qk_fp8pv"
         )
-    if p_fp16 and recipe.pv != "fp8":
-        raise ValueError(f"p_fp16: for the FP8 P recipes (fp8, nvfp4qk_fp8pv), not {recipe.name}")
     ops = qk_operands(state.q, state.k, recipe, softmax_scale)
     vo = v_operand(state.v, recipe)
     sq = ops.q_op.shape[2]
@@ -388,7 +327,7 @@ def reference_backward(
     for j0 in range(0, sk, block_n):
         j1 = min(j0 + block_n, sk)
         z = _scores_log2(ops, qg, row_g, j0, j1, causal, sq, sk)
-        p_lift = torch.exp2((z + stat).half().float()).half().float() if p_fp16 else torch.exp2(z + stat)
+        p_lift = torch.exp2(z + stat)
         p_op = _round_p(p_lift, recipe)
         v_t = vo.v_op[:, :, j0:j1].unsqueeze(2)
         dv[:, :, j0:j1] = (torch.matmul(p_op.transpose(-1, -2), do_op) * s_do).sum(2)

@@ -131,7 +131,7 @@ def _interpreted_checks() -> list[str]:
 
 
 def _postprocess_checks(case, cb, ops, state, sm) -> list[str]:
-    """``postprocess_gradients(..., "triton")`` on these operands: the gradients from accumulators
+    """``postprocess_gradients`` on these operands: the gradients from accumulators
     filled with random values (the dO amax words after them kept), each value at the offset
     ``test_bwd_post_cpu.unit_offset`` gives, dQ times the softmax scale."""
     import torch
@@ -142,7 +142,7 @@ def _postprocess_checks(case, cb, ops, state, sm) -> list[str]:
     b, hq, s, d = state.out.shape
     n = sum(ops[name].numel() for name in ("dq_accum", "dk", "dv") if ops[name].dtype == torch.float32)
     ops["acc"][:n] = torch.randn(n, generator=torch.Generator().manual_seed(3))
-    got = cb.postprocess_gradients(ops, state, sm, "triton")
+    got = cb.postprocess_gradients(ops, state, sm)
     failed = []
     for name, blk, acc, t, scale in (
         ("dq", 64, ops["dq_accum"], got[0], sm),

@@ -52,25 +52,6 @@ def test_k_group_option_folds_the_group_scales(tiles, causal):
         assert loop["instructions"] < base_loop["instructions"] - 60, (loop, base_loop)
 
 
-@pytest.mark.parametrize("tiles, causal", [((128, 128, 2), True), ((128, 192, 2), False)])
-def test_exp_f16_halves_the_fp32_exponentials(tiles, causal):
-    """``exp_f16``: per KV tile and thread, tile_n / 2 MUFU.EX2.F16 (two per FP16 pair) where the
-    default issues as many FP32 MUFU.EX2, which the H200 runs at half the elements per clock
-    (results/cute_fwd_colv4_h200); FP32 exponentials left: the two rows' rescale factors. The row
-    sum is FP16 adds (no FADD per element); no spills. At 128 keys the unmasked loop is 616
-    instructions against 554: an FP16 pack per pair of arguments, and ptxas merges each pair of
-    MUFU.EX2.F16 results with a PRMT, twice (the E4M3 pack overwrites its copy; the row sum reads
-    the other)."""
-    base = _fwd_report(tiles, causal=causal)
-    rep = _fwd_report(tiles, causal=causal, exp_f16=True)
-    assert rep["STL"] == 0 and rep["LDL"] == 0 and rep["reg"] <= 240, rep
-    for loop, base_loop in zip(rep["inner_loops"], base["inner_loops"], strict=True):
-        assert base_loop["MUFU_F16"] == 0 and base_loop["MUFU"] == tiles[1] // 2 + 2, base_loop
-        assert loop["MUFU_F16"] == tiles[1] // 2 and loop["MUFU"] == tiles[1] // 2 + 2, loop
-        assert loop["FADD"] <= 8 and loop["QGMMA"] == base_loop["QGMMA"], loop
-        assert loop["F2FP"] == 2 * base_loop["F2FP"], (loop, base_loop)
-
-
 def test_qk_product_is_one_chain_of_four_k32_wgmmas():
     """The QK product is not promoted (the recipe's definition): per KV tile one zero-initialized
     chain of head_dim / 32 QGMMAs (a promoted product starts one per partial sum)."""
@@ -129,26 +110,6 @@ def test_backward_compiles_with_its_five_products(group, head_dim, causal, qk_bf
     assert loop["STL"] <= (1 if group == 1 else 0) and loop["LDL"] <= (6 if group == 1 else 2), loop
     if group > 1:
         assert rep["STL"] <= 3, rep
-
-
-@pytest.mark.parametrize("qk_bf16", [False, True])
-def test_backward_exp_f16_rebuilds_p_with_fp16_exponentials(qk_bf16):
-    """The backward's ``exp_f16`` (P^T through FP16, ``reference_backward(p_fp16=True)``): its 32
-    exponentials per thread and query block are MUFU.EX2.F16 (two per FP16 pair, twice MUFU.EX2's
-    elements per clock on the H200) where the default's are FP32; one FP16 pack per pair and the
-    unpacking back to FP32 add about 1.5 instructions per score (fp8, GQA 4, D128 causal: 468 -> 515
-    per loop trip on the CPU machine's DSL build); the products and the spills are the default's.
-    The default kernel's SASS is unchanged by the option's code path (``sass_sha256`` equal to that
-    of the tree before it, checked when the option was added)."""
-    base = _bwd_report(True, 4, 128, qk_bf16)
-    rep = _bwd_report(True, 4, 128, qk_bf16, True)
-    (loop,), (base_loop,) = rep["inner_loops"], base["inner_loops"]
-    assert base_loop["MUFU"] == 32 and base_loop["MUFU_F16"] == 0, base_loop
-    assert loop["MUFU"] == loop["MUFU_F16"] == 32, loop
-    assert loop["F2FP"] == base_loop["F2FP"] + 16, (loop, base_loop)  # one cvt.rn.f16x2.f32 per pair
-    assert loop["instructions"] <= base_loop["instructions"] + 64, (loop, base_loop)
-    assert (rep["QGMMA"], rep["HGMMA"]) == (base["QGMMA"], base["HGMMA"]), rep
-    assert (loop["STL"], loop["LDL"]) == (base_loop["STL"], base_loop["LDL"]), (loop, base_loop)
 
 
 @pytest.mark.parametrize(

@@ -56,8 +56,6 @@ class Target:
     reference_v: Callable = _untransposed_v
     # keyword options of reference_backward that the backend's backward implements (pairs: frozen)
     reference_backward_options: tuple = ()
-    # keyword options of reference_forward_quantized that the backend's forward implements (pairs)
-    reference_forward_options: tuple = ()
 
     def reference(self, state, recipe, *, causal, softmax_scale, d):
         return reference_forward_quantized(
@@ -69,7 +67,6 @@ class Target:
             softmax_scale=softmax_scale,
             block_n=self.block_n(d),
             reverse_tiles=self.reverse_tiles,
-            **dict(self.reference_forward_options),
         )
 
 

@@ -12,8 +12,8 @@ Scope, said plainly:
   NVFP4 Q/K the kernel recomputes S^T as a BF16 wgmma on their exact decodes (``qk_bf16``, the
   forward's QK product). Its operands are prepared by Triton kernels (:func:`backward_operands`: dO
   in E5M2 and D, dO^T in the kernel's query order, BF16 images of the Q/K payloads for the dQ/dK
-  products, V back in key order); FA4's postprocess kernel turns the FP32 dQ (and, for GQA, dK/dV)
-  accumulators into BF16.
+  products, V back in key order); one Triton kernel (``triton/bwd_post.py``) turns the FP32 dQ (and,
+  for GQA, dK/dV) accumulators into BF16.
 * Quantization of Q/K/V: the Triton quantizers (bytes equal ``numerics.quant``'s), with RoPE
   (``attention(..., rope=...)``) applied inside the FP8 and NVFP4 Q/K quantizers
   (``triton/rope.py``). The V quantizer writes V transposed with its keys permuted within each 16
@@ -64,7 +64,6 @@ from . import SPEC
 try:
     import cutlass
     from cutlass import cute
-    from flash_attn.cute.interface import _bwd_postprocess_convert
 
     from .bwd_sm90 import FP8BackwardSm90
     from .compile_cache import make_cache
@@ -81,7 +80,6 @@ __all__ = [
     "COMPILE_SECONDS",
     "DEFAULT_TILES",
     "D128_TILES",
-    "POSTPROCESS",
     "CuteBackend",
     "backward_fp8",
     "backward_operands",
@@ -143,7 +141,7 @@ def triton_state(state: SavedState) -> SavedState:
 
 # FP8ForwardSm90's options at their defaults: left out of the compiled-kernel key, so that one
 # kernel has one key however its caller spells it (qk_bf16=False or nothing; prebuild.py's keys)
-_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0, "exp_f16": False}
+_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0}
 
 
 def forward_key(d: int, group: int, causal: bool, tiles, kernel_options: dict) -> tuple:
@@ -345,14 +343,12 @@ def forward_fp8(
         kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
             :class:`FP8ForwardSm90` (``promote_pv``, at the contract's setting by default;
             ``k_group=64``, for K quantized per 64 keys by ``quantize_fp8_key_groups``: ``col``
-            must then be constant over each 64 keys, which is not checked; ``exp_f16``: P's
-            exponentials and row sum through FP16, ``fwd_sm90.exp2_f16x2``, a numerics change
-            measured against the recipe, not the recipe).
+            must then be constant over each 64 keys, which is not checked).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:
         ValueError: operands of the wrong dtype, layout or shape, tiles outside ``SUPPORTED_TILES``,
-            or a ``k_group`` other than 0 and 64, with NVFP4 Q/K, with ``exp_f16``, or at KV tiles
+            or a ``k_group`` other than 0 and 64, with NVFP4 Q/K, or at KV tiles
             that are not a multiple of 64 keys.
     """
     tiles = default_tiles(q8.shape[-1]) if tiles is None else tuple(tiles)
@@ -363,8 +359,6 @@ def forward_fp8(
             f"k_group={k_group} at tiles {tiles}; use k_group=0, or one of the tiles "
             f"{[t for t in SUPPORTED_TILES if t[1] % 64 == 0]}"
         )
-    if k_group and kernel_options.get("exp_f16", False):
-        raise ValueError("forward_fp8: exp_f16 is for per-token or per-head K scales; leave k_group at 0")
     _check_operands(q8, k8, vt_perm, row, col, v_scale, tiles, kernel_options.get("qk_bf16", False))
     b, hq, sq, d = q8.shape
     hkv = k8.shape[1]
@@ -478,12 +472,10 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(
-    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, exp_f16: bool = False
-):
-    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ()) + (("exp_f16",) if exp_f16 else ())
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, exp_f16=exp_f16)
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
         cute_args.append(cute_operand(args[6], leading_dim=1))
@@ -499,34 +491,18 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
-POSTPROCESS = ("fa4", "triton")  # the accumulators' conversion: postprocess_gradients
-
-
-def backward_fp8(
-    state: SavedState,
-    dout: torch.Tensor,
-    *,
-    causal: bool,
-    softmax_scale: float,
-    exp_f16: bool = False,
-    postprocess: str = "fa4",
-):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
-    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). ``exp_f16`` (a
-    measurement option, off by default): P^T's exponentials through FP16, two per
-    ``fwd_sm90.exp2_f16x2`` (``reference_backward(p_fp16=True)``'s numerics, not the recipe's).
-    ``postprocess``: how the FP32 accumulators become BF16 (:func:`postprocess_gradients`; the same
-    bytes either way).
+    scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). The FP32
+    accumulators become BF16 in :func:`postprocess_gradients`.
 
     Raises:
-        ValueError: head dim other than 64/128, a state of another recipe (neither E4M3 nor NVFP4
-            Q/K, or V not E4M3), or ``postprocess`` not in :data:`POSTPROCESS`.
+        ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
+            Q/K, or V not E4M3).
     """
-    if postprocess not in POSTPROCESS:
-        raise ValueError(f"cute backward: postprocess must be one of {POSTPROCESS}, got {postprocess!r}")
     b, hq, sq, d = dout.shape
     if d not in (64, 128):
         raise ValueError(f"cute backward: head dim must be 64 or 128, got {d}; use backend='triton'")
@@ -540,65 +516,41 @@ def backward_fp8(
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
     ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, exp_f16)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
-    return postprocess_gradients(ops, state, softmax_scale, postprocess)
+    return postprocess_gradients(ops, state, softmax_scale)
 
 
-def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float, postprocess: str = "fa4"):
+def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
     """The BF16 ``(dq, dk, dv)`` ``[B, H, S, D]`` from the backward kernel's FP32 accumulators in ``ops``
-    (:func:`backward_operands`): dQ times ``softmax_scale``, and for GQA dK and dV; without GQA the
-    kernel wrote dK/dV in BF16 and they are returned as they are. ``postprocess`` "fa4": FA4's
-    postprocess kernel, one launch per tensor; "triton": ``triton.bwd_post.convert_accumulators``,
-    one launch for all (a measurement option until the H200 has timed it; the same bytes, tested
-    against FA4's). The gradients take the memory order of the forward's output (the caller's
+    (:func:`backward_operands`): dQ times ``softmax_scale``, and for GQA dK and dV, in one launch of
+    ``triton.bwd_post.convert_accumulators`` (the bytes of FA4's postprocess, one launch per tensor,
+    which it replaced: 1% faster at B4 H32/8 S4096 causal on the H200,
+    results/session_2026-12-05b_h200); without GQA the kernel wrote dK/dV in BF16 and they are
+    returned as they are. The gradients take the memory order of the forward's output (the caller's
     layout): no copy on the way back."""
     tile_m, tile_n = BWD_TILES
     b, hq, sq, d = state.out.shape
     hkv, sk = ops["v8"].shape[1:3]
     dq = empty_in_layout_of(state.out, (b, hq, sq, d))
     gqa = ops["dk"].dim() != 4  # FP32 dK/dV accumulators (after dQ's in ops["acc"]), else BF16 dK/dV
-    if gqa:
-        dk = empty_in_layout_of(state.out, (b, hkv, sk, d))
-        dv = empty_in_layout_of(state.out, (b, hkv, sk, d))
-    else:
-        dk, dv = ops["dk"], ops["dv"]
-    if postprocess == "triton":
-        convert_accumulators(
-            ops["acc"],
-            dq,
-            dk if gqa else None,
-            dv if gqa else None,
-            softmax_scale=softmax_scale,
-            q_rows=_round_up(sq, tile_m),
-            kv_rows=_round_up(sk, tile_n),
-        )
-        return dq, dk, dv
-    post = dict(arch=90, dtype=cutlass.BFloat16, hdim=d, num_threads=256, swap_ab=False, fake_mode=False)
-    _bwd_postprocess_convert(
-        ops["dq_accum"],
-        dq.permute(0, 2, 1, 3),
-        softmax_scale,
-        None,
-        None,
-        block_size=tile_m,
-        atom_layout=1,
-        **post,
+    dk = empty_in_layout_of(state.out, (b, hkv, sk, d)) if gqa else ops["dk"]
+    dv = empty_in_layout_of(state.out, (b, hkv, sk, d)) if gqa else ops["dv"]
+    convert_accumulators(
+        ops["acc"],
+        dq,
+        dk if gqa else None,
+        dv if gqa else None,
+        softmax_scale=softmax_scale,
+        q_rows=_round_up(sq, tile_m),
+        kv_rows=_round_up(sk, tile_n),
     )
-    if gqa:
-        for acc, t in ((ops["dk"], dk), (ops["dv"], dv)):
-            _bwd_postprocess_convert(
-                acc, t.permute(0, 2, 1, 3), 1.0, None, None, block_size=tile_n, atom_layout=2, **post
-            )
     return dq, dk, dv
 
 
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward, ``exp_f16`` (P through FP16 in the forward and
-    the backward, a measurement option: :func:`forward_fp8`, :func:`backward_fp8`) and the backward's
-    ``postprocess`` ("fa4" or "triton", a measurement option: :func:`postprocess_gradients`), for benchmarks,
-    tests and ``tools/fidelity.py``."""
+    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks, tests and ``tools/fidelity.py``."""
 
     spec = SPEC
 
@@ -613,8 +565,6 @@ class CuteBackend:
         softmax_scale: float,
         tiles=None,
         rope=None,
-        exp_f16: bool = False,
-        postprocess: str = "fa4",
     ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
@@ -622,11 +572,8 @@ class CuteBackend:
         kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
         at ``tiles``, by default :func:`default_tiles`.
         ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
-        ``exp_f16``: P's exponentials and row sum through FP16 (``fwd_sm90.exp2_f16x2``), a
-        measurement option whose numerics differ from the recipe's reference (off by default).
-        ``postprocess`` is the backward's option (:meth:`backward`); the forward takes and ignores it.
-        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, KV tiles not a multiple of 64
-        keys with ``k_scale_keys`` = 64, or ``exp_f16`` with ``k_scale_keys`` = 64."""
+        Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
+        keys with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
             q_s, k_s, v_s, decoded = quantize_nvfp4_inputs(q, k, v, rope)
         else:
@@ -641,7 +588,6 @@ class CuteBackend:
             # K per k_scale_keys keys: the kernel folds each group's scale (k_group); options at
             # their defaults are left out of the compiled-kernel key (forward_key)
             **({"k_group": recipe.k_scale_keys} if recipe.k_scale_keys > 1 else {}),
-            **({"exp_f16": True} if exp_f16 else {}),
         )
         return out, lse, SavedState(q=q_s, k=k_s, v=v_s, out=out, lse=lse)
 
@@ -654,13 +600,7 @@ class CuteBackend:
         causal: bool,
         softmax_scale: float,
         tiles=None,
-        exp_f16: bool = False,
-        postprocess: str = "fa4",
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
-        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``);
-        ``exp_f16``: P^T rebuilt through FP16 (the measurement option of both passes);
-        ``postprocess``: the accumulators' conversion, "fa4" or "triton" (:func:`postprocess_gradients`)."""
-        return backward_fp8(
-            state, dout, causal=causal, softmax_scale=softmax_scale, exp_f16=exp_f16, postprocess=postprocess
-        )
+        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``)."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

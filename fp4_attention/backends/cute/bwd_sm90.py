@@ -71,7 +71,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileScheduler, TileSchedulerArguments
 from quack import copy_utils, layout_utils, sm90_utils
 
-from .fwd_sm90 import LIFT, exp2_f16x2, f16x2_to_f32x2, fold_k_scale, p_to_e4m3_operand
+from .fwd_sm90 import LIFT, fold_k_scale, p_to_e4m3_operand
 
 __all__ = ["FP8BackwardSm90"]
 
@@ -95,10 +95,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
             payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
             read (module docstring: where the token scales go).
-        exp_f16: a measurement option, off by default: P^T's exponentials through FP16, two per
-            ``fwd_sm90.exp2_f16x2`` (the argument rounded to FP16, ``ex2.approx.f16``: two
-            MUFU.EX2.F16 at twice MUFU.EX2's elements per clock), then back to FP32 for dV's E4M3
-            operand and dS (``reference_backward(p_fp16=True)``'s numerics, not the recipe's).
     Raises:
         ValueError: head dim or tiles outside the supported ones.
     """
@@ -111,10 +107,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
-        exp_f16: bool = False,
     ):
         self.qk_bf16 = qk_bf16
-        self.exp_f16 = exp_f16
         # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
         self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
@@ -965,20 +959,15 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         if const_expr(self.qk_bf16):  # the head's K scale in r, as the forward's row factor
             for r in cutlass.range_constexpr(cute.size(r_q)):
                 r_q[r] = fold_k_scale(r_q[r], col[0])
-        # the lifted exponent t * col_j * r_i + stat_i (qk_bf16: t * r_i' + stat_i), then P^T = 2^it:
-        # in FP32 (one MUFU.EX2 each), or with exp_f16 through FP16 two at a time (exp2_f16x2: the
-        # argument and the power rounded to FP16, reference_backward's p_fp16) and back to FP32
-        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-            for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
-                t = acc_S_mn[r, c] if const_expr(self.qk_bf16) else acc_S_mn[r, c] * col[c]
-                if const_expr(self.exp_f16):
-                    acc_S_mn[r, c] = t * r_q[r] + stat[r]
-                else:
-                    acc_S_mn[r, c] = cute.math.exp2(t * r_q[r] + stat[r], fastmath=True)
-        if const_expr(self.exp_f16):
-            flat = cute.make_tensor(acc_S.iterator, cute.make_layout(cute.size(acc_S)))
-            for i in cutlass.range_constexpr(cute.size(flat) // 2):
-                flat[2 * i], flat[2 * i + 1] = f16x2_to_f32x2(exp2_f16x2(flat[2 * i], flat[2 * i + 1]))
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
+                    acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * r_q[r] + stat[r], fastmath=True)
+        else:
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
+                    acc_S_mn[r, c] = cute.math.exp2(
+                        (acc_S_mn[r, c] * col[c]) * r_q[r] + stat[r], fastmath=True
+                    )
         # P^T (lifted) -> E4M3 A operand of dV, in the accumulator's column order
         p_to_e4m3_operand(acc_S, tdVrPt)
         sm90_utils.gemm_w_idx(

@@ -69,129 +69,25 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, SingleTileScheduler, TileSchedulerArguments
 from quack import layout_utils, sm90_utils
 
-from ...numerics.reference import pairwise_tree
-
-__all__ = [
-    "K_SCALE_FLOOR",
-    "LIFT",
-    "FP8ForwardSm90",
-    "exp2_f16x2",
-    "f16x2_to_f32x2",
-    "fold_k_scale",
-    "p_to_e4m3_operand",
-]
+__all__ = ["K_SCALE_FLOOR", "LIFT", "FP8ForwardSm90", "fold_k_scale", "p_to_e4m3_operand"]
 
 LIFT = 8
 LN2 = math.log(2.0)
-
-
-def _asm(ret, args, body: str, constraints: str, loc=None, ip=None):
-    """Inline PTX ``body`` (no side effects) on FP32 ``args``, returning the LLVM type ``ret``."""
-    return llvm.inline_asm(
-        ret,
-        [Float32(x).ir_value(loc=loc, ip=ip) for x in args],
-        body,
-        constraints,
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
 
 
 @dsl_user_op
 def _cvt_e4m3x4(a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> Int32:
     """Four FP32 -> four E4M3 bytes (a in the lowest byte), round-to-nearest-even, saturating."""
     return Int32(
-        _asm(
+        llvm.inline_asm(
             T.i32(),
-            (a, b, c, d),
+            [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
             "{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
             "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\nmov.b32 $0, {lo, hi};\n}",
             "=r,f,f,f,f",
-            loc,
-            ip,
-        )
-    )
-
-
-@dsl_user_op
-def exp2_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """``2^a`` and ``2^b`` through FP16 (``exp_f16``): both arguments rounded to FP16
-    (``cvt.rn.f16x2.f32``), then two ``ex2.approx.f16`` (two MUFU.EX2.F16, the same instructions
-    ``ex2.approx.f16x2`` becomes; at twice MUFU.EX2's elements per clock on the H200:
-    results/cute_fwd_colv4_h200; PTX gives a maximum relative error of 2^-9.9). Returns the two
-    FP16 results' bits in one 32-bit register typed Float32 (2^a in the low half), for
-    :func:`sum_f16x2`, the E4M3 conversion (``_cvt_e4m3x4_f16``) and :func:`f16x2_to_f32x2` (the
-    backward's ``exp_f16``) only."""
-    return Float32(
-        _asm(
-            T.f32(),
-            (a, b),
-            "{\n.reg .b32 h;\n.reg .b16 x0, x1, e0, e1;\ncvt.rn.f16x2.f32 h, $2, $1;\nmov.b32 {x0, x1}, h;\n"
-            "ex2.approx.f16 e0, x0;\nex2.approx.f16 e1, x1;\nmov.b32 $0, {e0, e1};\n}",
-            "=f,f,f",
-            loc,
-            ip,
-        )
-    )
-
-
-@dsl_user_op
-def _add_f16x2(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    return Float32(
-        _asm(
-            T.f32(),
-            (a, b),
-            "{\n.reg .b32 x, y, z;\nmov.b32 x, $1;\nmov.b32 y, $2;\nadd.rn.f16x2 z, x, y;\nmov.b32 $0, z;\n}",
-            "=f,f,f",
-            loc,
-            ip,
-        )
-    )
-
-
-@dsl_user_op
-def _f16x2_half_to_f32(a: Float32, high: bool, *, loc=None, ip=None) -> Float32:
-    return Float32(
-        _asm(
-            T.f32(),
-            (a,),
-            "{\n.reg .b32 w;\n.reg .b16 lo, hi;\nmov.b32 w, $1;\nmov.b32 {lo, hi}, w;\n"
-            f"cvt.f32.f16 $0, {'hi' if high else 'lo'};\n}}",
-            "=f,f",
-            loc,
-            ip,
-        )
-    )
-
-
-def f16x2_to_f32x2(a: Float32) -> tuple:
-    """The two FP16 values of one :func:`exp2_f16x2` word as FP32 (exactly): ``(low, high)``."""
-    return _f16x2_half_to_f32(a, False), _f16x2_half_to_f32(a, True)
-
-
-def sum_f16x2(words: list) -> Float32:
-    """The sum of the FP16 pairs of :func:`exp2_f16x2`'s words: ``add.rn.f16x2`` in
-    ``numerics.reference.pairwise_tree``'s order (the reference's ``p_fp16`` uses the same
-    function), then the two halves in FP32."""
-    low, high = f16x2_to_f32x2(pairwise_tree(words, _add_f16x2))
-    return low + high
-
-
-@dsl_user_op
-def _cvt_e4m3x4_f16(a: Float32, b: Float32, *, loc=None, ip=None) -> Int32:
-    """Two words of FP16 pairs (:func:`exp2_f16x2`) -> four E4M3 bytes (a's low half in the lowest
-    byte), round-to-nearest-even, saturating."""
-    return Int32(
-        _asm(
-            T.i32(),
-            (a, b),
-            "{\n.reg .b32 x, y;\n.reg .b16 lo, hi;\nmov.b32 x, $1;\nmov.b32 y, $2;\n"
-            "cvt.rn.satfinite.e4m3x2.f16x2 lo, x;\ncvt.rn.satfinite.e4m3x2.f16x2 hi, y;\n"
-            "mov.b32 $0, {lo, hi};\n}",
-            "=r,f,f",
-            loc,
-            ip,
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -252,11 +148,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
             to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
             registers, no promotion); for measuring the promotion's cost only.
-        exp_f16: False (the recipe). True, a measurement option that changes the numerics: P's
-            exponentials two keys at a time through FP16 (:func:`exp2_f16x2`: the lifted argument
-            rounded to FP16, ``ex2.approx.f16``, whose MUFU rate per element is twice the FP32
-            one's on the H200), E4M3 from the FP16 values, and the tile's row sum a tree of FP16
-            pair adds (:func:`sum_f16x2`) carried in FP32 across tiles. Not with ``k_group``.
 
     Schedule: per warpgroup QK -> softmax -> PV, overlapped across the two consumer warpgroups
     (ping-pong), each part measured on the H200 before it
@@ -294,7 +185,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         promote_pv: bool = True,
         qk_bf16: bool = False,
         k_group: int = 0,
-        exp_f16: bool = False,
     ):
         super().__init__(
             cutlass.BFloat16,
@@ -325,11 +215,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 f"FP8ForwardSm90: k_group must be 0, or 64 with E4M3 Q/K and tile_n % 64 == 0; got {k_group}"
             )
         self.k_group = k_group
-        if exp_f16 and k_group:
-            raise ValueError(
-                "FP8ForwardSm90: exp_f16 is for per-token or per-head K scales; leave k_group at 0"
-            )
-        self.exp_f16 = exp_f16
         assert tile_n % 32 == 0 and tile_m % 64 == 0
 
     # ---- configuration -------------------------------------------------------------------------
@@ -799,14 +684,8 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         scale_cols(acc_S, None if const_expr(self.k_group > 0) else col, n_block=n_block, is_first=is_first)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
-        alpha = softmax(
-            acc_S,
-            is_first=is_first,
-            group_scales=col if const_expr(self.k_group > 0) else None,
-            tOrP=tOrP if const_expr(self.exp_f16) else None,
-        )
-        if const_expr(not self.exp_f16):  # exp_f16: the softmax wrote the E4M3 operand
-            self._p_to_e4m3(acc_S, tOrP)
+        alpha = softmax(acc_S, is_first=is_first, group_scales=col if const_expr(self.k_group > 0) else None)
+        self._p_to_e4m3(acc_S, tOrP)
         if const_expr(not self.promote_pv):
             acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
             for r in cutlass.range(cute.size(alpha), unroll_full=True):
@@ -909,12 +788,10 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         row_sum: cute.Tensor,
         row_r: cute.Tensor,
         group_scales: cute.Tensor | None = None,
-        tOrP: cute.Tensor | None = None,
     ) -> cute.Tensor:
         """Online softmax of one score tile in place, on the scores already masked (``t * col`` per
         token, or ``t`` with ``qk_bf16`` and ``k_group``: :meth:`_scale_cols`, then the mask); acc_S
-        becomes the lifted P (``exp_f16``: acc_S is left as it is and P goes as E4M3 straight into
-        ``tOrP``, the PV product's A operand, in :func:`p_to_e4m3_operand`'s order). Returns the per-row
+        becomes the lifted P. Returns the per-row
         rescale factor alpha of the running output (contract §2, reference.py). ``group_scales``
         (``k_group``): the scores are the unscaled ``t``, key group g's factor is
         ``fold_k_scale(r_i, s_g)``, and the row max is the largest of the groups' ``max t * factor``
@@ -946,22 +823,7 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             if const_expr(not is_first):
                 m_new = cute.arch.fmax(m_new, row_max[r])
             m_safe = Float32(0.0) if m_new == -Float32.inf else m_new
-            if const_expr(self.exp_f16):
-                # P through FP16 two keys at a time (one word per pair of keys), written as E4M3
-                # into the PV operand below; the row sum from the same FP16 values (sum_f16x2)
-                offset = Float32(LIFT) - m_safe
-                words = []
-                for c in cutlass.range_constexpr(0, n_cols, 2):
-                    words.append(
-                        exp2_f16x2(acc_S_mn[r, c] * row_r[r] + offset, acc_S_mn[r, c + 1] * row_r[r] + offset)
-                    )
-                # the E4M3 operand of PV from each two words (keys 4k .. 4k + 3 of this thread's row
-                # r): A-fragment word 4 (k // 2) + 2 (k % 2) + r, p_to_e4m3_operand's order
-                dst = cute.recast_tensor(tOrP, Int32)
-                for k in cutlass.range_constexpr(len(words) // 2):
-                    dst[4 * (k // 2) + 2 * (k % 2) + r] = _cvt_e4m3x4_f16(words[2 * k], words[2 * k + 1])
-                p_sum = sum_f16x2(words)
-            elif const_expr(group_scales is None):
+            if const_expr(group_scales is None):
                 p = cute.math.exp2(t * row_r[r] + (Float32(LIFT) - m_safe), fastmath=True)
             else:
                 offset = Float32(LIFT) - m_safe
@@ -972,23 +834,16 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
                 p = acc_S_mn[r, None].load()
             if const_expr(is_first):
                 alpha[r] = Float32(1.0)
-                if const_expr(self.exp_f16):
-                    row_sum[r] = p_sum
-                else:
-                    row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)
+                row_sum[r] = fa_utils.fadd_reduce(p, init_val=None, arch=90)
             else:
                 alpha[r] = (
                     Float32(1.0)
                     if m_new == row_max[r]
                     else cute.math.exp2(row_max[r] - m_safe, fastmath=True)
                 )
-                if const_expr(self.exp_f16):
-                    row_sum[r] = row_sum[r] * alpha[r] + p_sum
-                else:
-                    row_sum[r] = fa_utils.fadd_reduce(p, init_val=row_sum[r] * alpha[r], arch=90)
+                row_sum[r] = fa_utils.fadd_reduce(p, init_val=row_sum[r] * alpha[r], arch=90)
             row_max[r] = m_new
-            if const_expr(not self.exp_f16):
-                acc_S_mn[r, None].store(p)
+            acc_S_mn[r, None].store(p)
         return alpha
 
     @cute.jit

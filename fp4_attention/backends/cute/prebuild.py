@@ -102,9 +102,8 @@ def _descriptor(dtype: torch.dtype, ndim: int, leading: int, assumed_align: int,
 @dataclass(frozen=True)
 class KernelKey:
     """One compiled kernel of the cute backend: ``kind`` ``"fwd"`` (``FP8ForwardSm90`` at ``tiles``,
-    with ``k_group`` or ``exp_f16``), ``"bwd"`` (``FP8BackwardSm90``, with ``exp_f16``) or ``"post"``
-    (flash-attn-4's FP32 -> BF16 postprocess of the backward's accumulators, for head dim ``d``);
-    ``qk_bf16``: the ``nvfp4qk_fp8pv`` kernels."""
+    with ``k_group``) or ``"bwd"`` (``FP8BackwardSm90``); ``qk_bf16``: the ``nvfp4qk_fp8pv``
+    kernels."""
 
     kind: str
     d: int
@@ -113,7 +112,6 @@ class KernelKey:
     tiles: tuple = ()
     qk_bf16: bool = False
     k_group: int = 0
-    exp_f16: bool = False
 
 
 def _empty(*shape_dtype):
@@ -132,11 +130,7 @@ def _forward(key: KernelKey):
 def forward_options(key: KernelKey) -> dict:
     """The ``FP8ForwardSm90`` options of a ``"fwd"`` key, as ``CuteBackend.forward`` passes them
     (``backend.forward_key`` leaves those at their defaults out of the cache key)."""
-    return {
-        "qk_bf16": key.qk_bf16,
-        **({"k_group": key.k_group} if key.k_group else {}),
-        **({"exp_f16": True} if key.exp_f16 else {}),
-    }
+    return {"qk_bf16": key.qk_bf16, **({"k_group": key.k_group} if key.k_group else {})}
 
 
 def _backward(key: KernelKey):
@@ -149,20 +143,7 @@ def _backward(key: KernelKey):
     args = _empty((4, qk), (4, bf), (4, qk), (4, bf), (4, e4), (4, e5), (4, e5), *[(3, f32)] * 6, (2, f32))
     args += _empty((3, f32), (3, f32))
     args += _empty((4, bf), (4, bf)) if key.group == 1 else _empty((3, f32), (3, f32))
-    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0, key.exp_f16)
-
-
-def _postprocess(key: KernelKey):
-    """flash-attn-4's postprocess kernels of ``postprocess_gradients`` (dQ; dK/dV), compiled by its
-    own fake-tensor path (``fake_mode``), into its cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_*``)."""
-    import cutlass
-    from flash_attn.cute.interface import _bwd_postprocess_convert
-
-    from .backend import BWD_TILES
-
-    post = dict(arch=90, dtype=cutlass.BFloat16, hdim=key.d, num_threads=256, swap_ab=False, fake_mode=True)
-    for block, atom in ((BWD_TILES[0], 1), (BWD_TILES[1], 2)):
-        _bwd_postprocess_convert(None, None, 1.0, None, None, block_size=block, atom_layout=atom, **post)
+    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0)
 
 
 def keys_for(
@@ -172,29 +153,22 @@ def keys_for(
     tiles=None,
     recipes=("fp8", "nvfp4qk_fp8pv"),
     k_group=False,
-    exp_f16=False,
 ) -> list[KernelKey]:
-    """Every forward, backward and postprocess kernel of the cute backend for these head dims, GQA
+    """Every forward and backward kernel of the cute backend for these head dims, GQA
     groups, masks and recipes, the forward at ``tiles`` (default: the backend's
     ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
-    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64; with ``exp_f16`` also
-    each recipe's forward with P's exponentials through FP16, at every tile, and its backward."""
+    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64."""
     from .backend import default_tiles
 
     keys = []
     for d in head_dims:
-        keys.append(KernelKey("post", d))
         for group, c, recipe in itertools.product(groups, causal, recipes):
             bf16 = recipe == "nvfp4qk_fp8pv"
             for t in tiles or [default_tiles(d)]:
                 keys.append(KernelKey("fwd", d, group, c, tuple(t), bf16))
                 if k_group and not bf16 and t[1] % 64 == 0:
                     keys.append(KernelKey("fwd", d, group, c, tuple(t), False, 64))
-                if exp_f16:
-                    keys.append(KernelKey("fwd", d, group, c, tuple(t), bf16, exp_f16=True))
             keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
-            if exp_f16:
-                keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16, exp_f16=True))
     return list(dict.fromkeys(keys))
 
 
@@ -212,13 +186,6 @@ SESSION_PRESETS = {
         # tiles of test_other_tiles_match_reference, and GQA 2 at D128 non-causal
         dict(head_dims=(64, 128), groups=(4,), tiles=[(128, 64, 2), (128, 96, 2)], k_group=True),
         dict(head_dims=(128,), groups=(2,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)]),
-        # the exp_f16 measurement option: its GPU tests (GQA 4 at both tiles; the backward's also MHA
-        # at the default tiles) and attention_bench's rows (MHA)
-        dict(head_dims=(64, 128), groups=(4,), tiles=[(128, 128, 2), (128, 192, 2)], exp_f16=True),
-        dict(head_dims=(64, 128), groups=(1,), exp_f16=True),
-        dict(
-            head_dims=(128,), groups=(1,), causal=(False,), tiles=[(128, 128, 2), (128, 192, 2)], exp_f16=True
-        ),
     ],
 }
 
@@ -230,31 +197,25 @@ def preset_keys(name: str) -> list[KernelKey]:
 
 def prebuild(keys: list[KernelKey], log=print) -> dict:
     """Compile ``keys`` for ``CUTE_DSL_ARCH`` (which must be set: no GPU is asked), each into the
-    cute backend's cache (``FP4_ATTENTION_CUTE_CACHE_DIR``) or flash-attn-4's
-    (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``, postprocess); a key already there is loaded, not
-    compiled. Returns ``{"compiled": n, "loaded": n, "postprocess": n, "seconds": s}`` (this
-    package's kernels compiled and loaded; ``"post"`` keys done, which flash-attn-4's cache loads or
-    compiles without saying which).
+    cute backend's cache (``FP4_ATTENTION_CUTE_CACHE_DIR``); a key already there is loaded, not
+    compiled. Returns ``{"compiled": n, "loaded": n, "seconds": s}``.
 
     Raises:
         ValueError: ``CUTE_DSL_ARCH`` or one of the cache directories unset (the kernels would be
             compiled for nothing).
     """
-    for var in ("CUTE_DSL_ARCH", "FP4_ATTENTION_CUTE_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"):
+    for var in ("CUTE_DSL_ARCH", "FP4_ATTENTION_CUTE_CACHE_DIR"):
         if not os.environ.get(var):
-            raise ValueError(f"prebuild: set {var} (tools/prebuild_cute_kernels.py sets all three)")
+            raise ValueError(f"prebuild: set {var} (tools/prebuild_cute_kernels.py sets both)")
     from . import backend
 
-    counts = {"compiled": 0, "loaded": 0, "postprocess": 0, "seconds": 0.0}
+    counts = {"compiled": 0, "loaded": 0, "seconds": 0.0}
     t0 = time.perf_counter()
     for key in keys:
         before = len(backend.COMPILE_SECONDS)
         t = time.perf_counter()
-        {"fwd": _forward, "bwd": _backward, "post": _postprocess}[key.kind](key)
-        if key.kind == "post":
-            done = "postprocess"
-        else:
-            done = "compiled" if len(backend.COMPILE_SECONDS) > before else "loaded"
+        {"fwd": _forward, "bwd": _backward}[key.kind](key)
+        done = "compiled" if len(backend.COMPILE_SECONDS) > before else "loaded"
         counts[done] += 1
         log(f"{done:11s} {key} {time.perf_counter() - t:.1f} s")
     counts["seconds"] = time.perf_counter() - t0
