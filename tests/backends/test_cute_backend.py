@@ -119,10 +119,6 @@ def test_k_scale_keys_state_and_tiles():
         _TiledCute((128, 96, 2)).forward(q, k, v, K64, causal=True, softmax_scale=128**-0.5)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("group", [1, 4, 6])
-@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def _fa4_postprocess(ops, state, softmax_scale):
     """flash-attn-4's postprocess kernel (one launch per tensor) on the CuTe backward's accumulators:
     the conversion ``backend.postprocess_gradients`` ran until ``triton.bwd_post`` replaced it (9f1ad40,
@@ -157,6 +153,10 @@ def _fa4_postprocess(ops, state, softmax_scale):
     return dq, dk, dv
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 6])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_triton_postprocess_equals_fa4(recipe, d, group, layout):
     """``postprocess_gradients`` (``triton.bwd_post``, one launch) writes the bytes of FA4's
     postprocess (three launches for GQA), bit for bit: on the accumulators of one real backward
