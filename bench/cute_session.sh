@@ -99,7 +99,8 @@ if [[ ${PREBUILT:-1} == 1 ]]; then
       { echo "cute_session: .gpu-bundle/cute-prebuilt.tar.xz did not unpack" >&2; exit 2; }
   fi
   if [[ -d /tmp/cute-prebuilt/cute ]]; then
-    # the DSL's CUDA build of this machine (cu13 with the bundle): flash-attn-4's cache has a folder per build
+    # the DSL's CUDA build of this machine (cu13 with the bundle): flash-attn-4's cache (its baseline kernels,
+    # compiled here and shared by the later calls' processes; the archive holds none) has a folder per build
     # one process: each import of the DSL and flash-attn-4 costs seconds of device time
     read -r flavour fingerprint < <(python3 -c 'from fp4_attention.backends.cute.compile_cache import compiler_dso, source_fingerprint as f
 print(compiler_dso()[0], f())')

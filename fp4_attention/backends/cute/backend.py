@@ -533,19 +533,20 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
     b, hq, sq, d = state.out.shape
     hkv, sk = ops["v8"].shape[1:3]
     dq = empty_in_layout_of(state.out, (b, hq, sq, d))
-    gqa = ops["dk"].dim() != 4  # FP32 dK/dV accumulators (after dQ's in ops["acc"]), else BF16 dK/dV
-    dk = empty_in_layout_of(state.out, (b, hkv, sk, d)) if gqa else ops["dk"]
-    dv = empty_in_layout_of(state.out, (b, hkv, sk, d)) if gqa else ops["dv"]
+    if ops["dk"].dim() == 4:  # no GQA: the kernel wrote BF16 dK/dV
+        dk = dv = None
+    else:  # GQA: FP32 dK/dV accumulators after dQ's in ops["acc"]
+        dk, dv = (empty_in_layout_of(state.out, (b, hkv, sk, d)) for _ in range(2))
     convert_accumulators(
         ops["acc"],
         dq,
-        dk if gqa else None,
-        dv if gqa else None,
+        dk,
+        dv,
         softmax_scale=softmax_scale,
         q_rows=_round_up(sq, tile_m),
         kv_rows=_round_up(sk, tile_n),
     )
-    return dq, dk, dv
+    return (dq, ops["dk"], ops["dv"]) if dk is None else (dq, dk, dv)
 
 
 class CuteBackend:
