@@ -172,7 +172,7 @@ def ours_fn(recipe, q, k, v, causal, pass_, backend="triton", **options):
 
 
 # --cute-fwd-options: FP8ForwardSm90's measurement options
-FWD_OPTIONS = ("unpromoted", "k64")
+FWD_OPTIONS = ("k64",)
 
 
 def cute_kernel_only(q, k, v, causal, tiles, **kernel_options):
@@ -310,8 +310,8 @@ def main(argv=None) -> int:
         nargs="*",
         choices=FWD_OPTIONS,
         default=None,
-        help="also time the cute forward's measurement options, kernel only: unpromoted (no PV "
-        "promotion), k64 (k_group=64, K per 64 keys); no names: all",
+        help="also time the cute forward's measurement options, kernel only: k64 (k_group=64, K per "
+        "64 keys); no names: all",
     )
     p.add_argument(
         "--cute-bwd-options",
@@ -338,9 +338,10 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-tiles",
         nargs="*",
-        default=["128,128,2"],
-        help="tile_m,tile_n,stages of the cute kernel to time (kernel only); the full forward / "
-        "fwd+bwd rows run the backend's default tiles (cute.backend.default_tiles: by head dim)",
+        default=None,
+        help="tile_m,tile_n,stages of the cute kernel to time (kernel only); default the backend's "
+        "default tiles (cute.backend.default_tiles of the head dim), which the full forward / "
+        "fwd+bwd rows always run",
     )
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -397,7 +398,12 @@ def main(argv=None) -> int:
                     if r != "bf16"
                 ]
             if args.cute:
-                tiles = [tuple(int(x) for x in t.split(",")) for t in args.cute_tiles]
+                if args.cute_tiles is None:
+                    from fp4_attention.backends.cute.backend import default_tiles
+
+                    tiles = [default_tiles(D)]
+                else:
+                    tiles = [tuple(int(x) for x in t.split(",")) for t in args.cute_tiles]
                 cands += [
                     ("fa4_bf16", lambda: ours_fn("bf16", q, k, v, causal, pass_, backend="fa4")),
                     *[
@@ -438,16 +444,6 @@ def main(argv=None) -> int:
                         ]
                 fwd_options = args.cute_fwd_options
                 fwd_options = set() if fwd_options is None else set(fwd_options or FWD_OPTIONS)
-                if pass_ == "fwd" and "unpromoted" in fwd_options:
-                    # the forward kernel's measurement option (FP8ForwardSm90): without the PV
-                    # promotion, outside the contract, to price it
-                    t0 = tiles[0]
-                    cands.append(
-                        (
-                            f"cute_fp8_kernel_only_t{t0[0]}x{t0[1]}s{t0[2]}_unpromoted",
-                            (lambda: cute_kernel_only(q, k, v, causal, t0, promote_pv=False)),
-                        )
-                    )
                 if pass_ == "fwd" and "k64" in fwd_options:
                     # one K scale per 64 keys, folded into the row factor (the K-scale decision)
                     cands += [

@@ -6,8 +6,7 @@
 Quantizes Q/K/V once with the Triton quantizers (no attention kernel runs for that), then launches
 the chosen forward exactly three times; the first call also compiles, so ``--launch-skip 2``
 profiles the third, warm launch. ``--variant``: ``fp8`` (the contract's kernel: PV promoted per
-tile, ping-pong), ``fp8_unpromoted`` (the same without the PV
-promotion: outside the contract, for comparison), ``fa4_bf16`` (FA4's BF16 forward, whose kernel
+tile, ping-pong), ``fa4_bf16`` (FA4's BF16 forward, whose kernel
 name matches ``FlashAttentionForwardSm90``; ``--tiles`` does not apply to it), ``fp8_bwd`` (our
 backward kernel ``FP8BackwardSm90`` on one forward's state and prepared operands: profile with
 ``-k regex:FP8BackwardSm90``), ``fa4_bf16_bwd`` (FA4's BF16 backward, ``FlashAttentionBackwardSm90``).
@@ -27,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 D = 128
 VARIANTS = {
     "fp8": {},
-    "fp8_unpromoted": {"promote_pv": False},
     "fa4_bf16": None,
     "fp8_bwd": None,
     "fa4_bf16_bwd": None,

@@ -2,7 +2,7 @@
 count its SASS instructions; ``sass_sha256`` digests the whole SASS (equal digests: the same code).
 
     CUTE_DSL_ARCH=sm_90a PYTHONPATH=<site with nvidia-cutlass-dsl, flash-attn-4> \\
-        python bench/cute_sass_report.py [--tiles 128,128,2] [--no-promote-pv] [--qk-bf16]
+        python bench/cute_sass_report.py [--tiles 128,128,2] [--qk-bf16]
         python bench/cute_sass_report.py --backward [--group 4] [--head-dim 128] [--non-causal]
 
 The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on import of this
@@ -287,7 +287,6 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default="128,128,2")
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
-    p.add_argument("--no-promote-pv", action="store_true")
     a = p.parse_args(argv)
     if a.backward:
         rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
@@ -296,7 +295,6 @@ def main(argv=None) -> int:
     rep = compile_report(
         tuple(int(x) for x in a.tiles.split(",")),
         causal=not a.non_causal,
-        promote_pv=not a.no_promote_pv,
         qk_bf16=a.qk_bf16,
     )
     print(json.dumps(rep))

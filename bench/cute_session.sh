@@ -14,7 +14,8 @@
 #   files, passed the device tool's 64 MiB (flash-attn-4's on 2026-12-03, the TVM-FFI pair on
 #   2026-12-04; both ran from .whl then): move them from .gpu-bundle/wheels to .whl after
 #   bundle.sh (B installs .whl/*.whl into /tmp/site, as A installs the rest):
-#       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages)
+#       BENCH_COMMIT=<sha> bash bench/cute_session.sh B [TILES...]     (TILES: tile_m,tile_n,stages; none:
+#         the kernel-only bench rows at the backend's default tiles, the profile at 128,128,2)
 #         STEPS (default "tests bench"), each with its own time limit:
 #         "pytest": python3 -m pytest -m gpu PYTEST_ARGS (words: paths, -k ...; PYTEST_TIMEOUT, 300 s);
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
@@ -110,7 +111,7 @@ print(compiler_dso()[0], f())')
       -name '*.o' 2>/dev/null | wc -l) objects" | tee -a "$out/status.txt"
   fi
 fi
-tiles=("$@"); [[ ${#tiles[@]} -gt 0 ]] || tiles=("128,128,2")
+tiles=("$@")  # none: the bench times the backend's default tiles, the profile 128,128,2
 steps=" ${STEPS:-tests bench} "
 if [[ $steps == *" tests "* ]]; then
   timeout "${TESTS_TIMEOUT:-360}" python3 -m pytest -q -m gpu "${workers[@]}" tests/backends/test_cute_backend.py \
@@ -142,7 +143,7 @@ if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per va
     rep="$out/prof_$variant"
     timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none -k "regex:$name" --launch-skip 2 --launch-count 1 \
       --set full --import-source no -f -o "$rep" python3 bench/cute_profile.py --variant "$variant" \
-      --shape "${PROFILE_SHAPE:-2,32,32,8192}" --tiles "${tiles[0]}" "${causal[@]}" > "$rep.log" 2>&1
+      --shape "${PROFILE_SHAPE:-2,32,32,8192}" --tiles "${tiles[0]:-128,128,2}" "${causal[@]}" > "$rep.log" 2>&1
     echo "profile $variant rc=$?" | tee -a "$out/status.txt"
     "$ncu" -i "$rep.ncu-rep" --page details > "$rep.details.txt" 2>&1
     "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1
@@ -167,7 +168,8 @@ fi
 if [[ $steps == *" bench "* ]]; then
   read -ra recipes <<< "${BENCH_RECIPES:-fp8}"
   read -ra bench_args <<< "${BENCH_ARGS:-}"  # e.g. "--shapes 0 1 2 --cute-fwd-options --cute-bwd-options"
-  timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute --cute-tiles "${tiles[@]}" \
+  tile_args=(); [[ ${#tiles[@]} -gt 0 ]] && tile_args=(--cute-tiles "${tiles[@]}")
+  timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute "${tile_args[@]}" \
     "${bench_args[@]}" --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
   grep -v '^{' "$out/bench.log" | tail -40
 fi

@@ -2,7 +2,7 @@
 left the numbers bit for bit unchanged: run it in two trees (``bench/variants.sh``) or with two
 kernel options, and compare the JSON files; equal hashes mean equal bytes.
 
-    python3 bench/fwd_hash.py --out fwd_hash.json [--options '{"promote_pv": false}'] [--tiles 128,128,2]
+    python3 bench/fwd_hash.py --out fwd_hash.json [--options '{"k_group": 64}'] [--tiles 128,128,2]
 
 Cases: recipe ``fp8`` on five shapes (GQA 4 causal with ragged tiles, D64 GQA 6 non-causal with
 Sq != Sk, rows without keys (causal Sq > Sk), B2 H32/8 S4096 causal, and non-causal D128 at its

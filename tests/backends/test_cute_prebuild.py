@@ -315,7 +315,7 @@ def test_prebuilt_forward_keys_are_the_backends(recipe_name, monkeypatch):
     assert backend.forward_key(128, 4, True, tiles, options) == backend.forward_key(
         128, 4, True, tiles, forward_options(key)
     )
-    assert backend.forward_key(128, 4, True, tiles, {"qk_bf16": False, "promote_pv": True}) == (
+    assert backend.forward_key(128, 4, True, tiles, {"qk_bf16": False, "k_group": 0}) == (
         128,
         4,
         True,

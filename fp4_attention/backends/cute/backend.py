@@ -141,7 +141,7 @@ def triton_state(state: SavedState) -> SavedState:
 
 # FP8ForwardSm90's options at their defaults: left out of the compiled-kernel key, so that one
 # kernel has one key however its caller spells it (qk_bf16=False or nothing; prebuild.py's keys)
-_FWD_OPTION_DEFAULTS = {"promote_pv": True, "qk_bf16": False, "k_group": 0}
+_FWD_OPTION_DEFAULTS = {"qk_bf16": False, "k_group": 0}
 
 
 def forward_key(d: int, group: int, causal: bool, tiles, kernel_options: dict) -> tuple:
@@ -340,10 +340,10 @@ def forward_fp8(
             :func:`default_tiles` of the head dim.
         out_layout_of: a ``[B, Hq, Sq, D]`` tensor (the caller's BF16 q) whose memory order the
             output takes (``layouts.empty_in_layout_of``); default contiguous.
-        kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement options of
-            :class:`FP8ForwardSm90` (``promote_pv``, at the contract's setting by default;
-            ``k_group=64``, for K quantized per 64 keys by ``quantize_fp8_key_groups``: ``col``
-            must then be constant over each 64 keys, which is not checked).
+        kernel_options: ``qk_bf16`` (the nvfp4qk_fp8pv operands), and the measurement option of
+            :class:`FP8ForwardSm90` ``k_group=64``, for K quantized per 64 keys by
+            ``quantize_fp8_key_groups`` (``col`` must then be constant over each 64 keys, which is
+            not checked).
     Returns:
         out BF16 ``[B, Hq, Sq, D]`` and the natural-log LSE FP32 ``[B, Hq, Sq]``.
     Raises:

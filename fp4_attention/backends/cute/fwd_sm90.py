@@ -29,8 +29,11 @@ ping-pong the two consumer warpgroups, and the TMA epilogue. Ours are the parts 
   a multiple of 16): the K-major layout the FP8 B operand needs, TMA-loaded into a column-major
   (MN-major) shared tile.
 * FP32 promotion: each KV tile's PV product goes into a zeroed FP32 accumulator and is added to the
-  running output in FP32 registers (contract §2: at least once per KV tile; ``promote_pv=False``
-  only measures its cost). The QK product is not promoted: the head dim's four k32 wgmmas chain
+  running output in FP32 registers (contract §2: at least once per KV tile). Without it (PV
+  accumulated into O inside the MMA, FA3's way) the kernel was no faster: within 1% either way at
+  every shape of four H200 runs (results/cute_fwd_col_smem_h200, cute_k_scale_keys_h200,
+  cute_k_group64_h200, cute_fwd_price2_h200: B4 causal 0.850-0.860 against 0.857-0.859 ms), so that
+  switch was deleted. The QK product is not promoted: the head dim's four k32 wgmmas chain
   inside the MMA, as in every other FP8 attention (FA3, cuDNN, SageAttention) and in the Triton
   kernels. That is the ``fp8`` recipe's definition: its scores carry the FP8 MMA's accumulation
   error, at most 2^-10.9 of ``sum_d |q8 k8|`` on the H200 (results/robustness_h200/
@@ -145,9 +148,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             keys (K quantized per 64 keys); the kernel reads the first key's of each group per KV
             tile and scores ``t * fold_k_scale(r_i, s_g)``, with no per-score multiply. Needs
             ``tile_n`` a multiple of 64.
-        promote_pv: True (the contract): each tile's PV product in a zeroed FP32 accumulator, added
-            to O in registers. False: PV accumulates into O inside the MMA (FA3's way; 64 fewer
-            registers, no promotion); for measuring the promotion's cost only.
 
     Schedule: per warpgroup QK -> softmax -> PV, overlapped across the two consumer warpgroups
     (ping-pong), each part measured on the H200 before it
@@ -182,7 +182,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         tile_m: int = 128,
         tile_n: int = 128,
         num_stages: int = 2,
-        promote_pv: bool = True,
         qk_bf16: bool = False,
         k_group: int = 0,
     ):
@@ -206,7 +205,6 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         # contract §1); V and P are E4M3 in both recipes
         self.qk_dtype = cutlass.BFloat16 if qk_bf16 else cutlass.Float8E4M3FN
         self.v_dtype = cutlass.Float8E4M3FN
-        self.promote_pv = promote_pv
         self.qk_bf16 = qk_bf16
         # k_group: K's scale is constant over each k_group keys (0: per token); one scale per group
         # is read per tile and folded into the row factor (fold_k_scale), as qk_bf16's per-head one
@@ -532,9 +530,9 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
         acc_O, tOrP, tOrVt = sm90_utils.partition_fragment_ABC(
             wg_mma_pv, (self.tile_m, self.tile_hdimv, self.tile_n), None, sVt
         )
-        acc_PV = cute.make_fragment_like(acc_O, Float32) if const_expr(self.promote_pv) else acc_O
+        acc_PV = cute.make_fragment_like(acc_O, Float32)  # each tile's PV, promoted into acc_O
         mma_qk = partial(self._qk_chained, tiled_mma_qk, tSrQ, tSrK)
-        mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_PV, tOrP, tOrVt, self.promote_pv)
+        mma_pv = partial(sm90_utils.gemm_w_idx, tiled_mma_pv, acc_PV, tOrP, tOrVt, True)
         # coordinates of this thread's accumulator elements (rows, columns of the score tile)
         tScS_mn = layout_utils.reshape_acc_to_mn(
             thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
@@ -686,16 +684,11 @@ class FP8ForwardSm90(FlashAttentionForwardSm90):
             mask_fn(acc_S, n_block=n_block)
         alpha = softmax(acc_S, is_first=is_first, group_scales=col if const_expr(self.k_group > 0) else None)
         self._p_to_e4m3(acc_S, tOrP)
-        if const_expr(not self.promote_pv):
-            acc_O_mn = layout_utils.reshape_acc_to_mn(acc_O)
-            for r in cutlass.range(cute.size(alpha), unroll_full=True):
-                acc_O_mn[r, None].store(acc_O_mn[r, None].load() * alpha[r])
         pipeline_v.consumer_wait(kv_state, pipeline_v.consumer_try_wait(kv_state))
         self.warp_scheduler_barrier_sync()
         mma_pv(B_idx=kv_state.index, wg_wait=0)
         pipeline_v.consumer_release(kv_state)
-        if const_expr(self.promote_pv):  # FP32 promotion once per KV tile
-            self._promote(acc_O, acc_PV, alpha)
+        self._promote(acc_O, acc_PV, alpha)  # FP32 promotion once per KV tile
         kv_state.advance()
         return kv_state
 
