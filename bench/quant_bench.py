@@ -21,8 +21,7 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
 - ``amax`` (``--kinds amax``; not run by default): V's amax kernel and the per-head amax kernel
   launched alone (reads 2 B/element; the accumulators zeroed once: atomic maxima of the same values
   leave them unchanged), at each launch of V_AMAX_LAUNCHES (rows per step / rows per program) and
-  HEAD_AMAX_LAUNCHES (rows per program); the per-head pass also with ``BF16_BITS`` (the integer max
-  of the BF16 magnitudes' bits), its amax and flags checked equal to the float path's first launch.
+  HEAD_AMAX_LAUNCHES (rows per program).
 - ``fp8 rows pair`` (``quantize_fp8_rows_pair``: Q and K per token in one launch, the cute and Triton
   backends' call) at the training shape Q B4 H32 S4096 + K B4 H8 S4096, default launch, beside
   ``fp8 rows Q+K, two launches``: the two ``quantize_fp8_rows`` calls it replaces, timed together
@@ -71,7 +70,7 @@ AMAX_SWEEP = (64, 128, 256, 512, 1024, 2048)
 # the amax kernels launched alone ("amax"): (rows per step, rows per program, warps) of V's looped pass,
 # (rows per program, warps) of the per-head pass (one step per program)
 V_AMAX_LAUNCHES = [(64, 1024, 4), (32, 1024, 4), (64, 1024, 8), (64, 512, 4), (32, 512, 4), (128, 1024, 8)]
-HEAD_AMAX_LAUNCHES = [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8), (32, 2), (64, 2), (16, 4)]
+HEAD_AMAX_LAUNCHES = [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8)]
 
 
 def _ms(fn) -> float:
@@ -253,7 +252,7 @@ def _amax_records(x, label, bw) -> list[dict]:
     b, h, s, d = x.shape
     out, first = [], {}
 
-    def launch(kind, rows, warps, kernel, programs, acc_shape, extra, consts, ref_kind=None):
+    def launch(kind, rows, warps, kernel, programs, acc_shape, extra, consts):
         amax, bad = quant.zeroed_amax_and_flag(acc_shape, x.device)
         args = (x, amax, bad, h, s, *x.stride()[:3], *extra)
 
@@ -262,7 +261,7 @@ def _amax_records(x, label, bw) -> list[dict]:
             kernel[(programs, b * h)](*args, **consts, num_warps=warps)
 
         fn()
-        ref = first.setdefault(ref_kind or kind, (amax.clone(), bad.clone()))
+        ref = first.setdefault(kind, (amax.clone(), bad.clone()))
         same = torch.equal(amax, ref[0]) and torch.equal(bad, ref[1])
         out.append(_rec(kind, label, rows, warps, fn, x.numel() * 2, bw, same))
 
@@ -279,20 +278,17 @@ def _amax_records(x, label, bw) -> list[dict]:
                 (x.stride(3),),
                 consts,
             )
-    has_bits = "BF16_BITS" in inspect.signature(quant._head_amax_kernel.fn).parameters
-    for by_bits in (False, True) if has_bits else (False,):
-        for rows, warps in HEAD_AMAX_LAUNCHES:
-            launch(
-                "head amax pass alone" + (", BF16 bits" if by_bits else ""),
-                rows,
-                warps,
-                quant._head_amax_kernel,
-                triton.cdiv(s, rows),
-                (b * h,),
-                (),
-                dict(D=d, BLOCK_S=rows, **({"BF16_BITS": True} if by_bits else {})),
-                ref_kind="head amax pass alone",
-            )
+    for rows, warps in HEAD_AMAX_LAUNCHES:
+        launch(
+            "head amax pass alone",
+            rows,
+            warps,
+            quant._head_amax_kernel,
+            triton.cdiv(s, rows),
+            (b * h,),
+            (),
+            dict(D=d, BLOCK_S=rows),
+        )
     return out
 
 

@@ -1042,7 +1042,6 @@ def _head_amax_kernel(
     VS=None,
     G=1,
     CHANNEL_SCALED: tl.constexpr = False,
-    BF16_BITS: tl.constexpr = False,
 ):
     """Per (batch, head) of ``X [B, H, S, D]`` (any strides, unit last): whether the head holds a NaN
     or Inf, and the amax of |x| over its blocks of rows without one (the amax of a flagged head is
@@ -1050,29 +1049,18 @@ def _head_amax_kernel(
     ``CHANNEL_SCALED``: of ``|x * vs|`` instead, ``vs`` FP32 ``[B, H // G, D]`` per channel, shared
     by the G heads of a group (dO times V's channel scales: ``dout_quant``). One block of rows per
     program: looping over 1,024 rows per program, as V's amax pass does, took 0.072 ms instead of
-    0.044 for Q at B4 H32 S4096 D128 on the H200 (kernel time, results/quant_amax_h200).
-    ``BF16_BITS`` (BF16 ``X``, not ``CHANNEL_SCALED``): the max of the magnitudes' bit patterns
-    ``bits & 0x7FFF`` as integers instead, with no conversion to FP32: for BF16 the integer order of
-    those patterns is the order of the magnitudes, and every Inf or NaN (0x7F80 and above) sorts
-    above every finite value, so the block is flagged iff its integer max is >= 0x7F80, and otherwise
-    that max is the bits of its finite amax (the same words as the float path)."""
+    0.044 for Q at B4 H32 S4096 D128 on the H200 (kernel time, results/quant_amax_h200)."""
     pid_s, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
     x = tl.load(X + b * sxb + h * sxh + s[:, None] * sxs + d[None, :], mask=(s < SEQ)[:, None], other=0.0)
-    if BF16_BITS:
-        mag = x.to(tl.uint16, bitcast=True) & 0x7FFF
-        mb = tl.max(tl.max(mag, 1), 0).to(tl.uint32)
-        bad = mb >= 0x7F80
-        m = (mb << 16).to(tl.float32, bitcast=True)
-    else:
-        x = x.to(tl.float32)
-        if CHANNEL_SCALED:
-            x = x * tl.load(VS + (b * (H // G) + h // G) * D + d)[None, :]
-        # one NaN-propagating max per element (the rows kernel's reason); the block's flag and finite amax
-        m = tl.reduce(tl.reduce(tl.abs(x), 1, _max_propagating_nan), 0, _max_propagating_nan)
-        bad = (m != m) | (m == float("inf"))
+    x = x.to(tl.float32)
+    if CHANNEL_SCALED:
+        x = x * tl.load(VS + (b * (H // G) + h // G) * D + d)[None, :]
+    # one NaN-propagating max per element (the rows kernel's reason); the block's flag and its finite amax
+    m = tl.reduce(tl.reduce(tl.abs(x), 1, _max_propagating_nan), 0, _max_propagating_nan)
+    bad = (m != m) | (m == float("inf"))
     tl.atomic_max(BAD + bh, bad.to(tl.int32))
     tl.atomic_max(AMAX + bh, tl.where(bad, 0.0, m))
 
