@@ -344,6 +344,13 @@ def main(argv=None) -> int:
         "fwd+bwd rows always run",
     )
     args = p.parse_args(argv)
+    tiles = None  # the cute forward's tiles of the kernel-only rows, parsed once
+    if args.cute and args.cute_tiles is None:
+        from fp4_attention.backends.cute.backend import default_tiles
+
+        tiles = [default_tiles(D)]
+    elif args.cute:
+        tiles = [tuple(int(x) for x in t.split(",")) for t in args.cute_tiles]
     torch.manual_seed(0)
     commit = (
         os.environ.get("BENCH_COMMIT")
@@ -398,12 +405,6 @@ def main(argv=None) -> int:
                     if r != "bf16"
                 ]
             if args.cute:
-                if args.cute_tiles is None:
-                    from fp4_attention.backends.cute.backend import default_tiles
-
-                    tiles = [default_tiles(D)]
-                else:
-                    tiles = [tuple(int(x) for x in t.split(",")) for t in args.cute_tiles]
                 cands += [
                     ("fa4_bf16", lambda: ours_fn("bf16", q, k, v, causal, pass_, backend="fa4")),
                     *[
