@@ -71,6 +71,20 @@ AMAX_SWEEP = (64, 128, 256, 512, 1024, 2048)
 # (rows per program, warps) of the per-head pass (one step per program)
 V_AMAX_LAUNCHES = [(64, 1024, 4), (32, 1024, 4), (64, 1024, 8), (64, 512, 4), (32, 512, 4), (128, 1024, 8)]
 HEAD_AMAX_LAUNCHES = [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8)]
+# NVFP4 heads' rows kernel (rows per block, warps, blocks per program, register cap or None), "nvfp4_blocks":
+# each program quantizes its blocks one after the other, the next block's loads issued first; the
+# default launch (16, 4, 1, None) first, as the baseline of the same run
+NVFP4_BLOCKS_SWEEP = [
+    (16, 4, 1, None),
+    (16, 4, 2, None),
+    (8, 4, 2, None),
+    (8, 4, 4, None),
+    (16, 4, 4, None),
+    (16, 4, 1, 64),
+    (16, 4, 1, 56),
+    (8, 4, 4, 64),
+    (16, 4, 1, None),
+]
 
 
 def _ms(fn) -> float:
@@ -126,7 +140,7 @@ def v_bytes(n: int) -> int:
     return n * 2 + n * 2 + n * 1
 
 
-KINDS = ("fp8_rows", "nvfp4", "v", "pair", "rope", "amax")
+KINDS = ("fp8_rows", "nvfp4", "v", "pair", "rope", "amax", "nvfp4_blocks")
 ROPE_SWEEP = [
     (16, 4),
     (16, 1),
@@ -188,6 +202,8 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
             same = torch.equal(quantize_nvfp4_rows(x, g)[0].payload, ref_nv[0].payload)
             fn = lambda: quantize_nvfp4_rows(x, g)  # noqa: E731
             records.append(_rec("nvfp4 rows", label, None, 4, fn, nvfp4_rows_bytes(n), bw, same))
+        if "nvfp4_blocks" in kinds:
+            records += _nvfp4_blocks_records(x, label, bw)
         if "v" in kinds:
             ref_v = quantize_fp8_v_transposed(x, perm16=True)
 
@@ -236,6 +252,42 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
         records.append(_rec(kind, "Q B4 H32 + K B4 H8 S4096", None, 4, fn, fp8_rows_bytes(n, D), bw, same))
         print(json.dumps(records[-1]), flush=True)
     return {"copy_TB_per_s": bw / 1e12}, records
+
+
+def _nvfp4_blocks_records(x, label, bw) -> list[dict]:
+    """NVFP4 heads (``quantize_nvfp4_heads``) at each launch of NVFP4_BLOCKS_SWEEP, the bytes checked
+    equal to the default launch's; and ``x.amax()`` (torch's reduction, 2 B/element read once) as a
+    reference of the read bandwidth the amax pass could reach."""
+    from fp4_attention.backends.triton.quant import quantize_nvfp4_heads
+
+    n = x.numel()
+    ref = quantize_nvfp4_heads(x)
+    out = []
+    for rows, warps, blocks, maxnreg in NVFP4_BLOCKS_SWEEP:
+        kw = dict(rows=rows, num_warps=warps, blocks=blocks, maxnreg=maxnreg)
+        got = quantize_nvfp4_heads(x, **kw)
+        same = all(
+            torch.equal(a, b)
+            for a, b in zip(
+                (
+                    got[0].payload,
+                    got[0].block_scale,
+                    got[0].global_scale.nan_to_num(),
+                    got[1].view(torch.int16),
+                ),
+                (
+                    ref[0].payload,
+                    ref[0].block_scale,
+                    ref[0].global_scale.nan_to_num(),
+                    ref[1].view(torch.int16),
+                ),
+            )
+        )
+        kind = f"nvfp4 heads, {blocks} block(s) per program, maxnreg {maxnreg or '-'}"
+        fn = lambda kw=kw: quantize_nvfp4_heads(x, **kw)  # noqa: E731
+        out.append(_rec(kind, label, rows, warps, fn, nvfp4_heads_bytes(n, D), bw, same))
+    out.append(_rec("torch x.amax() (read reference)", label, None, None, x.amax, n * 2, bw, True))
+    return out
 
 
 def _amax_records(x, label, bw) -> list[dict]:

@@ -11,7 +11,8 @@ reference need the hardware's FP8 conversion, test_triton_quant.py on the GPU); 
 decodes (the quantizer's and ``decode_nvfp4_rows``) equal ``scaled_payload()`` in BF16 bit for bit,
 the sign of zero included (E2M1 code 8 is -0), and the Triton backend's Q/K kernel operands without
 a decoded pair at hand decode the saved Q/K to those bits. The launch options of the Q/K
-quantizers (rows per program, warps: ``bench/quant_bench.py``'s sweep) do not change their bytes;
+quantizers (rows per program, warps, NVFP4's blocks per program and register cap:
+``bench/quant_bench.py``'s sweeps) do not change their bytes;
 the amax pass's words given by the caller (``zeroed``) make no fill and the same bytes.
 """
 
@@ -120,6 +121,27 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"nvfp4 heads at rows={rows} warps={warps}: other bytes")
         if not torch.equal(f8.data.view(torch.uint8), base_fp8.data.view(torch.uint8)):
             failed.append(f"fp8 rows at rows={rows} warps={warps}: other bytes")
+    # blocks of rows per program (the next block's loads first; 70 rows: the last program's second
+    # block partly or wholly past the end) and a register cap: the same bytes, decode and scales
+    for rows, blocks, maxnreg in ((8, 2, None), (16, 4, None), (4, 4, 64), (32, 2, None)):
+        nv = quantize_nvfp4_heads(x, rows=rows, blocks=blocks, maxnreg=maxnreg)
+        same = all(
+            torch.equal(a, b)
+            for a, b in (
+                (nv[0].payload, base_nv[0].payload),
+                (nv[0].block_scale, base_nv[0].block_scale),
+                (_bits(nv[1]), _bits(base_nv[1])),
+                (nv[2].nan_to_num(-1.0), base_nv[2].nan_to_num(-1.0)),
+                (nv[0].global_scale.nan_to_num(-1.0), base_nv[0].global_scale.nan_to_num(-1.0)),
+            )
+        )
+        if not same:
+            failed.append(f"nvfp4 heads at rows={rows} blocks={blocks} maxnreg={maxnreg}: other bytes")
+    try:
+        quantize_nvfp4_heads(x, blocks=3)
+        failed.append("blocks=3 did not raise")
+    except ValueError:
+        pass
     # grids: B * H on the amax pass's y axis (heads), B and H on the rows kernel's z and y axes
     # (a strided 4-D x), each capped at 65,535 by CUDA; raised before any launch
     wide = torch.zeros(65536, 1, 2, 16, dtype=torch.bfloat16)

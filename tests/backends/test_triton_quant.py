@@ -175,7 +175,8 @@ def test_nvfp4_rows_saturating_global_scale_equals_reference():
 @pytest.mark.parametrize(
     "perm", [None, (0, 2, 1, 3), (2, 0, 1, 3)], ids=["contiguous", "bshd_view", "sbhd_view"]
 )
-def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
+@pytest.mark.parametrize("blocks", [1, 2, 4])  # blocks of rows per program of the rows kernel
+def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm, blocks):
     """The per-head global scale formed in the kernels (``quantize_nvfp4_heads``): payload, block
     scales, global scale and decode equal the reference with ``nvfp4_global_scale(x, dims=(2, 3))``,
     for a head holding a NaN, one holding an Inf, an all-zero one and heads whose global scales are
@@ -191,7 +192,7 @@ def test_nvfp4_heads_bytes_and_global_scale_equal_reference(d, seq, perm):
     if perm is not None:
         x = x.permute(*perm).contiguous().permute(*[perm.index(i) for i in range(4)])
         assert not x.is_contiguous()
-    got, dec, tok = quantize_nvfp4_heads(x)
+    got, dec, tok = quantize_nvfp4_heads(x, blocks=blocks)
     ref = quantize_nvfp4(x.cpu(), nvfp4_global_scale(x.cpu(), dims=(2, 3)))
     g, g_ref = got.global_scale.cpu(), ref.global_scale
     assert g.shape == g_ref.shape == (2, 4, 1, 1)

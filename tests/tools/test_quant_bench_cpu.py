@@ -2,7 +2,8 @@
 per-head amax kernel (every entry of V_AMAX_LAUNCHES and HEAD_AMAX_LAUNCHES, rows past the end
 included) run interpreted (``TRITON_INTERPRET=1``, in a subprocess) and give, on finite inputs, the
 amax of the first launch of their kind, which equals torch's (with a NaN, the flag). Its ``rope``
-rows likewise: every call runs, and the fused quantizers' bytes equal the unfused paths'. The timing
+rows likewise: every call runs, and the fused quantizers' bytes equal the unfused paths'; and its
+``nvfp4_blocks`` rows: every launch's bytes equal the default's. The timing
 itself needs the GPU.
 """
 
@@ -59,6 +60,14 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"rope: {r['quantizer']} at {r['rows']}: bytes differ from the unfused path's")
     if len(seen) != len(qb.ROPE_SWEEP) + 2 + 3 + 1:
         failed.append(f"rope: {len(seen)} calls run: {seen}")
+    # the nvfp4_blocks kind's calls: every launch of NVFP4_BLOCKS_SWEEP, bytes equal to the default's
+    seen.clear()
+    xb = (torch.randn(2, 2, 70, 32, generator=g) * 3).bfloat16()
+    for r in qb._nvfp4_blocks_records(xb, "cpu", 1.0):
+        if not r["bytes_equal_default"]:
+            failed.append(f"nvfp4_blocks: {r['quantizer']} at {r['rows']}: bytes differ from the default's")
+    if len(seen) != len(qb.NVFP4_BLOCKS_SWEEP) + 1:
+        failed.append(f"nvfp4_blocks: {len(seen)} calls run: {seen}")
     return failed
 
 

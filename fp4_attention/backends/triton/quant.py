@@ -912,44 +912,78 @@ def _nvfp4_rows_kernel(
     GOUT=None,
     TOK=None,
     FAST_DIV: tl.constexpr = True,  # False under TRITON_INTERPRET (no inline PTX there)
+    BLOCKS: tl.constexpr = 1,
 ):
     """NVFP4 rows of ``X [B, H, SEQ, D]`` (strides ``sxb, sxh, sxs``, unit last), grid
-    ``(cdiv(SEQ, ROWS), H, B)``. G: the global scale per row (FP32 [B * H * SEQ]); with
-    HEAD_AMAX, G is instead the per-(batch, head) amax of |x| (FP32 [B * H],
-    ``_head_amax_kernel``) and BADH its non-finite flag: the global scale amax / 2688 (1 for an
-    all-zero head, NaN for a non-finite one: ``quant.amax_scale``) is formed here and written to
-    GOUT [B * H], and per row to TOK [B * H * SEQ] (the per-token vectors the attention kernels
-    read)."""
+    ``(cdiv(SEQ, ROWS * BLOCKS), H, B)``: each program quantizes BLOCKS blocks of ROWS rows of one
+    head, one after the other, the next block's rows loaded before the current one is quantized. G:
+    the global scale per row (FP32 [B * H * SEQ]); with HEAD_AMAX, G is instead the per-(batch,
+    head) amax of |x| (FP32 [B * H], ``_head_amax_kernel``) and BADH its non-finite flag: the global
+    scale amax / 2688 (1 for an all-zero head, NaN for a non-finite one: ``quant.amax_scale``) is
+    formed here and written to GOUT [B * H], and per row to TOK [B * H * SEQ] (the per-token vectors
+    the attention kernels read)."""
     # a 3-D grid, (blocks of ROWS rows, H, B): the row offsets need no integer division (a division
     # of the program's (batch, head) index took about 25 instructions per thread)
     hi, bi = tl.program_id(1), tl.program_id(2)
     bh = bi * H + hi
-    s = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    ok = s < SEQ
-    r = bh * SEQ + s  # row (b, h, s) of the contiguous output
-    NB: tl.constexpr = D // 16
-    offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
-    src = bi * sxb + hi * sxh + s * sxs  # any strides of X
-    if ROTATE:  # x H in registers, before the block scales are formed
-        d = tl.arange(0, D)
-        xr = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        x = tl.reshape(rotate_rows(xr, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D), [ROWS, NB, 16])
-    else:
-        x = tl.load(X + src[:, None, None] + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(
-            tl.float32
-        )
     if HEAD_AMAX:  # one head per program: its global scale is a scalar
         amax = tl.load(G + bh)
         g1 = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 2688.0))
         g1 = tl.where(tl.load(BADH + bh) != 0, float("nan"), g1)
         if tl.program_id(0) == 0:
             tl.store(GOUT + bh, g1)
-        g = tl.full([ROWS], 1.0, tl.float32) * g1
-        tl.store(TOK + r, g, mask=ok)
     else:
-        g = tl.load(G + r, mask=ok, other=1.0)
         g1 = 1.0  # unused: the fast division is decided per block
-    nvfp4_block_rows(x, g, g1, r, ok, P, SC, DEC, 0, ROWS, NB, D, HEAD_AMAX, FAST_DIV)
+    s = tl.program_id(0) * (ROWS * BLOCKS) + tl.arange(0, ROWS)
+    x = _nvfp4_rows_x(X, bi * sxb + hi * sxh, s, SEQ, sxs, D, ROWS, SIGNS, ROTATE, LOG2_D, INV_SQRT_D)
+    for i in tl.static_range(BLOCKS):
+        if i + 1 < BLOCKS:  # the next block's loads in flight while this one is quantized
+            x_next = _nvfp4_rows_x(
+                X, bi * sxb + hi * sxh, s + ROWS, SEQ, sxs, D, ROWS, SIGNS, ROTATE, LOG2_D, INV_SQRT_D
+            )
+        ok = s < SEQ
+        r = bh * SEQ + s  # row (b, h, s) of the contiguous output
+        if HEAD_AMAX:
+            g = tl.full([ROWS], 1.0, tl.float32) * g1
+            tl.store(TOK + r, g, mask=ok)
+        else:
+            g = tl.load(G + r, mask=ok, other=1.0)
+        nvfp4_block_rows(x, g, g1, r, ok, P, SC, DEC, 0, ROWS, D // 16, D, HEAD_AMAX, FAST_DIV)
+        if i + 1 < BLOCKS:
+            x = x_next
+            s = s + ROWS
+
+
+@triton.jit
+def _nvfp4_rows_x(
+    X,
+    base,
+    s,
+    SEQ,
+    sxs,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    SIGNS,
+    ROTATE: tl.constexpr,
+    LOG2_D: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+):
+    """Rows ``s`` (positions, ``ROWS``) of one head of X (element offset ``base``, row stride ``sxs``,
+    unit last) as FP32 ``[ROWS, D // 16, 16]``, 0 past SEQ; ``ROTATE``: times H in registers, before
+    the block scales are formed (``rotation.rotate_rows``)."""
+    NB: tl.constexpr = D // 16
+    ok = s < SEQ
+    src = base + s * sxs
+    if ROTATE:
+        d = tl.arange(0, D)
+        xr = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        x = tl.reshape(rotate_rows(xr, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D), [ROWS, NB, 16])
+    else:
+        offs = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
+        x = tl.load(X + src[:, None, None] + offs[None, :, :], mask=ok[:, None, None], other=0.0).to(
+            tl.float32
+        )
+    return x
 
 
 @triton.jit
@@ -1079,13 +1113,22 @@ def nvfp4_head_outputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def quantize_nvfp4_heads(
-    x: torch.Tensor, *, rows: int | None = None, num_warps: int = 4, zeroed: torch.Tensor | None = None
+    x: torch.Tensor,
+    *,
+    rows: int | None = None,
+    num_warps: int = 4,
+    blocks: int = 1,
+    maxnreg: int | None = None,
+    zeroed: torch.Tensor | None = None,
 ) -> tuple[NVFP4Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
     ``rows`` / ``num_warps``: the rows kernel's launch options (rows per program, a power of two,
     default 2048 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
+    ``blocks``: blocks of ``rows`` rows per program of the rows kernel, each block's loads issued
+    before the previous block is quantized; ``maxnreg``: the rows kernel's register cap per thread
+    (Triton's ``maxnreg``, default none): measurement options for ``bench/quant_bench.py``.
     ``zeroed``: the amax pass's words, ``2 * B * H`` zeroed FP32 (:func:`amax_and_flag_words`; the
     caller's fill then covers them), default a fill of its own.
 
@@ -1117,7 +1160,9 @@ def quantize_nvfp4_heads(
     # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
     # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
-    launcher(_nvfp4_rows_kernel)[(cdiv(s, rows), h, b)](
+    if blocks not in (1, 2, 4):
+        raise ValueError(f"quantize_nvfp4_heads: blocks must be 1, 2 or 4, got {blocks}")
+    launcher(_nvfp4_rows_kernel)[(cdiv(s, rows * blocks), h, b)](
         x,
         amax,
         payload,
@@ -1132,6 +1177,8 @@ def quantize_nvfp4_heads(
         GOUT=g,
         TOK=tok,
         FAST_DIV=not interpreted(),
+        BLOCKS=blocks,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return NVFP4Tensor(payload=payload, block_scale=scales, global_scale=g), dec, tok
 
