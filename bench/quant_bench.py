@@ -18,6 +18,10 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
 - ``fp8 V transposed, amax rows``: the same quantizer, the codes kernel at its default launch, the
   amax pass's keys per program swept (``quant.amax_rows_per_program``; 64 is one step of the pass's
   loop per program, the pass as it was before the loop).
+- ``nvfp4_blocks`` and ``pair_blocks`` (not run by default): NVFP4 heads and the Q/K pair at the
+  launches of NVFP4_BLOCKS_SWEEP and PAIR_BLOCKS_SWEEP (blocks of rows per program, each block's loads
+  issued before the previous block is quantized; NVFP4 also a register cap), the default launch
+  first and last; with torch's ``x.amax()`` as a reference of the read bandwidth.
 - ``amax`` (``--kinds amax``; not run by default): V's amax kernel and the per-head amax kernel
   launched alone (reads 2 B/element; the accumulators zeroed once: atomic maxima of the same values
   leave them unchanged), at each launch of V_AMAX_LAUNCHES (rows per step / rows per program) and
@@ -77,12 +81,13 @@ HEAD_AMAX_LAUNCHES = [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8)]
 NVFP4_BLOCKS_SWEEP = [
     (16, 4, 1, None),
     (16, 4, 2, None),
+    (16, 4, 2, 80),
+    (16, 4, 2, 64),
+    (16, 8, 2, None),
     (8, 4, 2, None),
-    (8, 4, 4, None),
     (16, 4, 4, None),
     (16, 4, 1, 64),
-    (16, 4, 1, 56),
-    (8, 4, 4, 64),
+    (16, 4, 2, None),
     (16, 4, 1, None),
 ]
 
@@ -140,7 +145,10 @@ def v_bytes(n: int) -> int:
     return n * 2 + n * 2 + n * 1
 
 
-KINDS = ("fp8_rows", "nvfp4", "v", "pair", "rope", "amax", "nvfp4_blocks")
+KINDS = ("fp8_rows", "nvfp4", "v", "pair", "rope", "amax", "nvfp4_blocks", "pair_blocks")
+# the Q/K pair at the training shape (rows per block, warps, blocks per program), "pair_blocks"; the
+# default launch (16, 4, 1) first and last
+PAIR_BLOCKS_SWEEP = [(16, 4, 1), (16, 4, 2), (8, 4, 2), (8, 4, 4), (16, 4, 4), (32, 8, 2), (16, 4, 1)]
 ROPE_SWEEP = [
     (16, 4),
     (16, 1),
@@ -230,12 +238,14 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
             records += _amax_records(x, label, bw)
         for r in records[first:]:
             print(json.dumps(r), flush=True)
-    if "pair" not in kinds and "rope" not in kinds:
+    if "pair" not in kinds and "rope" not in kinds and "pair_blocks" not in kinds:
         return {"copy_TB_per_s": bw / 1e12}, records
     q = torch.randn(4, 32, 4096, D, device="cuda").bfloat16()
     k = torch.randn(4, 8, 4096, D, device="cuda").bfloat16()
     if "rope" in kinds:
         records += _rope_records(q, k, bw)
+    if "pair_blocks" in kinds:
+        records += _pair_blocks_records(q, k, bw)
     if "pair" not in kinds:
         return {"copy_TB_per_s": bw / 1e12}, records
     pair, one = quantize_fp8_rows_pair(q, k), (quantize_fp8_rows(q), quantize_fp8_rows(k))
@@ -252,6 +262,24 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
         records.append(_rec(kind, "Q B4 H32 + K B4 H8 S4096", None, 4, fn, fp8_rows_bytes(n, D), bw, same))
         print(json.dumps(records[-1]), flush=True)
     return {"copy_TB_per_s": bw / 1e12}, records
+
+
+def _pair_blocks_records(q, k, bw) -> list[dict]:
+    """The Q/K pair (``quantize_fp8_rows_pair``) at each launch of PAIR_BLOCKS_SWEEP, the bytes checked
+    equal to the default launch's."""
+    from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair
+
+    def raw(pair):
+        return [t for a in pair for t in (a.data.view(torch.uint8), a.scale.nan_to_num())]
+
+    ref, n, out = raw(quantize_fp8_rows_pair(q, k)), q.numel() + k.numel(), []
+    for rows, warps, blocks in PAIR_BLOCKS_SWEEP:
+        kw = dict(rows=rows, num_warps=warps, blocks=blocks)
+        same = all(torch.equal(a, b) for a, b in zip(raw(quantize_fp8_rows_pair(q, k, **kw)), ref))
+        fn = lambda kw=kw: quantize_fp8_rows_pair(q, k, **kw)  # noqa: E731
+        kind = f"fp8 rows pair, {blocks} block(s) per program"
+        out.append(_rec(kind, "Q B4 H32 + K B4 H8 S4096", rows, warps, fn, fp8_rows_bytes(n, D), bw, same))
+    return out
 
 
 def _nvfp4_blocks_records(x, label, bw) -> list[dict]:
@@ -508,7 +536,7 @@ def main(argv=None) -> int:
         "--kinds",
         nargs="+",
         choices=KINDS,
-        default=[k for k in KINDS if k != "amax"],
+        default=[k for k in KINDS if k not in ("amax", "nvfp4_blocks", "pair_blocks")],
         help="the quantizers to time",
     )
     a = p.parse_args(argv)

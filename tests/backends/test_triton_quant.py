@@ -215,7 +215,8 @@ def test_fp8_rows_read_in_place_from_views(perm):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-def test_fp8_rows_pair_bytes_equal_reference(d):
+@pytest.mark.parametrize("blocks", [1, 2, 4])  # blocks of rows per program
+def test_fp8_rows_pair_bytes_equal_reference(d, blocks):
     """Q and K in one launch (``quantize_fp8_rows_pair``, GQA heads, K read in place from [B, S, H, D]
     memory, NaN/Inf rows): each the reference's bytes."""
     q = _inputs(d)
@@ -223,7 +224,7 @@ def test_fp8_rows_pair_bytes_equal_reference(d):
     assert not k.is_contiguous()
     k[1, 0, 4, 1] = float("inf")
     q[0, 3, 2, 0] = float("nan")
-    for got, x in zip(quantize_fp8_rows_pair(q, k), (q, k)):
+    for got, x in zip(quantize_fp8_rows_pair(q, k, blocks=blocks), (q, k)):
         ref = quantize_fp8(x.cpu(), "e4m3", dims=(-1,))
         assert torch.equal(got.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8))
         assert torch.equal(got.scale.cpu().nan_to_num(), ref.scale.nan_to_num())

@@ -2,7 +2,8 @@
 (``TRITON_INTERPRET=1``, in a subprocess: the variable is read when the kernels are defined): the
 bytes of two ``quantize_fp8_rows`` calls, for tensors of different heads, lengths, layouts (read in
 place from ``[B, S, H, D]`` memory) and dtypes, in both FP8 formats, with a rotation's signs, with
-NaN/Inf rows and a row count that is not a multiple of the rows per program; the same launch zeroing
+NaN/Inf rows and a row count that is not a multiple of the rows per program, at 1, 2 and 4 blocks of
+rows per program (``blocks``); the same launch zeroing
 another buffer (``zero``, the cute forward's V amax words) of any length; and the refusal of two
 head dims."""
 
@@ -40,6 +41,13 @@ def _interpreted_checks() -> list[str]:
         )
         if not (same(pair[0], one[0]) and same(pair[1], one[1])):
             failed.append(name)
+        # blocks of rows per program (the next block's loads first; the last program's later blocks
+        # partly or wholly past the end): the same bytes, in the pair and alone
+        for blocks in (2, 4):
+            pb = quantize_fp8_rows_pair(a, b, fmt, signs=signs, rows=rows, blocks=blocks)
+            ob = quantize_fp8_rows(a, fmt, signs=signs, rows=rows, blocks=blocks)
+            if not (same(pb[0], one[0]) and same(pb[1], one[1]) and same(ob, one[0])):
+                failed.append(f"{name}, {blocks} blocks per program")
         if pair[1].scale.shape != (*b.shape[:-1], 1) or pair[1].data.shape != b.shape:
             failed.append(f"{name}: shapes")
     # the same launch zeroes another buffer (the cute forward's V amax words): more words than one
@@ -65,6 +73,12 @@ def _interpreted_checks() -> list[str]:
         except ValueError as e:
             if "zero must be a contiguous FP32 tensor" not in str(e):
                 failed.append(f"zero refused with: {e}")
+    try:
+        quantize_fp8_rows(q, blocks=3)
+        failed.append("blocks=3 not refused")
+    except ValueError as e:
+        if "must be 1, 2 or 4" not in str(e):
+            failed.append(f"blocks=3 refused with: {e}")
     return failed
 
 

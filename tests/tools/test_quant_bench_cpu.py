@@ -3,7 +3,7 @@ per-head amax kernel (every entry of V_AMAX_LAUNCHES and HEAD_AMAX_LAUNCHES, row
 included) run interpreted (``TRITON_INTERPRET=1``, in a subprocess) and give, on finite inputs, the
 amax of the first launch of their kind, which equals torch's (with a NaN, the flag). Its ``rope``
 rows likewise: every call runs, and the fused quantizers' bytes equal the unfused paths'; and its
-``nvfp4_blocks`` rows: every launch's bytes equal the default's. The timing
+``nvfp4_blocks`` and ``pair_blocks`` rows: every launch's bytes equal the default's. The timing
 itself needs the GPU.
 """
 
@@ -68,6 +68,13 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"nvfp4_blocks: {r['quantizer']} at {r['rows']}: bytes differ from the default's")
     if len(seen) != len(qb.NVFP4_BLOCKS_SWEEP) + 1:
         failed.append(f"nvfp4_blocks: {len(seen)} calls run: {seen}")
+    seen.clear()
+    kb = torch.randn(1, 2, 45, qb.D, generator=g).bfloat16()
+    for r in qb._pair_blocks_records(q, kb, 1.0):
+        if not r["bytes_equal_default"]:
+            failed.append(f"pair_blocks: {r['quantizer']} at {r['rows']}: bytes differ from the default's")
+    if len(seen) != len(qb.PAIR_BLOCKS_SWEEP):
+        failed.append(f"pair_blocks: {len(seen)} calls run: {seen}")
     return failed
 
 

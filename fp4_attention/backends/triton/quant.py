@@ -173,22 +173,34 @@ def _fp8_rows_program(
     ROTATE: tl.constexpr,
     LOG2_D: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
+    BLOCKS: tl.constexpr = 1,
 ):
-    """Rows ``pid * ROWS ...`` of one tensor: their scales and FP8 codes (the body of both row kernels)."""
-    r = pid * ROWS + tl.arange(0, ROWS)  # row (b, h, s) of the contiguous output
+    """Rows ``pid * ROWS * BLOCKS ...`` of one tensor, BLOCKS blocks of ROWS rows one after the
+    other, the next block's rows loaded before the current one is quantized: their scales and FP8
+    codes (the body of both row kernels)."""
+    r = pid * (ROWS * BLOCKS) + tl.arange(0, ROWS)  # row (b, h, s) of the contiguous output
     d = tl.arange(0, D)
-    ok = r < n_rows
     src = _row_offsets(r, H, SEQ, sxb, sxh, sxs)  # any strides of X
-    x = tl.load(X + src[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-    if ROTATE:  # x H in registers, before the row's scale is formed
-        x = rotate_rows(x, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D)
-    # one NaN-propagating max per element: the row's amax, NaN for a row holding a NaN and Inf for
-    # one holding an Inf (no per-element NaN/Inf tests: the kernel was bound by the ALU pipe)
-    amax = tl.reduce(tl.abs(x), 1, _max_propagating_nan)
-    scale, bad = _fp8_scale(amax, FMAX)
-    yq = _fp8_codes(x, scale[:, None], bad[:, None], E5M2)
-    tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
-    tl.store(S + r, scale, mask=ok)
+    x = tl.load(X + src[:, None] + d[None, :], mask=(r < n_rows)[:, None], other=0.0)
+    for i in tl.static_range(BLOCKS):
+        if i + 1 < BLOCKS:  # the next block's loads in flight while this one is quantized
+            r_next = r + ROWS
+            src = _row_offsets(r_next, H, SEQ, sxb, sxh, sxs)  # any strides of X
+            x_next = tl.load(X + src[:, None] + d[None, :], mask=(r_next < n_rows)[:, None], other=0.0)
+        ok = r < n_rows
+        xf = x.to(tl.float32)
+        if ROTATE:  # x H in registers, before the row's scale is formed
+            xf = rotate_rows(xf, SIGNS, ROWS, D, LOG2_D, INV_SQRT_D)
+        # one NaN-propagating max per element: the row's amax, NaN for a row holding a NaN and Inf
+        # for one holding an Inf (no per-element NaN/Inf tests: the kernel was bound by the ALU pipe)
+        amax = tl.reduce(tl.abs(xf), 1, _max_propagating_nan)
+        scale, bad = _fp8_scale(amax, FMAX)
+        yq = _fp8_codes(xf, scale[:, None], bad[:, None], E5M2)
+        tl.store(Y + r[:, None] * D + d[None, :], yq, mask=ok[:, None])
+        tl.store(S + r, scale, mask=ok)
+        if i + 1 < BLOCKS:
+            x = x_next
+            r = r_next
 
 
 @triton.jit
@@ -210,6 +222,7 @@ def _fp8_rows_kernel(
     ROTATE: tl.constexpr = False,
     LOG2_D: tl.constexpr = 0,
     INV_SQRT_D: tl.constexpr = 1.0,
+    BLOCKS: tl.constexpr = 1,
 ):
     _fp8_rows_program(
         tl.program_id(0),
@@ -230,6 +243,7 @@ def _fp8_rows_kernel(
         ROTATE,
         LOG2_D,
         INV_SQRT_D,
+        BLOCKS,
     )
 
 
@@ -269,6 +283,7 @@ def _fp8_rows_pair_kernel(
     ZERO=None,
     n_zero=0,
     ZERO_STEPS: tl.constexpr = 0,
+    BLOCKS: tl.constexpr = 1,
 ):
     """Two tensors' rows in one launch: programs ``[0, n_programs)`` the first's, the rest the second's.
     With ``ZERO_STEPS`` > 0 every program also zeroes ``ZERO_BLOCK`` words of ``ZERO`` (``n_zero``
@@ -300,6 +315,7 @@ def _fp8_rows_pair_kernel(
             ROTATE,
             LOG2_D,
             INV_SQRT_D,
+            BLOCKS,
         )
     else:
         _fp8_rows_program(
@@ -321,6 +337,7 @@ def _fp8_rows_pair_kernel(
             ROTATE,
             LOG2_D,
             INV_SQRT_D,
+            BLOCKS,
         )
 
 
@@ -440,6 +457,7 @@ def quantize_fp8_rows(
     signs: torch.Tensor | None = None,
     rows: int | None = None,
     num_warps: int = 4,
+    blocks: int = 1,
 ) -> FP8Tensor:
     """FP8 with one FP32 scale per row of the last dim; bytes equal ``quant.quantize_fp8(x, fmt, (-1,))``.
 
@@ -451,13 +469,15 @@ def quantize_fp8_rows(
             rotated in the kernel; bytes equal ``quantize_fp8(rotation.rotate(x, signs), fmt, (-1,))``.
         rows, num_warps: rows per program (a power of two; default 2048 / D) and warps: launch
             options for ``bench/quant_bench.py``, the bytes do not depend on them.
+        blocks: blocks of ``rows`` rows per program, each block's loads issued before the previous
+            block is quantized (1, 2 or 4; a launch option likewise).
     Returns:
         :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``, both contiguous.
     Raises:
-        ValueError: not a CUDA tensor, not contiguous and not 4-D, D not a power of two <= 256, or
-            elements spanning 2^31 or more (``check_int32_span``).
+        ValueError: not a CUDA tensor, not contiguous and not 4-D, D not a power of two <= 256,
+            elements spanning 2^31 or more (``check_int32_span``), or ``blocks`` not 1, 2 or 4.
     """
-    (got,) = _quantize_fp8_row_tensors((x,), fmt, signs, rows, num_warps, "quantize_fp8_rows")
+    (got,) = _quantize_fp8_row_tensors((x,), fmt, signs, (rows, num_warps, blocks), "quantize_fp8_rows")
     return got
 
 
@@ -469,6 +489,7 @@ def quantize_fp8_rows_pair(
     signs: torch.Tensor | None = None,
     rows: int | None = None,
     num_warps: int = 4,
+    blocks: int = 1,
     zero: torch.Tensor | None = None,
 ) -> tuple[FP8Tensor, FP8Tensor]:
     """:func:`quantize_fp8_rows` of two tensors (Q and K) in one kernel launch: the same bytes as two
@@ -478,7 +499,7 @@ def quantize_fp8_rows_pair(
     Args:
         x, x2: as :func:`quantize_fp8_rows`'s ``x``, of one head dim; their shapes, strides and
             dtypes may differ (``[B, Hq, Sq, D]`` and ``[B, Hkv, Sk, D]``).
-        fmt, signs, rows, num_warps: as :func:`quantize_fp8_rows`, for both.
+        fmt, signs, rows, num_warps, blocks: as :func:`quantize_fp8_rows`, for both.
         zero: a contiguous FP32 tensor on their device that the same launch also zeroes (the cute
             forward's V amax words: one fill launch less; a later kernel on the stream sees zeros).
     Returns:
@@ -494,18 +515,22 @@ def quantize_fp8_rows_pair(
         )
     if zero is not None:
         check_fp32_words(zero, x.device, "quantize_fp8_rows_pair", "zero")
-    return _quantize_fp8_row_tensors((x, x2), fmt, signs, rows, num_warps, "quantize_fp8_rows_pair", zero)
+    return _quantize_fp8_row_tensors(
+        (x, x2), fmt, signs, (rows, num_warps, blocks), "quantize_fp8_rows_pair", zero
+    )
 
 
-def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who, zero=None) -> tuple:
+def _quantize_fp8_row_tensors(xs, fmt, signs, launch, who, zero=None) -> tuple:
     """One or two tensors' per-row FP8 (``_fp8_rows_kernel`` or ``_fp8_rows_pair_kernel``, which also
-    zeroes ``zero``)."""
+    zeroes ``zero``); ``launch``: (rows per block or None, warps, blocks per program)."""
+    rows, num_warps, blocks = launch
     prepared = [_row_input(x, who) for x in xs]
     d = prepared[0][0].shape[-1]
     if d & (d - 1) or d > 256:
         raise ValueError(f"{who}: last dim must be a power of two <= 256, got {d}")
     dtype, fmax = FP8_FORMATS[fmt]
     rows = _rows_option(who, rows, max(1, 2048 // d))
+    blocks = _blocks_option(who, blocks)
     operands, outs, programs = [], [], []
     for x, layout in prepared:
         y = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
@@ -513,7 +538,7 @@ def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who, zero=None) -
         n = x.numel() // d
         operands += [x, y, s, n, *layout]
         outs.append(FP8Tensor(data=y.view(dtype), scale=s))
-        programs.append(cdiv(n, rows))
+        programs.append(cdiv(n, rows * blocks))
     kernel = _fp8_rows_kernel if len(xs) == 1 else _fp8_rows_pair_kernel
     if len(xs) == 2:
         operands.append(programs[0])
@@ -523,6 +548,7 @@ def _quantize_fp8_row_tensors(xs, fmt, signs, rows, num_warps, who, zero=None) -
         FMAX=fmax,
         E5M2=fmt == "e5m2",
         ROWS=rows,
+        BLOCKS=blocks,
         num_warps=num_warps,
         **_rotation_args(prepared[0][0], signs),
         **_zeroing_args(zero, sum(programs)),
@@ -546,6 +572,13 @@ def _rows_option(who: str, rows: int | None, default: int) -> int:
     if rows < 1 or rows & (rows - 1):
         raise ValueError(f"{who}: rows per program must be a power of two, got {rows}")
     return rows
+
+
+def _blocks_option(who: str, blocks: int) -> int:
+    """The blocks-per-program launch option of the row quantizers: 1, 2 or 4."""
+    if blocks not in (1, 2, 4):
+        raise ValueError(f"{who}: blocks per program must be 1, 2 or 4, got {blocks}")
+    return blocks
 
 
 def _rotation_args(x: torch.Tensor, signs: torch.Tensor | None) -> dict:
@@ -1160,8 +1193,7 @@ def quantize_nvfp4_heads(
     # 2048 // d rows x 4 warps: 0.1792 ms at B4 H32 S4096 D128 on the H200 against 0.2073 for 8 rows,
     # 0.1860 for 32 (results/quant_fast_div_h200/quant_bench_call2_new_2fac340.md; D 128 only)
     rows = _rows_option("quantize_nvfp4_heads", rows, max(1, 2048 // d))
-    if blocks not in (1, 2, 4):
-        raise ValueError(f"quantize_nvfp4_heads: blocks must be 1, 2 or 4, got {blocks}")
+    blocks = _blocks_option("quantize_nvfp4_heads", blocks)
     launcher(_nvfp4_rows_kernel)[(cdiv(s, rows * blocks), h, b)](
         x,
         amax,
