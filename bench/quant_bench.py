@@ -20,8 +20,8 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
   loop per program, the pass as it was before the loop).
 - ``nvfp4_blocks`` and ``pair_blocks`` (not run by default): NVFP4 heads and the Q/K pair at the
   launches of NVFP4_BLOCKS_SWEEP and PAIR_BLOCKS_SWEEP (blocks of rows per program, each block's loads
-  issued before the previous block is quantized; NVFP4 also a register cap), the default launch
-  first and last; with torch's ``x.amax()`` as a reference of the read bandwidth.
+  issued before the previous block is quantized), the default launch first and last; with torch's
+  ``x.amax()`` as a reference of the read bandwidth.
 - ``amax`` (``--kinds amax``; not run by default): V's amax kernel and the per-head amax kernel
   launched alone (reads 2 B/element; the accumulators zeroed once: atomic maxima of the same values
   leave them unchanged), at each launch of V_AMAX_LAUNCHES (rows per step / rows per program) and
@@ -75,21 +75,10 @@ AMAX_SWEEP = (64, 128, 256, 512, 1024, 2048)
 # (rows per program, warps) of the per-head pass (one step per program)
 V_AMAX_LAUNCHES = [(64, 1024, 4), (32, 1024, 4), (64, 1024, 8), (64, 512, 4), (32, 512, 4), (128, 1024, 8)]
 HEAD_AMAX_LAUNCHES = [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8)]
-# NVFP4 heads' rows kernel (rows per block, warps, blocks per program, register cap or None), "nvfp4_blocks":
-# each program quantizes its blocks one after the other, the next block's loads issued first; the
-# default launch (16, 4, 1, None) first, as the baseline of the same run
-NVFP4_BLOCKS_SWEEP = [
-    (16, 4, 1, None),
-    (16, 4, 2, None),
-    (16, 4, 2, 80),
-    (16, 4, 2, 64),
-    (16, 8, 2, None),
-    (8, 4, 2, None),
-    (16, 4, 4, None),
-    (16, 4, 1, 64),
-    (16, 4, 2, None),
-    (16, 4, 1, None),
-]
+# NVFP4 heads' rows kernel (rows per block, warps, blocks per program), "nvfp4_blocks": each program
+# quantizes its blocks one after the other, the next block's loads issued first; the default launch
+# (16, 4, 2) first and last, one block per program (the launch before 2026-12-05) beside it
+NVFP4_BLOCKS_SWEEP = [(16, 4, 2), (16, 4, 1), (8, 4, 2), (16, 4, 4), (8, 4, 4), (16, 4, 2)]
 
 
 def _ms(fn) -> float:
@@ -147,8 +136,8 @@ def v_bytes(n: int) -> int:
 
 KINDS = ("fp8_rows", "nvfp4", "v", "pair", "rope", "amax", "nvfp4_blocks", "pair_blocks")
 # the Q/K pair at the training shape (rows per block, warps, blocks per program), "pair_blocks"; the
-# default launch (16, 4, 1) first and last
-PAIR_BLOCKS_SWEEP = [(16, 4, 1), (16, 4, 2), (8, 4, 2), (8, 4, 4), (16, 4, 4), (32, 8, 2), (16, 4, 1)]
+# default launch (16, 4, 2) first and last
+PAIR_BLOCKS_SWEEP = [(16, 4, 2), (16, 4, 1), (8, 4, 2), (8, 4, 4), (16, 4, 4), (32, 8, 2), (16, 4, 2)]
 ROPE_SWEEP = [
     (16, 4),
     (16, 1),
@@ -291,8 +280,8 @@ def _nvfp4_blocks_records(x, label, bw) -> list[dict]:
     n = x.numel()
     ref = quantize_nvfp4_heads(x)
     out = []
-    for rows, warps, blocks, maxnreg in NVFP4_BLOCKS_SWEEP:
-        kw = dict(rows=rows, num_warps=warps, blocks=blocks, maxnreg=maxnreg)
+    for rows, warps, blocks in NVFP4_BLOCKS_SWEEP:
+        kw = dict(rows=rows, num_warps=warps, blocks=blocks)
         got = quantize_nvfp4_heads(x, **kw)
         same = all(
             torch.equal(a, b)
@@ -311,7 +300,7 @@ def _nvfp4_blocks_records(x, label, bw) -> list[dict]:
                 ),
             )
         )
-        kind = f"nvfp4 heads, {blocks} block(s) per program, maxnreg {maxnreg or '-'}"
+        kind = f"nvfp4 heads, {blocks} block(s) per program"
         fn = lambda kw=kw: quantize_nvfp4_heads(x, **kw)  # noqa: E731
         out.append(_rec(kind, label, rows, warps, fn, nvfp4_heads_bytes(n, D), bw, same))
     out.append(_rec("torch x.amax() (read reference)", label, None, None, x.amax, n * 2, bw, True))

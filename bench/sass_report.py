@@ -205,9 +205,9 @@ QUANT_KERNELS = {
     "rows": (
         "_fp8_rows_kernel",
         {"X": "bf16", "Y": "u8", "S": "fp32"},
-        dict(D=128, FMAX=448.0, E5M2=False, ROWS=16),
+        dict(D=128, FMAX=448.0, E5M2=False, ROWS=16, BLOCKS=2),
         4,
-        "_fp8_rows_kernel D 128 E4M3 16 rows x 4 warps",
+        "_fp8_rows_kernel D 128 E4M3 2 blocks of 16 rows x 4 warps",
     ),
     "nvfp4": (
         "_nvfp4_rows_kernel",
@@ -221,9 +221,9 @@ QUANT_KERNELS = {
             "GOUT": "fp32",
             "TOK": "fp32",
         },
-        dict(D=128, ROWS=NVFP4_SASS_ROWS, HEAD_AMAX=True, SIGNS=None),
+        dict(D=128, ROWS=NVFP4_SASS_ROWS, HEAD_AMAX=True, SIGNS=None, BLOCKS=2),
         4,
-        f"_nvfp4_rows_kernel D 128 (per-head global scale) {NVFP4_SASS_ROWS} rows x 4 warps",
+        f"_nvfp4_rows_kernel D 128 (per-head global scale) 2 blocks of {NVFP4_SASS_ROWS} rows x 4 warps",
     ),
     "v_amax": (
         "_v_amax_kernel",
@@ -242,9 +242,9 @@ QUANT_KERNELS = {
     "rows_pair": (
         "_fp8_rows_pair_kernel",
         {"X": "bf16", "Y": "u8", "S": "fp32", "X2": "bf16", "Y2": "u8", "S2": "fp32"},
-        dict(D=128, FMAX=448.0, E5M2=False, ROWS=16),
+        dict(D=128, FMAX=448.0, E5M2=False, ROWS=16, BLOCKS=2),
         4,
-        "_fp8_rows_pair_kernel D 128 E4M3 16 rows x 4 warps (Q and K bodies)",
+        "_fp8_rows_pair_kernel D 128 E4M3 2 blocks of 16 rows x 4 warps (Q and K bodies)",
     ),
     "rope_pair": (
         "_fp8_rope_pair_kernel",

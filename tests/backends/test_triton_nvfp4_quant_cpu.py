@@ -11,8 +11,8 @@ reference need the hardware's FP8 conversion, test_triton_quant.py on the GPU); 
 decodes (the quantizer's and ``decode_nvfp4_rows``) equal ``scaled_payload()`` in BF16 bit for bit,
 the sign of zero included (E2M1 code 8 is -0), and the Triton backend's Q/K kernel operands without
 a decoded pair at hand decode the saved Q/K to those bits. The launch options of the Q/K
-quantizers (rows per program, warps, NVFP4's blocks per program and register cap:
-``bench/quant_bench.py``'s sweeps) do not change their bytes;
+quantizers (rows per program, warps, blocks per program: ``bench/quant_bench.py``'s sweeps) do not
+change their bytes;
 the amax pass's words given by the caller (``zeroed``) make no fill and the same bytes.
 """
 
@@ -121,10 +121,10 @@ def _interpreted_checks() -> list[str]:
             failed.append(f"nvfp4 heads at rows={rows} warps={warps}: other bytes")
         if not torch.equal(f8.data.view(torch.uint8), base_fp8.data.view(torch.uint8)):
             failed.append(f"fp8 rows at rows={rows} warps={warps}: other bytes")
-    # blocks of rows per program (the next block's loads first; 70 rows: the last program's second
-    # block partly or wholly past the end) and a register cap: the same bytes, decode and scales
-    for rows, blocks, maxnreg in ((8, 2, None), (16, 4, None), (4, 4, 64), (32, 2, None)):
-        nv = quantize_nvfp4_heads(x, rows=rows, blocks=blocks, maxnreg=maxnreg)
+    # blocks of rows per program (the next block's loads first; 70 rows: the last program's later
+    # blocks partly or wholly past the end): the same bytes, decode and scales
+    for rows, blocks in ((8, 1), (16, 4), (4, 4), (32, 2)):
+        nv = quantize_nvfp4_heads(x, rows=rows, blocks=blocks)
         same = all(
             torch.equal(a, b)
             for a, b in (
@@ -136,7 +136,7 @@ def _interpreted_checks() -> list[str]:
             )
         )
         if not same:
-            failed.append(f"nvfp4 heads at rows={rows} blocks={blocks} maxnreg={maxnreg}: other bytes")
+            failed.append(f"nvfp4 heads at rows={rows} blocks={blocks}: other bytes")
     try:
         quantize_nvfp4_heads(x, blocks=3)
         failed.append("blocks=3 did not raise")

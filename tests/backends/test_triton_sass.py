@@ -107,7 +107,7 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
         "fp8 rows": _compile_or_skip(
             quant._fp8_rows_kernel,
             dict(X="bf16", Y="u8", S="fp32"),
-            dict(D=d, FMAX=448.0, E5M2=False, ROWS=2048 // d, **rot),
+            dict(D=d, FMAX=448.0, E5M2=False, ROWS=2048 // d, BLOCKS=2, **rot),
         ),
         "nvfp4 rows": _compile_or_skip(
             quant._nvfp4_rows_kernel,
@@ -117,7 +117,7 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
         "nvfp4 rows, per-head scale": _compile_or_skip(
             quant._nvfp4_rows_kernel,
             dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16", BADH="i32", GOUT="fp32", TOK="fp32"),
-            dict(D=d, ROWS=2048 // d, HEAD_AMAX=True, **rot),
+            dict(D=d, ROWS=2048 // d, HEAD_AMAX=True, BLOCKS=2, **rot),
         ),
         "head amax": _compile_or_skip(
             quant._head_amax_kernel,
