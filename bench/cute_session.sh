@@ -45,7 +45,8 @@
 #           Python functions by host time (cProfile);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8; BENCH_ARGS, more
 #           arguments), same-run baselines
-#           (BENCH_TIMEOUT, default 280 s).
+#           (BENCH_TIMEOUT, default 280 s); its printed lines in bench.log prefixed with the Unix time,
+#           nvidia-smi's SM clock, power and throttle reasons every 200 ms in bench_clocks.csv.
 #         One device call may run 600 s: split the steps over several B calls (each within 30 s of
 #         the last) when their limits add up to more.
 # Logs and results are written under /tmp/cute-logs (LOGS) and packed into $OUT/cute_session_<mode>.tgz
@@ -169,9 +170,18 @@ if [[ $steps == *" bench "* ]]; then
   read -ra recipes <<< "${BENCH_RECIPES:-fp8}"
   read -ra bench_args <<< "${BENCH_ARGS:-}"  # e.g. "--shapes 0 1 2 --cute-fwd-options --cute-bwd-options"
   tile_args=(); [[ ${#tiles[@]} -gt 0 ]] && tile_args=(--cute-tiles "${tiles[@]}")
-  timeout "${BENCH_TIMEOUT:-280}" python3 bench/attention_bench.py --recipes "${recipes[@]}" --cute "${tile_args[@]}" \
-    "${bench_args[@]}" --out "$out/attention_bench_cute_h200" > "$out/bench.log" 2>&1; echo "bench rc=$?" | tee -a "$out/status.txt"
-  grep -v '^{' "$out/bench.log" | tail -40
+  # the SM clock, power and throttle reasons every 200 ms beside the bench's rows, each row's line
+  # prefixed with the Unix time it was printed (bench_clocks.csv, bench.log): rows that move between
+  # runs can then be set against the clocks they ran at
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 200 > "$out/bench_clocks.csv" 2>&1 &
+  smi=$!
+  timeout "${BENCH_TIMEOUT:-280}" python3 -u bench/attention_bench.py --recipes "${recipes[@]}" --cute "${tile_args[@]}" \
+    "${bench_args[@]}" --out "$out/attention_bench_cute_h200" 2>&1 | while IFS= read -r line; do
+    printf '%(%s)T %s\n' -1 "$line"; done > "$out/bench.log"
+  echo "bench rc=${PIPESTATUS[0]}" | tee -a "$out/status.txt"
+  kill "$smi" 2> /dev/null
+  grep -v '^[0-9]* {' "$out/bench.log" | tail -40
 fi
 if [[ $steps == *" quant "* ]]; then  # the quantizers' bandwidth against a same-run copy (bench/quant_bench.py)
   timeout "${QUANT_TIMEOUT:-200}" python3 bench/quant_bench.py --out "$out/quant_bench_h200" > "$out/quant_bench.log" 2>&1
