@@ -42,6 +42,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -499,8 +500,11 @@ def main(argv=None) -> int:
                 }
                 try:
                     fn = make()
+                    t0 = time.time()
                     ms = bench(fn)
-                    rec.update(ms=ms)
+                    # the Unix seconds the timing ran between: to set a row against the clocks and
+                    # power sampled beside the bench (bench/cute_session.sh's bench_clocks.csv)
+                    rec.update(ms=ms, t_unix=[round(t0, 2), round(time.time(), 2)])
                     if not name.startswith("quant_qk_"):  # a quantization alone has no attention FLOPs
                         rec.update(tflops=flops(b, hq, s, causal, pass_) / ms / 1e9)
                 except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
