@@ -4,7 +4,8 @@
     python bench/sass_report.py --backward          # the dK/dV and dQ kernels at the backend's tiles
     python bench/sass_report.py --quant nvfp4       # a quantizer kernel (rows, nvfp4, v_amax, v_codes,
                                                     # rows_pair, rope_pair, rope_nvfp4: with RoPE)
-                                                    # (SASS_NVFP4_ROWS: nvfp4's rows per program, 16)
+                                                    # (SASS_NVFP4_ROWS: nvfp4's rows per program, 16;
+                                                    # --quant-blocks 1|2|4: the row kernels' blocks)
 
 For each recipe's instantiation (QK FP8 or BF16, PV FP8 or BF16, causal or not) it prints the
 register count, spills (STL/LDL), dynamic shared memory, and counts of the instructions that decide
@@ -277,12 +278,18 @@ QUANT_KERNELS = {
 QUANT_ROPE = {"rope_pair", "rope_nvfp4"}
 
 
-def compile_quant(name: str):
+def compile_quant(name: str, blocks: int | None = None):
     """``(compiled kernel, label)`` of the quantizer kernel ``name`` (a key of QUANT_KERNELS), its
-    unit channel stride specialised as a contiguous launch specialises it."""
+    unit channel stride specialised as a contiguous launch specialises it; ``blocks``: another
+    number of blocks of rows per program for the row kernels (``rows``, ``rows_pair``, ``nvfp4``)."""
     from fp4_attention.backends.triton import quant, rope
 
     fn, ptrs, consts, warps, label = QUANT_KERNELS[name]
+    if blocks is not None:
+        if "BLOCKS" not in consts:
+            raise ValueError(f"--quant-blocks: {name} has no blocks of rows per program")
+        consts = {**consts, "BLOCKS": blocks}
+        label = label.replace(f"{QUANT_KERNELS[name][2]['BLOCKS']} blocks of", f"{blocks} block(s) of")
     if name in QUANT_ROPE:
         kernel = _compile(
             getattr(rope, fn),
@@ -319,11 +326,18 @@ def main(argv=None) -> int:
         "frequent opcodes",
     )
     p.add_argument("--quant-rows", action="store_true", help="the same as --quant rows")
+    p.add_argument(
+        "--quant-blocks",
+        type=int,
+        choices=(1, 2, 4),
+        default=None,
+        help="with --quant rows, rows_pair or nvfp4: blocks of rows per program (default: the API's, 2)",
+    )
     a = p.parse_args(argv)
     if a.quant_rows:
         a.quant = "rows"
     if a.quant:
-        kernel, what = compile_quant(a.quant)
+        kernel, what = compile_quant(a.quant, a.quant_blocks)
         sass, res = kernel_sass(kernel)
         ops = _opcodes(sass)
         main_path = _opcodes(sass[: sass.rindex("EXIT")])
