@@ -13,6 +13,11 @@ lowest SM clock (MHz), highest power (W) and temperature (C), and the fraction o
 software power cap among the active clock-event reasons (bit 0x4 of nvidia-smi's
 ``clocks_event_reasons.active``: the driver lowered the clocks to hold the board's power limit).
 Nothing here changes a setting of the GPU (``device/METHOD.md``: measure the card as found).
+
+The samples' timestamps are read as UTC: ``cute_session.sh`` runs nvidia-smi with ``TZ=UTC`` on GPU 0
+(the bench's device; the session of 2026-12-05 ran before that, on a machine whose clock was UTC).
+The group windows of older logs are approximate: two groups printed within one second share a
+window (under the first one's label), and consecutive windows overlap by up to a second.
 """
 
 from __future__ import annotations

@@ -56,7 +56,9 @@ set -uo pipefail
 mode=${1:?usage: bash bench/cute_session.sh A|B [tile_m,tile_n,stages ...]}; shift
 [[ $mode == A || $mode == B ]] || { echo "cute_session: mode must be A or B, got '$mode'" >&2; exit 2; }
 dest="${OUT:-cute-logs}"; out="${LOGS:-/tmp/cute-logs}"; mkdir -p "$dest" "$out"
+smi=""  # the bench step's nvidia-smi sampler, stopped on any exit (a time limit included)
 pack() {  # every log and result of this call in one archive (earlier calls' files in LOGS included)
+  [[ -n $smi ]] && kill "$smi" 2> /dev/null
   tar czf "$dest/cute_session_$mode.tgz" -C "$out" . && { [[ -f $out/status.txt ]] && cp "$out/status.txt" "$dest/"; }
 }
 trap pack EXIT
@@ -173,14 +175,16 @@ if [[ $steps == *" bench "* ]]; then
   # the SM clock, power and throttle reasons every 200 ms beside the bench's rows, each row's line
   # prefixed with the Unix time it was printed (bench_clocks.csv, bench.log): rows that move between
   # runs can then be set against the clocks they ran at
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  # (GPU 0, the bench's device; TZ=UTC: nvidia-smi writes its timestamps in local time, and
+  # bench/bench_clocks.py reads them as UTC)
+  TZ=UTC nvidia-smi -i 0 --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv -lms 200 > "$out/bench_clocks.csv" 2>&1 &
   smi=$!
   timeout "${BENCH_TIMEOUT:-280}" python3 -u bench/attention_bench.py --recipes "${recipes[@]}" --cute "${tile_args[@]}" \
-    "${bench_args[@]}" --out "$out/attention_bench_cute_h200" 2>&1 | while IFS= read -r line; do
+    "${bench_args[@]}" --out "$out/attention_bench_cute_h200" 2>&1 | while IFS= read -r line || [[ -n $line ]]; do
     printf '%(%s)T %s\n' -1 "$line"; done > "$out/bench.log"
   echo "bench rc=${PIPESTATUS[0]}" | tee -a "$out/status.txt"
-  kill "$smi" 2> /dev/null
+  kill "$smi" 2> /dev/null; smi=""
   grep -v '^[0-9]* {' "$out/bench.log" | tail -40
 fi
 if [[ $steps == *" quant "* ]]; then  # the quantizers' bandwidth against a same-run copy (bench/quant_bench.py)

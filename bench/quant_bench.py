@@ -495,8 +495,11 @@ def to_markdown(meta: dict, records: list[dict]) -> str:
         f"- same-run device-to-device copy of 1 GiB: {meta['copy_TB_per_s']:.3f} TB/s (read + write); "
         "`of copy` = the quantizer's fewest bytes per second over it (target >= 0.70); `ms` by CUDA events "
         "(launch gaps included), `kernel ms` the sum of its kernels' durations (torch.profiler)",
+        "- `rows`: rows per program, or per block for the row quantizers (fp8 rows, the pair, NVFP4 heads), "
+        "whose programs take 2 blocks each unless the row says otherwise (their default since 8b8d371; "
+        "one block before)",
         "",
-        "| quantizer | shape | rows/program | warps | ms | TB/s | of copy | kernel ms | of copy (kernels) "
+        "| quantizer | shape | rows | warps | ms | TB/s | of copy | kernel ms | of copy (kernels) "
         "| bytes = default |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -336,6 +336,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.quant_rows:
         a.quant = "rows"
+    if a.quant_blocks is not None and not a.quant:
+        p.error("--quant-blocks needs --quant rows, rows_pair or nvfp4")
     if a.quant:
         kernel, what = compile_quant(a.quant, a.quant_blocks)
         sass, res = kernel_sass(kernel)

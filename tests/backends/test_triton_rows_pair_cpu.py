@@ -34,16 +34,16 @@ def _interpreted_checks() -> list[str]:
         "k first": (k.contiguous(), q, "e4m3", None, 16),
     }
     for name, (a, b, fmt, signs, rows) in cases.items():
-        pair = quantize_fp8_rows_pair(a, b, fmt, signs=signs, rows=rows)
-        one = (
-            quantize_fp8_rows(a, fmt, signs=signs, rows=rows),
-            quantize_fp8_rows(b, fmt, signs=signs, rows=rows),
+        pair = quantize_fp8_rows_pair(a, b, fmt, signs=signs, rows=rows)  # the default: 2 blocks
+        one = (  # one block of rows per program
+            quantize_fp8_rows(a, fmt, signs=signs, rows=rows, blocks=1),
+            quantize_fp8_rows(b, fmt, signs=signs, rows=rows, blocks=1),
         )
         if not (same(pair[0], one[0]) and same(pair[1], one[1])):
             failed.append(name)
         # blocks of rows per program (the next block's loads first; the last program's later blocks
         # partly or wholly past the end): the same bytes, in the pair and alone
-        for blocks in (2, 4):
+        for blocks in (1, 2, 4):
             pb = quantize_fp8_rows_pair(a, b, fmt, signs=signs, rows=rows, blocks=blocks)
             ob = quantize_fp8_rows(a, fmt, signs=signs, rows=rows, blocks=blocks)
             if not (same(pb[0], one[0]) and same(pb[1], one[1]) and same(ob, one[0])):
@@ -73,12 +73,13 @@ def _interpreted_checks() -> list[str]:
         except ValueError as e:
             if "zero must be a contiguous FP32 tensor" not in str(e):
                 failed.append(f"zero refused with: {e}")
-    try:
-        quantize_fp8_rows(q, blocks=3)
-        failed.append("blocks=3 not refused")
-    except ValueError as e:
-        if "must be 1, 2 or 4" not in str(e):
-            failed.append(f"blocks=3 refused with: {e}")
+    for bad in (3, True, 2.0):
+        try:
+            quantize_fp8_rows(q, blocks=bad)
+            failed.append(f"blocks={bad!r} not refused")
+        except ValueError as e:
+            if "must be 1, 2 or 4" not in str(e):
+                failed.append(f"blocks={bad!r} refused with: {e}")
     return failed
 
 

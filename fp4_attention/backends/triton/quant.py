@@ -467,17 +467,19 @@ def quantize_fp8_rows(
             ``[B, H, S, D]`` is read in place; one whose last stride is not 1 is copied first).
         signs: FP32 ``[D]`` signs of a Q/K rotation (``numerics.rotation``): quantize ``x H``,
             rotated in the kernel; bytes equal ``quantize_fp8(rotation.rotate(x, signs), fmt, (-1,))``.
-        rows, num_warps: rows per program (a power of two; default 2048 / D) and warps: launch
+        rows, num_warps: rows per block (a power of two; default 2048 / D) and warps: launch
             options for ``bench/quant_bench.py``, the bytes do not depend on them.
-        blocks: blocks of ``rows`` rows per program, each block's loads issued before the previous
-            block is quantized (1, 2 or 4; a launch option likewise). Default 2: the Q/K pair at
+        blocks: blocks of ``rows`` rows per program (a program quantizes ``rows * blocks`` rows),
+            each block's loads issued before the previous block is quantized (1, 2 or 4; a launch
+            option likewise). Default 2: the Q/K pair at
             B4 H32/8 S4096 D128 took 0.0876 ms of kernel time against 0.0926 at 1 block on an H100
             (``results/quant_blocks_h100``).
     Returns:
         :class:`FP8Tensor` with data ``[..., D]`` and scale ``[..., 1]``, both contiguous.
     Raises:
         ValueError: not a CUDA tensor, not contiguous and not 4-D, D not a power of two <= 256,
-            elements spanning 2^31 or more (``check_int32_span``), or ``blocks`` not 1, 2 or 4.
+            elements spanning 2^31 or more (``check_int32_span``), ``rows`` not a power of two, or
+            ``blocks`` not 1, 2 or 4.
     """
     (got,) = _quantize_fp8_row_tensors((x,), fmt, signs, (rows, num_warps, blocks), "quantize_fp8_rows")
     return got
@@ -568,17 +570,18 @@ def _zeroing_args(zero: torch.Tensor | None, n_grid: int) -> dict:
 
 
 def _rows_option(who: str, rows: int | None, default: int) -> int:
-    """The rows-per-program launch option: ``default`` for None, else a power of two."""
+    """The rows launch option (rows per program, or per block of a program for the row
+    quantizers): ``default`` for None, else a power of two."""
     if rows is None:
         return default
     if rows < 1 or rows & (rows - 1):
-        raise ValueError(f"{who}: rows per program must be a power of two, got {rows}")
+        raise ValueError(f"{who}: rows (per program or per block) must be a power of two, got {rows}")
     return rows
 
 
 def _blocks_option(who: str, blocks: int) -> int:
-    """The blocks-per-program launch option of the row quantizers: 1, 2 or 4."""
-    if blocks not in (1, 2, 4):
+    """The blocks-per-program launch option of the row quantizers: the int 1, 2 or 4."""
+    if blocks.__class__ is not int or blocks not in (1, 2, 4):
         raise ValueError(f"{who}: blocks per program must be 1, 2 or 4, got {blocks}")
     return blocks
 
@@ -1158,13 +1161,13 @@ def quantize_nvfp4_heads(
     """NVFP4 of BF16 ``x [B, H, S, D]`` (any strides with a unit last one: read in place) with its
     per-(batch, head) global scale, the Q/K quantization of ``nvfp4qk_fp8pv``, in two kernels (a
     per-head amax pass, then the rows, which form the global scale themselves) and one fill.
-    ``rows`` / ``num_warps``: the rows kernel's launch options (rows per program, a power of two,
+    ``rows`` / ``num_warps``: the rows kernel's launch options (rows per block, a power of two,
     default 2048 / D; warps), for ``bench/quant_bench.py``; the bytes do not depend on them.
-    ``blocks``: blocks of ``rows`` rows per program of the rows kernel (1, 2 or 4), each block's
-    loads issued before the previous block is quantized, a launch option likewise. Default 2: at Q
-    B4 H32 S4096 D128 the quantizer's kernels took 0.1718-0.1722 ms against 0.1806-0.1808 at 1
-    block, on an H100 in three runs; 4 blocks, 8 warps, and register caps of 56, 64 and 80 lost
-    (``results/quant_blocks_h100``).
+    ``blocks``: blocks of ``rows`` rows per program of the rows kernel (1, 2 or 4; a program
+    quantizes ``rows * blocks`` rows), each block's loads issued before the previous block is
+    quantized, a launch option likewise. Default 2: at Q B4 H32 S4096 D128 the quantizer's kernels
+    took 0.1714-0.1722 ms against 0.1800-0.1811 at 1 block, on an H100 in three runs; 4 blocks, 8
+    warps, and register caps of 56, 64 and 80 lost (``results/quant_blocks_h100``).
     ``zeroed``: the amax pass's words, ``2 * B * H`` zeroed FP32 (:func:`amax_and_flag_words`; the
     caller's fill then covers them), default a fill of its own.
 
@@ -1177,7 +1180,8 @@ def quantize_nvfp4_heads(
         kernel: no broadcast copy); all contiguous.
     Raises:
         ValueError: not 4-D, as ``_row_input``, D not a power of two in [16, 256], S = 0, B * H
-            above 65,535 (raised before any launch), or ``zeroed`` not as described.
+            above 65,535 (raised before any launch), ``rows`` not a power of two, ``blocks`` not 1,
+            2 or 4, or ``zeroed`` not as described.
     """
     if x.dim() != 4:
         raise ValueError(f"quantize_nvfp4_heads: needs [B, H, S, D], got shape {tuple(x.shape)}")
