@@ -40,6 +40,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +69,56 @@ D = 128
 
 def bench(fn, warmup=100, rep=400) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def time_rows(cands, meta_row: dict, rounds: int = 1) -> list[dict]:
+    """One record per ``(name, make)`` of ``cands`` (``make()`` builds the timed callable): ``ms``,
+    the median over ``rounds`` of :func:`bench`'s median, and ``t_unix``, the Unix seconds each
+    round's timing ran between (to set a row against the clocks sampled beside the bench:
+    ``bench/cute_session.sh``'s ``bench_clocks.csv``, ``bench/bench_clocks.py``). With one round each
+    callable is built, timed and dropped in turn; with more, all are built first and the rounds go
+    over them in order, so that every row meets the GPU's clock and power states in turn (the H100's
+    SM clock moved by up to a quarter within a run under its power cap,
+    ``results/session_2026-12-05d_h100``). A row whose build or timing raises gets ``error`` instead
+    (a baseline that cannot run is reported, not fatal)."""
+    recs, fns = [], []
+    for name, make in cands:
+        rec = {**meta_row, "impl": name}
+        try:
+            fns.append(make())
+        except Exception as e:  # noqa: BLE001
+            rec.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+            traceback.print_exc(limit=2)
+            fns.append(None)
+        if rounds == 1 and fns[-1] is not None:
+            _time_round(rec, fns[-1])
+            fns[-1] = None
+            torch.cuda.empty_cache()
+        recs.append(rec)
+    for _ in range(rounds if rounds > 1 else 0):
+        for rec, fn in zip(recs, fns):
+            if fn is not None and "error" not in rec:
+                _time_round(rec, fn)
+    for rec in recs:
+        if "ms_rounds" in rec:
+            rec["ms"] = statistics.median(rec["ms_rounds"])
+            if rounds == 1:
+                del rec["ms_rounds"]
+                rec["t_unix"] = rec["t_unix"][0]
+    torch.cuda.empty_cache()
+    return recs
+
+
+def _time_round(rec: dict, fn) -> None:
+    """One :func:`bench` of ``fn`` into ``rec``'s ``ms_rounds`` and ``t_unix`` (or ``error``)."""
+    try:
+        t0 = time.time()
+        ms = bench(fn)
+        rec.setdefault("ms_rounds", []).append(ms)
+        rec.setdefault("t_unix", []).append([round(t0, 2), round(time.time(), 2)])
+    except Exception as e:  # noqa: BLE001
+        rec.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+        traceback.print_exc(limit=2)
 
 
 def graphed(fn, warmup: int = 3):
@@ -331,6 +382,13 @@ def main(argv=None) -> int:
         "BF16 baselines (cudnn_bf16, and fa4_bf16 with --cute)",
     )
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time each (shape, pass) group's rows this many times, round-robin, and report the median "
+        "(ms_rounds: each round's; the callables are all built first). Default 1: each row timed once",
+    )
+    p.add_argument(
         "--graphed",
         action="store_true",
         help="add fwd+bwd rows <impl>_graphed (one CUDA graph replayed: no host launch cost) for "
@@ -345,6 +403,8 @@ def main(argv=None) -> int:
         "fwd+bwd rows always run",
     )
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     tiles = None  # the cute forward's tiles of the kernel-only rows, parsed once
     if args.cute and args.cute_tiles is None:
         from fp4_attention.backends.cute.backend import default_tiles
@@ -486,33 +546,21 @@ def main(argv=None) -> int:
                     for name, make in cands
                     if name in GRAPHED
                 ]
-            for name, make in cands:
-                rec = {
-                    "shape": shape,
-                    "B": b,
-                    "Hq": hq,
-                    "Hkv": hkv,
-                    "S": s,
-                    "D": D,
-                    "causal": causal,
-                    "pass": pass_,
-                    "impl": name,
-                }
-                try:
-                    fn = make()
-                    t0 = time.time()
-                    ms = bench(fn)
-                    # the Unix seconds the timing ran between: to set a row against the clocks and
-                    # power sampled beside the bench (bench/cute_session.sh's bench_clocks.csv)
-                    rec.update(ms=ms, t_unix=[round(t0, 2), round(time.time(), 2)])
-                    if not name.startswith("quant_qk_"):  # a quantization alone has no attention FLOPs
-                        rec.update(tflops=flops(b, hq, s, causal, pass_) / ms / 1e9)
-                except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
-                    rec.update(error=f"{type(e).__name__}: {str(e)[:300]}")
-                    traceback.print_exc(limit=2)
-                base[name] = rec
+            meta_row = {
+                "shape": shape,
+                "B": b,
+                "Hq": hq,
+                "Hkv": hkv,
+                "S": s,
+                "D": D,
+                "causal": causal,
+                "pass": pass_,
+            }
+            for rec in time_rows(cands, meta_row, args.rounds):
+                if "ms" in rec and not rec["impl"].startswith("quant_qk_"):  # a quantization has no FLOPs
+                    rec.update(tflops=flops(b, hq, s, causal, pass_) / rec["ms"] / 1e9)
+                base[rec["impl"]] = rec
                 records.append(rec)
-                torch.cuda.empty_cache()
             ref = base["cudnn_bf16"].get("tflops")
             for name, rec in base.items():
                 for other in ("cudnn_bf16", "fa4_bf16", "cudnn_fp8"):

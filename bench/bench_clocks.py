@@ -5,9 +5,10 @@ timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reason
     python bench/bench_clocks.py LOGDIR [--out NAME]       # LOGDIR: bench.log and bench_clocks.csv
 
 Windows: a row's own ``t_unix`` (the Unix seconds its timing ran between, in the rows since
-attention_bench recorded them) or, for older rows, its (shape, pass) group's: ``bench.log`` prefixes
-each printed line with the Unix second it was printed, and a group's rows are printed together once
-the group is done, so a group ran between the previous group's print and its own. For each window:
+attention_bench recorded them; one window per round with its ``--rounds``) or, for older rows, its
+(shape, pass) group's: ``bench.log`` prefixes each printed line with the Unix second it was printed,
+and a group's rows are printed together once the group is done, so a group ran between the previous
+group's print and its own. For each window:
 the samples in it with the GPU busy (power above ``--busy-watts``, default 150 W), their median and
 lowest SM clock (MHz), highest power (W) and temperature (C), and the fraction of them with the
 software power cap among the active clock-event reasons (bit 0x4 of nvidia-smi's
@@ -70,9 +71,14 @@ def read_rows(log: Path) -> list[tuple[int, dict]]:
 def windows(rows: list[tuple[int, dict]]) -> list[tuple[str, float, float, list[dict]]]:
     """``(label, start, end, records)``: one per row with ``t_unix``, else one per printed group."""
     if rows and all("t_unix" in r or "error" in r for _, r in rows):
-        return [
-            (f"{r['shape']} {r['pass']} {r['impl']}", *r["t_unix"], [r]) for _, r in rows if "t_unix" in r
-        ]
+        out = []
+        for _, r in rows:
+            spans = r.get("t_unix", [])
+            spans = [spans] if spans and not isinstance(spans[0], list) else spans  # one round: [t0, t1]
+            for i, (t0, t1) in enumerate(spans):
+                tag = f" #{i}" if len(spans) > 1 else ""  # attention_bench --rounds: one window per round
+                out.append((f"{r['shape']} {r['pass']} {r['impl']}{tag}", t0, t1, [r]))
+        return out
     out, start = [], None
     for t in sorted({t for t, _ in rows}):
         group = [r for tt, r in rows if tt == t]

@@ -61,6 +61,16 @@ def test_row_windows_from_t_unix(tmp_path):
     assert "| S fwd b | 5 | 1500 | 1500 | 700 | 50 | 0.80 |" in bc.to_markdown(out)
 
 
+def test_one_window_per_round(tmp_path):
+    spans = [[T0 + 1.0, T0 + 2.0], [T0 + 2.0, T0 + 3.0]]  # attention_bench --rounds 2
+    rows = [
+        (T0 + 3, {"shape": "S", "pass": "fwd", "impl": "a", "ms": 1.0, "ms_rounds": [1, 1], "t_unix": spans})
+    ]
+    out = bc.report(_write(tmp_path, rows, _samples()))
+    assert [w["window"] for w in out] == ["S fwd a #0", "S fwd a #1"]
+    assert [w["sw_power_cap_fraction"] for w in out] == [0.0, 0.8]
+
+
 def test_group_windows_without_t_unix(tmp_path):
     rows = [
         (T0 + 1, {"shape": "S", "pass": "fwd", "impl": "a", "ms": 1.0}),  # the first group: start unknown
