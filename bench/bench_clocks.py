@@ -9,7 +9,8 @@ attention_bench recorded them; one window per round with its ``--rounds``) or, f
 (shape, pass) group's: ``bench.log`` prefixes each printed line with the Unix second it was printed,
 and a group's rows are printed together once the group is done, so a group ran between the previous
 group's print and its own. For each window:
-the samples in it with the GPU busy (power above ``--busy-watts``, default 150 W), their median and
+the row's time in it (ms; none for a group), the samples in it with the GPU busy (power above
+``--busy-watts``, default 150 W), their median and
 lowest SM clock (MHz), highest power (W) and temperature (C), and the fraction of them with the
 software power cap among the active clock-event reasons (bit 0x4 of nvidia-smi's
 ``clocks_event_reasons.active``: the driver lowered the clocks to hold the board's power limit).
@@ -68,22 +69,25 @@ def read_rows(log: Path) -> list[tuple[int, dict]]:
     return out
 
 
-def windows(rows: list[tuple[int, dict]]) -> list[tuple[str, float, float, list[dict]]]:
-    """``(label, start, end, records)``: one per row with ``t_unix``, else one per printed group."""
+def windows(rows: list[tuple[int, dict]]) -> list[tuple[str, float, float, list[dict], float | None]]:
+    """``(label, start, end, records, ms)``: one per row (and round) with ``t_unix``, with the row's
+    time in that round; else one per printed group (no time)."""
     if rows and all("t_unix" in r or "error" in r for _, r in rows):
         out = []
         for _, r in rows:
             spans = r.get("t_unix", [])
             spans = [spans] if spans and not isinstance(spans[0], list) else spans  # one round: [t0, t1]
+            times = r.get("ms_rounds", [r.get("ms")])
             for i, (t0, t1) in enumerate(spans):
                 tag = f" #{i}" if len(spans) > 1 else ""  # attention_bench --rounds: one window per round
-                out.append((f"{r['shape']} {r['pass']} {r['impl']}{tag}", t0, t1, [r]))
+                ms = times[i] if i < len(times) else None
+                out.append((f"{r['shape']} {r['pass']} {r['impl']}{tag}", t0, t1, [r], ms))
         return out
     out, start = [], None
     for t in sorted({t for t, _ in rows}):
         group = [r for tt, r in rows if tt == t]
         if start is not None:  # the first group's start is not known: its window is left out
-            out.append((f"{group[0]['shape']} {group[0]['pass']}", start, t + 1.0, group))
+            out.append((f"{group[0]['shape']} {group[0]['pass']}", start, t + 1.0, group, None))
         start = t
     return out
 
@@ -112,23 +116,25 @@ def report(logdir: Path, busy_watts: float = 150.0) -> list[dict]:
             "t0": lo,
             "t1": hi,
             "rows": [r["impl"] for r in recs],
+            "ms": ms,
             **summarize(samples, lo, hi, busy_watts),
         }
-        for label, lo, hi, recs in windows(read_rows(logdir / "bench.log"))
+        for label, lo, hi, recs, ms in windows(read_rows(logdir / "bench.log"))
     ]
 
 
 def to_markdown(out: list[dict]) -> str:
     lines = [
-        "| window | busy samples | SM MHz median | SM MHz min | W max | C max | SW power cap |",
-        "|---|---|---|---|---|---|---|",
+        "| window | ms | busy samples | SM MHz median | SM MHz min | W max | C max | SW power cap |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for w in out:
+        ms = "" if w.get("ms") is None else f"{w['ms']:.3f}"
         if not w["samples"]:
-            lines.append(f"| {w['window']} | 0 | | | | | |")
+            lines.append(f"| {w['window']} | {ms} | 0 | | | | | |")
             continue
         lines.append(
-            f"| {w['window']} | {w['samples']} | {w['sm_mhz_median']:.0f} | {w['sm_mhz_min']} "
+            f"| {w['window']} | {ms} | {w['samples']} | {w['sm_mhz_median']:.0f} | {w['sm_mhz_min']} "
             f"| {w['watts_max']:.0f} | {w['temp_max']} | {w['sw_power_cap_fraction']:.2f} |"
         )
     return "\n".join(lines) + "\n"

@@ -58,16 +58,15 @@ def test_row_windows_from_t_unix(tmp_path):
         700.0,
         0.8,
     )
-    assert "| S fwd b | 5 | 1500 | 1500 | 700 | 50 | 0.80 |" in bc.to_markdown(out)
+    assert "| S fwd b | 1.000 | 5 | 1500 | 1500 | 700 | 50 | 0.80 |" in bc.to_markdown(out)
 
 
 def test_one_window_per_round(tmp_path):
     spans = [[T0 + 1.0, T0 + 2.0], [T0 + 2.0, T0 + 3.0]]  # attention_bench --rounds 2
-    rows = [
-        (T0 + 3, {"shape": "S", "pass": "fwd", "impl": "a", "ms": 1.0, "ms_rounds": [1, 1], "t_unix": spans})
-    ]
-    out = bc.report(_write(tmp_path, rows, _samples()))
+    row = {"shape": "S", "pass": "fwd", "impl": "a", "ms": 1.5, "ms_rounds": [1.0, 2.0], "t_unix": spans}
+    out = bc.report(_write(tmp_path, [(T0 + 3, row)], _samples()))
     assert [w["window"] for w in out] == ["S fwd a #0", "S fwd a #1"]
+    assert [w["ms"] for w in out] == [1.0, 2.0]
     assert [w["sw_power_cap_fraction"] for w in out] == [0.0, 0.8]
 
 
@@ -79,6 +78,7 @@ def test_group_windows_without_t_unix(tmp_path):
     ]
     out = bc.report(_write(tmp_path, rows, _samples()))
     assert len(out) == 1 and out[0]["window"] == "S bwd" and out[0]["rows"] == ["a", "b"]
+    assert out[0]["ms"] is None
     # the window runs from the previous print (T0 + 1) to the end of its own print's second (T0 + 3)
     assert out[0]["samples"] == 10 and out[0]["sw_power_cap_fraction"] == 0.4
 
