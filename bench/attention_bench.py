@@ -95,10 +95,11 @@ def time_rows(cands, meta_row: dict, rounds: int = 1) -> list[dict]:
             fns[-1] = None
             torch.cuda.empty_cache()
         recs.append(rec)
-    for _ in range(rounds if rounds > 1 else 0):
-        for rec, fn in zip(recs, fns):
-            if fn is not None and "error" not in rec:
-                _time_round(rec, fn)
+    if rounds > 1:  # one round timed each row above already
+        for _ in range(rounds):
+            for rec, fn in zip(recs, fns):
+                if fn is not None and "error" not in rec:
+                    _time_round(rec, fn)
     for rec in recs:
         if "ms_rounds" in rec:
             rec["ms"] = statistics.median(rec["ms_rounds"])

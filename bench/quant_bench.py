@@ -277,29 +277,14 @@ def _nvfp4_blocks_records(x, label, bw) -> list[dict]:
     reference of the read bandwidth the amax pass could reach."""
     from fp4_attention.backends.triton.quant import quantize_nvfp4_heads
 
-    n = x.numel()
-    ref = quantize_nvfp4_heads(x)
-    out = []
+    def raw(got):  # payload, block scales, global scale, decode (bits)
+        t, dec, _ = got
+        return [t.payload, t.block_scale, t.global_scale.nan_to_num(), dec.view(torch.int16)]
+
+    ref, n, out = raw(quantize_nvfp4_heads(x)), x.numel(), []
     for rows, warps, blocks in NVFP4_BLOCKS_SWEEP:
         kw = dict(rows=rows, num_warps=warps, blocks=blocks)
-        got = quantize_nvfp4_heads(x, **kw)
-        same = all(
-            torch.equal(a, b)
-            for a, b in zip(
-                (
-                    got[0].payload,
-                    got[0].block_scale,
-                    got[0].global_scale.nan_to_num(),
-                    got[1].view(torch.int16),
-                ),
-                (
-                    ref[0].payload,
-                    ref[0].block_scale,
-                    ref[0].global_scale.nan_to_num(),
-                    ref[1].view(torch.int16),
-                ),
-            )
-        )
+        same = all(torch.equal(a, b) for a, b in zip(raw(quantize_nvfp4_heads(x, **kw)), ref))
         kind = f"nvfp4 heads, {blocks} block(s) per program"
         fn = lambda kw=kw: quantize_nvfp4_heads(x, **kw)  # noqa: E731
         out.append(_rec(kind, label, rows, warps, fn, nvfp4_heads_bytes(n, D), bw, same))

@@ -973,12 +973,11 @@ def _nvfp4_rows_kernel(
     else:
         g1 = 1.0  # unused: the fast division is decided per block
     s = tl.program_id(0) * (ROWS * BLOCKS) + tl.arange(0, ROWS)
-    x = _nvfp4_rows_x(X, bi * sxb + hi * sxh, s, SEQ, sxs, D, ROWS, SIGNS, ROTATE, LOG2_D, INV_SQRT_D)
+    head = bi * sxb + hi * sxh  # the head's first element in X (any strides)
+    x = _nvfp4_rows_x(X, head, s, SEQ, sxs, D, ROWS, SIGNS, ROTATE, LOG2_D, INV_SQRT_D)
     for i in tl.static_range(BLOCKS):
         if i + 1 < BLOCKS:  # the next block's loads in flight while this one is quantized
-            x_next = _nvfp4_rows_x(
-                X, bi * sxb + hi * sxh, s + ROWS, SEQ, sxs, D, ROWS, SIGNS, ROTATE, LOG2_D, INV_SQRT_D
-            )
+            x_next = _nvfp4_rows_x(X, head, s + ROWS, SEQ, sxs, D, ROWS, SIGNS, ROTATE, LOG2_D, INV_SQRT_D)
         ok = s < SEQ
         r = bh * SEQ + s  # row (b, h, s) of the contiguous output
         if HEAD_AMAX:
