@@ -387,7 +387,9 @@ def main(argv=None) -> int:
         type=int,
         default=1,
         help="time each (shape, pass) group's rows this many times, round-robin, and report the median "
-        "(ms_rounds: each round's; the callables are all built first). Default 1: each row timed once",
+        "(ms_rounds: each round's; the callables are all built first). Default 1: each row timed once. "
+        "Known failure: above 1 with B1 (shape 0) as the first shape, the first timed row hit an "
+        "illegal memory access on an H100 (results/session_2026-12-05e_h100); put --shapes 1 first",
     )
     p.add_argument(
         "--graphed",
