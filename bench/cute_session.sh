@@ -20,7 +20,7 @@
 #         "pytest": python3 -m pytest -m gpu PYTEST_ARGS (words: paths, -k ...; PYTEST_TIMEOUT, 300 s);
 #         "tests": CuTe (forward and backward) + FA4 GPU tests, with the dominant-key and non-finite
 #           GPU tests of both GPU backends, the backward's preparation kernels, RoPE (with its cute
-#           cases) and the layouts
+#           cases), the CUDA-graph capture of every GPU backend's step and the layouts
 #           (TESTS_TIMEOUT, default 360 s; TEST_WORKERS processes, default 8, as the Triton tests of A);
 #         "fidelity": tools/fidelity.py FID_RECIPES (default fp8) for each of FID_BACKENDS (default "cute triton"), cute with
 #           the cuDNN FP8 peer (FID_TIMEOUT per backend, 200 s); FID_ARGS: more arguments (words), FID_TAG a
@@ -119,7 +119,7 @@ steps=" ${STEPS:-tests bench} "
 if [[ $steps == *" tests "* ]]; then
   timeout "${TESTS_TIMEOUT:-360}" python3 -m pytest -q -m gpu "${workers[@]}" tests/backends/test_cute_backend.py \
     tests/backends/test_dominant_key_gpu.py tests/backends/test_non_finite_gpu.py tests/backends/test_dout_quant.py \
-    tests/backends/test_triton_rope.py \
+    tests/backends/test_triton_rope.py tests/backends/test_cuda_graphs_gpu.py \
     -p no:cacheprovider > "$out/cute_tests.log" 2>&1; echo "cute tests rc=$?" | tee -a "$out/status.txt"
   tail -25 "$out/cute_tests.log"
   if [[ -f tests/backends/test_layouts_gpu.py ]]; then  # one process: it runs the CUDA profiler
