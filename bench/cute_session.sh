@@ -43,6 +43,12 @@
 #           bf16), the whole step and the
 #           backward alone (STEP_PROFILE_TIMEOUT per profile, 90 s); STEP_PROFILE_HOST=1 adds the
 #           Python functions by host time (cProfile);
+#         "graph_mix": bench/graph_eager_mix.py at each of GRAPH_MIX_SHAPES (B,Hq,Hkv,S; default
+#           "1,32,8,4096 4,32,8,4096"): which captured CUDA graph breaks which eager step (the fault of
+#           attention_bench --graphed --rounds N), graph_mix_B<b>.jsonl (GRAPH_MIX_TIMEOUT per shape, 240 s);
+#         "memcheck": compute-sanitizer memcheck of bench/memcheck_step.py, one fwd+bwd step per backend of
+#           MEMCHECK_BACKENDS (default "cute triton", recipe fp8) at MEMCHECK_SHAPE (default 1,8,2,1024), with
+#           the caching allocator off (MEMCHECK_TIMEOUT per backend, 240 s);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8; BENCH_ARGS, more
 #           arguments), same-run baselines
 #           (BENCH_TIMEOUT, default 280 s); its printed lines in bench.log prefixed with the Unix time,
@@ -166,6 +172,24 @@ if [[ $steps == *" step_profile "* ]]; then
         echo "$tag rc=$?" | tee -a "$out/status.txt"; grep "per step" "$out/$tag.log"
       done
     done
+  done
+fi
+if [[ $steps == *" graph_mix "* ]]; then  # which CUDA graph breaks which eager step (bench/graph_eager_mix.py)
+  for shape in ${GRAPH_MIX_SHAPES:-1,32,8,4096 4,32,8,4096}; do
+    tag="graph_mix_B${shape%%,*}"
+    timeout "${GRAPH_MIX_TIMEOUT:-240}" python3 bench/graph_eager_mix.py --shape "$shape" --out "$out/$tag.jsonl" \
+      > "$out/$tag.log" 2>&1; echo "$tag rc=$?" | tee -a "$out/status.txt"
+    cut -c1-220 "$out/$tag.log" | tail -12
+  done
+fi
+if [[ $steps == *" memcheck "* ]]; then  # out-of-bounds accesses of one step's kernels (bench/memcheck_step.py)
+  sanitizer=$(command -v compute-sanitizer || find /usr/local/cuda*/bin /opt/nvidia -name compute-sanitizer -type f 2>/dev/null | sort | tail -1)
+  [[ -n $sanitizer ]] || { echo "cute_session: compute-sanitizer not found on PATH, /usr/local/cuda*/bin or /opt/nvidia" >&2; exit 2; }
+  for be in ${MEMCHECK_BACKENDS:-cute triton}; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-240}" "$sanitizer" --tool memcheck --print-limit 20 \
+      python3 bench/memcheck_step.py --backend "$be" --recipe fp8 --shape "${MEMCHECK_SHAPE:-1,8,2,1024}" \
+      > "$out/memcheck_$be.log" 2>&1; echo "memcheck $be rc=$?" | tee -a "$out/status.txt"
+    grep -E "memcheck_step:|ERROR SUMMARY" "$out/memcheck_$be.log" | tail -3
   done
 fi
 if [[ $steps == *" bench "* ]]; then

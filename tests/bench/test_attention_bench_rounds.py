@@ -1,10 +1,12 @@
 """bench/attention_bench.py's ``time_rows`` on the CPU with a stand-in for its GPU timer: one round
 times each row once, in order, and drops its callable before the next is built; more rounds build
 every callable first, time them round-robin and report the median; a row whose build raises is
-reported with its error and the others are still timed."""
+reported with its error and the others are still timed; ``--graphed`` with more rounds is refused."""
 
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -52,3 +54,10 @@ def test_rounds_build_first_then_time_round_robin(monkeypatch):
     assert a["ms_rounds"] == [3.0, 5.0, 4.0] and a["ms"] == 4.0  # the median of the rounds
     assert b["ms_rounds"] == [1.0, 2.0, 6.0] and b["ms"] == 2.0
     assert len(a["t_unix"]) == 3 and all(len(w) == 2 for w in a["t_unix"])
+
+
+def test_graphed_rows_with_rounds_are_refused_before_any_gpu_work(capsys):
+    with pytest.raises(SystemExit) as e:
+        ab.main(["--graphed", "--rounds", "3", "--shapes", "1"])
+    assert e.value.code == 2
+    assert "--graphed with --rounds above 1 is refused" in capsys.readouterr().err
