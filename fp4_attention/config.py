@@ -144,7 +144,8 @@ class AttentionConfig:
         run's deterministic mode, which admits only bitwise reproducible backwards).
 
         Raises:
-            UnsupportedError / ValueError: the backend cannot run here or cannot be imported.
+            UnsupportedError / ValueError: the backend cannot run here (a CUDA ``device`` without a
+                CUDA GPU included) or cannot be imported.
         """
         name, why = resolve_backend(
             self.backend, self.get_recipe(), device, training=training, deterministic=deterministic

@@ -251,10 +251,17 @@ def resolve_backend(
     reproducible (``BackendSpec.nondeterministic``).
 
     Raises:
-        UnsupportedError: the named backend cannot run the recipe on this device (alternatives named).
+        UnsupportedError: the named backend cannot run the recipe on this device (alternatives named),
+            or ``device`` is a CUDA device and torch sees no CUDA GPU here.
         ValueError: unknown name, or a named backend that cannot be imported.
     """
     rec, dev = get_recipe(recipe), torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedError(
+            f"attention backend for device {str(dev)!r} asked for, but torch sees no CUDA GPU here "
+            "(torch.cuda.is_available() is False: no GPU, no driver, or a CPU-only torch); resolve for "
+            "device 'cpu' (the reference backend) or run on a GPU machine"
+        )
     if requested != AUTO:
         spec = backend_spec(requested)
         reason = _runs(spec, rec, dev, None, training, deterministic)

@@ -236,3 +236,16 @@ def test_deterministic_mode_refuses_a_nondeterministic_backward_and_auto_passes_
         torch.use_deterministic_algorithms(was)
         backends._SPECS.pop("atomic_test")
         backends._INSTANCES.pop("atomic_test")
+
+
+def test_a_cuda_device_without_a_gpu_raises_unsupported_naming_cpu(monkeypatch):
+    """``resolve("cuda")`` on a machine whose torch sees no GPU (the README's snippet run on a CPU
+    machine) says so and names the CPU alternative, for ``auto`` and for a named backend alike,
+    instead of failing inside torch.cuda."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for requested in ("auto", "triton"):
+        with pytest.raises(UnsupportedError, match=r"torch sees no CUDA GPU here.*device 'cpu'"):
+            fa.resolve_backend(requested, "fp8", "cuda")
+    with pytest.raises(UnsupportedError, match="no CUDA GPU"):
+        fa.AttentionConfig(recipe="fp8").resolve(torch.device("cuda", 0))
+    assert fa.AttentionConfig(recipe="fp8").resolve("cpu")[0].backend == "reference"
