@@ -45,7 +45,8 @@
 #           Python functions by host time (cProfile);
 #         "graph_mix": bench/graph_eager_mix.py at each of GRAPH_MIX_SHAPES (B,Hq,Hkv,S; default
 #           "1,32,8,4096 4,32,8,4096"): which captured CUDA graph breaks which eager step (the fault of
-#           attention_bench --graphed --rounds N), graph_mix_B<b>.jsonl (GRAPH_MIX_TIMEOUT per shape, 240 s);
+#           attention_bench --graphed --rounds N), graph_mix_B<b><GRAPH_MIX_TAG>.jsonl (GRAPH_MIX_TIMEOUT per shape,
+#           240 s); GRAPH_MIX_ARGS: more arguments (words);
 #         "memcheck": compute-sanitizer memcheck of bench/memcheck_step.py, one fwd+bwd step per backend of
 #           MEMCHECK_BACKENDS (default "cute triton", recipe fp8) at MEMCHECK_SHAPE (default 1,8,2,1024), with
 #           the caching allocator off (MEMCHECK_TIMEOUT per backend, 240 s);
@@ -175,9 +176,10 @@ if [[ $steps == *" step_profile "* ]]; then
   done
 fi
 if [[ $steps == *" graph_mix "* ]]; then  # which CUDA graph breaks which eager step (bench/graph_eager_mix.py)
+  read -ra mix_args <<< "${GRAPH_MIX_ARGS:-}"  # more arguments (words), e.g. "--all-only --all-extra"
   for shape in ${GRAPH_MIX_SHAPES:-1,32,8,4096 4,32,8,4096}; do
-    tag="graph_mix_B${shape%%,*}"
-    timeout "${GRAPH_MIX_TIMEOUT:-240}" python3 bench/graph_eager_mix.py --shape "$shape" --out "$out/$tag.jsonl" \
+    tag="graph_mix_B${shape%%,*}${GRAPH_MIX_TAG:-}"
+    timeout "${GRAPH_MIX_TIMEOUT:-240}" python3 bench/graph_eager_mix.py --shape "$shape" "${mix_args[@]}" --out "$out/$tag.jsonl" \
       > "$out/$tag.log" 2>&1; echo "$tag rc=$?" | tee -a "$out/status.txt"
     cut -c1-220 "$out/$tag.log" | tail -12
   done

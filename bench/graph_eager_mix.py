@@ -19,7 +19,9 @@ cuDNN FP8 through cudnn-frontend, eager only, as in the benchmark), every graph 
 every eager step in turn.
 
 One JSON line per case on stdout (and in ``--out``): ``capture``, ``eager``, ``stages`` (those
-passed, in order), ``eager_ok`` (the eager steps that finished after the capture, in order), ``ok``,
+passed, in order), ``eager_ok`` (the eager steps that finished after the capture, in order),
+``replay_ok`` (the graphs whose replay finished, in capture order: each replay is synchronized, so a
+fault in the replay stage belongs to the first graph not listed), ``ok``,
 ``failed_stage`` and ``error`` (the child's last line of stderr) if not, ``rc`` (the child's exit
 status).
 """
@@ -53,11 +55,16 @@ def cases(impls: tuple[str, ...] = IMPLS) -> list[tuple[str, str]]:
 
 def summarize(capture: str, eager: str, stdout: str, stderr: str, rc: int) -> dict:
     """One case's record from its child's output: the child prints ``stage <name>`` after each
-    stage it finished; the first stage of :data:`STAGES` not printed is the one that failed."""
+    stage it finished, ``eager <name> ok`` and ``replay <name> ok`` after each step; the first stage
+    of :data:`STAGES` not printed is the one that failed."""
     lines = stdout.splitlines()
     passed = [line.split(" ", 1)[1] for line in lines if line.startswith("stage ")]
-    eager_ok = [line.split(" ")[1] for line in lines if line.startswith("eager ") and line.endswith(" ok")]
-    rec = {"capture": capture, "eager": eager, "stages": passed, "eager_ok": eager_ok, "rc": rc}
+
+    def finished(kind):
+        return [line.split(" ")[1] for line in lines if line.startswith(f"{kind} ") and line.endswith(" ok")]
+
+    rec = {"capture": capture, "eager": eager, "stages": passed, "eager_ok": finished("eager")}
+    rec.update(replay_ok=finished("replay"), rc=rc)
     rec["ok"] = rc == 0 and passed == list(STAGES)
     if not rec["ok"]:
         rec["failed_stage"] = next((s for s in STAGES if s not in passed), None)
@@ -109,8 +116,10 @@ def child(capture: str, eager: str, shape, causal: bool, repeats: int, impls, ex
         torch.cuda.synchronize()
         print(f"eager {name} ok", flush=True)
     done("eager_after")
-    for replay in graphs:
+    for name, replay in zip(captured, graphs):
         replay()
+        torch.cuda.synchronize()  # so that a fault names the graph whose replay raised it
+        print(f"replay {name} ok", flush=True)
     done("replay")
     for fn in eagers.values():
         fn()
@@ -130,6 +139,7 @@ def main(argv=None) -> int:
         help="eager-only steps of the benchmark's group added to the 'all' case (none: no names)",
     )
     p.add_argument("--repeats", type=int, default=20, help="eager steps after the capture")
+    p.add_argument("--all-only", action="store_true", help="only the 'all' case (of --impls, --all-extra)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per case")
     p.add_argument("--out", default=None, help="also write the JSON lines here")
     p.add_argument("--child", nargs=2, metavar=("CAPTURE", "EAGER"), help=argparse.SUPPRESS)
@@ -145,7 +155,7 @@ def main(argv=None) -> int:
         child(*args.child, shape, not args.non_causal, args.repeats, impls, tuple(args.all_extra))
         return 0
     records = []
-    for capture, eager in cases(impls):
+    for capture, eager in [(ALL, ALL)] if args.all_only else cases(impls):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", capture, eager]
         cmd += ["--shape", args.shape, "--repeats", str(args.repeats), "--impls", *impls]
         cmd += ["--all-extra", *args.all_extra]

@@ -16,10 +16,14 @@ one line at the end; memcheck's summary ("ERROR SUMMARY: N errors") follows it.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-import fp4_attention as fa
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's fp4_attention, as a script
+
+import fp4_attention as fa  # noqa: E402
 
 
 def main() -> None:
