@@ -20,7 +20,8 @@ one CUDA graph and replayed, i.e. its kernels without the host's launch cost. Wh
 bound by the host (B1), the pair separates the two; inside a model the host usually runs ahead.
 An implementation that cannot be captured reports its error in its row (on the H200 at e9713d6 all
 of ``GRAPHED`` were captured: ``results/cute_graphed_h200``). cuDNN FP8 is not in ``GRAPHED``.
-Refused with ``--rounds`` above 1 (``GRAPHED_ROUNDS_REFUSED``): every run that combined them faulted.
+With ``--rounds`` above 1 every graph of a shape is alive while the others are captured and the
+eager rows run (``graphed`` keeps each step's tensors alive for its graph).
 
 ``--rope`` adds forward and forward+backward rows ``<impl>+rope`` with RoPE applied to Q and K
 (Llama's angles, tables built once outside the timed region, as a training step builds them once):
@@ -127,7 +128,14 @@ def graphed(fn, warmup: int = 3):
     """``fn`` captured in one CUDA graph (after ``warmup`` eager calls on a side stream, as
     ``torch.cuda.graph`` asks) and returned as the graph's replay: the step's kernels without the
     host's launch cost. A step inside a larger model, whose host runs ahead of the GPU, or a
-    CUDA-graphed step sees this time; the eager rows measure the host where it bounds (B1)."""
+    CUDA-graphed step sees this time; the eager rows measure the host where it bounds (B1).
+
+    The replay holds ``fn``, and through it the tensors its closure owns (dO, the leaves whose
+    ``.grad`` the step accumulates into, allocated before the capture, outside the graph's pool):
+    the graph's kernels read and write them at their captured addresses. Without that reference
+    they were freed when ``graphed`` returned, and the next capture's ``torch.cuda.graph``, which
+    empties the allocator's cache first, released them to the driver: replaying the earlier graph
+    then raised an illegal memory access (``results/session_2026-12-05g_h100``)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -137,19 +145,15 @@ def graphed(fn, warmup: int = 3):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return graph.replay
+
+    def replay():
+        graph.replay()
+
+    replay.step = fn  # kept alive as long as the replay (see above)
+    return replay
 
 
 GRAPHED = ("cudnn_bf16", "fa4_bf16", "cute_fp8", "cute_nvfp4qk_fp8pv", "ours_fp8", "ours_nvfp4qk_fp8pv")
-# Every call that combined the two faulted (five on an H100, results/session_2026-12-05e_h100): the first
-# eager fwd+bwd row timed after the group's graphs were captured hit an illegal memory access, while the
-# same process's fwd group (no graphs) ran its three rounds clean (results/session_2026-12-05f_cpu).
-GRAPHED_ROUNDS_REFUSED = (
-    "--graphed with --rounds above 1 is refused: every call that combined them hit an illegal memory "
-    "access at the first eager fwd+bwd row timed after the CUDA graphs were captured (cause not yet found; "
-    "bench/graph_eager_mix.py narrows it down). Time the graphed rows with --rounds 1, where each row is "
-    "built, timed and dropped in turn, or leave out --graphed to interleave rounds"
-)
 
 
 def flops(b, hq, s, causal, pass_):
@@ -418,8 +422,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.graphed and args.rounds > 1:
-        p.error(GRAPHED_ROUNDS_REFUSED)
     tiles = None  # the cute forward's tiles of the kernel-only rows, parsed once
     if args.cute and args.cute_tiles is None:
         from fp4_attention.backends.cute.backend import default_tiles

@@ -1,12 +1,12 @@
 """bench/attention_bench.py's ``time_rows`` on the CPU with a stand-in for its GPU timer: one round
 times each row once, in order, and drops its callable before the next is built; more rounds build
 every callable first, time them round-robin and report the median; a row whose build raises is
-reported with its error and the others are still timed; ``--graphed`` with more rounds is refused."""
+reported with its error and the others are still timed; ``graphed``'s replay keeps its step alive."""
 
 import sys
 from pathlib import Path
 
-import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -56,8 +56,43 @@ def test_rounds_build_first_then_time_round_robin(monkeypatch):
     assert len(a["t_unix"]) == 3 and all(len(w) == 2 for w in a["t_unix"])
 
 
-def test_graphed_rows_with_rounds_are_refused_before_any_gpu_work(capsys):
-    with pytest.raises(SystemExit) as e:
-        ab.main(["--graphed", "--rounds", "3", "--shapes", "1"])
-    assert e.value.code == 2
-    assert "--graphed with --rounds above 1 is refused" in capsys.readouterr().err
+def test_graphed_replay_keeps_the_step_and_its_tensors_alive(monkeypatch):
+    """The fault of --graphed --rounds N (results/session_2026-12-05g_h100): a graph's step (and so
+    its dO and gradient leaves, outside the graph's pool) died when graphed() returned, and the next
+    capture's empty_cache released that memory under the first graph. The replay must hold the step."""
+    import contextlib
+    import gc
+    import weakref
+
+    events = []
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "Stream", Stream)
+    monkeypatch.setattr(cuda, "current_stream", Stream)
+    monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(cuda, "graph", lambda g: contextlib.nullcontext())
+
+    class Step:  # stands for the closure that owns dO and the leaves
+        def __call__(self):
+            events.append("step")
+
+    step = Step()
+    alive = weakref.ref(step)
+    replay = ab.graphed(step, warmup=2)
+    del step
+    gc.collect()
+    assert alive() is not None, "the replay dropped the step: its tensors would be freed under the graph"
+    replay()
+    assert events == ["step"] * 3 + ["replay"]  # two warm-up calls, the captured one, then the replay
+    del replay
+    gc.collect()
+    assert alive() is None
