@@ -1,6 +1,7 @@
 """Which CUDA graph breaks which eager step: the experiment that narrows down the illegal memory
 access of ``attention_bench.py --graphed --rounds N`` (N > 1; ``results/session_2026-12-05e_h100``,
-``results/session_2026-12-05f_cpu``), which that script refuses until the cause is known.
+``results/session_2026-12-05f_cpu``). It found the cause (``results/session_2026-12-05g_h100``): a
+graph replayed after its step's tensors were released, fixed in ``attention_bench.graphed``.
 
     python3 bench/graph_eager_mix.py --shape 1,32,8,4096 --out $OUT/graph_eager_mix.jsonl
 
@@ -22,8 +23,8 @@ One JSON line per case on stdout (and in ``--out``): ``capture``, ``eager``, ``s
 passed, in order), ``eager_ok`` (the eager steps that finished after the capture, in order),
 ``replay_ok`` (the graphs whose replay finished, in capture order: each replay is synchronized, so a
 fault in the replay stage belongs to the first graph not listed), ``ok``,
-``failed_stage`` and ``error`` (the child's last line of stderr) if not, ``rc`` (the child's exit
-status).
+``failed_stage`` and ``error`` (the child's last exception line of stderr, else its last line) if
+not, ``rc`` (the child's exit status).
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ def summarize(capture: str, eager: str, stdout: str, stderr: str, rc: int) -> di
     rec["ok"] = rc == 0 and passed == list(STAGES)
     if not rec["ok"]:
         rec["failed_stage"] = next((s for s in STAGES if s not in passed), None)
+        # the exception's own line (torch follows a CUDA error with hints: CUDA_LAUNCH_BLOCKING, DSA)
         lines = [ln for ln in stderr.splitlines() if ln.strip()]
-        rec["error"] = lines[-1][:300] if lines else None
+        errors = [ln for ln in lines if "Error" in ln.split(":", 1)[0] or ln.startswith("timed out")]
+        rec["error"] = (errors or lines or [None])[-1]
+        rec["error"] = rec["error"][:300] if rec["error"] else None
     return rec
 
 
