@@ -48,7 +48,8 @@
 #           attention_bench --graphed --rounds N), graph_mix_B<b><GRAPH_MIX_TAG>.jsonl (GRAPH_MIX_TIMEOUT per shape,
 #           240 s); GRAPH_MIX_ARGS: more arguments (words);
 #         "memcheck": compute-sanitizer memcheck of bench/memcheck_step.py, one fwd+bwd step per backend of
-#           MEMCHECK_BACKENDS (default "cute triton", recipe fp8) at MEMCHECK_SHAPE (default 1,8,2,1024), with
+#           MEMCHECK_BACKENDS (default "cute triton") and recipe of MEMCHECK_RECIPES (default fp8) at
+#           MEMCHECK_SHAPE (default 1,8,2,1024), with
 #           the caching allocator off (MEMCHECK_TIMEOUT per backend, 240 s);
 #         "bench": bench/attention_bench.py --cute (BENCH_RECIPES, default fp8; BENCH_ARGS, more
 #           arguments), same-run baselines
@@ -187,11 +188,14 @@ fi
 if [[ $steps == *" memcheck "* ]]; then  # out-of-bounds accesses of one step's kernels (bench/memcheck_step.py)
   sanitizer=$(command -v compute-sanitizer || find /usr/local/cuda*/bin /opt/nvidia -name compute-sanitizer -type f 2>/dev/null | sort | tail -1)
   [[ -n $sanitizer ]] || { echo "cute_session: compute-sanitizer not found on PATH, /usr/local/cuda*/bin or /opt/nvidia" >&2; exit 2; }
-  for be in ${MEMCHECK_BACKENDS:-cute triton}; do
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-240}" "$sanitizer" --tool memcheck --print-limit 20 \
-      python3 bench/memcheck_step.py --backend "$be" --recipe fp8 --shape "${MEMCHECK_SHAPE:-1,8,2,1024}" \
-      > "$out/memcheck_$be.log" 2>&1; echo "memcheck $be rc=$?" | tee -a "$out/status.txt"
-    grep -E "memcheck_step:|ERROR SUMMARY" "$out/memcheck_$be.log" | tail -3
+  for recipe in ${MEMCHECK_RECIPES:-fp8}; do
+    for be in ${MEMCHECK_BACKENDS:-cute triton}; do
+      log="$out/memcheck_$be$([[ $recipe == fp8 ]] || echo "_$recipe").log"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-240}" "$sanitizer" --tool memcheck --print-limit 20 \
+        python3 bench/memcheck_step.py --backend "$be" --recipe "$recipe" --shape "${MEMCHECK_SHAPE:-1,8,2,1024}" \
+        > "$log" 2>&1; echo "memcheck $be $recipe rc=$?" | tee -a "$out/status.txt"
+      grep -E "memcheck_step:|ERROR SUMMARY" "$log" | tail -3
+    done
   done
 fi
 if [[ $steps == *" bench "* ]]; then
