@@ -29,10 +29,22 @@ Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
   parallelism), times the micro-batch tokens, the layers of a stage and the micro-batches in
   flight on the first stage (min(PP, accumulation) under 1F1B), plus the logits (BF16 + FP32
   softmax, ``6 V / TP`` bytes per token). Quantized attention saves less than this BF16 figure.
-* with Transformer Engine FP8 projections, TE's FP8 copies of the weights: ``2`` bytes per
-  projection weight of a stage / TP (row- and column-wise E4M3), BF16 first/last layers excepted;
-  saved from forward to backward whatever ``projection.fp8_weight_cache`` says (the cache keeps
-  them between steps too, which a forward/backward peak does not see).
+  Which layer spec runs changes two terms (:func:`layer_spec_of`):
+
+  - megatron-core's local spec (no Transformer Engine): its ``torch.nn.RMSNorm`` saves three FP32
+    ``[tokens, h]`` tensors per norm (12 h bytes; torch 2.11, counted with
+    ``torch.autograd.graph.saved_tensors_hooks`` in ``tests/training/test_plan.py``) where the TE
+    spec's fused norm saves its BF16 input (2 h): ``20 h`` bytes more per token and layer. On one
+    H200 (``results/train_throughput_h200.json``, 4 and 12 layers of the 8B shape, micro-batch 4,
+    local spec) the peak ``max_memory_allocated`` was within 1 GiB of this estimate with the term,
+    and 5-14 GiB above it without (the BF16-attention runs; quantized attention saves less);
+  - TE FP8 projections (``te_fp8``): TE saves the FP8 copy of each projection's input for the
+    weight gradient (the two norm outputs, the attention output, the SwiGLU output: ``3h + f``
+    bytes per token and layer less than in BF16), in the layers that run in FP8.
+
+  The TE-spec runs of ``results/te_h200/`` (4 and 12 layers, micro-batch 4; BF16 and FP8
+  projections) peaked between 0.8 GiB below and 2.6 GiB above this estimate
+  (``test_memory_estimate_against_the_h200_runs``).
 * checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v), ``checkpoint.keep_last``
   of them on disk, one more while the next is written (the oldest goes once the new one is complete).
 
@@ -45,6 +57,7 @@ else an H200's, or ``--gpu-memory-gib``); above it the dry run warns.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from .config import TrainConfig
@@ -56,6 +69,7 @@ __all__ = [
     "estimate_time",
     "flops_per_token",
     "format_estimate",
+    "layer_spec_of",
     "format_plan",
     "make_plan",
 ]
@@ -67,8 +81,9 @@ GIB = 1024**3
 ASSUMED_MFU = 0.40
 H200_MEMORY_BYTES = 143_771 * 1024**2  # nvidia-smi's memory.total of an H200 (140.4 GiB)
 # Device memory the plan's estimate leaves out (CUDA context, allocator reserve): nvidia-smi's peak
-# minus max_memory_allocated was 5.1-17.6 GiB in results/train_throughput_h200.md.
-UNCOUNTED_GIB = (5.1, 17.6)
+# minus max_memory_allocated was 3.4-17.6 GiB in the runs of results/train_throughput_h200.json and
+# results/te_h200/train_throughput_te_h200*.json (tests/training/test_plan.py derives the range).
+UNCOUNTED_GIB = (3.4, 17.6)
 
 
 def flops_per_token(llama, seq_length: int) -> float:
@@ -102,6 +117,20 @@ class Plan:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_length
+
+
+def layer_spec_of(cfg: TrainConfig) -> str:
+    """``"transformer_engine"`` or ``"local"``: the layer spec a run of ``cfg`` builds
+    (``llama.specs.uses_transformer_engine``'s rule, without its errors): TE for ``te_fp8`` or
+    ``transformer_impl='transformer_engine'``, local for ``'local'``, and for ``'auto'`` whichever this
+    machine would build (TE if the ``transformer_engine`` package is installed here; found, not
+    imported: a dry run imports no megatron-core). The memory estimate depends on it (module docstring)."""
+    impl = cfg.llama().transformer_impl
+    if cfg.projection.precision == "te_fp8" or impl == "transformer_engine":
+        return "transformer_engine"
+    if impl == "local":
+        return "local"
+    return "local" if importlib.util.find_spec("transformer_engine") is None else "transformer_engine"
 
 
 def _layer_params(m) -> int:
@@ -180,24 +209,31 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
     p_gpu = max(stage) / tp
     tokens_mb = tr.micro_batch_size * cfg.data.seq_length / cp
     h, d, f, hq, hkv = m.hidden_size, m.head_dim, m.ffn_hidden_size, m.num_attention_heads, m.num_kv_heads
+    sp = tp if par.sequence_parallel else 1
+    spec = layer_spec_of(cfg)
     per_token_layer = (
-        2 * 4 * h / (tp if par.sequence_parallel else 1)
+        2 * 4 * h / sp
         + (2 * ((2 * hq + 2 * hkv) * d + 3 * f) + 4 * hq) / tp
+        + (20 * h / sp if spec == "local" else 0)  # torch RMSNorm's FP32 saves (module docstring)
     )
+    proj = cfg.projection
+    fp8_layers = max(0, layers - proj.fp8_bf16_first_layers - proj.fp8_bf16_last_layers)
+    # TE FP8 saves its projections' inputs in FP8: 1 byte less per element of 3h + f
+    fp8_saved = (2 * h / sp + (hq * d + f) / tp) if proj.precision == "te_fp8" else 0
     in_flight = min(pp, accumulation)
-    activations = per_token_layer * tokens_mb * layers * in_flight + 6 * m.vocab_size / tp * tokens_mb
+    activations = (
+        per_token_layer * layers - fp8_saved * fp8_layers
+    ) * tokens_mb * in_flight + 6 * m.vocab_size / tp * tokens_mb
     memory = {
         "weights": 2 * p_gpu,
         "gradients": 4 * p_gpu,
         "optimizer": 12 * p_gpu / dp,
         "activations": activations,
     }
-    proj = cfg.projection
     if proj.precision == "te_fp8":
         # Transformer Engine's FP8 copy of each projection weight, row- and column-wise, saved from
         # forward to backward (kept between steps too with projection.fp8_weight_cache); not in
         # the BF16 first/last layers; the norms' 2 * h per layer are not projections
-        fp8_layers = max(0, layers - proj.fp8_bf16_first_layers - proj.fp8_bf16_last_layers)
         memory["fp8 weights"] = 2 * fp8_layers * (_layer_params(m) - 2 * h) / tp
     memory["total"] = sum(memory.values())
     projection = (
@@ -229,6 +265,13 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         precision={
             "attention": f"{cfg.attention.get_recipe().label} (backend {cfg.attention.backend})",
             "projection": projection,
+            "layer spec": f"{spec.replace('_', ' ')} layer spec"
+            + (
+                " (transformer_impl auto and no Transformer Engine installed here; "
+                "model.transformer_impl=transformer_engine estimates the TE spec)"
+                if spec == "local" and m.transformer_impl == "auto"
+                else ""
+            ),
         },
     )
 
@@ -295,7 +338,13 @@ def _plan_rows(plan: Plan) -> list[tuple[str, str]]:
                 f"GiB (FP32) + optimizer {mem['optimizer'] / GIB:.2f} GiB (FP32 main+m+v / DP)"
             ),
         ),
-        ("activations/GPU", f"{mem['activations'] / GIB:.2f} GiB (estimate, BF16, no recomputation)"),
+        (
+            "activations/GPU",
+            (
+                f"{mem['activations'] / GIB:.2f} GiB (estimate, no recomputation, "
+                f"{plan.precision['layer spec']})"
+            ),
+        ),
         *(
             [("FP8 weights/GPU", f"{mem['fp8 weights'] / GIB:.2f} GiB (TE's FP8 projection weights)")]
             if "fp8 weights" in mem
@@ -352,24 +401,41 @@ def format_estimate(
 ) -> tuple[list[str], list[str]]:
     """The time estimate and the memory check as ``(lines, warnings)``: lines in the layout of
     :func:`format_plan`; one warning when the memory estimate per GPU exceeds ``gpu_memory_bytes``
-    (the memory of ``gpu_name``, e.g. ``an H200``)."""
+    (the memory of ``gpu_name``, e.g. ``an H200``), or leaves less of it than the largest reserve
+    (:data:`UNCOUNTED_GIB`) measured beyond the peak allocation: "DOES NOT FIT with the reserve"
+    below the smallest reserve, "AT THE EDGE" below the largest."""
     tokens = plan.train_iters * plan.tokens_per_step
     gpus = f"{plan.world_size} GPU{'s' if plan.world_size > 1 else ''}"
     total = plan.memory_bytes["total"]
     mem = f"{total / GIB:.2f} GiB estimated per GPU, of the {gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}"
-    uncounted = f"{UNCOUNTED_GIB[0]}-{UNCOUNTED_GIB[1]} GiB"
     warnings = []
-    if total > gpu_memory_bytes:
+    left = gpu_memory_bytes - total
+    lo, hi = UNCOUNTED_GIB
+    remedy = (
+        "lower training.micro_batch_size, raise parallel.tensor or parallel.pipeline, or use more GPUs "
+        "(the optimizer state is sharded over data parallel)"
+    )
+    if left < 0:
         mem += ": DOES NOT FIT"
         warnings.append(
             f"the memory estimate per GPU, {total / GIB:.2f} GiB, exceeds the "
-            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}: lower training.micro_batch_size, raise "
-            "parallel.tensor or parallel.pipeline, or use more GPUs (the optimizer state is sharded over "
-            "data parallel)"
+            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}: {remedy}"
+        )
+    elif left < hi * GIB:
+        verdict = "DOES NOT FIT with the reserve" if left < lo * GIB else "AT THE EDGE"
+        mem += f": {verdict}, {left / GIB:.2f} GiB left"
+        warnings.append(
+            f"the memory estimate per GPU, {total / GIB:.2f} GiB, leaves {left / GIB:.2f} GiB of the "
+            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}, "
+            + (f"less than the {lo} GiB" if left < lo * GIB else f"within the {lo}-{hi} GiB")
+            + " that the CUDA context and PyTorch's allocator took beyond the peak allocation in the "
+            "H200 runs this estimate was checked against (results/train_throughput_h200.json, "
+            f"results/te_h200/): expect an out-of-memory error{'' if left < lo * GIB else ' at times'}; "
+            f"{remedy}"
         )
     else:
-        mem += f": fits, {(gpu_memory_bytes - total) / GIB:.2f} GiB left"
-    mem += f" (the CUDA context and allocator reserve are not in it: {uncounted} on the H200)"
+        mem += f": fits, {left / GIB:.2f} GiB left"
+    mem += f" (the CUDA context and allocator reserve are not in it: {lo}-{hi} GiB on the H200)"
     rows = [
         (
             "time estimate",
