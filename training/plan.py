@@ -36,8 +36,8 @@ Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
     ``torch.autograd.graph.saved_tensors_hooks`` in ``tests/training/test_plan.py``) where the TE
     spec's fused norm saves its BF16 input (2 h): ``20 h`` bytes more per token and layer. On one
     H200 (``results/train_throughput_h200.json``, 4 and 12 layers of the 8B shape, micro-batch 4,
-    local spec) the peak ``max_memory_allocated`` was within 1 GiB of this estimate with the term,
-    and 5-14 GiB above it without (the BF16-attention runs; quantized attention saves less);
+    local spec) the peak ``max_memory_allocated`` of the BF16-attention runs was 0.0-0.8 GiB below
+    this estimate with the term, and 5-14 GiB above it without (quantized attention saves less);
   - TE FP8 projections (``te_fp8``): TE saves the FP8 copy of each projection's input for the
     weight gradient (the two norm outputs, the attention output, the SwiGLU output: ``3h + f``
     bytes per token and layer less than in BF16), in the layers that run in FP8.
