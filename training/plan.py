@@ -29,21 +29,22 @@ Memory per GPU (bytes; P = parameters on the heaviest pipeline stage / TP):
   parallelism), times the micro-batch tokens, the layers of a stage and the micro-batches in
   flight on the first stage (min(PP, accumulation) under 1F1B), plus the logits (BF16 + FP32
   softmax, ``6 V / TP`` bytes per token). Quantized attention saves less than this BF16 figure.
-  Which layer spec runs changes two terms (:func:`layer_spec_of`):
+  Our core attention keeps its BF16 output for its backward and ``linear_proj`` saves the sbhd copy
+  it returns: ``2 Hq d`` bytes more. Two terms depend on the layer spec (:func:`layer_spec_of`):
 
-  - megatron-core's local spec (no Transformer Engine): its ``torch.nn.RMSNorm`` saves three FP32
-    ``[tokens, h]`` tensors per norm (12 h bytes; torch 2.11, counted with
-    ``torch.autograd.graph.saved_tensors_hooks`` in ``tests/training/test_plan.py``) where the TE
-    spec's fused norm saves its BF16 input (2 h): ``20 h`` bytes more per token and layer. On one
-    H200 (``results/train_throughput_h200.json``, 4 and 12 layers of the 8B shape, micro-batch 4,
-    local spec) the peak ``max_memory_allocated`` of the BF16-attention runs was 0.0-0.8 GiB below
-    this estimate with the term, and 5-14 GiB above it without (quantized attention saves less);
-  - TE FP8 projections (``te_fp8``): TE saves the FP8 copy of each projection's input for the
-    weight gradient (the two norm outputs, the attention output, the SwiGLU output: ``3h + f``
-    bytes per token and layer less than in BF16), in the layers that run in FP8.
+  - megatron-core's local spec (no Transformer Engine) saved ``LOCAL_SPEC_EXTRA_H * h`` = 16.5 h bytes
+    per token and layer more than the TE spec on the H200 (the slope over 4 and 12 layers of the two
+    specs' peak allocations, below). Which tensors make it up is not established: on the CPU its
+    ``torch.nn.RMSNorm`` saves three FP32 ``[tokens, h]`` tensors per norm where TE's fused norm
+    saves the BF16 input (20 h for the two norms), but torch 2.11 also has a fused CUDA RMSNorm;
+  - TE FP8 projections (``te_fp8``): TE saves the inputs of its projections in FP8 for the weight
+    gradient; the H200 runs fit ``2h + f`` bytes per token and layer less (the two norm outputs and
+    the SwiGLU output; not the attention output), in the first stage's FP8 layers.
 
-  The TE-spec runs of ``results/te_h200/`` (4 and 12 layers, micro-batch 4; BF16 and FP8
-  projections) peaked between 0.8 GiB below and 2.6 GiB above this estimate
+  Checked against every H200 run at micro-batch 4 whose peak lies in forward/backward
+  (``results/train_throughput_h200.json``: local spec; ``results/te_h200/``: TE spec, BF16 and FP8
+  projections; 4 and 12 layers of the 8B shape): the BF16-attention runs peaked 0.33-0.36 GiB above
+  this estimate, the quantized-attention runs 0.5-3.1 GiB below it
   (``test_memory_estimate_against_the_h200_runs``).
 * checkpoint: ``14 N`` bytes (BF16 model, FP32 main weights, Adam m and v), ``checkpoint.keep_last``
   of them on disk, one more while the next is written (the oldest goes once the new one is complete).
@@ -84,6 +85,10 @@ H200_MEMORY_BYTES = 143_771 * 1024**2  # nvidia-smi's memory.total of an H200 (1
 # minus max_memory_allocated was 3.4-17.6 GiB in the runs of results/train_throughput_h200.json and
 # results/te_h200/train_throughput_te_h200*.json (tests/training/test_plan.py derives the range).
 UNCOUNTED_GIB = (3.4, 17.6)
+# Bytes per token and layer, in units of the hidden size, that megatron-core's local spec saved beyond
+# the TE spec on the H200: the slope over 4 and 12 layers of (local - TE) peak allocation at micro-batch
+# 4, BF16 attention (16.56 h; tests/training/test_plan.py derives it from the two results files).
+LOCAL_SPEC_EXTRA_H = 16.5
 
 
 def flops_per_token(llama, seq_length: int) -> float:
@@ -214,15 +219,20 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
     per_token_layer = (
         2 * 4 * h / sp
         + (2 * ((2 * hq + 2 * hkv) * d + 3 * f) + 4 * hq) / tp
-        + (20 * h / sp if spec == "local" else 0)  # torch RMSNorm's FP32 saves (module docstring)
+        + 2 * hq * d / tp  # the attention output twice: our core attention's, linear_proj's sbhd copy
+        + (LOCAL_SPEC_EXTRA_H * h / sp if spec == "local" else 0)  # module docstring
     )
     proj = cfg.projection
-    fp8_layers = max(0, layers - proj.fp8_bf16_first_layers - proj.fp8_bf16_last_layers)
-    # TE FP8 saves its projections' inputs in FP8: 1 byte less per element of 3h + f
-    fp8_saved = (2 * h / sp + (hq * d + f) / tp) if proj.precision == "te_fp8" else 0
+    first, last = proj.fp8_bf16_first_layers, proj.fp8_bf16_last_layers
+    # FP8 layers of the first stage (the most micro-batches in flight: the activations) and of the
+    # stage with the most of them (the FP8 weight copies); the BF16 ends are on the first and last stage
+    fp8_first_stage = max(0, layers - first - (last if pp == 1 else 0))
+    fp8_most = max(0, layers - first - last) if pp == 1 else (layers if pp > 2 else layers - min(first, last))
+    # TE FP8 saves the norm outputs and the SwiGLU output in FP8: 1 byte less each (module docstring)
+    fp8_saved = (2 * h / sp + f / tp) if proj.precision == "te_fp8" else 0
     in_flight = min(pp, accumulation)
     activations = (
-        per_token_layer * layers - fp8_saved * fp8_layers
+        per_token_layer * layers - fp8_saved * fp8_first_stage
     ) * tokens_mb * in_flight + 6 * m.vocab_size / tp * tokens_mb
     memory = {
         "weights": 2 * p_gpu,
@@ -234,7 +244,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         # Transformer Engine's FP8 copy of each projection weight, row- and column-wise, saved from
         # forward to backward (kept between steps too with projection.fp8_weight_cache); not in
         # the BF16 first/last layers; the norms' 2 * h per layer are not projections
-        memory["fp8 weights"] = 2 * fp8_layers * (_layer_params(m) - 2 * h) / tp
+        memory["fp8 weights"] = 2 * max(0, fp8_most) * (_layer_params(m) - 2 * h) / tp
     memory["total"] = sum(memory.values())
     projection = (
         "bf16"
@@ -412,8 +422,9 @@ def format_estimate(
     left = gpu_memory_bytes - total
     lo, hi = UNCOUNTED_GIB
     remedy = (
-        "lower training.micro_batch_size, raise parallel.tensor or parallel.pipeline, or use more GPUs "
-        "(the optimizer state is sharded over data parallel)"
+        "lower training.micro_batch_size, raise parallel.tensor (with parallel.sequence_parallel=true) or "
+        "parallel.pipeline, use more GPUs (the optimizer state is sharded over data parallel), or set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)"
     )
     if left < 0:
         mem += ": DOES NOT FIT"
@@ -422,16 +433,24 @@ def format_estimate(
             f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}: {remedy}"
         )
     elif left < hi * GIB:
-        verdict = "DOES NOT FIT with the reserve" if left < lo * GIB else "AT THE EDGE"
-        mem += f": {verdict}, {left / GIB:.2f} GiB left"
+        seen = (
+            "the CUDA context and PyTorch's cached blocks took beyond the peak allocation in the H200 runs "
+            "this estimate was checked against (results/train_throughput_h200.json, results/te_h200/)"
+        )
+        if left < lo * GIB:
+            mem += f": DOES NOT FIT with the reserve, {left / GIB:.2f} GiB left"
+            why = f"less than the {lo} GiB that {seen}, in every one of them: "
+            why += f"an out-of-memory error is likely; {remedy}"
+        else:
+            mem += f": AT THE EDGE, {left / GIB:.2f} GiB left"
+            why = (
+                f"within the {lo}-{hi} GiB that {seen}. The allocator frees cached blocks before it "
+                "fails, so the run may fit, but fragmentation can end it with an out-of-memory error: "
+                f"watch the first steps' memory in the log; to leave more room, {remedy}"
+            )
         warnings.append(
             f"the memory estimate per GPU, {total / GIB:.2f} GiB, leaves {left / GIB:.2f} GiB of the "
-            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}, "
-            + (f"less than the {lo} GiB" if left < lo * GIB else f"within the {lo}-{hi} GiB")
-            + " that the CUDA context and PyTorch's allocator took beyond the peak allocation in the "
-            "H200 runs this estimate was checked against (results/train_throughput_h200.json, "
-            f"results/te_h200/): expect an out-of-memory error{'' if left < lo * GIB else ' at times'}; "
-            f"{remedy}"
+            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}, {why}"
         )
     else:
         mem += f": fits, {left / GIB:.2f} GiB left"
