@@ -401,15 +401,13 @@ def main(argv=None) -> int:
         type=int,
         default=1,
         help="time each (shape, pass) group's rows this many times, round-robin, and report the median "
-        "(ms_rounds: each round's; the callables are all built first). Default 1: each row timed once. "
-        "Not with --graphed (see there)",
+        "(ms_rounds: each round's; the callables are all built first). Default 1: each row timed once",
     )
     p.add_argument(
         "--graphed",
         action="store_true",
         help="add fwd+bwd rows <impl>_graphed (one CUDA graph replayed: no host launch cost) for "
-        + ", ".join(GRAPHED)
-        + "; only with --rounds 1 (with more, every run so far hit an illegal memory access)",
+        + ", ".join(GRAPHED),
     )
     p.add_argument(
         "--cute-tiles",

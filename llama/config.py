@@ -236,6 +236,17 @@ class LlamaConfig:
                     "projection.precision='te_fp8' trains with BF16 params; set params_dtype='bf16'"
                 )
 
+    def builds_te_spec(self, te_available: bool) -> bool:
+        """Whether the layer spec is Transformer Engine's (else megatron-core's local one), given whether
+        TE is usable: TE for ``te_fp8`` or ``transformer_impl='transformer_engine'``, local for
+        ``'local'``, and for ``'auto'`` TE when available. The rule only:
+        ``llama.specs.uses_transformer_engine`` adds its errors (TE required but missing, ``te_fp8``
+        with ``'local'``), and the dry run's memory estimate (``training.plan.layer_spec_of``) asks it
+        without importing megatron-core."""
+        if self.projection.precision == "te_fp8" or self.transformer_impl == "transformer_engine":
+            return True
+        return te_available and self.transformer_impl == "auto"
+
     def replace(self, **changes) -> LlamaConfig:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)

@@ -75,7 +75,7 @@ def uses_transformer_engine(config: LlamaConfig) -> bool:
             "projection.precision='te_fp8' needs the Transformer Engine spec; set "
             "transformer_impl='auto' or 'transformer_engine'"
         )
-    return te if config.transformer_impl == "auto" else config.transformer_impl == "transformer_engine"
+    return config.builds_te_spec(te)
 
 
 def core_attention_spec(config: LlamaConfig) -> ModuleSpec:

@@ -126,16 +126,11 @@ class Plan:
 
 def layer_spec_of(cfg: TrainConfig) -> str:
     """``"transformer_engine"`` or ``"local"``: the layer spec a run of ``cfg`` builds
-    (``llama.specs.uses_transformer_engine``'s rule, without its errors): TE for ``te_fp8`` or
-    ``transformer_impl='transformer_engine'``, local for ``'local'``, and for ``'auto'`` whichever this
-    machine would build (TE if the ``transformer_engine`` package is installed here; found, not
-    imported: a dry run imports no megatron-core). The memory estimate depends on it (module docstring)."""
-    impl = cfg.llama().transformer_impl
-    if cfg.projection.precision == "te_fp8" or impl == "transformer_engine":
-        return "transformer_engine"
-    if impl == "local":
-        return "local"
-    return "local" if importlib.util.find_spec("transformer_engine") is None else "transformer_engine"
+    (``LlamaConfig.builds_te_spec``, the rule ``llama.specs`` builds by), with Transformer Engine taken
+    as available when its package is installed here (found, not imported: a dry run imports no
+    megatron-core). The memory estimate depends on it (module docstring)."""
+    te = importlib.util.find_spec("transformer_engine") is not None
+    return "transformer_engine" if cfg.llama().builds_te_spec(te) else "local"
 
 
 def _layer_params(m) -> int:
@@ -227,7 +222,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
     # FP8 layers of the first stage (the most micro-batches in flight: the activations) and of the
     # stage with the most of them (the FP8 weight copies); the BF16 ends are on the first and last stage
     fp8_first_stage = max(0, layers - first - (last if pp == 1 else 0))
-    fp8_most = max(0, layers - first - last) if pp == 1 else (layers if pp > 2 else layers - min(first, last))
+    fp8_most = max(0, layers - first - last if pp == 1 else (layers if pp > 2 else layers - min(first, last)))
     # TE FP8 saves the norm outputs and the SwiGLU output in FP8: 1 byte less each (module docstring)
     fp8_saved = (2 * h / sp + f / tp) if proj.precision == "te_fp8" else 0
     in_flight = min(pp, accumulation)
@@ -244,7 +239,7 @@ def make_plan(cfg: TrainConfig, world_size: int) -> Plan:
         # Transformer Engine's FP8 copy of each projection weight, row- and column-wise, saved from
         # forward to backward (kept between steps too with projection.fp8_weight_cache); not in
         # the BF16 first/last layers; the norms' 2 * h per layer are not projections
-        memory["fp8 weights"] = 2 * max(0, fp8_most) * (_layer_params(m) - 2 * h) / tp
+        memory["fp8 weights"] = 2 * fp8_most * (_layer_params(m) - 2 * h) / tp
     memory["total"] = sum(memory.values())
     projection = (
         "bf16"
