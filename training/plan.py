@@ -73,6 +73,8 @@ __all__ = [
     "layer_spec_of",
     "format_plan",
     "make_plan",
+    "out_of_memory_text",
+    "smaller_micro_batch",
 ]
 
 GIB = 1024**3
@@ -89,6 +91,12 @@ UNCOUNTED_GIB = (3.4, 17.6)
 # the TE spec on the H200: the slope over 4 and 12 layers of (local - TE) peak allocation at micro-batch
 # 4, BF16 attention (16.56 h; tests/training/test_plan.py derives it from the two results files).
 LOCAL_SPEC_EXTRA_H = 16.5
+# What lowers the memory per GPU, worded for the dry run's warning and the out-of-memory exit
+MEMORY_REMEDY = (
+    "lower training.micro_batch_size, raise parallel.tensor (with parallel.sequence_parallel=true) or "
+    "parallel.pipeline, use more GPUs (the optimizer state is sharded over data parallel), or set "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)"
+)
 
 
 def flops_per_token(llama, seq_length: int) -> float:
@@ -416,11 +424,7 @@ def format_estimate(
     warnings = []
     left = gpu_memory_bytes - total
     lo, hi = UNCOUNTED_GIB
-    remedy = (
-        "lower training.micro_batch_size, raise parallel.tensor (with parallel.sequence_parallel=true) or "
-        "parallel.pipeline, use more GPUs (the optimizer state is sharded over data parallel), or set "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)"
-    )
+    remedy = MEMORY_REMEDY
     if left < 0:
         mem += ": DOES NOT FIT"
         warnings.append(
@@ -467,3 +471,48 @@ def format_estimate(
     ]
     width = max(len(k) for k, _ in _plan_rows(plan))
     return [f"{k:<{width}}  {v}" for k, v in rows], warnings
+
+
+def smaller_micro_batch(cfg: TrainConfig, world_size: int) -> tuple[int, Plan] | None:
+    """The largest ``training.micro_batch_size`` below ``cfg``'s that makes a valid plan at
+    ``world_size`` (it divides the global batch per data-parallel rank, and the FP8 projections' shape
+    rule holds), with that plan; None at micro-batch 1 or when no smaller one is valid. The global
+    batch is unchanged, so the samples of every step and the optimizer steps are the same; only the
+    gradient accumulation grows."""
+    import dataclasses
+
+    for mb in range(cfg.training.micro_batch_size - 1, 0, -1):
+        try:  # the training section's own check, then the plan's
+            smaller = cfg.replace(training=dataclasses.replace(cfg.training, micro_batch_size=mb))
+            return mb, make_plan(smaller, world_size)
+        except ValueError:
+            continue
+    return None
+
+
+def out_of_memory_text(
+    cfg: TrainConfig, plan: Plan, *, where: str, error: BaseException, peak_gib: float | None
+) -> str:
+    """What ``pretrain_llama.py`` says when a run stops on ``torch.OutOfMemoryError``: where
+    (``where``, e.g. ``"in step 7"``), the error's first line, the plan's memory estimate per GPU and
+    the peak allocation seen before the error (``peak_gib``, None if unknown), and what to change:
+    :data:`MEMORY_REMEDY`, led by the next valid micro-batch size with its estimate
+    (:func:`smaller_micro_batch`) and the override a resume from a checkpoint needs for it
+    (``checkpoint.allow_config_change``: the micro-batch size is part of the checked config)."""
+    lines = str(error).strip().splitlines()
+    first = lines[0] if lines else type(error).__name__
+    text = f"out of GPU memory {where} ({first})"
+    text += f"; the plan's estimate is {plan.memory_bytes['total'] / GIB:.2f} GiB per GPU"
+    if peak_gib is not None:
+        text += f", the peak allocation of this launch before the error {peak_gib:.2f} GiB"
+    text += " (pretrain_llama.py --dry-run checks the estimate against the GPU's memory). To fit: "
+    smaller = smaller_micro_batch(cfg, plan.world_size)
+    if smaller is not None:
+        mb, plan2 = smaller
+        text += (
+            f"training.micro_batch_size={mb} (estimated {plan2.memory_bytes['total'] / GIB:.2f} GiB per GPU; "
+            f"the global batch and the data order stay, gradient accumulation {plan.accumulation} -> "
+            f"{plan2.accumulation}; resuming a checkpoint with it needs "
+            "checkpoint.allow_config_change=[training.micro_batch_size]); or "
+        )
+    return text + MEMORY_REMEDY

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .signals import EXIT_DONE, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_TIME_BUDGET
+from .signals import EXIT_DONE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_PREEMPTED, EXIT_TIME_BUDGET
 
 __all__ = ["LaunchProgress", "Outputs", "format_hms", "summary_lines", "throughput_text"]
 
@@ -177,6 +177,12 @@ def _status(code: int, progress: LaunchProgress, detail: str, outputs: Outputs) 
         if newest is None:
             return f"{what}; no complete checkpoint: a relaunch starts from step 0"
         return f"{what}; it will resume: the same command relaunched continues from {newest}"
+    if code == EXIT_OUT_OF_MEMORY:
+        where = f"continues from {newest}" if newest is not None else "starts from step 0"
+        return (
+            f"stopped after step {step} of {total}: out of GPU memory, nothing saved; relaunched with the "
+            f"change the exit event names, the job {where}"
+        )
     if code == EXIT_NONFINITE:
         where = f"continues from {newest}" if newest is not None else "starts from step 0"
         return (

@@ -25,9 +25,11 @@ Exit codes of ``pretrain_llama.py``:
 | 3 | preempted (SIGTERM, SIGUSR1, a first Ctrl-C): step finished, checkpoint saved (unless ``save=false``) |
 | 4 | time budget (``runtime.exit_duration_mins``) reached: a checkpoint was saved (unless ``save=false``) |
 | 5 | non-finite loss or gradients with ``runtime.nonfinite=stop``: nothing saved |
+| 6 | out of GPU memory (``torch.OutOfMemoryError``): nothing saved, the message says what to change |
 | 130 | stopped at once by a second Ctrl-C (killed by SIGINT) or by one before the loop: nothing saved |
 
-Code 2 always comes with a message naming what to change. The output and checkpoint directories are
+Code 2 always comes with a message naming what to change; so does code 6, which the launchers do
+not requeue (the same config would run out of memory again). The output and checkpoint directories are
 test-written at start-up, before the first step; "no usable checkpoint" means ``iter_*`` directories
 exist but every one is incomplete or damaged (a fresh start next to them is left to the user).
 """
@@ -44,6 +46,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_NONFINITE",
+    "EXIT_OUT_OF_MEMORY",
     "EXIT_PREEMPTED",
     "EXIT_TIME_BUDGET",
     "StopFlags",
@@ -55,6 +58,7 @@ EXIT_CONFIG = 2
 EXIT_PREEMPTED = 3
 EXIT_TIME_BUDGET = 4
 EXIT_NONFINITE = 5
+EXIT_OUT_OF_MEMORY = 6
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process stopped by Ctrl-C
 
 PROCESS_START = time.time()

@@ -23,6 +23,12 @@ Start-up: ``runtime.output_dir`` and (when saving) ``checkpoint.dir`` are create
 (:func:`training.writable.check_writable_dir`) before the model, the data and the first step; one
 that cannot be written stops the job with exit code 2 and its path.
 
+Out of GPU memory (``torch.OutOfMemoryError``) at start-up, in a step, a validation or a save: the
+rank that met it says where, the plan's memory estimate, the peak allocation and what to change
+(:func:`training.plan.out_of_memory_text`), names the newest complete checkpoint, and the job exits
+with code 6 without saving and without another collective call (the other ranks are waiting in one:
+the launcher ends them). Relaunched with the change, it resumes from that checkpoint.
+
 ``checkpoint.save: false`` (benchmarks): no checkpoint is ever written; the run must start fresh
 (``checkpoint.load`` ``none``, or ``auto`` finding nothing, else exit code 2 before the model is
 built); a signal or the time budget still stops the loop with exit code 3 / 4, and the exit event
@@ -46,10 +52,10 @@ from .config import TrainConfig
 from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
 from .distenv import DistEnv, all_gather_objects, init_distributed, init_model_parallel, shutdown
 from .metrics import MetricsLogger, run_meta
-from .plan import Plan, format_plan, make_plan
+from .plan import Plan, format_plan, make_plan, out_of_memory_text
 from .resolved import resolved_dict
 from .schedule import lr_at
-from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, StopFlags
+from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, StopFlags
 from .state import TrainerState
 from .writable import check_writable_dir
 
@@ -94,6 +100,9 @@ class Trainer:
         self.state = TrainerState()  # the counters a checkpoint saves, restored on resume
         # set by the first _validate()
         self._val_batches: list[dict] | None = None  # the same validation micro-batches every time
+        # set after an out-of-memory error with several ranks: the others are in a collective call
+        # this rank will never join, so the process group is left to the launcher, not destroyed
+        self._abandon_group = False
 
     # ----------------------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -113,7 +122,8 @@ class Trainer:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
-            shutdown(env)
+            if not self._abandon_group:
+                shutdown(env)
             torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
 
     def _setup(self, use_cuda: bool):
@@ -343,6 +353,8 @@ class Trainer:
         except (ValueError, MissingDependencyError) as err:  # config, plan, data, resume (see _setup)
             self.log_error(f"pretrain_llama: configuration error: {err}")
             return EXIT_CONFIG
+        except torch.OutOfMemoryError as err:
+            return self._out_of_memory(err, "at start-up (the model, the optimizer or the checkpoint load)")
         m, eng, plan, st = self.metrics, self.engine, self.plan, self.state
         m.write_meta(
             run_meta(
@@ -391,9 +403,11 @@ class Trainer:
             world_size=self.env.world_size,
             flops_per_token=plan.flops_per_token,
         )
+        where = "before the first step"
         try:
             while st.iteration < total:
                 step = st.iteration + 1
+                where = f"in step {step}"
                 t0 = time.perf_counter()
                 batch = [next(data_iter) for _ in range(plan.accumulation)]
                 lr = lr_at(
@@ -448,6 +462,7 @@ class Trainer:
                     )
                     return EXIT_NONFINITE
                 if cfg.validation.interval and cfg.validation.iters and step % cfg.validation.interval == 0:
+                    where = f"in the validation after step {step}"
                     self._validate(step)
                 reason = eng.all_reduce_max(flags.local_reason())
                 if reason:
@@ -462,11 +477,14 @@ class Trainer:
                     and step % cfg.checkpoint.save_interval == 0
                     and step < total
                 ):
+                    where = f"while saving the checkpoint of step {step}"
                     self._save(step)
                 eng.poll_saves(blocking=False)
             if cfg.validation.interval and cfg.validation.iters and total % cfg.validation.interval:
+                where = f"in the validation after step {total}"
                 self._validate(total)
             if saving:
+                where = f"while saving the checkpoint of step {total}"
                 self._save(total)
                 eng.poll_saves(blocking=True)
             self._exit(
@@ -476,10 +494,34 @@ class Trainer:
                 f"{st.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED),
             )
             return EXIT_DONE
+        except torch.OutOfMemoryError as err:
+            return self._out_of_memory(err, where)
         finally:
             flags.uninstall()
             if telemetry is not None:
                 telemetry.remove()
+
+    def _out_of_memory(self, err: torch.OutOfMemoryError, where: str) -> int:
+        """Stop on ``err`` (see the module docstring): on rank 0 the message is the exit event (log and
+        metrics.jsonl) with the run summary; another rank (or rank 0 before its metrics file exists)
+        writes it to stderr with its rank. No save, no collective call. Returns
+        :data:`EXIT_OUT_OF_MEMORY`."""
+        env = self.env
+        peak = self.engine.peak_mem_gib() if self.engine is not None and torch.cuda.is_available() else None
+        text = out_of_memory_text(self.cfg, self.plan, where=where, error=err, peak_gib=peak)
+        newest = self._newest_checkpoint() if self.ckpt_root is not None else None
+        text += (
+            f". Nothing was saved after the error; relaunched with the change, the job resumes from {newest}"
+            if newest is not None
+            else ". No complete checkpoint exists: a relaunch starts from step 0"
+        )
+        if self.metrics is not None and self.metrics.enabled:  # rank 0: the exit event and summary
+            self._exit(self.state.iteration, EXIT_OUT_OF_MEMORY, text)
+        else:
+            rank = f"rank {env.rank}: " if env.world_size > 1 else ""
+            self._print_error(f"pretrain_llama: {rank}{text}")
+        self._abandon_group = env.world_size > 1
+        return EXIT_OUT_OF_MEMORY
 
     def _newest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint by sizes (no checksum pass: this only names it)."""

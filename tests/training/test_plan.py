@@ -328,3 +328,33 @@ def test_uncounted_reserve_is_the_range_of_the_h200_runs():
         if r.get("peak_device_mem_gib") is not None
     ]
     assert UNCOUNTED_GIB == (round(min(gaps), 1), round(max(gaps), 1)) == (3.4, 17.6)
+
+
+def test_out_of_memory_text_names_the_next_micro_batch_and_its_estimate():
+    from training.plan import MEMORY_REMEDY, out_of_memory_text, smaller_micro_batch
+
+    cfg = load_config("configs/llama3_1_8b_100b_fp8.yaml")  # micro-batch 4, global batch 1024
+    plan = make_plan(cfg, 64)
+    mb, plan3 = smaller_micro_batch(cfg, 64)  # 3 does not divide 1024 / 64 = 16 sequences per rank
+    assert mb == 2 and plan3.accumulation == 8 and plan3.global_batch_size == 1024
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore lines")
+    text = out_of_memory_text(cfg, plan, where="in step 7", error=err, peak_gib=131.5)
+    assert text.startswith(
+        "out of GPU memory in step 7 (CUDA out of memory. Tried to allocate 2.00 GiB.); the plan's estimate "
+        "is 132.08 GiB per GPU, the peak allocation of this launch before the error 131.50 GiB"
+    )
+    assert (
+        "To fit: training.micro_batch_size=2 (estimated 95.68 GiB per GPU; the global batch and the data "
+        "order stay, gradient accumulation 4 -> 8; resuming a checkpoint with it needs "
+        "checkpoint.allow_config_change=[training.micro_batch_size]); or " + MEMORY_REMEDY
+    ) in text
+    assert "more lines" not in text
+    # at micro-batch 3 of a global batch 48 on 16 ranks (3 per rank), only 1 divides; at 1 none is left
+    one = load_config(
+        "configs/llama3_1_8b_100b_fp8.yaml", ["training.micro_batch_size=3", "training.global_batch_size=48"]
+    )
+    assert smaller_micro_batch(one, 16)[0] == 1
+    base = load_config("configs/llama3_1_8b_100b_fp8.yaml", ["training.micro_batch_size=1"])
+    assert smaller_micro_batch(base, 64) is None
+    text = out_of_memory_text(base, make_plan(base, 64), where="at start-up", error=err, peak_gib=None)
+    assert "peak allocation" not in text and text.endswith("). To fit: " + MEMORY_REMEDY)

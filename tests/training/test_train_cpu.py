@@ -190,3 +190,62 @@ def test_nonfinite_stop_exits_without_saving(make_cfg, train, tmp_path):
     ) in log.text()
     assert (root / ckpt.MARKER).read_text().strip() == "4"
     assert not ckpt.iter_dir(root, 6).exists() and not ckpt.iter_dir(root, 8).exists()
+
+
+def _oom_at(monkeypatch, method: str, call: int):
+    """Make ``CPUEngine.<method>``'s ``call``-th call (1-based) raise torch's out-of-memory error."""
+    from training.engine_cpu import CPUEngine
+
+    real, calls = getattr(CPUEngine, method), []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. 1.2 GiB free.")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CPUEngine, method, flaky)
+
+
+def test_out_of_memory_in_a_step_exits_6_and_names_the_change(make_cfg, train, tmp_path, monkeypatch):
+    from training.signals import EXIT_OUT_OF_MEMORY
+
+    _oom_at(monkeypatch, "train_step", 6)
+    code, log = train(make_cfg())
+    assert code == EXIT_OUT_OF_MEMORY == 6, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    exit_event = metrics(tmp_path / "run")[-1]
+    assert exit_event["kind"] == "event" and exit_event["event"] == "exit" and exit_event["step"] == 5
+    detail = exit_event["detail"]
+    assert detail.startswith("out of GPU memory in step 6 (CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert "To fit: training.micro_batch_size=1 (estimated " in detail
+    assert "checkpoint.allow_config_change=[training.micro_batch_size]" in detail
+    assert detail.endswith(f"relaunched with the change, the job resumes from {ckpt.iter_dir(root, 4)}")
+    assert (
+        "status       stopped after step 5 of 8: out of GPU memory, nothing saved; relaunched with the "
+        f"change the exit event names, the job continues from {ckpt.iter_dir(root, 4)}"
+    ) in log.text()
+    # nothing written after the error; the checkpoint of step 4 is the newest and complete
+    assert (root / ckpt.MARKER).read_text().strip() == "4" and not ckpt.iter_dir(root, 6).exists()
+    assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 4)) is None
+    # the change the message names resumes from step 4 and finishes the run
+    monkeypatch.undo()
+    code, log = train(
+        make_cfg("training.micro_batch_size=1", "checkpoint.allow_config_change=[training.micro_batch_size]")
+    )
+    assert code == EXIT_DONE, log.text()
+    assert "allowed config change training.micro_batch_size: 2 -> 1" in log.text()
+    trains = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"]
+    # the first launch's steps 1-5 (step 5 was not saved), then 5-8 again from the checkpoint of step 4
+    assert [r["step"] for r in trains] == [1, 2, 3, 4, 5, 5, 6, 7, 8]
+
+
+def test_out_of_memory_in_validation_says_where(make_cfg, train, tmp_path, monkeypatch):
+    from training.signals import EXIT_OUT_OF_MEMORY
+
+    _oom_at(monkeypatch, "eval_loss", 1)  # the validation after step 4
+    code, log = train(make_cfg("checkpoint.save=false"))
+    assert code == EXIT_OUT_OF_MEMORY, log.text()
+    detail = metrics(tmp_path / "run")[-1]["detail"]
+    assert detail.startswith("out of GPU memory in the validation after step 4 (")
+    assert detail.endswith("No complete checkpoint exists: a relaunch starts from step 0")
