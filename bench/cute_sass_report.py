@@ -9,7 +9,7 @@ The CUTLASS DSL compiles to cubin without a GPU (``CUTE_DSL_KEEP=cubin``, set on
 module, which must come before the first import of ``cutlass``); Triton's bundled
 ``cuobjdump`` disassembles it. Reports registers, stack, spill loads/stores (STL/LDL), QGMMA (FP8
 wgmma), MUFU.EX2 and F2FP (the E4M3 packing of P) counts. The operands are descriptors of CUDA
-tensors (``prebuild.cute_operand``), so the kernel is the one a GPU compiles.
+tensors (``arguments.cute_operand``), so the kernel is the one a GPU compiles.
 
 Which build of the DSL's compiler: the H200 runs the GPU bundle's CUDA 13 build, the CPU venv has the
 CUDA 12 one, and their SASS differ (2026-12-05, fp8 forward at 128x192: 754 against 756 instructions
@@ -60,7 +60,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     from cutlass import cute
 
     from fp4_attention.backends.cute.fwd_sm90 import FP8ForwardSm90
-    from fp4_attention.backends.cute.prebuild import cute_operand
+    from fp4_attention.backends.cute.arguments import cute_operand
 
     b, hkv, s, d = 1, 2, 512, head_dim
     hq = hkv * group
@@ -70,7 +70,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     vt = torch.zeros(b, hkv, d, s, dtype=torch.float8_e4m3fn).permute(0, 3, 1, 2)
     o = torch.empty(b, hq, s, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
     small = [torch.empty(b, hq, s), torch.ones(b, hq, s), torch.ones(b, hkv, s), torch.ones(b, hkv, d)]
-    # CUDA-tensor descriptors (prebuild.cute_operand): the kernel a GPU compiles, global memory
+    # CUDA-tensor descriptors (arguments.cute_operand): the kernel a GPU compiles, global memory
     args = [cute_operand(t, leading_dim=3) for t in (q, k)] + [
         cute_operand(vt, leading_dim=1),
         cute_operand(o, leading_dim=3),
@@ -131,7 +131,7 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
 
 def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on descriptors of CUDA operands
-    (``prebuild.cute_operand``, no GPU):
+    (``arguments.cute_operand``, no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
     kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
     import cutlass
@@ -139,7 +139,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     from cutlass import cute
 
     from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
-    from fp4_attention.backends.cute.prebuild import cute_operand
+    from fp4_attention.backends.cute.arguments import cute_operand
 
     b, hkv, s, d = 1, 2, seq, head_dim
     hq = hkv * group
@@ -151,7 +151,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     def vec(*shape, align=4):
         return cute_operand(torch.zeros(shape), len(shape) - 1, align)
 
-    # CUDA-tensor descriptors (prebuild.cute_operand), in backend._bwd_args's order: the kernel a GPU compiles
+    # CUDA-tensor descriptors (arguments.cute_operand), in backend._bwd_args's order: the kernel a GPU compiles
     qk = bf if qk_bf16 else e4
     args = [bshd(hq, qk), bshd(hq, bf), bshd(hkv, qk), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
     args.append(cute_operand(torch.zeros(b, hq, d, s, dtype=e5).permute(0, 3, 1, 2), 1))  # dO^T

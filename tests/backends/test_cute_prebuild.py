@@ -85,8 +85,8 @@ def _compile(kernel, tensors, convert, *scalars):
 def test_forward_descriptors_compile_the_kernel_of_the_real_operands():
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
 
+    from fp4_attention.backends.cute.arguments import cute_operand
     from fp4_attention.backends.cute.fwd_sm90 import FP8ForwardSm90
-    from fp4_attention.backends.cute.prebuild import cute_operand
 
     def kernel():
         return FP8ForwardSm90(128, 4, True, tile_m=128, tile_n=192, num_stages=2)
@@ -112,7 +112,7 @@ def test_forward_descriptors_compile_the_kernel_of_the_real_operands():
 def test_backward_compiles_from_descriptors_to_the_gpus_kernel(group):
     # its TMA bulk copies need global memory: CPU tensors do not compile, so no SASS to compare with;
     # the name (the DSL cuts it) is the one of the H200's fp8 backward. cute_sass_report.compile_bwd
-    # compiles it on prebuild.cute_operand descriptors in backend._bwd_args's order
+    # compiles it on arguments.cute_operand descriptors in backend._bwd_args's order
     from cute_sass_report import compile_bwd
 
     name, sass = _sass(lambda: compile_bwd(True, group, 128, seq=256))
@@ -123,7 +123,7 @@ def test_backward_compiles_from_descriptors_to_the_gpus_kernel(group):
 def test_fp8_operands_take_the_uint8_calling_convention():
     import cutlass
 
-    from fp4_attention.backends.cute.prebuild import cute_operand
+    from fp4_attention.backends.cute.arguments import cute_operand
 
     for dtype, element, storage in (
         (torch.float8_e4m3fn, cutlass.Float8E4M3FN, "uint8"),

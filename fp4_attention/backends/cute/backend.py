@@ -65,10 +65,10 @@ try:
     import cutlass
     from cutlass import cute
 
+    from .arguments import cute_operand
     from .bwd_sm90 import FP8BackwardSm90
     from .compile_cache import make_cache
     from .fwd_sm90 import LIFT, FP8ForwardSm90
-    from .prebuild import cute_operand
 except ImportError as err:  # re-raised by backends.get_backend with the alternative named
     raise ImportError(
         f"the cute backend needs nvidia-cutlass-dsl and flash-attn-4 ({err}); "
