@@ -34,9 +34,12 @@ import triton
 
 sys.path.insert(0, os.getcwd())
 
-from fp4_attention.backends.triton import dout_quant  # noqa: E402
-from fp4_attention.backends.triton import quant as triton_quant  # noqa: E402
-from fp4_attention.backends.triton.quant import quantize_fp8_rows, quantize_fp8_v_transposed  # noqa: E402
+from fp4_attention.backends.triton import (
+    dout_quant,  # noqa: E402
+    quant_common,  # noqa: E402
+)
+from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows  # noqa: E402
+from fp4_attention.backends.triton.quant_v import quantize_fp8_v_transposed  # noqa: E402
 
 SHAPES = [(4, 32, 8, 4096), (2, 32, 32, 8192)]  # (B, Hq, Hkv, S), D 128
 D = 128
@@ -122,7 +125,7 @@ def _ablation(q_s, v_s, do, o, lse, shape) -> list[dict]:
 
     def amax_only():
         g = hq // v_scale.shape[1]
-        triton_quant._head_amax_kernel[grid](
+        quant_common._head_amax_kernel[grid](
             do, amax, bad, hq, sq, *do.stride()[:3], D=D, BLOCK_S=64, VS=v_scale, G=g, CHANNEL_SCALED=True
         )
 

@@ -59,8 +59,8 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     import cutlass
     from cutlass import cute
 
-    from fp4_attention.backends.cute.fwd_sm90 import FP8ForwardSm90
     from fp4_attention.backends.cute.arguments import cute_operand
+    from fp4_attention.backends.cute.fwd_sm90 import FP8ForwardSm90
 
     b, hkv, s, d = 1, 2, 512, head_dim
     hq = hkv * group
@@ -138,8 +138,8 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     import torch
     from cutlass import cute
 
-    from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
     from fp4_attention.backends.cute.arguments import cute_operand
+    from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
 
     b, hkv, s, d = 1, 2, seq, head_dim
     hq = hkv * group
@@ -151,7 +151,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     def vec(*shape, align=4):
         return cute_operand(torch.zeros(shape), len(shape) - 1, align)
 
-    # CUDA-tensor descriptors (arguments.cute_operand), in backend._bwd_args's order: the kernel a GPU compiles
+    # CUDA-tensor descriptors (arguments.cute_operand), in backend._bwd_args order: the kernel a GPU compiles
     qk = bf if qk_bf16 else e4
     args = [bshd(hq, qk), bshd(hq, bf), bshd(hkv, qk), bshd(hkv, bf), bshd(hkv, e4), bshd(hq, e5)]
     args.append(cute_operand(torch.zeros(b, hq, d, s, dtype=e5).permute(0, 3, 1, 2), 1))  # dO^T

@@ -35,7 +35,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fp4_attention as fa
-from fp4_attention.backends.triton.quant import quantize_fp8_rows
+from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows
 from fp4_attention.numerics.exact import naive_attention
 from fp4_attention.numerics.operands import quantize_v
 from fp4_attention.numerics.recipes import get_recipe

@@ -16,7 +16,7 @@ Rows (BF16 inputs ``[B, H, S, D]``, D = 128, contiguous):
 - ``fp8 V transposed`` (``quantize_fp8_v_transposed``, perm16): the amax pass reads 2 B/element, the
   codes pass reads 2 and writes 1; swept likewise (keys per program x warps of the codes pass).
 - ``fp8 V transposed, amax rows``: the same quantizer, the codes kernel at its default launch, the
-  amax pass's keys per program swept (``quant.amax_rows_per_program``; 64 is one step of the pass's
+  amax pass's keys per program swept (``quant_v.amax_rows_per_program``; 64 is one step of the pass's
   loop per program, the pass as it was before the loop).
 - ``nvfp4_blocks`` and ``pair_blocks`` (not run by default): NVFP4 heads and the Q/K pair at the
   launches of NVFP4_BLOCKS_SWEEP and PAIR_BLOCKS_SWEEP (blocks of rows per program, each block's loads
@@ -157,13 +157,9 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
     ``bench/variants.sh``); a tree without the ``amax_rows`` option has no amax-sweep rows."""
     import inspect
 
-    from fp4_attention.backends.triton.quant import (
-        quantize_fp8_rows,
-        quantize_fp8_rows_pair,
-        quantize_fp8_v_transposed,
-        quantize_nvfp4_heads,
-        quantize_nvfp4_rows,
-    )
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows, quantize_fp8_rows_pair
+    from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_heads, quantize_nvfp4_rows
+    from fp4_attention.backends.triton.quant_v import quantize_fp8_v_transposed
 
     amax_sweep = {"v": "amax_rows" in inspect.signature(quantize_fp8_v_transposed).parameters}
     bw = copy_bandwidth()
@@ -256,7 +252,7 @@ def run(shapes=SHAPES, kinds=KINDS) -> tuple[dict, list[dict]]:
 def _pair_blocks_records(q, k, bw) -> list[dict]:
     """The Q/K pair (``quantize_fp8_rows_pair``) at each launch of PAIR_BLOCKS_SWEEP, the bytes checked
     equal to the default launch's."""
-    from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows_pair
 
     def raw(pair):
         return [t for a in pair for t in (a.data.view(torch.uint8), a.scale.nan_to_num())]
@@ -275,7 +271,7 @@ def _nvfp4_blocks_records(x, label, bw) -> list[dict]:
     """NVFP4 heads (``quantize_nvfp4_heads``) at each launch of NVFP4_BLOCKS_SWEEP, the bytes checked
     equal to the default launch's; and ``x.amax()`` (torch's reduction, 2 B/element read once) as a
     reference of the read bandwidth the amax pass could reach."""
-    from fp4_attention.backends.triton.quant import quantize_nvfp4_heads
+    from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_heads
 
     def raw(got):  # payload, block scales, global scale, decode (bits)
         t, dec, _ = got
@@ -301,13 +297,13 @@ def _amax_records(x, label, bw) -> list[dict]:
 
     import triton
 
-    from fp4_attention.backends.triton import quant
+    from fp4_attention.backends.triton import quant_common, quant_v
 
     b, h, s, d = x.shape
     out, first = [], {}
 
     def launch(kind, rows, warps, kernel, programs, acc_shape, extra, consts):
-        amax, bad = quant.zeroed_amax_and_flag(acc_shape, x.device)
+        amax, bad = quant_common.zeroed_amax_and_flag(acc_shape, x.device)
         args = (x, amax, bad, h, s, *x.stride()[:3], *extra)
 
         def fn():
@@ -319,14 +315,14 @@ def _amax_records(x, label, bw) -> list[dict]:
         same = torch.equal(amax, ref[0]) and torch.equal(bad, ref[1])
         out.append(_rec(kind, label, rows, warps, fn, x.numel() * 2, bw, same))
 
-    if "ROWS" in inspect.signature(quant._v_amax_kernel.fn).parameters:
+    if "ROWS" in inspect.signature(quant_v._v_amax_kernel.fn).parameters:
         for step, rows, warps in V_AMAX_LAUNCHES:
             consts = dict(D=d, BLOCK_S=step, ROWS=rows)
             launch(
                 "V amax pass alone",
                 f"{step}/{rows}",
                 warps,
-                quant._v_amax_kernel,
+                quant_v._v_amax_kernel,
                 triton.cdiv(s, rows),
                 (b * h, d),
                 (x.stride(3),),
@@ -337,7 +333,7 @@ def _amax_records(x, label, bw) -> list[dict]:
             "head amax pass alone",
             rows,
             warps,
-            quant._head_amax_kernel,
+            quant_common._head_amax_kernel,
             triton.cdiv(s, rows),
             (b * h,),
             (),
@@ -350,7 +346,8 @@ def _rope_records(q, k, bw) -> list[dict]:
     """The ``rope`` rows (module docstring); none for a tree without ``backends/triton/rope.py``."""
     try:
         from fp4_attention import RoPETables
-        from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair, quantize_nvfp4_heads
+        from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows_pair
+        from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_heads
         from fp4_attention.backends.triton.rope import (
             quantize_fp8_rows_pair_rope,
             quantize_nvfp4_heads_rope,

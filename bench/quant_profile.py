@@ -32,11 +32,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("quant_profile: needs a CUDA GPU (the Triton quantizers)", file=sys.stderr)
         return 2
-    from fp4_attention.backends.triton.quant import (
-        quantize_fp8_rows,
-        quantize_fp8_v_transposed,
-        quantize_nvfp4_heads,
-    )
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows
+    from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_heads
+    from fp4_attention.backends.triton.quant_v import quantize_fp8_v_transposed
 
     b, h, s = (int(v) for v in a.shape.split(","))
     x = torch.randn(b, h, s, 128, device="cuda").bfloat16()

@@ -282,7 +282,7 @@ def compile_quant(name: str, blocks: int | None = None):
     """``(compiled kernel, label)`` of the quantizer kernel ``name`` (a key of QUANT_KERNELS), its
     unit channel stride specialised as a contiguous launch specialises it; ``blocks``: another
     number of blocks of rows per program for the row kernels (``rows``, ``rows_pair``, ``nvfp4``)."""
-    from fp4_attention.backends.triton import quant, rope
+    from fp4_attention.backends.triton import quant_common, quant_fp8, quant_nvfp4, quant_v, rope
 
     fn, ptrs, consts, warps, label = QUANT_KERNELS[name]
     if blocks is not None:
@@ -301,7 +301,8 @@ def compile_quant(name: str, blocks: int | None = None):
             enable_fp_fusion=False,
         )
         return kernel, label
-    return compile_kernel(getattr(quant, fn), ptrs, consts, num_warps=warps), label
+    module = next(m for m in (quant_fp8, quant_v, quant_nvfp4, quant_common) if hasattr(m, fn))
+    return compile_kernel(getattr(module, fn), ptrs, consts, num_warps=warps), label
 
 
 def main(argv=None) -> int:

@@ -190,11 +190,9 @@ def main(argv=None) -> int:
     bwd = backward_sweep(a.recipes) if a.backward else []
 
     # where the forward's quantization time goes (B4 H32/8 S4096)
-    from fp4_attention.backends.triton.quant import (
-        quantize_fp8_rows,
-        quantize_fp8_v_transposed,
-        quantize_nvfp4_rows,
-    )
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows
+    from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_rows
+    from fp4_attention.backends.triton.quant_v import quantize_fp8_v_transposed
     from fp4_attention.numerics.quant import nvfp4_global_scale
 
     q, k, v = make_qkv(4, 32, 8, 4096, 4096, D, seed=3, device="cuda")

@@ -23,7 +23,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
 
 from fp4_attention.backends.cute import backend as cute_backend  # noqa: E402
 from fp4_attention.backends.pv_layout import permute_v_for_pv  # noqa: E402
-from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed  # noqa: E402
+from fp4_attention.backends.triton.quant_v import quantize_fp8_v_transposed  # noqa: E402
 from fp4_attention.numerics.quant import quantize_fp8_key_groups  # noqa: E402
 from fp4_attention.numerics.recipes import with_k_scale_keys  # noqa: E402
 

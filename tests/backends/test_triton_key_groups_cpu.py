@@ -19,7 +19,7 @@ from __future__ import annotations
 def _interpreted_checks() -> list[str]:
     import torch
 
-    from fp4_attention.backends.triton.quant import quantize_fp8_key_groups, quantize_fp8_rows
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_key_groups, quantize_fp8_rows
     from fp4_attention.numerics import quant as nq
     from fp4_attention.numerics.rotation import hadamard_signs, rotate
 

@@ -278,9 +278,9 @@ def _variants():
 def test_equal_keys_mean_equal_triton_specializations():
     """The cache's key is at least as strict as Triton's: any two launches of a real kernel with equal
     :func:`launch.launch_key` have equal Triton cache keys (checked against Triton's own binder)."""
-    from fp4_attention.backends.triton import quant as tq
+    from fp4_attention.backends.triton import quant_fp8
 
-    fn = tq._fp8_rows_pair_kernel
+    fn = quant_fp8._fp8_rows_pair_kernel
     cases = list(_variants())
     ours = [launch.launch_key(fn, (1,), 0, tuple(a), k) for a, k in cases]
     theirs = [_triton_key(fn, a, k) for a, k in cases]

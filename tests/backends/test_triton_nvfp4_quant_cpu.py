@@ -29,7 +29,7 @@ def _bits(t):
 def _interpreted_checks() -> list[str]:
     import torch
 
-    from fp4_attention.backends.triton.quant import (
+    from fp4_attention.backends.triton.quant_nvfp4 import (
         decode_nvfp4_rows,
         quantize_nvfp4_heads,
         quantize_nvfp4_rows,
@@ -106,7 +106,7 @@ def _interpreted_checks() -> list[str]:
     for part, op, saved in (("q_op", q_op, got), ("k_op", k_op, k_s)):
         if not torch.equal(_bits(op), _bits(saved.scaled_payload().bfloat16())):
             failed.append(f"Q/K kernel operands without a decoded pair: {part}")
-    from fp4_attention.backends.triton.quant import quantize_fp8_rows
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows
 
     # one block of rows per program as the base: the rows below run at the default, 2 blocks
     base_nv, base_fp8 = quantize_nvfp4_heads(x, blocks=1), quantize_fp8_rows(x, blocks=1)

@@ -49,7 +49,7 @@ def test_forward_operands(name):
 
 def test_the_quantizers_refuse_tensors_beyond_32_bit_offsets():
     """A strided view's span (its storage's reach), not its numel, decides (meta tensors: no memory)."""
-    from fp4_attention.backends.triton.quant import check_int32_span
+    from fp4_attention.backends.triton.quant_common import check_int32_span
 
     fits = torch.empty((4, 32, 4096, 128), device="meta")  # Llama-8B shapes: 2^26 elements
     check_int32_span("t", fits)

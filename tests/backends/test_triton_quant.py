@@ -27,20 +27,17 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from fp4_attention.backends.triton.quant import (  # noqa: E402
-    POW2_RECIP_MIN_SCALE,
+from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_key_groups as key_groups_fast  # noqa: E402
+from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows, quantize_fp8_rows_pair
+from fp4_attention.backends.triton.quant_nvfp4 import (
     _block_quotients,
     _e2m1_code,
     _e2m1_round,
     _e2m1_value,
-    _pow2_ceil,
-    quantize_fp8_rows,
-    quantize_fp8_rows_pair,
-    quantize_fp8_v_transposed,
     quantize_nvfp4_heads,
     quantize_nvfp4_rows,
 )
-from fp4_attention.backends.triton.quant import quantize_fp8_key_groups as key_groups_fast  # noqa: E402
+from fp4_attention.backends.triton.quant_v import POW2_RECIP_MIN_SCALE, _pow2_ceil, quantize_fp8_v_transposed
 
 
 def _inputs(d, seq=333):

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair, quantize_nvfp4_heads  # noqa: E402
+from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows_pair  # noqa: E402
+from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_heads  # noqa: E402
 from fp4_attention.backends.triton.rope import (  # noqa: E402
     quantize_fp8_rows_pair_rope,
     quantize_nvfp4_heads_rope,

@@ -17,7 +17,8 @@ from __future__ import annotations
 def _interpreted_checks() -> list[str]:
     import torch
 
-    from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair, quantize_nvfp4_heads
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows_pair
+    from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_heads
     from fp4_attention.backends.triton.rope import (
         quantize_fp8_rows_pair_rope,
         quantize_nvfp4_heads_rope,

@@ -23,7 +23,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from fp4_attention.backends.triton import backend as triton_backend  # noqa: E402
-from fp4_attention.backends.triton.quant import quantize_fp8_rows, quantize_nvfp4_rows  # noqa: E402
+from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows  # noqa: E402
+from fp4_attention.backends.triton.quant_nvfp4 import quantize_nvfp4_rows  # noqa: E402
 from fp4_attention.backends.triton.rotation import rotated_row_amax, unrotate_rows  # noqa: E402
 
 from .test_triton_backend import check_zero_dout_exact_zero, compare  # noqa: E402

@@ -25,7 +25,7 @@ def _interpreted_checks() -> list[str]:
     import torch
     import triton
 
-    from fp4_attention.backends.triton import quant as tq
+    from fp4_attention.backends.triton import quant_fp8, quant_nvfp4
     from fp4_attention.backends.triton import rotation as tr
     from fp4_attention.numerics.quant import nvfp4_global_scale
     from fp4_attention.numerics.rotation import hadamard_signs, inv_sqrt_dim, rotate, unrotate
@@ -48,7 +48,7 @@ def _interpreted_checks() -> list[str]:
         fp8 = []
         for inp, kw in ((x, rot), (xr, {})):
             y, sc = torch.empty(x.shape, dtype=torch.uint8), torch.empty((*x.shape[:-1], 1))
-            tq._fp8_rows_kernel[(triton.cdiv(n, 16),)](
+            quant_fp8._fp8_rows_kernel[(triton.cdiv(n, 16),)](
                 inp, y, sc, n, *x.shape[1:3], *inp.stride()[:3], D=d, FMAX=448.0, E5M2=False, ROWS=16, **kw
             )
             fp8.append((y, sc.nan_to_num(), sc.isnan()))
@@ -59,7 +59,7 @@ def _interpreted_checks() -> list[str]:
             inv = [perm.index(i) for i in range(4)]
             strided = x.permute(*perm).contiguous().permute(*inv)
             y, sc = torch.empty(x.shape, dtype=torch.uint8), torch.empty((*x.shape[:-1], 1))
-            tq._fp8_rows_kernel[(triton.cdiv(n, 16),)](
+            quant_fp8._fp8_rows_kernel[(triton.cdiv(n, 16),)](
                 strided,
                 y,
                 sc,
@@ -95,7 +95,7 @@ def _interpreted_checks() -> list[str]:
             payload = torch.empty((*x.shape[:-1], d // 2), dtype=torch.uint8)
             scales = torch.empty((*x.shape[:-1], d // 16), dtype=torch.uint8)
             dec = torch.empty(x.shape, dtype=torch.bfloat16)
-            tq._nvfp4_rows_kernel[(triton.cdiv(x.shape[2], 8), x.shape[1], x.shape[0])](
+            quant_nvfp4._nvfp4_rows_kernel[(triton.cdiv(x.shape[2], 8), x.shape[1], x.shape[0])](
                 inp,
                 gg,
                 payload,
@@ -114,8 +114,8 @@ def _interpreted_checks() -> list[str]:
         # the wrapper on [B, S, H, D] memory read in place: the contiguous call's bytes
         strided = x.transpose(1, 2).contiguous().transpose(1, 2)
         for signs in (None, s):
-            a_nv, a_dec = tq.quantize_nvfp4_rows(x, g_ref, signs=signs)
-            b_nv, b_dec = tq.quantize_nvfp4_rows(strided, g_ref, signs=signs)
+            a_nv, a_dec = quant_nvfp4.quantize_nvfp4_rows(x, g_ref, signs=signs)
+            b_nv, b_dec = quant_nvfp4.quantize_nvfp4_rows(strided, g_ref, signs=signs)
             same = torch.equal(a_nv.payload, b_nv.payload) and torch.equal(a_nv.block_scale, b_nv.block_scale)
             if not (same and torch.equal(a_dec.view(torch.int16), b_dec.view(torch.int16))):
                 failed.append(f"nvfp4 rows d={d} read in place (rotation {signs is not None})")
@@ -144,19 +144,19 @@ def test_rotating_kernels_compile_for_sm90_without_spills():
     sys.path.insert(0, str(REPO / "bench"))
     from sass_report import compile_kernel, sass_stats
 
-    from fp4_attention.backends.triton import quant as tq
+    from fp4_attention.backends.triton import quant_fp8, quant_nvfp4
     from fp4_attention.numerics.rotation import inv_sqrt_dim
 
     d = 128
     rot = dict(LOG2_D=7, INV_SQRT_D=inv_sqrt_dim(d))
     cases = {
         "fp8 rows": (
-            tq._fp8_rows_kernel,
+            quant_fp8._fp8_rows_kernel,
             {"X": "bf16", "Y": "u8", "S": "fp32", "SIGNS": "fp32"},
             dict(D=d, FMAX=448.0, E5M2=False, ROWS=2048 // d, ROTATE=True, **rot),
         ),
         "nvfp4 rows": (
-            tq._nvfp4_rows_kernel,
+            quant_nvfp4._nvfp4_rows_kernel,
             {"X": "bf16", "G": "fp32", "P": "u8", "SC": "u8", "DEC": "bf16", "SIGNS": "fp32"},
             dict(D=d, ROWS=1024 // d, ROTATE=True, HEAD_AMAX=False, **rot),
         ),

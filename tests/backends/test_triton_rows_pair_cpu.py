@@ -13,7 +13,7 @@ from __future__ import annotations
 def _interpreted_checks() -> list[str]:
     import torch
 
-    from fp4_attention.backends.triton.quant import quantize_fp8_rows, quantize_fp8_rows_pair
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows, quantize_fp8_rows_pair
     from fp4_attention.numerics.rotation import hadamard_signs
 
     def same(a, b) -> bool:
@@ -93,7 +93,7 @@ def test_tensors_of_two_head_dims_are_refused():
     import pytest
     import torch
 
-    from fp4_attention.backends.triton.quant import quantize_fp8_rows_pair
+    from fp4_attention.backends.triton.quant_fp8 import quantize_fp8_rows_pair
 
     with pytest.raises(ValueError, match="one head dim and one device, got 64 on cpu and 32 on cpu"):
         quantize_fp8_rows_pair(torch.randn(2, 4, 8, 64), torch.randn(2, 1, 8, 32))

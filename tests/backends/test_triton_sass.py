@@ -100,45 +100,45 @@ def test_quantizers_compile_for_any_strides_without_spills(d):
     """The quantizers that read the caller's [B, H, S, D] views in place (strides as runtime
     integers, not the contiguous specialisation), V's two passes, the NVFP4 per-head scale's amax
     pass and the NVFP4 decode compile for sm_90 without spills."""
-    from fp4_attention.backends.triton import quant
+    from fp4_attention.backends.triton import quant_common, quant_fp8, quant_nvfp4, quant_v
 
     rot = dict(SIGNS=None, ROTATE=False, LOG2_D=0, INV_SQRT_D=1.0)
     kernels = {
         "fp8 rows": _compile_or_skip(
-            quant._fp8_rows_kernel,
+            quant_fp8._fp8_rows_kernel,
             dict(X="bf16", Y="u8", S="fp32"),
             dict(D=d, FMAX=448.0, E5M2=False, ROWS=2048 // d, BLOCKS=2, **rot),
         ),
         "nvfp4 rows": _compile_or_skip(
-            quant._nvfp4_rows_kernel,
+            quant_nvfp4._nvfp4_rows_kernel,
             dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16"),
             dict(D=d, ROWS=1024 // d, HEAD_AMAX=False, **rot),
         ),
         "nvfp4 rows, per-head scale": _compile_or_skip(
-            quant._nvfp4_rows_kernel,
+            quant_nvfp4._nvfp4_rows_kernel,
             dict(X="bf16", G="fp32", P="u8", SC="u8", DEC="bf16", BADH="i32", GOUT="fp32", TOK="fp32"),
             dict(D=d, ROWS=2048 // d, HEAD_AMAX=True, BLOCKS=2, **rot),
         ),
         "head amax": _compile_or_skip(
-            quant._head_amax_kernel,
+            quant_common._head_amax_kernel,
             dict(X="bf16", AMAX="fp32", BAD="i32"),
             dict(D=d, BLOCK_S=64, CHANNEL_SCALED=False),
         ),
         "nvfp4 decode": _compile_or_skip(
-            quant._nvfp4_decode_kernel, dict(P="u8", SC="u8", OUT="bf16"), dict(D=d, ROWS=2048 // d)
+            quant_nvfp4._nvfp4_decode_kernel, dict(P="u8", SC="u8", OUT="bf16"), dict(D=d, ROWS=2048 // d)
         ),
         "V amax": _compile_or_skip(
-            quant._v_amax_kernel, dict(X="bf16", AMAX="fp32", BAD="i32"), dict(D=d, BLOCK_S=64, ROWS=1024)
+            quant_v._v_amax_kernel, dict(X="bf16", AMAX="fp32", BAD="i32"), dict(D=d, BLOCK_S=64, ROWS=1024)
         ),
         "dO amax (head amax of dO times V's channel scales)": _compile_or_skip(
-            quant._head_amax_kernel,
+            quant_common._head_amax_kernel,
             dict(X="bf16", VS="fp32", AMAX="fp32", BAD="i32"),
             dict(D=d, BLOCK_S=64, CHANNEL_SCALED=True),
         ),
     }
     for perm16 in (False, True):
         kernels[f"V transposed perm16={perm16}"] = _compile_or_skip(
-            quant._fp8_v_t_kernel,
+            quant_v._fp8_v_t_kernel,
             dict(X="bf16", AMAX="fp32", BAD="i32", SC="fp32", Y="u8"),
             dict(D=d, FMAX=448.0, BLOCK_S=64, PERM16=perm16),
         )

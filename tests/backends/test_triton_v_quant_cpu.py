@@ -14,7 +14,7 @@ from __future__ import annotations
 def _interpreted_checks() -> list[str]:
     import torch
 
-    from fp4_attention.backends.triton.quant import quantize_fp8_v_transposed
+    from fp4_attention.backends.triton.quant_v import quantize_fp8_v_transposed
     from fp4_attention.numerics.quant import amax_scale, pow2_ceil
     from tests.dispatch_ops import FILL_OPS, OpNames
 

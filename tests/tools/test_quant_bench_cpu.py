@@ -42,12 +42,14 @@ def _interpreted_checks() -> list[str]:
     if len(seen) != len(qb.V_AMAX_LAUNCHES) + len(qb.HEAD_AMAX_LAUNCHES):
         failed.append(f"{len(seen)} launches run")
     # the first launch of each kind against torch
-    from fp4_attention.backends.triton import quant
+    from fp4_attention.backends.triton import quant_common
 
     x[1, 2, 100, 7] = float("nan")  # flags head (1, 2)
-    amax, bad = quant.zeroed_amax_and_flag((6,), x.device)
+    amax, bad = quant_common.zeroed_amax_and_flag((6,), x.device)
     rows, warps = qb.HEAD_AMAX_LAUNCHES[0]
-    quant._head_amax_kernel[(-(-130 // rows), 6)](x, amax, bad, 3, 130, *x.stride()[:3], D=32, BLOCK_S=rows)
+    quant_common._head_amax_kernel[(-(-130 // rows), 6)](
+        x, amax, bad, 3, 130, *x.stride()[:3], D=32, BLOCK_S=rows
+    )
     want = x.float().abs().amax(dim=(2, 3)).flatten()
     if not (bad.tolist() == [0, 0, 0, 0, 0, 1] and torch.equal(amax[:5], want[:5])):
         failed.append(f"head amax {amax.tolist()} {bad.tolist()}, want {want.tolist()}")

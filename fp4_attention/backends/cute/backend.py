@@ -50,14 +50,9 @@ from ..pv_layout import padded_keys, unpermute_v_keys
 from ..triton.bwd_kv import backward_kv_operands
 from ..triton.bwd_post import convert_accumulators
 from ..triton.dout_quant import quantize_dout_fused
-from ..triton.quant import (
-    decode_nvfp4_rows,
-    quantize_fp8_key_groups,
-    quantize_fp8_rows,
-    quantize_fp8_rows_pair,
-    quantize_fp8_v_transposed,
-    quantize_nvfp4_heads,
-)
+from ..triton.quant_fp8 import quantize_fp8_key_groups, quantize_fp8_rows, quantize_fp8_rows_pair
+from ..triton.quant_nvfp4 import decode_nvfp4_rows, quantize_nvfp4_heads
+from ..triton.quant_v import quantize_fp8_v_transposed
 from ..triton.rope import quantize_fp8_rows_pair_rope, quantize_nvfp4_heads_rope, rope_rows_pair
 from . import SPEC
 
@@ -275,7 +270,7 @@ def quantize_inputs(
 def _words(x: torch.Tensor, counts: list[int], fill: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The amax passes' words of a forward's quantizers in one FP32 buffer on ``x``'s device: the
     buffer and its parts of ``2 * n`` words per count ``n`` (each quantizer's amax and flag:
-    ``triton.quant.amax_and_flag_words``), zero-filled by one launch for all of them (``fill``) or
+    ``triton.quant_common.amax_and_flag_words``), zero-filled by one launch for all of them (``fill``) or
     left for a kernel to zero (the Q/K pair quantizer's ``zero``). Each part starts on a 16-byte
     boundary (its size rounded up to 4 words), as a buffer of its own would: Triton specializes a
     kernel on a pointer's 16-byte alignment."""

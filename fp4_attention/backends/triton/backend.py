@@ -1,11 +1,12 @@
 """The ``triton`` backend: every recipe's forward and the training recipes' backward on CUDA GPUs
 with FP8 tensor cores (sm_89+); its declaration is ``SPEC`` in this package's ``__init__``.
 
-Quantization of Q/K/V runs in the Triton quantizers of ``quant.py`` (their bytes equal
-``numerics.quant``'s; ``tests/backends/test_triton_quant.py``), with the recipe's Q/K rotation
-(``numerics/rotation.py``) applied inside them; the backward's dQ/dK are then unrotated from FP32
-by ``rotation.unrotate_rows``. RoPE (``attention(..., rope=...)``) is applied inside the per-token
-FP8 and the NVFP4 Q/K quantizers (``rope.py``), by ``rope.rope_rows_pair`` (Q and K in one launch)
+Quantization of Q/K/V runs in the Triton quantizers (``quant_fp8.py``, ``quant_v.py``,
+``quant_nvfp4.py``; their bytes equal ``numerics.quant``'s;
+``tests/backends/test_triton_quant.py``), with the recipe's Q/K rotation (``numerics/rotation.py``)
+applied inside them; the backward's dQ/dK are then unrotated from FP32 by
+``rotation.unrotate_rows``. RoPE (``attention(..., rope=...)``) is applied inside the per-token FP8
+and the NVFP4 Q/K quantizers (``rope.py``), by ``rope.rope_rows_pair`` (Q and K in one launch)
 before the others; dO is quantized to E5M2 with ``numerics.quant.quantize_fp8`` on the GPU. The
 attention products run in ``kernels.py``. Forward saves the quantized payloads and scales, the
 output and the LSE, never BF16 Q/K/V (for the FP8 recipes); its :class:`SavedState` holds V8
@@ -30,15 +31,9 @@ from ..layouts import empty_in_layout_of
 from . import SPEC
 from .dout_quant import quantize_dout_fused
 from .kernels import LOG2E, _bwd_dkdv_kernel, _bwd_dq_kernel, _fwd_kernel
-from .quant import (
-    decode_nvfp4_rows,
-    quantize_fp8_key_groups,
-    quantize_fp8_rows,
-    quantize_fp8_rows_pair,
-    quantize_fp8_v_transposed,
-    quantize_nvfp4_heads,
-    quantize_nvfp4_rows,
-)
+from .quant_fp8 import quantize_fp8_key_groups, quantize_fp8_rows, quantize_fp8_rows_pair
+from .quant_nvfp4 import decode_nvfp4_rows, quantize_nvfp4_heads, quantize_nvfp4_rows
+from .quant_v import quantize_fp8_v_transposed
 from .rope import quantize_fp8_rows_pair_rope, quantize_nvfp4_heads_rope, rope_rows_pair
 from .rotation import rotated_row_amax, unrotate_rows
 

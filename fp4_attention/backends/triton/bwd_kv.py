@@ -22,8 +22,9 @@ import triton.language as tl
 
 from ...numerics.quant import NVFP4Tensor
 from .launch import cdiv, launcher
-from .quant import check_int32_span, e4m3_to_bf16, nvfp4_to_bf16
-from .quant import interpreted as _interpreted
+from .launch import interpreted as _interpreted
+from .quant_common import check_int32_span, e4m3_to_bf16
+from .quant_nvfp4 import nvfp4_to_bf16
 
 __all__ = ["KV_BLOCK", "backward_kv_operands"]
 

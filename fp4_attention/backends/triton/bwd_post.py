@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import interpreted as _interpreted
 from .launch import launcher
-from .quant import check_int32_span
-from .quant import interpreted as _interpreted
+from .quant_common import check_int32_span
 
 __all__ = ["ROWS", "convert_accumulators"]
 

@@ -22,8 +22,9 @@ import triton.language as tl
 
 from ...numerics.quant import FP8Tensor
 from .launch import cdiv, launcher
-from .quant import _head_amax_kernel, amax_and_flag_words, check_int32_span, e4m3_to_bf16, transpose_codes
-from .quant import interpreted as _interpreted
+from .launch import interpreted as _interpreted
+from .quant_common import _head_amax_kernel, amax_and_flag_words, check_int32_span, e4m3_to_bf16
+from .quant_v import transpose_codes
 
 __all__ = ["DoutOperands", "quantize_dout_fused"]
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant import _e2m1_code, _e2m1_value
+from .quant_nvfp4 import _e2m1_code, _e2m1_value
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453

@@ -30,16 +30,9 @@ import triton.language as tl
 from ...numerics.quant import FP8_FORMATS, FP8Tensor, NVFP4Tensor
 from ..layouts import empty_in_layout_of
 from .launch import cdiv, interpreted, launcher
-from .quant import (
-    _fp8_codes,
-    _fp8_scale,
-    _max_propagating_nan,
-    _rows_option,
-    amax_and_flag_words,
-    check_int32_span,
-    nvfp4_block_rows,
-    nvfp4_head_outputs,
-)
+from .quant_common import _max_propagating_nan, _rows_option, amax_and_flag_words, check_int32_span
+from .quant_fp8 import _fp8_codes, _fp8_scale
+from .quant_nvfp4 import nvfp4_block_rows, nvfp4_head_outputs
 
 __all__ = ["quantize_fp8_rows_pair_rope", "quantize_nvfp4_heads_rope", "rope_rows", "rope_rows_pair"]
 

@@ -4,10 +4,11 @@ and the two small kernels around the quantizers.
 * :func:`fwht_rows` / :func:`rotate_rows` (``@triton.jit`` helpers): ``[ROWS, D]`` FP32 tiles
   through the same stages, in the same order, as ``numerics.rotation.fwht``: stage h reshapes to
   ``[ROWS, D / 2h, 2, h]``, moves the pair axis last, splits it into (a, b) and joins
-  (a + b, a - b). The quantizer kernels of ``quant.py`` call :func:`rotate_rows` on the tile they
-  load, before the scales are formed, so the rotation costs no pass over memory there; the FP32
-  bits equal the reference's (IEEE additions in a fixed order; the sign multiply is exact and the
-  final multiply by ``fp32(D^-1/2)`` is the reference's one rounding).
+  (a + b, a - b). The quantizer kernels of ``quant_fp8.py`` and ``quant_nvfp4.py`` call
+  :func:`rotate_rows` on the tile they load, before the scales are formed, so the rotation costs no
+  pass over memory there; the FP32 bits equal the reference's (IEEE additions in a fixed order; the
+  sign multiply is exact and the final multiply by ``fp32(D^-1/2)`` is the reference's one
+  rounding).
 * :func:`rotated_row_amax`: per row, ``max |x H|`` (NaN for a row holding a NaN or Inf): the
   input of the per-head NVFP4 global scale, which must be known before the blocks are quantized.
   It replaces the torch amax pass over BF16 Q/K that the unrotated path pays.
