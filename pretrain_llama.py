@@ -75,14 +75,14 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from training.signals import EXIT_INTERRUPTED
+    from training.signals import EXIT_INTERRUPTED, write_exit_code
 
     try:
         return _main(args)
     except KeyboardInterrupt:  # a second Ctrl-C in the loop, or one before it (training.signals)
         print("pretrain_llama: stopped by Ctrl-C; nothing saved since the last checkpoint", file=sys.stderr)
         if not args.dry_run:
-            _report_exit_code(EXIT_INTERRUPTED)
+            write_exit_code(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
 
 
@@ -90,7 +90,7 @@ def _main(args) -> int:
     # megatron-core warns at import about optional packages (TE, Apex); the log reports what is used
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
     from training.config import load_config
-    from training.signals import EXIT_CONFIG
+    from training.signals import EXIT_CONFIG, write_exit_code
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -125,7 +125,7 @@ def _main(args) -> int:
         log=lambda msg: print(msg, flush=True),
         log_error=lambda msg: print(msg, file=sys.stderr, flush=True),
     ).run()
-    _report_exit_code(code)
+    write_exit_code(code)
     return code
 
 
@@ -150,24 +150,6 @@ def _print_estimate(plan, cfg, *, mfu: float | None, gpu_memory_gib: float | Non
     print("\n".join(lines))
     for w in warnings:
         print(f"pretrain_llama --dry-run: warning: {w}", file=sys.stderr)
-
-
-def _report_exit_code(code: int) -> None:
-    """Write the exit code to ``$PRETRAIN_EXIT_FILE`` (rank 0 only), for launchers.
-
-    torchrun reports any failing worker as exit code 1, which would hide the distinct codes the
-    requeue logic needs (3 preempted, 4 time budget); ``launch/torchrun_node.sh`` and
-    ``launch/slurm_8x8.sbatch`` read this file instead. Written atomically (temp file + rename).
-    """
-    from training.distenv import ranks_from_env
-
-    path = os.environ.get("PRETRAIN_EXIT_FILE")
-    if not path or ranks_from_env()[0] != 0:
-        return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{code}\n")
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

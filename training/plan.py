@@ -73,6 +73,8 @@ __all__ = [
     "layer_spec_of",
     "format_plan",
     "make_plan",
+    "MEMORY_REMEDY",
+    "OTHER_MEMORY_REMEDY",
     "out_of_memory_text",
     "smaller_micro_batch",
 ]
@@ -91,12 +93,14 @@ UNCOUNTED_GIB = (3.4, 17.6)
 # the TE spec on the H200: the slope over 4 and 12 layers of (local - TE) peak allocation at micro-batch
 # 4, BF16 attention (16.56 h; tests/training/test_plan.py derives it from the two results files).
 LOCAL_SPEC_EXTRA_H = 16.5
-# What lowers the memory per GPU, worded for the dry run's warning and the out-of-memory exit
-MEMORY_REMEDY = (
-    "lower training.micro_batch_size, raise parallel.tensor (with parallel.sequence_parallel=true) or "
-    "parallel.pipeline, use more GPUs (the optimizer state is sharded over data parallel), or set "
+# What lowers the memory per GPU, worded for the dry run's warning and the out-of-memory exit: the
+# micro-batch (activations only), and what also moves weights and optimizer state
+OTHER_MEMORY_REMEDY = (
+    "raise parallel.tensor (with parallel.sequence_parallel=true) or parallel.pipeline, use more GPUs "
+    "(the optimizer state is sharded over data parallel), or set "
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)"
 )
+MEMORY_REMEDY = "lower training.micro_batch_size, " + OTHER_MEMORY_REMEDY
 
 
 def flops_per_token(llama, seq_length: int) -> float:
@@ -473,46 +477,82 @@ def format_estimate(
     return [f"{k:<{width}}  {v}" for k, v in rows], warnings
 
 
-def smaller_micro_batch(cfg: TrainConfig, world_size: int) -> tuple[int, Plan] | None:
-    """The largest ``training.micro_batch_size`` below ``cfg``'s that makes a valid plan at
-    ``world_size`` (it divides the global batch per data-parallel rank, and the FP8 projections' shape
-    rule holds), with that plan; None at micro-batch 1 or when no smaller one is valid. The global
-    batch is unchanged, so the samples of every step and the optimizer steps are the same; only the
-    gradient accumulation grows."""
+def smaller_micro_batch(
+    cfg: TrainConfig, world_size: int, gpu_memory_bytes: float | None = None
+) -> tuple[int, Plan, str] | None:
+    """A ``training.micro_batch_size`` below ``cfg``'s that makes a valid plan at ``world_size`` (it
+    divides the global batch per data-parallel rank, and the FP8 projections' shape rule holds):
+    ``(micro-batch, its plan, verdict)``, or None at micro-batch 1 or when none qualifies.
+
+    Without ``gpu_memory_bytes`` the largest valid one (verdict ``""``). With it, the largest whose
+    estimate leaves at least the largest reserve measured beyond the peak allocation
+    (:data:`UNCOUNTED_GIB`, verdict ``"fits"``), else the largest that leaves at least the smallest
+    (``"at the edge"``), as :func:`format_estimate` judges; None if none leaves that.
+
+    The global batch is unchanged: the samples of every step and the optimizer steps are the same,
+    only the gradient accumulation grows (the sums are reordered, so the losses are not bitwise those
+    of the larger micro-batch)."""
     import dataclasses
 
+    lo, hi = (g * GIB for g in UNCOUNTED_GIB)
+    edge = None
     for mb in range(cfg.training.micro_batch_size - 1, 0, -1):
         try:  # the training section's own check, then the plan's
             smaller = cfg.replace(training=dataclasses.replace(cfg.training, micro_batch_size=mb))
-            return mb, make_plan(smaller, world_size)
+            plan = make_plan(smaller, world_size)
         except ValueError:
             continue
-    return None
+        if gpu_memory_bytes is None:
+            return mb, plan, ""
+        left = gpu_memory_bytes - plan.memory_bytes["total"]
+        if left >= hi:
+            return mb, plan, "fits"
+        if left >= lo and edge is None:
+            edge = (mb, plan, "at the edge")
+    return edge
 
 
 def out_of_memory_text(
-    cfg: TrainConfig, plan: Plan, *, where: str, error: BaseException, peak_gib: float | None
+    cfg: TrainConfig,
+    plan: Plan,
+    *,
+    where: str,
+    error: BaseException,
+    peak_gib: float | None,
+    activations: bool,
+    gpu_memory_bytes: float | None = None,
 ) -> str:
     """What ``pretrain_llama.py`` says when a run stops on ``torch.OutOfMemoryError``: where
     (``where``, e.g. ``"in step 7"``), the error's first line, the plan's memory estimate per GPU and
-    the peak allocation seen before the error (``peak_gib``, None if unknown), and what to change:
-    :data:`MEMORY_REMEDY`, led by the next valid micro-batch size with its estimate
-    (:func:`smaller_micro_batch`) and the override a resume from a checkpoint needs for it
-    (``checkpoint.allow_config_change``: the micro-batch size is part of the checked config)."""
+    the peak allocation seen before the error (``peak_gib``, None if unknown), and what to change.
+
+    ``activations``: the error came in a step or a validation, where a smaller micro-batch helps; the
+    advice then leads with :func:`smaller_micro_batch` (checked against ``gpu_memory_bytes``, the
+    GPU's memory, when given), its estimate and the overrides a resume needs (the micro-batch size is
+    part of the checked config: ``checkpoint.allow_config_change``). At start-up or in a save only
+    :data:`OTHER_MEMORY_REMEDY` applies."""
     lines = str(error).strip().splitlines()
     first = lines[0] if lines else type(error).__name__
     text = f"out of GPU memory {where} ({first})"
     text += f"; the plan's estimate is {plan.memory_bytes['total'] / GIB:.2f} GiB per GPU"
     if peak_gib is not None:
         text += f", the peak allocation of this launch before the error {peak_gib:.2f} GiB"
+    if gpu_memory_bytes is not None:
+        text += f", of the GPU's {gpu_memory_bytes / GIB:.1f} GiB"
     text += " (pretrain_llama.py --dry-run checks the estimate against the GPU's memory). To fit: "
-    smaller = smaller_micro_batch(cfg, plan.world_size)
-    if smaller is not None:
-        mb, plan2 = smaller
-        text += (
-            f"training.micro_batch_size={mb} (estimated {plan2.memory_bytes['total'] / GIB:.2f} GiB per GPU; "
-            f"the global batch and the data order stay, gradient accumulation {plan.accumulation} -> "
-            f"{plan2.accumulation}; resuming a checkpoint with it needs "
-            "checkpoint.allow_config_change=[training.micro_batch_size]); or "
+    if not activations or plan.micro_batch_size == 1:
+        return text + OTHER_MEMORY_REMEDY
+    smaller = smaller_micro_batch(cfg, plan.world_size, gpu_memory_bytes)
+    if smaller is None:
+        return (
+            text + f"no smaller training.micro_batch_size fits by the plan's estimate; {OTHER_MEMORY_REMEDY}"
         )
-    return text + MEMORY_REMEDY
+    mb, plan2, verdict = smaller
+    return text + (
+        f"training.micro_batch_size={mb} (estimated {plan2.memory_bytes['total'] / GIB:.2f} GiB per GPU"
+        + (f", {verdict}" if verdict else "")
+        + f"; the same samples in every step, gradient accumulation {plan.accumulation} -> "
+        f"{plan2.accumulation}, sums reordered so not bitwise the old losses): relaunch with "
+        f"training.micro_batch_size={mb} 'checkpoint.allow_config_change=[training.micro_batch_size]' "
+        f"(added to any list you pass already); or {OTHER_MEMORY_REMEDY}"
+    )

@@ -50,6 +50,7 @@ __all__ = [
     "EXIT_PREEMPTED",
     "EXIT_TIME_BUDGET",
     "StopFlags",
+    "write_exit_code",
 ]
 
 EXIT_DONE = 0
@@ -62,6 +63,27 @@ EXIT_OUT_OF_MEMORY = 6
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process stopped by Ctrl-C
 
 PROCESS_START = time.time()
+
+
+def write_exit_code(code: int, *, any_rank: bool = False) -> None:
+    """Write the exit code to ``$PRETRAIN_EXIT_FILE``, for launchers: by rank 0 only, or by this rank
+    whatever its rank with ``any_rank`` (a rank that ran out of memory while rank 0 waits in a
+    collective call it will not leave: the launcher ends rank 0, which writes nothing).
+
+    torchrun reports any failing worker as exit code 1, which would hide the distinct codes the
+    requeue logic needs (3 preempted, 4 time budget, 6 out of memory: not requeued);
+    ``launch/torchrun_node.sh`` and ``launch/slurm_8x8.sbatch`` read this file instead. Written
+    atomically (temp file + rename).
+    """
+    from .distenv import ranks_from_env
+
+    path = os.environ.get("PRETRAIN_EXIT_FILE")
+    if not path or (ranks_from_env()[0] != 0 and not any_rank):
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{code}\n")
+    os.replace(tmp, path)
 
 
 class StopFlags:

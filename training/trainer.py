@@ -25,9 +25,14 @@ that cannot be written stops the job with exit code 2 and its path.
 
 Out of GPU memory (``torch.OutOfMemoryError``) at start-up, in a step, a validation or a save: the
 rank that met it says where, the plan's memory estimate, the peak allocation and what to change
-(:func:`training.plan.out_of_memory_text`), names the newest complete checkpoint, and the job exits
-with code 6 without saving and without another collective call (the other ranks are waiting in one:
-the launcher ends them). Relaunched with the change, it resumes from that checkpoint.
+(:func:`training.plan.out_of_memory_text`: in a step or a validation the largest smaller micro-batch
+whose estimate fits the GPU), names the newest complete checkpoint, writes exit code 6 to
+``$PRETRAIN_EXIT_FILE`` whatever its rank, and stops without saving and without another collective
+call. With several ranks the others wait in a collective call it will never join: it leaves the
+process at once (``os._exit``, after the logs are flushed) and the launcher ends them; only rank 0
+records the exit event and the summary in ``metrics.jsonl``, so a run stopped by another rank's error
+has its message in that rank's stderr only. Errors reported as other exceptions (a CUDA error "out of
+memory" outside PyTorch's allocator, NCCL's) are not caught: they end the run with a traceback.
 
 ``checkpoint.save: false`` (benchmarks): no checkpoint is ever written; the run must start fresh
 (``checkpoint.load`` ``none``, or ``auto`` finding nothing, else exit code 2 before the model is
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -55,7 +61,7 @@ from .metrics import MetricsLogger, run_meta
 from .plan import Plan, format_plan, make_plan, out_of_memory_text
 from .resolved import resolved_dict
 from .schedule import lr_at
-from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, StopFlags
+from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, StopFlags, write_exit_code
 from .state import TrainerState
 from .writable import check_writable_dir
 
@@ -101,7 +107,7 @@ class Trainer:
         # set by the first _validate()
         self._val_batches: list[dict] | None = None  # the same validation micro-batches every time
         # set after an out-of-memory error with several ranks: the others are in a collective call
-        # this rank will never join, so the process group is left to the launcher, not destroyed
+        # this rank will never join, so the process is left at once (run()), the group not destroyed
         self._abandon_group = False
 
     # ----------------------------------------------------------------------------- set-up
@@ -122,8 +128,11 @@ class Trainer:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
-            if not self._abandon_group:
-                shutdown(env)
+            if self._abandon_group:  # see _out_of_memory: no destructor may wait on the other ranks
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_OUT_OF_MEMORY)
+            shutdown(env)
             torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
 
     def _setup(self, use_cuda: bool):
@@ -464,9 +473,11 @@ class Trainer:
                 if cfg.validation.interval and cfg.validation.iters and step % cfg.validation.interval == 0:
                     where = f"in the validation after step {step}"
                     self._validate(step)
+                where = f"after step {step}"
                 reason = eng.all_reduce_max(flags.local_reason())
                 if reason:
                     if saving:
+                        where = f"while saving the checkpoint of step {step}"
                         self._save(step)
                         eng.poll_saves(blocking=True)
                     self._exit(step, reason, flags.describe(reason) + ("" if saving else NOT_SAVED))
@@ -479,6 +490,7 @@ class Trainer:
                 ):
                     where = f"while saving the checkpoint of step {step}"
                     self._save(step)
+                where = f"after step {step}"
                 eng.poll_saves(blocking=False)
             if cfg.validation.interval and cfg.validation.iters and total % cfg.validation.interval:
                 where = f"in the validation after step {total}"
@@ -502,21 +514,44 @@ class Trainer:
                 telemetry.remove()
 
     def _out_of_memory(self, err: torch.OutOfMemoryError, where: str) -> int:
-        """Stop on ``err`` (see the module docstring): on rank 0 the message is the exit event (log and
-        metrics.jsonl) with the run summary; another rank (or rank 0 before its metrics file exists)
-        writes it to stderr with its rank. No save, no collective call. Returns
-        :data:`EXIT_OUT_OF_MEMORY`."""
-        env = self.env
-        peak = self.engine.peak_mem_gib() if self.engine is not None and torch.cuda.is_available() else None
-        text = out_of_memory_text(self.cfg, self.plan, where=where, error=err, peak_gib=peak)
-        newest = self._newest_checkpoint() if self.ckpt_root is not None else None
-        text += (
-            f". Nothing was saved after the error; relaunched with the change, the job resumes from {newest}"
-            if newest is not None
-            else ". No complete checkpoint exists: a relaunch starts from step 0"
+        """Stop on ``err`` (see the module docstring): exit code 6 in ``$PRETRAIN_EXIT_FILE`` from this
+        rank; on rank 0 the message is the exit event (log and metrics.jsonl) with the run summary,
+        another rank (or rank 0 before its metrics file exists) writes it to stderr with its rank. No
+        save, no collective call. Returns :data:`EXIT_OUT_OF_MEMORY`."""
+        env, cfg = self.env, self.cfg
+        on_gpu = torch.cuda.is_available()
+        peak = self.engine.peak_mem_gib() if self.engine is not None and on_gpu else None
+        memory = (
+            torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if on_gpu else None
         )
+        activations = where.startswith(("in step", "in the validation"))
+        text = out_of_memory_text(
+            cfg,
+            self.plan,
+            where=where,
+            error=err,
+            peak_gib=peak,
+            activations=activations,
+            gpu_memory_bytes=memory,
+        )
+        newest = self._newest_checkpoint() if self.ckpt_root is not None else None
+        if newest is None:
+            text += f". No complete checkpoint in {self.ckpt_root}: a relaunch starts from step 0"
+        elif cfg.checkpoint.load == "auto":
+            text += ". Nothing was saved after the error; relaunched with the change, the run resumes from "
+            text += str(newest)
+        else:
+            text += (
+                f". Nothing was saved after the error; the newest complete checkpoint is {newest} "
+                f"(checkpoint.load={cfg.checkpoint.load} decides what a relaunch loads)"
+            )
+        write_exit_code(EXIT_OUT_OF_MEMORY, any_rank=True)
         if self.metrics is not None and self.metrics.enabled:  # rank 0: the exit event and summary
-            self._exit(self.state.iteration, EXIT_OUT_OF_MEMORY, text)
+            # the run's step: the last completed one, or at start-up the checkpoint being resumed
+            step = self.state.iteration
+            if not step and self.resumed_from is not None:
+                step = ckpt.iteration_of(self.resumed_from) or 0
+            self._exit(step, EXIT_OUT_OF_MEMORY, text)
         else:
             rank = f"rank {env.rank}: " if env.world_size > 1 else ""
             self._print_error(f"pretrain_llama: {rank}{text}")

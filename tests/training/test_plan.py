@@ -331,30 +331,55 @@ def test_uncounted_reserve_is_the_range_of_the_h200_runs():
 
 
 def test_out_of_memory_text_names_the_next_micro_batch_and_its_estimate():
-    from training.plan import MEMORY_REMEDY, out_of_memory_text, smaller_micro_batch
+    from training.plan import MEMORY_REMEDY, OTHER_MEMORY_REMEDY, out_of_memory_text, smaller_micro_batch
 
+    assert MEMORY_REMEDY == "lower training.micro_batch_size, " + OTHER_MEMORY_REMEDY
     cfg = load_config("configs/llama3_1_8b_100b_fp8.yaml")  # micro-batch 4, global batch 1024
     plan = make_plan(cfg, 64)
-    mb, plan3 = smaller_micro_batch(cfg, 64)  # 3 does not divide 1024 / 64 = 16 sequences per rank
-    assert mb == 2 and plan3.accumulation == 8 and plan3.global_batch_size == 1024
+    h200 = 140.4 * GIB
+    mb, plan2, verdict = smaller_micro_batch(cfg, 64, h200)  # 3 does not divide 1024 / 64 = 16 per rank
+    assert (mb, plan2.accumulation, plan2.global_batch_size, verdict) == (2, 8, 1024, "fits")
+    assert smaller_micro_batch(cfg, 64)[:2] == (2, plan2)  # no GPU memory given: the largest valid
     err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore lines")
-    text = out_of_memory_text(cfg, plan, where="in step 7", error=err, peak_gib=131.5)
+    kw = dict(error=err, peak_gib=131.5, gpu_memory_bytes=h200)
+    text = out_of_memory_text(cfg, plan, where="in step 7", activations=True, **kw)
     assert text.startswith(
         "out of GPU memory in step 7 (CUDA out of memory. Tried to allocate 2.00 GiB.); the plan's estimate "
-        "is 132.08 GiB per GPU, the peak allocation of this launch before the error 131.50 GiB"
+        "is 132.08 GiB per GPU, the peak allocation of this launch before the error 131.50 GiB, of the "
+        "GPU's 140.4 GiB"
     )
-    assert (
-        "To fit: training.micro_batch_size=2 (estimated 95.68 GiB per GPU; the global batch and the data "
-        "order stay, gradient accumulation 4 -> 8; resuming a checkpoint with it needs "
-        "checkpoint.allow_config_change=[training.micro_batch_size]); or " + MEMORY_REMEDY
-    ) in text
+    assert text.endswith(
+        "To fit: training.micro_batch_size=2 (estimated 95.68 GiB per GPU, fits; the same samples in every "
+        "step, gradient accumulation 4 -> 8, sums reordered so not bitwise the old losses): relaunch with "
+        "training.micro_batch_size=2 'checkpoint.allow_config_change=[training.micro_batch_size]' (added "
+        "to any list you pass already); or " + OTHER_MEMORY_REMEDY
+    )
     assert "more lines" not in text
-    # at micro-batch 3 of a global batch 48 on 16 ranks (3 per rank), only 1 divides; at 1 none is left
+    # at start-up or in a save the activations are not what ran out: no micro-batch advice
+    text = out_of_memory_text(cfg, plan, where="at start-up", activations=False, **kw)
+    assert text.endswith("). To fit: " + OTHER_MEMORY_REMEDY) and "micro_batch" not in text
+    # 85 GiB: micro-batch 2 (95.68 GiB) does not fit, micro-batch 1 (77.48) leaves less than the largest
+    # reserve measured (17.6 GiB) but more than the smallest (3.4): the largest choice "at the edge"
+    mb, plan1, verdict = smaller_micro_batch(cfg, 64, 85 * GIB)
+    assert (mb, verdict, round(plan1.memory_bytes["total"] / GIB, 2)) == (1, "at the edge", 77.48)
+    at_85 = dict(error=err, peak_gib=None, gpu_memory_bytes=85 * GIB)
+    text = out_of_memory_text(cfg, plan, where="in step 7", activations=True, **at_85)
+    assert (
+        "peak allocation" not in text
+        and "training.micro_batch_size=1 (estimated 77.48 GiB per GPU, at the edge;" in text
+    )
+    # an 80 GB H100 (79.6 GiB): not even micro-batch 1 leaves the smallest reserve
+    assert smaller_micro_batch(cfg, 64, 79.6 * GIB) is None
+    at_h100 = dict(error=err, peak_gib=None, gpu_memory_bytes=79.6 * GIB)
+    text = out_of_memory_text(cfg, plan, where="in step 7", activations=True, **at_h100)
+    assert text.endswith(
+        "To fit: no smaller training.micro_batch_size fits by the plan's estimate; " + OTHER_MEMORY_REMEDY
+    )
     one = load_config(
         "configs/llama3_1_8b_100b_fp8.yaml", ["training.micro_batch_size=3", "training.global_batch_size=48"]
     )
-    assert smaller_micro_batch(one, 16)[0] == 1
+    assert smaller_micro_batch(one, 16)[0] == 1  # 3 per rank: only 1 divides
     base = load_config("configs/llama3_1_8b_100b_fp8.yaml", ["training.micro_batch_size=1"])
     assert smaller_micro_batch(base, 64) is None
-    text = out_of_memory_text(base, make_plan(base, 64), where="at start-up", error=err, peak_gib=None)
-    assert "peak allocation" not in text and text.endswith("). To fit: " + MEMORY_REMEDY)
+    text = out_of_memory_text(base, make_plan(base, 64), where="in step 3", activations=True, **kw)
+    assert text.endswith("). To fit: " + OTHER_MEMORY_REMEDY)

@@ -220,7 +220,7 @@ def test_out_of_memory_in_a_step_exits_6_and_names_the_change(make_cfg, train, t
     assert detail.startswith("out of GPU memory in step 6 (CUDA out of memory. Tried to allocate 2.00 GiB.")
     assert "To fit: training.micro_batch_size=1 (estimated " in detail
     assert "checkpoint.allow_config_change=[training.micro_batch_size]" in detail
-    assert detail.endswith(f"relaunched with the change, the job resumes from {ckpt.iter_dir(root, 4)}")
+    assert detail.endswith(f"relaunched with the change, the run resumes from {ckpt.iter_dir(root, 4)}")
     assert (
         "status       stopped after step 5 of 8: out of GPU memory, nothing saved; relaunched with the "
         f"change the exit event names, the job continues from {ckpt.iter_dir(root, 4)}"
@@ -228,6 +228,17 @@ def test_out_of_memory_in_a_step_exits_6_and_names_the_change(make_cfg, train, t
     # nothing written after the error; the checkpoint of step 4 is the newest and complete
     assert (root / ckpt.MARKER).read_text().strip() == "4" and not ckpt.iter_dir(root, 6).exists()
     assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 4)) is None
+    # out of memory while loading that checkpoint: at start-up, no micro-batch advice, the run's step 4
+    monkeypatch.undo()
+    _oom_at(monkeypatch, "load", 1)
+    code, log = train(make_cfg())
+    assert code == EXIT_OUT_OF_MEMORY, log.text()
+    event = metrics(tmp_path / "run")[-1]
+    assert event["event"] == "exit" and event["step"] == 4
+    assert event["detail"].startswith(
+        "out of GPU memory at start-up (the model, the optimizer or the checkpoint"
+    )
+    assert "micro_batch_size" not in event["detail"] and "To fit: raise parallel.tensor" in event["detail"]
     # the change the message names resumes from step 4 and finishes the run
     monkeypatch.undo()
     code, log = train(
@@ -248,4 +259,18 @@ def test_out_of_memory_in_validation_says_where(make_cfg, train, tmp_path, monke
     assert code == EXIT_OUT_OF_MEMORY, log.text()
     detail = metrics(tmp_path / "run")[-1]["detail"]
     assert detail.startswith("out of GPU memory in the validation after step 4 (")
-    assert detail.endswith("No complete checkpoint exists: a relaunch starts from step 0")
+    assert detail.endswith(
+        f"No complete checkpoint in {tmp_path / 'run' / 'checkpoints'}: a relaunch starts from step 0"
+    )
+
+
+def test_out_of_memory_while_saving_says_so(make_cfg, train, tmp_path, monkeypatch):
+    from training.signals import EXIT_OUT_OF_MEMORY
+
+    _oom_at(monkeypatch, "save", 1)  # the checkpoint of step 4
+    code, log = train(make_cfg())
+    assert code == EXIT_OUT_OF_MEMORY, log.text()
+    detail = metrics(tmp_path / "run")[-1]["detail"]
+    assert detail.startswith("out of GPU memory while saving the checkpoint of step 4 (")
+    assert "micro_batch_size" not in detail
+    assert not (tmp_path / "run" / "checkpoints" / ckpt.MARKER).exists()
