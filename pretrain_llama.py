@@ -15,9 +15,9 @@ The default trains a small Llama-3.1-architecture model on the embedded corpus w
 attention recipe (on a GPU the cute backend where the cute extra is installed, else Triton; the
 reference backend on a CPU). Every run resumes from
 the newest complete checkpoint in its run directory. Exit codes: see ``training/signals.py``
-(0 done, 2 config error, 3 preempted or a first Ctrl-C, 4 time budget, 5 non-finite stop, 130 a
-second Ctrl-C). A configuration, data or resume error is one message on stderr, no traceback. The
-loop lives in ``training/``.
+(0 done, 2 config error, 3 preempted or a first Ctrl-C, 4 time budget, 5 non-finite stop, 6 out of
+GPU memory, 130 a second Ctrl-C). A configuration, data or resume error is one message on stderr, no
+traceback. The loop lives in ``training/``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,20 @@ def parse_args(argv):
         "else an H200's 140.4 GiB)",
     )
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # the dry run's options mean nothing to a training run: a --world-size there would be ignored
+    # (the launcher sets the world size), so it is refused rather than dropped silently
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in ("world_size", "mfu", "gpu_memory_gib")
+        if getattr(args, k) is not None
+    ]
+    if given and not args.dry_run:
+        p.error(
+            f"{', '.join(given)}: for --dry-run only; a training run takes its world size from the "
+            "launcher (torchrun --nproc-per-node, srun) and its GPU from the machine"
+        )
+    return args
 
 
 def main(argv=None) -> int:
@@ -131,7 +144,7 @@ def _main(args) -> int:
 
 def _print_estimate(plan, cfg, *, mfu: float | None, gpu_memory_gib: float | None) -> None:
     """The dry run's time estimate and memory check (stdout), and the memory warning (stderr)."""
-    from training.plan import ASSUMED_MFU, H200_MEMORY_BYTES, estimate_time, format_estimate
+    from training.plan import ASSUMED_MFU, H200_MEMORY_BYTES, corpus_warning, estimate_time, format_estimate
 
     if gpu_memory_gib is not None:
         memory, name = gpu_memory_gib * 1024**3, "the GPU of --gpu-memory-gib"
@@ -147,6 +160,8 @@ def _print_estimate(plan, cfg, *, mfu: float | None, gpu_memory_gib: float | Non
         plan, peak_flops_per_gpu=cfg.logging.peak_flops_per_gpu, mfu=ASSUMED_MFU if mfu is None else mfu
     )
     lines, warnings = format_estimate(plan, est, gpu_memory_bytes=memory, gpu_name=name)
+    corpus = corpus_warning(cfg, plan)
+    warnings += [corpus] if corpus else []
     print("\n".join(lines))
     for w in warnings:
         print(f"pretrain_llama --dry-run: warning: {w}", file=sys.stderr)

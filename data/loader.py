@@ -154,8 +154,11 @@ def build_datasets(
         config_data = {"blend": (prefixes, weights), "split": split}
 
     if verify:
-        for p in dict.fromkeys(all_prefixes):
-            verify_indexed_dataset(p, vocab_size=tokenizer.vocab_size)
+        summaries = {
+            p: verify_indexed_dataset(p, vocab_size=tokenizer.vocab_size) for p in dict.fromkeys(all_prefixes)
+        }
+        if prefixes is not None:
+            check_split_parts(summaries, split)
 
     gpt = import_megatron("megatron.core.datasets.gpt_dataset", "Loading GPT datasets")
     builder_mod = import_megatron(
@@ -182,6 +185,29 @@ def build_datasets(
     )
     train, valid, test = builder.build()
     return DatasetSplits(train, valid, test)
+
+
+def check_split_parts(summaries: dict, split: str) -> None:
+    """Raise :class:`DataError` if the Megatron ``split`` gives a part with a weight above 0 none of the
+    sequences of a prefix (``summaries``: prefix -> :class:`~data.indexed.IndexedSummary`).
+
+    megatron-core builds every part whose weight is above 0, also those asked for 0 samples (the test
+    part here), and its ``GPTDataset._get_num_epochs`` (0.19.2) loops forever on a part without
+    tokens: a small corpus with a split such as ``969,30,1`` hung the job at start-up. The parts are
+    counted as megatron-core's builder counts them: ``round(end * n) - round(begin * n)`` sequences of
+    the normalized split matrix.
+    """
+    cfg = import_megatron("megatron.core.datasets.blended_megatron_dataset_config", "Loading GPT datasets")
+    matrix = cfg.convert_split_vector_to_split_matrix(cfg.parse_and_normalize_split(split))
+    for prefix, summary in summaries.items():
+        n = summary.num_sequences
+        for name, part in zip(("train", "valid", "test"), matrix, strict=True):
+            if part is not None and int(round(part[1] * n)) == int(round(part[0] * n)):
+                raise DataError(
+                    f"split {split!r} gives the {name} part none of the {n} sequences of {prefix} "
+                    "(megatron-core would build it empty and never return): give that part weight 0 "
+                    "in the split (data.split), or more data to the prefix"
+                )
 
 
 def dataset_identity(dataset) -> str:

@@ -59,6 +59,13 @@ def build_data(cfg, *, model_vocab_size: int, log=print) -> DataBundle:
             f"default corpus ({', '.join(f'{n} {w:g}' for n, w in zip(blend.names, blend.weights))}; "
             f"{blend.tokens:,} tokens) in {cache}"
         )
+        wanted = train_samples * d.seq_length
+        if wanted > blend.tokens:  # a sample corpus for trials, not for a real run
+            log(
+                f"data: warning: {wanted:,} training tokens are {wanted / blend.tokens:,.1f} passes over the "
+                f"embedded default corpus ({blend.tokens:,} tokens); for pretraining set data.corpus to "
+                "your prepared corpus (README, Your data)"
+            )
     else:
         splits = build_datasets(
             prefixes=[c["prefix"] for c in d.corpus],

@@ -75,6 +75,7 @@ __all__ = [
     "make_plan",
     "MEMORY_REMEDY",
     "OTHER_MEMORY_REMEDY",
+    "corpus_warning",
     "out_of_memory_text",
     "smaller_micro_batch",
 ]
@@ -555,4 +556,25 @@ def out_of_memory_text(
         f"{plan2.accumulation}, sums reordered so not bitwise the old losses): relaunch with "
         f"training.micro_batch_size={mb} 'checkpoint.allow_config_change=[training.micro_batch_size]' "
         f"(added to any list you pass already); or {OTHER_MEMORY_REMEDY}"
+    )
+
+
+# Tokens above which a run on the embedded default corpus (the KJV and CPython's sources, about 9M
+# Llama-3 tokens: data/corpus.py) repeats it more than about ten times: the dry run says so
+DEFAULT_CORPUS_WARN_TOKENS = 100_000_000
+
+
+def corpus_warning(cfg: TrainConfig, plan: Plan) -> str | None:
+    """The dry run's warning for a run of more than :data:`DEFAULT_CORPUS_WARN_TOKENS` tokens on
+    ``data.corpus: default`` (the embedded sample corpus, which the 8B configs name until a real blend
+    replaces it), else None. The start-up log gives the exact number of passes
+    (``training.data_setup.build_data``)."""
+    tokens = plan.train_iters * plan.tokens_per_step
+    if cfg.data.corpus != "default" or tokens <= DEFAULT_CORPUS_WARN_TOKENS:
+        return None
+    return (
+        f"data.corpus is 'default', the embedded sample corpus (about 9M tokens, data/corpus.py): "
+        f"{tokens:,} training tokens would repeat it about {tokens / 9e6:,.0f} times. For pretraining, "
+        "prepare your corpus (python -m data.prepare --input FILES --output-prefix PREFIX) and set "
+        "data.corpus=[{prefix: PREFIX, weight: 1.0}] data.split=969,30,1 (README, Your data)"
     )

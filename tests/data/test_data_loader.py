@@ -222,3 +222,37 @@ def test_gloo_process_group_matches_single_process(tiny_prefix, llama3, tmp_path
     expect = [ref[i]["tokens"].tolist() for i in range(len(ref))]
     for r in range(2):
         assert json.load(open(tmp_path / f"rank{r}.json")) == expect
+
+
+def test_a_split_part_without_sequences_is_refused_not_built(tiny_prefix, llama3, tmp_path):
+    # megatron-core 0.19.2 builds every part of a split with a weight above 0 and loops forever on one
+    # without tokens (GPTDataset._get_num_epochs): the tiny corpus has 8 documents, so the test part of
+    # 60,30,1 (round(8 * 90 / 91) = round(8 * 91 / 91) = 8) would hang the job; refused before megatron
+    prefix, _ = tiny_prefix
+    with pytest.raises(DataError, match=r"split '60,30,1' gives the test part none of the 8 sequences"):
+        build_datasets(
+            tokenizer=llama3,
+            seq_length=8,
+            seed=1,
+            train_samples=4,
+            valid_samples=1,
+            test_samples=0,
+            prefixes=[prefix],
+            weights=[1.0],
+            split="60,30,1",
+            index_cache_dir=tmp_path / "ic",
+        )
+    # the same data with that part's weight 0 builds
+    splits = build_datasets(
+        tokenizer=llama3,
+        seq_length=8,
+        seed=1,
+        train_samples=4,
+        valid_samples=1,
+        test_samples=0,
+        prefixes=[prefix],
+        weights=[1.0],
+        split="60,30,0",
+        index_cache_dir=tmp_path / "ic",
+    )
+    assert len(splits.train) >= 4 and len(splits.valid) >= 1 and splits.test is None

@@ -230,3 +230,12 @@ def test_unreadable_torch_dist_metadata_is_a_damaged_checkpoint(tmp_path):
     meta.unlink()
     with pytest.raises(DamagedCheckpointError, match=r"\.metadata does not deserialize"):
         dcp_tensor_shapes(tmp_path)
+
+
+def test_dry_run_options_without_dry_run_are_refused(cli, capsys):
+    # a --world-size the training run would ignore (the launcher sets it) is an error, not a no-op
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--world-size", "64", "--gpu-memory-gib", "79.6"])
+    assert exit_info.value.code == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "--world-size, --gpu-memory-gib: for --dry-run only; a training run takes its world size" in err

@@ -172,7 +172,11 @@ def test_dry_run_time_estimate_and_memory_check_8b():
         "140.4",
         "training.micro_batch_size=2",
     )
-    assert res.returncode == 0 and res.stderr == "", res.stderr
+    # no memory warning; only the one that the 8B configs train on the sample corpus (corpus_warning)
+    assert res.returncode == 0 and res.stderr.startswith(
+        "pretrain_llama --dry-run: warning: data.corpus is"
+    ), res.stderr
+    assert len(res.stderr.splitlines()) == 1
     # the bf16 config (README): the TE spec's 130.08 GiB (88.18 at micro-batch 2), the local spec's 163.08
     bf16 = "configs/llama3_1_8b_100b_bf16.yaml"
     for overrides, gib in (
@@ -383,3 +387,23 @@ def test_out_of_memory_text_names_the_next_micro_batch_and_its_estimate():
     assert smaller_micro_batch(base, 64) is None
     text = out_of_memory_text(base, make_plan(base, 64), where="in step 3", activations=True, **kw)
     assert text.endswith("). To fit: " + OTHER_MEMORY_REMEDY)
+
+
+def test_dry_run_warns_of_a_long_run_on_the_sample_corpus():
+    from training.plan import corpus_warning
+
+    cfg = load_config("configs/llama3_1_8b_100b_fp8.yaml")
+    text = corpus_warning(cfg, make_plan(cfg, 64))
+    assert text.startswith(
+        "data.corpus is 'default', the embedded sample corpus (about 9M tokens, data/corpus.py): "
+        "100,000,595,968 training tokens would repeat it about 11,111 times."
+    )
+    assert "python -m data.prepare --input FILES --output-prefix PREFIX" in text
+    # the default job (80 steps of 4 x 256 tokens) and a real blend: no warning
+    default = load_config(None)
+    assert corpus_warning(default, make_plan(default, 1)) is None
+    blend = load_config(
+        "configs/llama3_1_8b_100b_fp8.yaml",
+        ["data.corpus=[{prefix: /data/web, weight: 1.0}]", "data.split=969,30,1"],
+    )
+    assert corpus_warning(blend, make_plan(blend, 64)) is None

@@ -274,3 +274,24 @@ def test_out_of_memory_while_saving_says_so(make_cfg, train, tmp_path, monkeypat
     assert detail.startswith("out of GPU memory while saving the checkpoint of step 4 (")
     assert "micro_batch_size" not in detail
     assert not (tmp_path / "run" / "checkpoints" / ckpt.MARKER).exists()
+
+
+def test_start_up_warns_of_passes_over_the_sample_corpus():
+    from training.config import load_config
+    from training.data_setup import build_data
+
+    # the default job with 40,000 steps of 4 x 256 tokens: 41M tokens over the ~8.8M-token sample corpus
+    cfg = load_config(None, ["training.train_iters=40000", "validation.interval=0"])
+    lines = []
+    bundle = build_data(cfg, model_vocab_size=cfg.llama().vocab_size, log=lines.append)
+    warning = [line for line in lines if line.startswith("data: warning:")]
+    assert len(warning) == 1 and "passes over the embedded default corpus" in warning[0], lines
+    assert (
+        warning[0].startswith("data: warning: 40,960,000 training tokens are ")
+        and "README, Your data" in warning[0]
+    )
+    assert bundle.train is not None
+    # the default job itself (80 steps): no warning
+    lines.clear()
+    build_data(load_config(None), model_vocab_size=cfg.llama().vocab_size, log=lines.append)
+    assert not [line for line in lines if "warning" in line], lines
