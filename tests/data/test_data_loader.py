@@ -229,8 +229,9 @@ def test_a_split_part_without_sequences_is_refused_not_built(tiny_prefix, llama3
     # without tokens (GPTDataset._get_num_epochs): the tiny corpus has 8 documents, so the test part of
     # 60,30,1 (round(8 * 90 / 91) = round(8 * 91 / 91) = 8) would hang the job; refused before megatron
     prefix, _ = tiny_prefix
-    with pytest.raises(DataError, match=r"split '60,30,1' gives the test part none of the 8 sequences"):
-        build_datasets(
+
+    def build(split):
+        return build_datasets(
             tokenizer=llama3,
             seq_length=8,
             seed=1,
@@ -239,20 +240,11 @@ def test_a_split_part_without_sequences_is_refused_not_built(tiny_prefix, llama3
             test_samples=0,
             prefixes=[prefix],
             weights=[1.0],
-            split="60,30,1",
+            split=split,
             index_cache_dir=tmp_path / "ic",
         )
-    # the same data with that part's weight 0 builds
-    splits = build_datasets(
-        tokenizer=llama3,
-        seq_length=8,
-        seed=1,
-        train_samples=4,
-        valid_samples=1,
-        test_samples=0,
-        prefixes=[prefix],
-        weights=[1.0],
-        split="60,30,0",
-        index_cache_dir=tmp_path / "ic",
-    )
+
+    with pytest.raises(DataError, match=r"split '60,30,1' gives the test part none of the 8 sequences"):
+        build("60,30,1")
+    splits = build("60,30,0")  # the same data with that part's weight 0 builds
     assert len(splits.train) >= 4 and len(splits.valid) >= 1 and splits.test is None
