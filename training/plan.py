@@ -522,16 +522,23 @@ def out_of_memory_text(
     peak_gib: float | None,
     activations: bool,
     gpu_memory_bytes: float | None = None,
+    expandable_segments: bool = False,
 ) -> str:
     """What ``pretrain_llama.py`` says when a run stops on ``torch.OutOfMemoryError``: where
     (``where``, e.g. ``"in step 7"``), the error's first line, the plan's memory estimate per GPU and
     the peak allocation seen before the error (``peak_gib``, None if unknown), and what to change.
 
+    When the estimate leaves at least the smallest measured reserve of ``gpu_memory_bytes``
+    (:data:`UNCOUNTED_GIB`) and ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF`` holds
+    ``expandable_segments:True``) is off, the advice leads with that setting: fragmentation is then
+    the likely cause, and the setting changes nothing else of the run (measured on an H100:
+    ``configs/small_gpu.yaml`` at micro-batch 64, estimate 62.41 GiB, ran out with 31.4 GiB reserved
+    but unallocated, and with the setting peaked at 59.7 GiB; results/session_2026-12-05h_cpu/).
     ``activations``: the error came in a step or a validation, where a smaller micro-batch helps; the
-    advice then leads with :func:`smaller_micro_batch` (checked against ``gpu_memory_bytes``, the
-    GPU's memory, when given), its estimate and the overrides a resume needs (the micro-batch size is
-    part of the checked config: ``checkpoint.allow_config_change``). At start-up or in a save only
-    :data:`OTHER_MEMORY_REMEDY` applies."""
+    advice then names :func:`smaller_micro_batch` (checked against the GPU's memory when given), its
+    estimate and the overrides a resume needs (the micro-batch size is part of the checked config:
+    ``checkpoint.allow_config_change``). At start-up or in a save only :data:`OTHER_MEMORY_REMEDY`
+    applies."""
     lines = str(error).strip().splitlines()
     first = lines[0] if lines else type(error).__name__
     text = f"out of GPU memory {where} ({first})"
@@ -541,6 +548,13 @@ def out_of_memory_text(
     if gpu_memory_bytes is not None:
         text += f", of the GPU's {gpu_memory_bytes / GIB:.1f} GiB"
     text += " (pretrain_llama.py --dry-run checks the estimate against the GPU's memory). To fit: "
+    left = None if gpu_memory_bytes is None else gpu_memory_bytes - plan.memory_bytes["total"]
+    if left is not None and left >= UNCOUNTED_GIB[0] * GIB and not expandable_segments:
+        text += (
+            "the estimate fits this GPU, so fragmentation (memory PyTorch reserved but cannot reuse) is "
+            "the likely cause: relaunch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first, "
+            "which changes nothing else of the run; if that is not enough, "
+        )
     if not activations or plan.micro_batch_size == 1:
         return text + OTHER_MEMORY_REMEDY
     smaller = smaller_micro_batch(cfg, plan.world_size, gpu_memory_bytes)

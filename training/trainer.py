@@ -525,6 +525,7 @@ class Trainer:
             torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if on_gpu else None
         )
         activations = where.startswith(("in step", "in the validation"))
+        expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower()
         text = out_of_memory_text(
             cfg,
             self.plan,
@@ -533,6 +534,7 @@ class Trainer:
             peak_gib=peak,
             activations=activations,
             gpu_memory_bytes=memory,
+            expandable_segments=expandable,
         )
         newest = self._newest_checkpoint() if self.ckpt_root is not None else None
         if newest is None:

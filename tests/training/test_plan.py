@@ -352,6 +352,15 @@ def test_out_of_memory_text_names_the_next_micro_batch_and_its_estimate():
         "is 132.08 GiB per GPU, the peak allocation of this launch before the error 131.50 GiB, of the "
         "GPU's 140.4 GiB"
     )
+    # 132.08 GiB of 140.4 leaves more than the smallest reserve: fragmentation is the likely cause
+    lead = (
+        "To fit: the estimate fits this GPU, so fragmentation (memory PyTorch reserved but cannot reuse) is "
+        "the likely cause: relaunch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first, which "
+        "changes nothing else of the run; if that is not enough, training.micro_batch_size=2 "
+    )
+    assert lead in text
+    text = out_of_memory_text(cfg, plan, where="in step 7", activations=True, expandable_segments=True, **kw)
+    assert "fragmentation (memory PyTorch" not in text
     assert text.endswith(
         "To fit: training.micro_batch_size=2 (estimated 95.68 GiB per GPU, fits; the same samples in every "
         "step, gradient accumulation 4 -> 8, sums reordered so not bitwise the old losses): relaunch with "
@@ -361,7 +370,7 @@ def test_out_of_memory_text_names_the_next_micro_batch_and_its_estimate():
     assert "more lines" not in text
     # at start-up or in a save the activations are not what ran out: no micro-batch advice
     text = out_of_memory_text(cfg, plan, where="at start-up", activations=False, **kw)
-    assert text.endswith("). To fit: " + OTHER_MEMORY_REMEDY) and "micro_batch" not in text
+    assert text.endswith("if that is not enough, " + OTHER_MEMORY_REMEDY) and "micro_batch" not in text
     # 85 GiB: micro-batch 2 (95.68 GiB) does not fit, micro-batch 1 (77.48) leaves less than the largest
     # reserve measured (17.6 GiB) but more than the smallest (3.4): the largest choice "at the edge"
     mb, plan1, verdict = smaller_micro_batch(cfg, 64, 85 * GIB)
@@ -386,7 +395,7 @@ def test_out_of_memory_text_names_the_next_micro_batch_and_its_estimate():
     base = load_config("configs/llama3_1_8b_100b_fp8.yaml", ["training.micro_batch_size=1"])
     assert smaller_micro_batch(base, 64) is None
     text = out_of_memory_text(base, make_plan(base, 64), where="in step 3", activations=True, **kw)
-    assert text.endswith("). To fit: " + OTHER_MEMORY_REMEDY)
+    assert text.endswith("if that is not enough, " + OTHER_MEMORY_REMEDY)
 
 
 def test_dry_run_warns_of_a_long_run_on_the_sample_corpus():
@@ -407,3 +416,35 @@ def test_dry_run_warns_of_a_long_run_on_the_sample_corpus():
         ["data.corpus=[{prefix: /data/web, weight: 1.0}]", "data.split=969,30,1"],
     )
     assert corpus_warning(blend, make_plan(blend, 64)) is None
+
+
+def test_out_of_memory_text_of_the_h100_run_leads_with_expandable_segments():
+    # results/session_2026-12-05h_cpu/device_h100/: configs/small_gpu.yaml at micro-batch 64 ran out of
+    # memory on an H100 (79.18 GiB) with an estimate of 62.41 GiB and 31.4 GiB reserved but unallocated;
+    # with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it peaked at 59.7 GiB, and micro-batch 32
+    # (estimate 32.19 GiB) peaked at 30.9 GiB
+    from training.plan import out_of_memory_text
+
+    cfg = load_config(
+        "configs/small_gpu.yaml",
+        [
+            "training.micro_batch_size=64",
+            "training.global_batch_size=128",
+            "training.train_iters=2",
+            "training.warmup_iters=1",
+        ],
+    )
+    plan = make_plan(cfg, 1)
+    assert round(plan.memory_bytes["total"] / GIB, 2) == 62.41
+    err = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 31.31 GiB.")
+    text = out_of_memory_text(
+        cfg,
+        plan,
+        where="in step 1",
+        error=err,
+        peak_gib=58.85,
+        activations=True,
+        gpu_memory_bytes=79.18 * GIB,
+    )
+    assert "relaunch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first" in text
+    assert "if that is not enough, training.micro_batch_size=32 (estimated 32.19 GiB per GPU, fits;" in text
