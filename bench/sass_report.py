@@ -201,17 +201,18 @@ def _opcodes(sass: str) -> list[str]:
 
 
 NVFP4_SASS_ROWS = int(os.environ.get("SASS_NVFP4_ROWS", "16"))  # the default launch at D 128
-# the quantizer kernels --quant compiles: (function name, pointer types, constexprs, warps, label)
+# the quantizer kernels --quant compiles: (module.function of fp4_attention.backends.triton, pointer
+# types, constexprs, warps, label)
 QUANT_KERNELS = {
     "rows": (
-        "_fp8_rows_kernel",
+        "quant_fp8._fp8_rows_kernel",
         {"X": "bf16", "Y": "u8", "S": "fp32"},
         dict(D=128, FMAX=448.0, E5M2=False, ROWS=16, BLOCKS=2),
         4,
         "_fp8_rows_kernel D 128 E4M3 2 blocks of 16 rows x 4 warps",
     ),
     "nvfp4": (
-        "_nvfp4_rows_kernel",
+        "quant_nvfp4._nvfp4_rows_kernel",
         {
             "X": "bf16",
             "G": "fp32",
@@ -227,28 +228,28 @@ QUANT_KERNELS = {
         f"_nvfp4_rows_kernel D 128 (per-head global scale) 2 blocks of {NVFP4_SASS_ROWS} rows x 4 warps",
     ),
     "v_amax": (
-        "_v_amax_kernel",
+        "quant_v._v_amax_kernel",
         {"X": "bf16", "AMAX": "fp32", "BAD": "i32"},
         dict(D=128, BLOCK_S=64, ROWS=1024, sxd=1),
         4,
         "_v_amax_kernel D 128 1024 keys (64 per step) x 4 warps",
     ),
     "v_codes": (
-        "_fp8_v_t_kernel",
+        "quant_v._fp8_v_t_kernel",
         {"X": "bf16", "AMAX": "fp32", "BAD": "i32", "SC": "fp32", "Y": "u8"},
         dict(D=128, FMAX=448.0, BLOCK_S=64, PERM16=True, sxd=1),
         4,
         "_fp8_v_t_kernel D 128 perm16 64 keys x 4 warps",
     ),
     "rows_pair": (
-        "_fp8_rows_pair_kernel",
+        "quant_fp8._fp8_rows_pair_kernel",
         {"X": "bf16", "Y": "u8", "S": "fp32", "X2": "bf16", "Y2": "u8", "S2": "fp32"},
         dict(D=128, FMAX=448.0, E5M2=False, ROWS=16, BLOCKS=2),
         4,
         "_fp8_rows_pair_kernel D 128 E4M3 2 blocks of 16 rows x 4 warps (Q and K bodies)",
     ),
     "rope_pair": (
-        "_fp8_rope_pair_kernel",
+        "rope._fp8_rope_pair_kernel",
         {
             **{
                 n: t for n, t in (("X", "bf16"), ("Y", "u8"), ("S", "fp32"), ("COS", "fp32"), ("SIN", "fp32"))
@@ -264,7 +265,7 @@ QUANT_KERNELS = {
         "(Q and K bodies)",
     ),
     "rope_nvfp4": (
-        "_nvfp4_rope_rows_kernel",
+        "rope._nvfp4_rope_rows_kernel",
         {
             **{n: "fp32" for n in ("AMAX", "GOUT", "TOK", "COS", "SIN")},
             **{"X": "bf16", "BADH": "i32", "P": "u8", "SC": "u8", "DEC": "bf16"},
@@ -282,9 +283,11 @@ def compile_quant(name: str, blocks: int | None = None):
     """``(compiled kernel, label)`` of the quantizer kernel ``name`` (a key of QUANT_KERNELS), its
     unit channel stride specialised as a contiguous launch specialises it; ``blocks``: another
     number of blocks of rows per program for the row kernels (``rows``, ``rows_pair``, ``nvfp4``)."""
-    from fp4_attention.backends.triton import quant_common, quant_fp8, quant_nvfp4, quant_v, rope
+    import importlib
 
-    fn, ptrs, consts, warps, label = QUANT_KERNELS[name]
+    where, ptrs, consts, warps, label = QUANT_KERNELS[name]
+    module, function = where.split(".")
+    fn = getattr(importlib.import_module(f"fp4_attention.backends.triton.{module}"), function)
     if blocks is not None:
         if "BLOCKS" not in consts:
             raise ValueError(f"--quant-blocks: {name} has no blocks of rows per program")
@@ -292,7 +295,7 @@ def compile_quant(name: str, blocks: int | None = None):
         label = label.replace(f"{QUANT_KERNELS[name][2]['BLOCKS']} blocks of", f"{blocks} block(s) of")
     if name in QUANT_ROPE:
         kernel = _compile(
-            getattr(rope, fn),
+            fn,
             ptrs,
             consts,
             warps,
@@ -301,8 +304,7 @@ def compile_quant(name: str, blocks: int | None = None):
             enable_fp_fusion=False,
         )
         return kernel, label
-    module = next(m for m in (quant_fp8, quant_v, quant_nvfp4, quant_common) if hasattr(m, fn))
-    return compile_kernel(getattr(module, fn), ptrs, consts, num_warps=warps), label
+    return compile_kernel(fn, ptrs, consts, num_warps=warps), label
 
 
 def main(argv=None) -> int:
