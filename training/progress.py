@@ -177,14 +177,14 @@ def _status(code: int, progress: LaunchProgress, detail: str, outputs: Outputs) 
         if newest is None:
             return f"{what}; no complete checkpoint: a relaunch starts from step 0"
         return f"{what}; it will resume: the same command relaunched continues from {newest}"
+    # where a relaunch starts after a stop that saved nothing (out of memory, non-finite stop)
+    where = f"continues from {newest}" if newest is not None else "starts from step 0"
     if code == EXIT_OUT_OF_MEMORY:
-        where = f"continues from {newest}" if newest is not None else "starts from step 0"
         return (
             f"stopped after step {step} of {total}: out of GPU memory, nothing saved; relaunched with the "
             f"change the exit event names, the job {where}"
         )
     if code == EXIT_NONFINITE:
-        where = f"continues from {newest}" if newest is not None else "starts from step 0"
         return (
             f"stopped at step {step} of {total}: non-finite loss or gradients (runtime.nonfinite=stop), "
             f"nothing saved; a relaunch {where}"
