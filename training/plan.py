@@ -73,6 +73,7 @@ __all__ = [
     "layer_spec_of",
     "format_plan",
     "make_plan",
+    "memory_verdict",
     "MEMORY_REMEDY",
     "OTHER_MEMORY_REMEDY",
     "corpus_warning",
@@ -414,6 +415,21 @@ def _gpu_hours(h: float) -> str:
     return f"{h:,.1f}" if h >= 1 else f"{h:.2g}"
 
 
+def memory_verdict(total_bytes: float, gpu_memory_bytes: float) -> str:
+    """How an estimate of ``total_bytes`` per GPU sits in ``gpu_memory_bytes``, against the memory the
+    estimate leaves out (:data:`UNCOUNTED_GIB`, the CUDA context and PyTorch's cached blocks in the H200
+    runs): ``"fits"`` (it leaves at least the largest reserve measured), ``"at the edge"`` (at least the
+    smallest), ``"short of the reserve"`` (less than the smallest) or ``"does not fit"`` (it exceeds
+    the memory). The one rule of the dry run's check and of the out-of-memory advice."""
+    left = gpu_memory_bytes - total_bytes
+    lo, hi = UNCOUNTED_GIB
+    if left < 0:
+        return "does not fit"
+    if left < lo * GIB:
+        return "short of the reserve"
+    return "at the edge" if left < hi * GIB else "fits"
+
+
 def format_estimate(
     plan: Plan, est: Estimate, *, gpu_memory_bytes: float, gpu_name: str
 ) -> tuple[list[str], list[str]]:
@@ -430,18 +446,19 @@ def format_estimate(
     left = gpu_memory_bytes - total
     lo, hi = UNCOUNTED_GIB
     remedy = MEMORY_REMEDY
-    if left < 0:
+    verdict = memory_verdict(total, gpu_memory_bytes)
+    if verdict == "does not fit":
         mem += ": DOES NOT FIT"
         warnings.append(
             f"the memory estimate per GPU, {total / GIB:.2f} GiB, exceeds the "
             f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}: {remedy}"
         )
-    elif left < hi * GIB:
+    elif verdict != "fits":
         seen = (
             "the CUDA context and PyTorch's cached blocks took beyond the peak allocation in the H200 runs "
             "this estimate was checked against (results/train_throughput_h200.json, results/te_h200/)"
         )
-        if left < lo * GIB:
+        if verdict == "short of the reserve":
             mem += f": DOES NOT FIT with the reserve, {left / GIB:.2f} GiB left"
             why = f"less than the {lo} GiB that {seen}, in every one of them: "
             why += f"an out-of-memory error is likely; {remedy}"
@@ -488,14 +505,13 @@ def smaller_micro_batch(
     Without ``gpu_memory_bytes`` the largest valid one (verdict ``""``). With it, the largest whose
     estimate leaves at least the largest reserve measured beyond the peak allocation
     (:data:`UNCOUNTED_GIB`, verdict ``"fits"``), else the largest that leaves at least the smallest
-    (``"at the edge"``), as :func:`format_estimate` judges; None if none leaves that.
+    (``"at the edge"``), by :func:`memory_verdict`; None if none leaves that.
 
     The global batch is unchanged: the samples of every step and the optimizer steps are the same,
     only the gradient accumulation grows (the sums are reordered, so the losses are not bitwise those
     of the larger micro-batch)."""
     import dataclasses
 
-    lo, hi = (g * GIB for g in UNCOUNTED_GIB)
     edge = None
     for mb in range(cfg.training.micro_batch_size - 1, 0, -1):
         try:  # the training section's own check, then the plan's
@@ -505,11 +521,11 @@ def smaller_micro_batch(
             continue
         if gpu_memory_bytes is None:
             return mb, plan, ""
-        left = gpu_memory_bytes - plan.memory_bytes["total"]
-        if left >= hi:
-            return mb, plan, "fits"
-        if left >= lo and edge is None:
-            edge = (mb, plan, "at the edge")
+        verdict = memory_verdict(plan.memory_bytes["total"], gpu_memory_bytes)
+        if verdict == "fits":
+            return mb, plan, verdict
+        if verdict == "at the edge" and edge is None:
+            edge = (mb, plan, verdict)
     return edge
 
 
@@ -542,14 +558,15 @@ def out_of_memory_text(
     lines = str(error).strip().splitlines()
     first = lines[0] if lines else type(error).__name__
     text = f"out of GPU memory {where} ({first})"
-    text += f"; the plan's estimate is {plan.memory_bytes['total'] / GIB:.2f} GiB per GPU"
+    total = plan.memory_bytes["total"]
+    text += f"; the plan's estimate is {total / GIB:.2f} GiB per GPU"
     if peak_gib is not None:
         text += f", the peak allocation of this launch before the error {peak_gib:.2f} GiB"
     if gpu_memory_bytes is not None:
         text += f", of the GPU's {gpu_memory_bytes / GIB:.1f} GiB"
     text += " (pretrain_llama.py --dry-run checks the estimate against the GPU's memory). To fit: "
-    left = None if gpu_memory_bytes is None else gpu_memory_bytes - plan.memory_bytes["total"]
-    if left is not None and left >= UNCOUNTED_GIB[0] * GIB and not expandable_segments:
+    verdict = None if gpu_memory_bytes is None else memory_verdict(total, gpu_memory_bytes)
+    if verdict in ("fits", "at the edge") and not expandable_segments:
         text += (
             "the estimate fits this GPU, so fragmentation (memory PyTorch reserved but cannot reuse) is "
             "the likely cause: relaunch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first, "

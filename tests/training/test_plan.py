@@ -448,3 +448,18 @@ def test_out_of_memory_text_of_the_h100_run_leads_with_expandable_segments():
     )
     assert "relaunch with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first" in text
     assert "if that is not enough, training.micro_batch_size=32 (estimated 32.19 GiB per GPU, fits;" in text
+
+
+def test_memory_verdict_and_the_dry_runs_label_short_of_the_reserve():
+    from training.plan import memory_verdict
+
+    # against UNCOUNTED_GIB = (3.4, 17.6): the dry run's check, smaller_micro_batch and the OOM advice
+    assert memory_verdict(100 * GIB, 99.5 * GIB) == "does not fit"
+    assert memory_verdict(100 * GIB, 103 * GIB) == "short of the reserve"
+    assert memory_verdict(100 * GIB, 103.5 * GIB) == "at the edge"
+    assert memory_verdict(100 * GIB, 118 * GIB) == "fits"
+    plan = make_plan(load_config("configs/llama3_1_8b_100b_fp8.yaml"), 64)  # 132.08 GiB
+    est = estimate_time(plan, peak_flops_per_gpu=989.4e12)
+    lines, warnings = format_estimate(plan, est, gpu_memory_bytes=135 * GIB, gpu_name="a 135 GiB card")
+    assert ": DOES NOT FIT with the reserve, 2.92 GiB left" in lines[-1]
+    assert "an out-of-memory error is likely" in warnings[0]
