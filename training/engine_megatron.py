@@ -35,17 +35,21 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import DamagedCheckpointError, UnsafeCheckpointError, rng_file
+from .checkpoint import rng_file
 from .engine import (
     StepResult,
     check_tensor_shapes,
-    describe_load_error,
     load_weights_only,
     restore_rng_state,
     save_rng_state,
 )
 from .te_extra_state import allow_vetted_te_extra_state
-from .torch_dist_vetting import data_only_torch_load, read_metadata, refused_pickle, vet_torch_dist_checkpoint
+from .torch_dist_vetting import (
+    data_only_torch_load,
+    dist_load_error,
+    read_metadata,
+    vet_torch_dist_checkpoint,
+)
 
 __all__ = ["MegatronEngine"]
 
@@ -382,6 +386,9 @@ class MegatronEngine:
                 extra state something other than FP8 scaling state
                 (``te_extra_state.UnsafeExtraStateError``; the model may be partly overwritten, as
                 above).
+            torch.OutOfMemoryError, RuntimeError: the GPU ran out of memory during the load (also
+                when torch DCP gathered it from a rank: ``torch_dist_vetting.dist_load_error``), not
+                taken for damage.
         """
         from megatron.core import dist_checkpointing
 
@@ -403,19 +410,11 @@ class MegatronEngine:
                 state = dist_checkpointing.load(
                     sharded_state_dict=self._sharded_state_dict(is_loading=True), checkpoint_dir=str(ckpt)
                 )
-        except (torch.cuda.OutOfMemoryError, KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit):
             raise
         # torch DCP gathers every rank's read errors into a CheckpointException, a BaseException
         except BaseException as err:  # noqa: BLE001
-            if refused_pickle(err):
-                raise UnsafeCheckpointError(
-                    f"{ckpt}: megatron-core's dist_checkpointing.load met a pickle that is not data "
-                    f"({describe_load_error(err)}); it may run code when unpickled: not loaded"
-                ) from None
-            raise DamagedCheckpointError(
-                f"{ckpt} cannot be loaded by megatron-core's dist_checkpointing.load "
-                f"({describe_load_error(err)}): a file is damaged, or it is not this model's checkpoint"
-            ) from None
+            raise dist_load_error(ckpt, err) from None
         # TE FP8 modules with delayed scaling keep their scales in a pickled extra state: vetted here
         # (an allow-list unpickler) before TE may unpickle it (training/te_extra_state.py)
         with allow_vetted_te_extra_state(state["model"]):

@@ -25,7 +25,7 @@ Exit codes of ``pretrain_llama.py``:
 | 3 | preempted (SIGTERM, SIGUSR1, a first Ctrl-C): step finished, checkpoint saved (unless ``save=false``) |
 | 4 | time budget (``runtime.exit_duration_mins``) reached: a checkpoint was saved (unless ``save=false``) |
 | 5 | non-finite loss or gradients with ``runtime.nonfinite=stop``: nothing saved |
-| 6 | out of GPU memory (``torch.OutOfMemoryError``): nothing saved, the message says what to change |
+| 6 | out of GPU memory (``training.out_of_memory``): nothing saved, the message says what to change |
 | 130 | stopped at once by a second Ctrl-C (killed by SIGINT) or by one before the loop: nothing saved |
 
 Code 2 always comes with a message naming what to change; so does code 6, which the launchers do

@@ -55,10 +55,12 @@ import torch
 
 from .checkpoint import DamagedCheckpointError, UnsafeCheckpointError
 from .engine import describe_load_error
+from .out_of_memory import out_of_memory_error
 
 __all__ = [
     "METADATA_GLOBALS",
     "data_only_torch_load",
+    "dist_load_error",
     "read_metadata",
     "refused_pickle",
     "vet_torch_dist_checkpoint",
@@ -216,6 +218,31 @@ def refused_pickle(err: BaseException) -> bool:
         return True
     text = " ".join([str(err), *map(str, nested)])
     return any(m in text for m in _REFUSAL_MARKS)
+
+
+def dist_load_error(ckpt: Path, err: BaseException) -> BaseException:
+    """What the GPU engine raises when megatron-core's ``dist_checkpointing.load`` of ``ckpt`` failed
+    with ``err`` (any exception; torch DCP gathers every rank's read errors into a
+    ``CheckpointException``, a ``BaseException``).
+
+    Returns:
+        the GPU out-of-memory error ``err`` is or carries (:func:`training.out_of_memory.
+        out_of_memory_error`: the trainer stops with exit code 6 and keeps every checkpoint, where a
+        checkpoint taken for damaged would be passed over for an older one that the same memory
+        cannot load either); else :class:`UnsafeCheckpointError` for a refused pickle
+        (:func:`refused_pickle`); else :class:`DamagedCheckpointError`, each naming ``ckpt``.
+    """
+    if (oom := out_of_memory_error(err)) is not None:
+        return oom
+    if refused_pickle(err):
+        return UnsafeCheckpointError(
+            f"{ckpt}: megatron-core's dist_checkpointing.load met a pickle that is not data "
+            f"({describe_load_error(err)}); it may run code when unpickled: not loaded"
+        )
+    return DamagedCheckpointError(
+        f"{ckpt} cannot be loaded by megatron-core's dist_checkpointing.load "
+        f"({describe_load_error(err)}): a file is damaged, or it is not this model's checkpoint"
+    )
 
 
 class _SafePickle:

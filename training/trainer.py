@@ -23,16 +23,17 @@ Start-up: ``runtime.output_dir`` and (when saving) ``checkpoint.dir`` are create
 (:func:`training.writable.check_writable_dir`) before the model, the data and the first step; one
 that cannot be written stops the job with exit code 2 and its path.
 
-Out of GPU memory (``torch.OutOfMemoryError``) at start-up, in a step, a validation or a save: the
-rank that met it says where, the plan's memory estimate, the peak allocation and what to change
-(:func:`training.plan.out_of_memory_text`: in a step or a validation the largest smaller micro-batch
-whose estimate fits the GPU), names the newest complete checkpoint, writes exit code 6 to
+Out of GPU memory at start-up (a checkpoint load included), in a step, a validation or a save
+(``torch.OutOfMemoryError``, or CUDA's, NCCL's or cuBLAS's out-of-memory error, also inside torch DCP's
+gathered load errors: :func:`training.out_of_memory.out_of_memory_error`): the rank that met it
+says where, the plan's memory estimate, the peak allocation and what to change
+(:func:`training.plan.out_of_memory_text`: in a step or a validation the largest smaller
+micro-batch whose estimate fits the GPU), names the newest complete checkpoint, writes exit code 6 to
 ``$PRETRAIN_EXIT_FILE`` whatever its rank, and stops without saving and without another collective
 call. With several ranks the others wait in a collective call it will never join: it leaves the
 process at once (``os._exit``, after the logs are flushed) and the launcher ends them; only rank 0
 records the exit event and the summary in ``metrics.jsonl``, so a run stopped by another rank's error
-has its message in that rank's stderr only. Errors reported as other exceptions (a CUDA error "out of
-memory" outside PyTorch's allocator, NCCL's) are not caught: they end the run with a traceback.
+has its message in that rank's stderr only. Other errors end the run with a traceback (exit code 1).
 
 ``checkpoint.save: false`` (benchmarks): no checkpoint is ever written; the run must start fresh
 (``checkpoint.load`` ``none``, or ``auto`` finding nothing, else exit code 2 before the model is
@@ -58,6 +59,7 @@ from .config import TrainConfig
 from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
 from .distenv import DistEnv, all_gather_objects, init_distributed, init_model_parallel, shutdown
 from .metrics import MetricsLogger, run_meta
+from .out_of_memory import out_of_memory_error
 from .plan import Plan, format_plan, make_plan, out_of_memory_text
 from .resolved import resolved_dict
 from .schedule import lr_at
@@ -331,6 +333,8 @@ class Trainer:
             try:
                 saved = self._load(path)
             except ckpt.DamagedCheckpointError as err:
+                if out_of_memory_error(err) is not None:  # not damage: the start-up's out-of-memory stop
+                    raise
                 damage = str(err)
             except ckpt.UnsafeCheckpointError as err:
                 refused = str(err)
@@ -359,11 +363,14 @@ class Trainer:
         cfg = self.cfg
         try:
             self._setup(use_cuda)
-        except (ValueError, MissingDependencyError) as err:  # config, plan, data, resume (see _setup)
-            self.log_error(f"pretrain_llama: configuration error: {err}")
+        except Exception as err:
+            if (oom := out_of_memory_error(err)) is not None:  # first: a ValueError may carry one
+                where = "at start-up (the model, the optimizer or the checkpoint load)"
+                return self._out_of_memory(oom, where)
+            if not isinstance(err, (ValueError, MissingDependencyError)):
+                raise
+            self.log_error(f"pretrain_llama: configuration error: {err}")  # config, plan, data, resume
             return EXIT_CONFIG
-        except torch.OutOfMemoryError as err:
-            return self._out_of_memory(err, "at start-up (the model, the optimizer or the checkpoint load)")
         m, eng, plan, st = self.metrics, self.engine, self.plan, self.state
         m.write_meta(
             run_meta(
@@ -506,14 +513,16 @@ class Trainer:
                 f"{st.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED),
             )
             return EXIT_DONE
-        except torch.OutOfMemoryError as err:
-            return self._out_of_memory(err, where)
+        except Exception as err:
+            if (oom := out_of_memory_error(err)) is None:
+                raise
+            return self._out_of_memory(oom, where)
         finally:
             flags.uninstall()
             if telemetry is not None:
                 telemetry.remove()
 
-    def _out_of_memory(self, err: torch.OutOfMemoryError, where: str) -> int:
+    def _out_of_memory(self, err: BaseException, where: str) -> int:
         """Stop on ``err`` (see the module docstring): exit code 6 in ``$PRETRAIN_EXIT_FILE`` from this
         rank; on rank 0 the message is the exit event (log and metrics.jsonl) with the run summary,
         another rank (or rank 0 before its metrics file exists) writes it to stderr with its rank. No

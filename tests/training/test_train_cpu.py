@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 
 from training import checkpoint as ckpt
@@ -192,8 +193,9 @@ def test_nonfinite_stop_exits_without_saving(make_cfg, train, tmp_path):
     assert not ckpt.iter_dir(root, 6).exists() and not ckpt.iter_dir(root, 8).exists()
 
 
-def _oom_at(monkeypatch, method: str, call: int):
-    """Make ``CPUEngine.<method>``'s ``call``-th call (1-based) raise torch's out-of-memory error."""
+def _oom_at(monkeypatch, method: str, call: int, error: BaseException | None = None):
+    """Make ``CPUEngine.<method>``'s ``call``-th call (1-based) raise ``error``, by default torch's
+    out-of-memory error."""
     from training.engine_cpu import CPUEngine
 
     real, calls = getattr(CPUEngine, method), []
@@ -201,7 +203,9 @@ def _oom_at(monkeypatch, method: str, call: int):
     def flaky(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == call:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. 1.2 GiB free.")
+            raise error or torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. 1.2 GiB free."
+            )
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(CPUEngine, method, flaky)
@@ -274,6 +278,63 @@ def test_out_of_memory_while_saving_says_so(make_cfg, train, tmp_path, monkeypat
     assert detail.startswith("out of GPU memory while saving the checkpoint of step 4 (")
     assert "micro_batch_size" not in detail
     assert not (tmp_path / "run" / "checkpoints" / ckpt.MARKER).exists()
+
+
+# out-of-memory errors raised outside PyTorch's caching allocator (training/out_of_memory.py); the
+# NCCL text is that of torch's DistBackendError for ncclUnhandledCudaError (NVIDIA/nccl#1410's form)
+CUDA_OOM = "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other call"
+NCCL_OOM = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3699, unhandled cuda error "
+    "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\nncclUnhandledCudaError: Call to CUDA "
+    "function failed.\nLast error:\nCuda failure 2 'out of memory'"
+)
+
+
+@pytest.mark.parametrize("text", [CUDA_OOM, NCCL_OOM], ids=["cuda", "nccl"])
+def test_out_of_memory_outside_the_allocator_exits_6(make_cfg, train, tmp_path, monkeypatch, text):
+    from training.signals import EXIT_OUT_OF_MEMORY
+
+    _oom_at(monkeypatch, "train_step", 3, RuntimeError(text))
+    code, log = train(make_cfg("checkpoint.save=false"))
+    assert code == EXIT_OUT_OF_MEMORY, log.text()
+    detail = metrics(tmp_path / "run")[-1]["detail"]
+    assert detail.startswith(f"out of GPU memory in step 3 ({text.splitlines()[0]}")
+    assert "To fit: training.micro_batch_size=1 (estimated " in detail
+
+
+def test_other_runtime_errors_still_raise(make_cfg, train, monkeypatch):
+    _oom_at(
+        monkeypatch, "train_step", 2, RuntimeError("CUDA error: an illegal memory access was encountered")
+    )
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        train(make_cfg("checkpoint.save=false"))
+
+
+def test_out_of_memory_inside_a_load_error_is_not_damage(make_cfg, train, tmp_path, monkeypatch):
+    """A resume whose load fails with an out-of-memory error wrapped in another exception (as the GPU
+    engine's load error when torch DCP gathered it: torch_dist_vetting.dist_load_error) stops with
+    exit code 6 and passes over no checkpoint."""
+    from training.checkpoint import DamagedCheckpointError
+    from training.signals import EXIT_OUT_OF_MEMORY
+
+    code, log = train(make_cfg())
+    assert code == EXIT_DONE, log.text()
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB.")
+        except torch.OutOfMemoryError as oom:
+            raise DamagedCheckpointError("iter_0000004 cannot be loaded") from oom
+    except DamagedCheckpointError as err:
+        wrapped = err
+    _oom_at(monkeypatch, "load", 1, wrapped)
+    code, log = train(make_cfg())
+    assert code == EXIT_OUT_OF_MEMORY, log.text()
+    detail = metrics(tmp_path / "run")[-1]["detail"]
+    assert detail.startswith(
+        "out of GPU memory at start-up (the model, the optimizer or the checkpoint load) ("
+    )
+    assert "(CUDA out of memory. Tried to allocate 8.00 GiB." in detail
+    assert "damaged" not in log.text() and "resuming from the previous" not in log.text()
 
 
 def test_start_up_warns_of_passes_over_the_sample_corpus():
