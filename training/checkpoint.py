@@ -309,7 +309,7 @@ def finish_save(
     os.rename(tmp, final)
     _fsync_dir(root)
     atomic_write_text(root / MARKER, f"{iteration}\n")
-    prune(root, keep_last)
+    prune(root, keep_last, saved=iteration)
     return final
 
 
@@ -456,13 +456,19 @@ def find_latest(
     return None
 
 
-def prune(root: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints (and incomplete older ones).
+def prune(root: str | os.PathLike, keep_last: int, *, saved: int) -> None:
+    """After the save of iteration ``saved``: delete all but the newest ``keep_last`` complete
+    checkpoints up to ``saved`` (and incomplete older ones). Complete here means sizes only: checking
+    checksums would read every kept checkpoint at every save.
 
-    Complete here means sizes only: checking checksums would read every kept checkpoint at every save.
+    Checkpoints above ``saved`` are left alone: they belong to another trajectory than the one being
+    saved (a run resumed from an older iteration by ``checkpoint.load=<path>`` or an edited marker,
+    as Megatron-LM's rollback), and counting them as the newest deleted that run's own checkpoints,
+    the one of a preemption included (found in review, 2026-12-06). A save at one of their
+    iterations replaces it (:func:`finish_save`).
     """
     root = Path(root)
-    its = complete_iterations(root)
+    its = [it for it in complete_iterations(root) if it <= saved]
     complete = [it for it in its if verify_checkpoint(iter_dir(root, it), checksums=False) is None]
     keep = set(complete[-keep_last:])
     newest_kept = max(keep) if keep else None
@@ -512,6 +518,6 @@ def check_resume_compatible(
         raise ConfigMismatchError(
             f"cannot resume from {where}: the config differs in\n{lines}{hint}\n"
             f"If this change is deliberate, allow it with checkpoint.allow_config_change=[{keys}] "
-            "(or start a fresh run with checkpoint.load=none or another checkpoint.dir)"
+            "(or start a fresh run in another runtime.output_dir or checkpoint.dir)"
         )
     return [f"{k}: {v0!r} -> {v1!r}" for k, v0, v1 in allowed]

@@ -229,7 +229,10 @@ class CheckpointSection:
     (not every ``save_interval`` steps, not at the end, not on a signal or the time budget, which
     still exit with their codes 3 / 4; for benchmarks, where an 8B-shaped checkpoint would cost
     ~70 GB and minutes); ``save_interval`` steps (0 = only at the end and on exit); ``keep_last``
-    complete checkpoints; ``load``: ``auto`` (latest complete one in ``dir``, if any), ``none``, or a
+    complete checkpoints up to the newest save (later iterations, left by a run resumed from an
+    earlier one, are kept: ``checkpoint.prune``); ``load``: ``auto`` (the complete one that
+    ``latest_checkpointed_iteration.txt`` names in ``dir``, else the newest older one, if any),
+    ``none`` (from scratch; refused when saving into a ``dir`` that holds checkpoints), or a
     checkpoint directory; ``allow_config_change``: resolved-config keys (or section names) allowed to
     differ from the checkpoint's on resume (``data.identity`` for the data).
 

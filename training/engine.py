@@ -129,8 +129,7 @@ def check_tensor_shapes(
     raise ConfigMismatchError(
         f"cannot resume from {ckpt}: its weights do not fit the model of this config ({key} is "
         f"{fmt(old)} in the checkpoint, {fmt(new)} now{more}); a change of model shape cannot continue "
-        "from a checkpoint: undo it, or start a fresh run with checkpoint.load=none or another "
-        "checkpoint.dir"
+        "from a checkpoint: undo it, or start a fresh run in another runtime.output_dir or checkpoint.dir"
     )
 
 

@@ -72,6 +72,15 @@ __all__ = ["Trainer"]
 NOT_SAVED = "; nothing saved (checkpoint.save=false)"
 
 
+def _iterations(its: list[int], most: int = 6) -> str:
+    """``10, 20, 30`` (the first and last few of a long list, with the count between)."""
+    if len(its) <= most:
+        return ", ".join(map(str, its))
+    half = most // 2
+    head, tail = ", ".join(map(str, its[:half])), ", ".join(map(str, its[-half:]))
+    return f"{head}, ... ({len(its) - most} more), {tail}"
+
+
 class Trainer:
     """Runs one training job; :meth:`run` returns the process exit code.
 
@@ -254,13 +263,31 @@ class Trainer:
             return None
         raise ValueError(
             f"no usable checkpoint under {root}: iteration(s) {', '.join(map(str, tried))} are incomplete "
-            "or damaged (the warnings above name the files); restore a copy, or start fresh with another "
-            "checkpoint.dir (or checkpoint.load=none); nothing was deleted"
+            "or damaged (the warnings above name the files); restore a copy, or start fresh in another "
+            "runtime.output_dir or checkpoint.dir; nothing was deleted"
         )
 
     def _find_checkpoint(self) -> Path | None:
+        """The checkpoint this launch resumes from (``checkpoint.load``), None for a fresh start.
+
+        Raises:
+            ValueError: ``checkpoint.load=none`` with saves into a ``checkpoint.dir`` that holds
+                ``iter_*`` directories (a fresh run's saves would be mixed with them, and replace
+                those at its iterations: found in review, 2026-12-06, where the pruning of that
+                time also deleted the new run's own); a named checkpoint that is not complete; a
+                directory without a complete one; ``auto`` finding only damaged ones.
+        """
         load = self.cfg.checkpoint.load
         if load == "none":
+            held = ckpt.complete_iterations(self.ckpt_root) if self.cfg.checkpoint.save else []
+            if held:
+                raise ValueError(
+                    f"checkpoint.load=none starts from scratch, but checkpoint.dir {self.ckpt_root} holds "
+                    f"checkpoints (iteration(s) {_iterations(held)}) that this run's saves would be mixed "
+                    "with, replacing those at the same iterations: to go on from them (a preempted run's "
+                    "relaunch) set checkpoint.load=auto; to start from scratch use another "
+                    "runtime.output_dir or checkpoint.dir; nothing was deleted"
+                )
             return None
         self._resume_root = None  # where a damaged checkpoint may fall back to an older one
         if load == "auto":
@@ -282,7 +309,24 @@ class Trainer:
                         "or none"
                     )
         self._note_no_checksums(found)
+        self._note_later_checkpoints(found)
         return found
+
+    def _note_later_checkpoints(self, found: Path | None) -> None:
+        """Warn when ``checkpoint.dir`` holds iterations above the one resumed (a rollback by
+        ``checkpoint.load=<path>`` or an edited marker, as Megatron-LM's): they stay where they are
+        (``checkpoint.prune`` keeps them), nothing resumes from them, and a save at one of their
+        iterations replaces it."""
+        at = ckpt.iteration_of(found) if found is not None else None
+        if at is None or not self.cfg.checkpoint.save:
+            return
+        later = [it for it in ckpt.complete_iterations(self.ckpt_root) if it > at]
+        if later:
+            self.log(
+                f"checkpoint: WARNING: resuming from iteration {at}, while {self.ckpt_root} also holds "
+                f"iteration(s) {_iterations(later)}: they are kept and not resumed from, and this run's "
+                "save at one of those iterations replaces it"
+            )
 
     def _note_no_checksums(self, path: Path | None) -> None:
         if path is not None and not ckpt.has_checksums(path):
@@ -390,8 +434,8 @@ class Trainer:
             m.event(
                 st.iteration,
                 "exit",
-                f"done: already trained {st.iteration} of {total} steps (use another "
-                "runtime.output_dir or checkpoint.load=none to train again)",
+                f"done: already trained {st.iteration} of {total} steps (to train again, use another "
+                "runtime.output_dir or checkpoint.dir)",
             )
             return EXIT_DONE
 

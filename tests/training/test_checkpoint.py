@@ -26,6 +26,22 @@ def test_save_protocol_and_retention(tmp_path):
     assert ckpt.read_json(tmp_path / "iter_0000040" / "manifest.json")["files"]["model.pt"] == 100
 
 
+def test_retention_keeps_the_saving_trajectory_and_leaves_later_iterations(tmp_path):
+    """A run resumed from iteration 10 while 20 and 30 exist (a rollback): its own saves 12, 14, 16
+    are pruned among themselves; 20 and 30 stay until a save at their iteration replaces them. Before
+    the fix the newest two of all (20, 30) were kept and the run's own saves deleted as they came."""
+    for it in (10, 20, 30):
+        fake_save(tmp_path, it, keep_last=5)
+    for it in (12, 14, 16):
+        fake_save(tmp_path, it, keep_last=2)
+        assert ckpt.iter_dir(tmp_path, it).is_dir() and (tmp_path / ckpt.MARKER).read_text() == f"{it}\n"
+    assert ckpt.complete_iterations(tmp_path) == [14, 16, 20, 30]
+    assert ckpt.find_latest(tmp_path) == (16, tmp_path / "iter_0000016")  # the marker's, not 30
+    fake_save(tmp_path, 20, keep_last=2, payload=b"y" * 50)  # replaces the other trajectory's 20
+    assert ckpt.complete_iterations(tmp_path) == [16, 20, 30]
+    assert ckpt.read_json(tmp_path / "iter_0000020" / "manifest.json")["files"]["model.pt"] == 50
+
+
 def test_layout_names(tmp_path):
     """The on-disk names behind the path helpers (Megatron-LM's; existing checkpoints use them)."""
     assert ckpt.iter_dir(tmp_path, 40) == tmp_path / "iter_0000040"

@@ -155,7 +155,7 @@ def test_allowed_shape_change_cannot_load_the_checkpoint(make_cfg, train, tmp_pa
         f"pretrain_llama: configuration error: cannot resume from {ckpt}: its weights do not fit the "
         "model of this config (embedding.word_embeddings.weight is 128256x64 in the checkpoint, "
         "128256x128 now, and 14 more tensor(s)); a change of model shape cannot continue from a "
-        "checkpoint: undo it, or start a fresh run with checkpoint.load=none or another checkpoint.dir"
+        "checkpoint: undo it, or start a fresh run in another runtime.output_dir or checkpoint.dir"
     ) in log.text()
 
 

@@ -280,6 +280,61 @@ def test_out_of_memory_while_saving_says_so(make_cfg, train, tmp_path, monkeypat
     assert not (tmp_path / "run" / "checkpoints" / ckpt.MARKER).exists()
 
 
+def test_a_rollback_keeps_its_own_checkpoints_and_a_relaunch_follows_them(make_cfg, train, tmp_path):
+    """Found in review (2026-12-06): a run resumed from an older iteration (``checkpoint.load=<path>``)
+    while newer ones exist saved a checkpoint at its stop and pruning deleted it at once, keeping the
+    newer iterations of the other trajectory; the relaunch then had nothing of its own to resume."""
+    from training.signals import EXIT_TIME_BUDGET
+
+    code, log = train(make_cfg())  # iterations 4 and 8 (keep_last 2)
+    assert code == EXIT_DONE, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    first = {r["step"]: r["loss"] for r in metrics(tmp_path / "run") if r["kind"] == "train"}
+    back = ckpt.iter_dir(root, 4)
+    # back to step 4, one step, then the time budget: a stop save of step 5 (keep_last 1)
+    stop = ("checkpoint.keep_last=1", "runtime.exit_duration_mins=0.001")
+    code, log = train(make_cfg(f"checkpoint.load={back}", *stop))
+    assert code == EXIT_TIME_BUDGET, log.text()
+    assert (
+        f"checkpoint: WARNING: resuming from iteration 4, while {root} also holds iteration(s) 8: they are "
+        "kept and not resumed from, and this run's save at one of those iterations replaces it"
+    ) in log.text()
+    assert ckpt.complete_iterations(root) == [5, 8] and (root / ckpt.MARKER).read_text().strip() == "5"
+    assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 5)) is None
+    # the relaunch (checkpoint.load=auto) follows the marker: step 5's checkpoint, not the other 8
+    code, log = train(make_cfg("checkpoint.keep_last=1"))
+    assert code == EXIT_DONE, log.text()
+    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
+    assert [e for e in events if e[0] == "resume"][-1] == ("resume", 5) and events[-1] == ("exit", 8)
+    assert ckpt.complete_iterations(root) == [8] and (root / ckpt.MARKER).read_text().strip() == "8"
+    again = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"][-3:]
+    assert [(r["step"], r["loss"]) for r in again] == [(s, first[s]) for s in (6, 7, 8)]  # same batches
+
+
+def test_a_fresh_start_into_a_checkpoint_dir_with_checkpoints_is_refused(make_cfg, train, tmp_path):
+    code, log = train(make_cfg())
+    assert code == EXIT_DONE, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    before = sorted(p.name for p in root.iterdir())
+    code, log = train(make_cfg("checkpoint.load=none"))
+    assert code == EXIT_CONFIG, log.text()
+    assert (
+        f"pretrain_llama: configuration error: checkpoint.load=none starts from scratch, but checkpoint.dir "
+        f"{root} holds checkpoints (iteration(s) 4, 8) that this run's saves would be mixed with, replacing "
+        "those at the same iterations: to go on from them (a preempted run's relaunch) set "
+        "checkpoint.load=auto; to start from scratch use another runtime.output_dir or checkpoint.dir; "
+        "nothing was deleted"
+    ) in log.text()
+    assert sorted(p.name for p in root.iterdir()) == before
+    # the already-trained run's advice names another directory
+    code, log = train(make_cfg())
+    assert code == EXIT_DONE
+    assert metrics(tmp_path / "run")[-1]["detail"] == (
+        "done: already trained 8 of 8 steps (to train again, use another runtime.output_dir or "
+        "checkpoint.dir)"
+    )
+
+
 # out-of-memory errors raised outside PyTorch's caching allocator (training/out_of_memory.py); the
 # NCCL text is that of torch's DistBackendError for ncclUnhandledCudaError (NVIDIA/nccl#1410's form)
 CUDA_OOM = "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other call"
