@@ -144,7 +144,14 @@ def _main(args) -> int:
 
 def _print_estimate(plan, cfg, *, mfu: float | None, gpu_memory_gib: float | None) -> None:
     """The dry run's time estimate and memory check (stdout), and the memory warning (stderr)."""
-    from training.plan import ASSUMED_MFU, H200_MEMORY_BYTES, corpus_warning, estimate_time, format_estimate
+    from training.plan import (
+        ASSUMED_MFU,
+        H200_MEMORY_BYTES,
+        corpus_warning,
+        estimate_time,
+        format_estimate,
+        missing_data_warnings,
+    )
 
     if gpu_memory_gib is not None:
         memory, name = gpu_memory_gib * 1024**3, "the GPU of --gpu-memory-gib"
@@ -161,7 +168,7 @@ def _print_estimate(plan, cfg, *, mfu: float | None, gpu_memory_gib: float | Non
     )
     lines, warnings = format_estimate(plan, est, gpu_memory_bytes=memory, gpu_name=name)
     corpus = corpus_warning(cfg, plan)
-    warnings += [corpus] if corpus else []
+    warnings += ([corpus] if corpus else []) + missing_data_warnings(cfg)
     print("\n".join(lines))
     for w in warnings:
         print(f"pretrain_llama --dry-run: warning: {w}", file=sys.stderr)

@@ -91,7 +91,8 @@ def verify_indexed_dataset(
     for p in (ip, bp):
         if not os.path.isfile(p):
             raise MissingInputError(
-                f"indexed dataset file missing: {p} (prepare the corpus first, e.g. "
+                f"indexed dataset file missing: {p} (prepare it first: `python -m data.prepare --input "
+                f"FILES --output-prefix {prefix}`, README 'Your data'; the sample corpus: "
                 "`python -m data.prepare --default`)"
             )
     idx_size = os.path.getsize(ip)

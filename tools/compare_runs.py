@@ -1,6 +1,6 @@
 """Compare a BF16 pretraining run with low-precision runs trained on identical data.
 
-    python tools/compare_runs.py RUN [RUN ...] --out results/compare_x [--windows 10]
+    python tools/compare_runs.py RUN [RUN ...] --out runs/compare_x [--windows 10]
 
 Each RUN is a run directory with ``metrics.jsonl`` and ``run_meta.json``. Runs are grouped into
 arms by precision (attention recipe, its Q/K rotation, projection); several seeds per arm are

@@ -33,6 +33,7 @@ and in every checkpoint, and compared on resume (``training.checkpoint``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import typing
 from dataclasses import dataclass, field
@@ -82,7 +83,8 @@ class ModelSection:
         bad = sorted(set(self.overrides) - set(valid))
         if bad:
             raise ValueError(
-                f"model: unknown key(s) {', '.join(bad)}; valid keys: preset, {', '.join(valid)}"
+                f"model: unknown key(s) {', '.join(bad)}{_did_you_mean(bad, ['preset', *valid])}; "
+                f"valid keys: preset, {', '.join(valid)}"
             )
         hints = typing.get_type_hints(LlamaConfig)
         object.__setattr__(
@@ -459,6 +461,13 @@ def _coerce(name: str, typ, value):
     return value
 
 
+def _did_you_mean(bad: list[str], valid) -> str:
+    """`` (did you mean train_iters?)`` for the unknown names that are close to a valid one
+    (``difflib``), else ``""``."""
+    close = [m[0] for b in bad if (m := difflib.get_close_matches(b, list(valid), n=1, cutoff=0.75))]
+    return f" (did you mean {', '.join(dict.fromkeys(close))}?)" if close else ""
+
+
 def _build_section(name: str, cls, raw) -> Any:
     if raw is None:
         raw = {}
@@ -471,7 +480,10 @@ def _build_section(name: str, cls, raw) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     bad = sorted(set(raw) - set(fields))
     if bad:
-        raise ValueError(f"{name}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(fields)}")
+        raise ValueError(
+            f"{name}: unknown key(s) {', '.join(bad)}{_did_you_mean(bad, fields)}; "
+            f"valid keys: {', '.join(fields)}"
+        )
     hints = typing.get_type_hints(cls)
     values = {k: _coerce(f"{name}.{k}", hints[k], v) for k, v in raw.items()}
     _check_trainer_choices(name, values)
@@ -507,7 +519,8 @@ def from_dict(raw: dict | None) -> TrainConfig:
     bad = sorted(set(raw) - set(CONFIG_SECTIONS))
     if bad:
         raise ValueError(
-            f"unknown config section(s) {', '.join(bad)}; valid sections: {', '.join(CONFIG_SECTIONS)}"
+            f"unknown config section(s) {', '.join(bad)}{_did_you_mean(bad, CONFIG_SECTIONS)}; "
+            f"valid sections: {', '.join(CONFIG_SECTIONS)}"
         )
     sections = {
         name: _build_section(name, cls, raw[name]) for name, cls in CONFIG_SECTIONS.items() if name in raw
@@ -536,8 +549,8 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         section, name = parts
         if section not in CONFIG_SECTIONS:
             raise ValueError(
-                f"override {item!r}: unknown section {section!r}; valid sections: "
-                f"{', '.join(CONFIG_SECTIONS)}"
+                f"override {item!r}: unknown section {section!r}{_did_you_mean([section], CONFIG_SECTIONS)}; "
+                f"valid sections: {', '.join(CONFIG_SECTIONS)}"
             )
         try:
             value = yaml.safe_load(text) if text.strip() else None

@@ -59,6 +59,7 @@ else an H200's, or ``--gpu-memory-gib``); above it the dry run warns.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
 from .config import TrainConfig
@@ -75,8 +76,10 @@ __all__ = [
     "make_plan",
     "memory_verdict",
     "MEMORY_REMEDY",
+    "NO_FIT_REMEDY",
     "OTHER_MEMORY_REMEDY",
     "corpus_warning",
+    "missing_data_warnings",
     "out_of_memory_text",
     "smaller_micro_batch",
 ]
@@ -103,6 +106,12 @@ OTHER_MEMORY_REMEDY = (
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)"
 )
 MEMORY_REMEDY = "lower training.micro_batch_size, " + OTHER_MEMORY_REMEDY
+# where the estimate exceeds the GPU's memory: less fragmentation cannot make it fit, so the dry run's
+# warning leaves expandable_segments out (found by a new-user review: it was offered for a 50 GiB gap)
+NO_FIT_REMEDY = (
+    "lower training.micro_batch_size, raise parallel.tensor (with parallel.sequence_parallel=true) or "
+    "parallel.pipeline, or use more GPUs (the optimizer state is sharded over data parallel)"
+)
 
 
 def flops_per_token(llama, seq_length: int) -> float:
@@ -451,7 +460,7 @@ def format_estimate(
         mem += ": DOES NOT FIT"
         warnings.append(
             f"the memory estimate per GPU, {total / GIB:.2f} GiB, exceeds the "
-            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}: {remedy}"
+            f"{gpu_memory_bytes / GIB:.1f} GiB of {gpu_name}: {NO_FIT_REMEDY}"
         )
     elif verdict != "fits":
         seen = (
@@ -593,6 +602,29 @@ def out_of_memory_text(
 # Tokens above which a run on the embedded default corpus (the KJV and CPython's sources, about 9M
 # Llama-3 tokens: data/corpus.py) repeats it more than about ten times: the dry run says so
 DEFAULT_CORPUS_WARN_TOKENS = 100_000_000
+
+
+def missing_data_warnings(cfg: TrainConfig) -> list[str]:
+    """The dry run's warnings for ``data.corpus`` prefixes whose ``.idx`` or ``.bin`` file does not
+    exist on this machine (found by a new-user review: a Slurm user's pre-flight check passed a path
+    the job then failed on). Warnings, not errors: the dry run needs no data, and a login node may
+    not mount the compute nodes' file systems."""
+    if cfg.data.corpus == "default":
+        return []
+    from data.indexed import bin_path, idx_path
+
+    out = []
+    for entry in cfg.data.corpus:
+        prefix = entry["prefix"]
+        missing = [f for f in (idx_path(prefix), bin_path(prefix)) if not os.path.isfile(f)]
+        if missing:
+            out.append(
+                f"data.corpus prefix {prefix}: {' and '.join(missing)} not found on this machine; the job "
+                f"stops at start-up without them (prepare them: python -m data.prepare --input FILES "
+                f"--output-prefix {prefix}; or, where this machine does not mount the compute nodes' file "
+                "systems, check the path there)"
+            )
+    return out
 
 
 def corpus_warning(cfg: TrainConfig, plan: Plan) -> str | None:

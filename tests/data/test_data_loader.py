@@ -173,8 +173,9 @@ def test_bad_data_is_caught_before_megatron(tiny_prefix, llama3, tmp_path):
         f.truncate(os.path.getsize(bin_path(prefix)) - 8)
     with pytest.raises(CorruptDatasetError, match="truncated"):
         _build(prefix, llama3, tmp_path, seq_length=8, samples=4)
-    with pytest.raises(FileNotFoundError, match="prepare the corpus"):
-        _build(str(tmp_path / "absent"), llama3, tmp_path, seq_length=8, samples=4)
+    absent = tmp_path / "absent"
+    with pytest.raises(FileNotFoundError, match=f"data.prepare --input FILES --output-prefix {absent}`"):
+        _build(str(absent), llama3, tmp_path, seq_length=8, samples=4)
 
 
 def test_argument_errors(tiny_prefix, llama3):

@@ -94,7 +94,11 @@ def test_compatibility_messages():
         ckpt.check_resume_compatible(saved, now, allow=[], saved_data_identity="x", data_identity="y")
     msg = str(err.value)
     assert "model.hidden_size: 64 in the checkpoint, 128 now" in msg and "attention.recipe" in msg
-    assert "data.identity" in msg and "backend" not in msg.split("If this")[0] and "output_dir" not in msg
+    assert (
+        "data.identity" in msg
+        and "backend" not in msg.split("If this")[0]
+        and "output_dir" not in msg.split("If this")[0]
+    )
     assert "checkpoint.allow_config_change=[attention.recipe,model.hidden_size,data.identity]" in msg
     allowed = ckpt.check_resume_compatible(
         saved,

@@ -124,7 +124,8 @@ def test_missing_idx_of_a_prepared_dataset(cli, capsys, tiny_corpus, tmp_path):
     line = [ln for ln in err.splitlines() if "configuration error" in ln]
     assert line == [
         f"pretrain_llama: configuration error: indexed dataset file missing: {tmp_path / 'noidx.idx'} "
-        "(prepare the corpus first, e.g. `python -m data.prepare --default`)"
+        f"(prepare it first: `python -m data.prepare --input FILES --output-prefix {tmp_path / 'noidx'}`, "
+        "README 'Your data'; the sample corpus: `python -m data.prepare --default`)"
     ]
 
 

@@ -45,11 +45,14 @@ def test_train_tokens_accepts_scientific_notation():
 @pytest.mark.parametrize(
     "raw, match",
     [
-        ({"trainnig": {}}, r"unknown config section\(s\) trainnig; valid sections: model, attention"),
+        (
+            {"trainnig": {}},
+            r"unknown config section\(s\) trainnig \(did you mean training\?\); valid sections: model, ",
+        ),
         ({"training": {"lr_max": 1.0}}, r"training: unknown key\(s\) lr_max; valid keys: micro_batch_size"),
         (
             {"model": {"preset": "tiny", "hiden_size": 8}},
-            r"model: unknown key\(s\) hiden_size; valid keys: preset, ",
+            r"model: unknown key\(s\) hiden_size \(did you mean hidden_size\?\); valid keys: preset, ",
         ),
         ({"attention": {"recipe": "nvfp4qk_mxfp4pv_fast"}}, "cannot train"),
         (

@@ -15,6 +15,7 @@ from training.plan import (
     ASSUMED_MFU,
     GIB,
     LOCAL_SPEC_EXTRA_H,
+    NO_FIT_REMEDY,
     UNCOUNTED_GIB,
     estimate_time,
     flops_per_token,
@@ -203,6 +204,24 @@ def test_dry_run_warns_when_the_memory_estimate_exceeds_the_gpu():
     est = estimate_time(plan, peak_flops_per_gpu=989.4e12)
     lines, warnings = format_estimate(plan, est, gpu_memory_bytes=79.6 * 1024**3, gpu_name="an H100")
     assert "DOES NOT FIT" in lines[-1] and "exceeds the 79.6 GiB of an H100" in warnings[0]
+    # less fragmentation cannot close a gap: expandable_segments is not offered
+    assert warnings[0].endswith(NO_FIT_REMEDY) and "expandable_segments" not in warnings[0]
+
+
+def test_dry_run_warns_of_a_corpus_prefix_missing_here(tiny_corpus, tmp_path):
+    """A pre-flight check before a Slurm job: a corpus prefix whose files do not exist here is a
+    warning (exit 0: the dry run needs no data), one whose files exist is not."""
+    missing = tmp_path / "web"
+    corpus = f"data.corpus=[{{prefix: {missing}, weight: 1.0}}, {{prefix: {tiny_corpus[0]}, weight: 1.0}}]"
+    res = dry_run("configs/llama3_1_8b_100b_bf16.yaml", "--world-size", "64", corpus, "data.split=969,30,1")
+    assert res.returncode == 0, res.stderr
+    warned = [w for w in res.stderr.splitlines() if "data.corpus prefix" in w]
+    assert warned == [
+        f"pretrain_llama --dry-run: warning: data.corpus prefix {missing}: {missing}.idx and {missing}.bin "
+        "not found on this machine; the job stops at start-up without them (prepare them: python -m "
+        f"data.prepare --input FILES --output-prefix {missing}; or, where this machine does not mount the "
+        "compute nodes' file systems, check the path there)"
+    ]
 
 
 def test_dry_run_estimate_of_a_tiny_config_and_the_mfu_flag():
