@@ -36,14 +36,14 @@ if not torch.cuda.is_available():
         atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 
 
-def run_interpreted(test_file: str) -> None:
-    """Run ``test_file`` as a script under ``TRITON_INTERPRET=1`` (the variable is read when the
-    kernels are defined, so in a fresh process) and assert that it exited 0 and printed ``ok`` last
-    (its ``__main__`` block prints the failed checks otherwise)."""
+def run_interpreted(test_file: str, *args: str) -> None:
+    """Run ``test_file`` as a script (with ``args``) under ``TRITON_INTERPRET=1`` (the variable is
+    read when the kernels are defined, so in a fresh process) and assert that it exited 0 and printed
+    ``ok`` last (its ``__main__`` block prints the failed checks otherwise)."""
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(repo)}
     res = subprocess.run(
-        [sys.executable, test_file], env=env, cwd=repo, capture_output=True, text=True, timeout=300
+        [sys.executable, test_file, *args], env=env, cwd=repo, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip().splitlines()[-1] == "ok", res.stdout + res.stderr

@@ -9,8 +9,12 @@ itself needs the GPU.
 
 from __future__ import annotations
 
+import pytest
 
-def _interpreted_checks() -> list[str]:
+PARTS = ("amax", "rope", "nvfp4_blocks", "pair_blocks")  # one interpreted process each (CI's balance)
+
+
+def _interpreted_checks(part: str) -> list[str]:
     import sys
     from pathlib import Path
 
@@ -29,6 +33,41 @@ def _interpreted_checks() -> list[str]:
 
     qb._rec = rec
     g = torch.Generator().manual_seed(0)
+    if part == "amax":
+        return failed + _amax_checks(qb, g, seen)
+    q = (torch.randn(1, 4, 40, qb.D, generator=g) * 2).bfloat16()
+    if part == "rope":
+        # the rope kind's calls, small: every launch of ROPE_SWEEP and the NVFP4 heads, bytes checked
+        k = torch.randn(1, 2, 40, qb.D, generator=g).bfloat16()
+        for r in qb._rope_records(q, k, 1.0):
+            if not r["bytes_equal_default"]:
+                failed.append(f"rope: {r['quantizer']} at {r['rows']}: bytes differ from the unfused path's")
+        if len(seen) != len(qb.ROPE_SWEEP) + 2 + 3 + 1:
+            failed.append(f"rope: {len(seen)} calls run: {seen}")
+    elif part == "nvfp4_blocks":
+        # every launch of NVFP4_BLOCKS_SWEEP, bytes equal to the default's
+        xb = (torch.randn(2, 2, 70, 32, generator=g) * 3).bfloat16()
+        for r in qb._nvfp4_blocks_records(xb, "cpu", 1.0):
+            if not r["bytes_equal_default"]:
+                failed.append(f"nvfp4_blocks: {r['quantizer']} at {r['rows']}: bytes differ from the default")
+        if len(seen) != len(qb.NVFP4_BLOCKS_SWEEP) + 1:
+            failed.append(f"nvfp4_blocks: {len(seen)} calls run: {seen}")
+    elif part == "pair_blocks":
+        kb = torch.randn(1, 2, 45, qb.D, generator=g).bfloat16()
+        for r in qb._pair_blocks_records(q, kb, 1.0):
+            if not r["bytes_equal_default"]:
+                failed.append(f"pair_blocks: {r['quantizer']} at {r['rows']}: bytes differ from the default")
+        if len(seen) != len(qb.PAIR_BLOCKS_SWEEP):
+            failed.append(f"pair_blocks: {len(seen)} calls run: {seen}")
+    else:
+        failed.append(f"unknown part {part!r}; one of {', '.join(PARTS)}")
+    return failed
+
+
+def _amax_checks(qb, g, seen) -> list[str]:
+    import torch
+
+    failed = []
     x = (torch.randn(2, 3, 130, 32, generator=g) * 4).bfloat16()
     # finite, as the bench's inputs are: a flagged head's amax leaves out its flagged block, which
     # depends on the launch (the amax of a flagged head is not used)
@@ -53,39 +92,18 @@ def _interpreted_checks() -> list[str]:
     want = x.float().abs().amax(dim=(2, 3)).flatten()
     if not (bad.tolist() == [0, 0, 0, 0, 0, 1] and torch.equal(amax[:5], want[:5])):
         failed.append(f"head amax {amax.tolist()} {bad.tolist()}, want {want.tolist()}")
-    # the rope kind's calls, small: every launch of ROPE_SWEEP and the NVFP4 heads, bytes checked
-    seen.clear()
-    q = (torch.randn(1, 4, 40, qb.D, generator=g) * 2).bfloat16()
-    k = torch.randn(1, 2, 40, qb.D, generator=g).bfloat16()
-    for r in qb._rope_records(q, k, 1.0):
-        if not r["bytes_equal_default"]:
-            failed.append(f"rope: {r['quantizer']} at {r['rows']}: bytes differ from the unfused path's")
-    if len(seen) != len(qb.ROPE_SWEEP) + 2 + 3 + 1:
-        failed.append(f"rope: {len(seen)} calls run: {seen}")
-    # the nvfp4_blocks kind's calls: every launch of NVFP4_BLOCKS_SWEEP, bytes equal to the default's
-    seen.clear()
-    xb = (torch.randn(2, 2, 70, 32, generator=g) * 3).bfloat16()
-    for r in qb._nvfp4_blocks_records(xb, "cpu", 1.0):
-        if not r["bytes_equal_default"]:
-            failed.append(f"nvfp4_blocks: {r['quantizer']} at {r['rows']}: bytes differ from the default's")
-    if len(seen) != len(qb.NVFP4_BLOCKS_SWEEP) + 1:
-        failed.append(f"nvfp4_blocks: {len(seen)} calls run: {seen}")
-    seen.clear()
-    kb = torch.randn(1, 2, 45, qb.D, generator=g).bfloat16()
-    for r in qb._pair_blocks_records(q, kb, 1.0):
-        if not r["bytes_equal_default"]:
-            failed.append(f"pair_blocks: {r['quantizer']} at {r['rows']}: bytes differ from the default's")
-    if len(seen) != len(qb.PAIR_BLOCKS_SWEEP):
-        failed.append(f"pair_blocks: {len(seen)} calls run: {seen}")
     return failed
 
 
-def test_interpreted_amax_launches():
+@pytest.mark.parametrize("part", PARTS)
+def test_interpreted_launches(part):
     from ..conftest import run_interpreted  # not at the top: this file also runs as a script
 
-    run_interpreted(__file__)
+    run_interpreted(__file__, part)
 
 
 if __name__ == "__main__":
-    bad = _interpreted_checks()
+    import sys
+
+    bad = _interpreted_checks(sys.argv[1])
     print("\n".join(bad) if bad else "ok")

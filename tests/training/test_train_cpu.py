@@ -283,7 +283,8 @@ def test_out_of_memory_while_saving_says_so(make_cfg, train, tmp_path, monkeypat
 def test_a_rollback_keeps_its_own_checkpoints_and_a_relaunch_follows_them(make_cfg, train, tmp_path):
     """Found in review (2026-12-06): a run resumed from an older iteration (``checkpoint.load=<path>``)
     while newer ones exist saved a checkpoint at its stop and pruning deleted it at once, keeping the
-    newer iterations of the other trajectory; the relaunch then had nothing of its own to resume."""
+    newer iterations of the other trajectory; the relaunch then had nothing of its own to resume.
+    And a fresh start (``checkpoint.load=none``) into a directory with checkpoints is refused."""
     from training.signals import EXIT_TIME_BUDGET
 
     code, log = train(make_cfg())  # iterations 4 and 8 (keep_last 2)
@@ -309,24 +310,19 @@ def test_a_rollback_keeps_its_own_checkpoints_and_a_relaunch_follows_them(make_c
     assert ckpt.complete_iterations(root) == [8] and (root / ckpt.MARKER).read_text().strip() == "8"
     again = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"][-3:]
     assert [(r["step"], r["loss"]) for r in again] == [(s, first[s]) for s in (6, 7, 8)]  # same batches
-
-
-def test_a_fresh_start_into_a_checkpoint_dir_with_checkpoints_is_refused(make_cfg, train, tmp_path):
-    code, log = train(make_cfg())
-    assert code == EXIT_DONE, log.text()
-    root = tmp_path / "run" / "checkpoints"
+    # a fresh start (checkpoint.load=none) into this checkpoint.dir is refused; nothing is deleted
     before = sorted(p.name for p in root.iterdir())
     code, log = train(make_cfg("checkpoint.load=none"))
     assert code == EXIT_CONFIG, log.text()
     assert (
         f"pretrain_llama: configuration error: checkpoint.load=none starts from scratch, but checkpoint.dir "
-        f"{root} holds checkpoints (iteration(s) 4, 8) that this run's saves would be mixed with, replacing "
+        f"{root} holds checkpoints (iteration(s) 8) that this run's saves would be mixed with, replacing "
         "those at the same iterations: to go on from them (a preempted run's relaunch) set "
         "checkpoint.load=auto; to start from scratch use another runtime.output_dir or checkpoint.dir; "
         "nothing was deleted"
     ) in log.text()
     assert sorted(p.name for p in root.iterdir()) == before
-    # the already-trained run's advice names another directory
+    # the finished run's relaunch: its advice names another directory, not checkpoint.load=none
     code, log = train(make_cfg())
     assert code == EXIT_DONE
     assert metrics(tmp_path / "run")[-1]["detail"] == (
@@ -349,11 +345,11 @@ NCCL_OOM = (
 def test_out_of_memory_outside_the_allocator_exits_6(make_cfg, train, tmp_path, monkeypatch, text):
     from training.signals import EXIT_OUT_OF_MEMORY
 
-    _oom_at(monkeypatch, "train_step", 3, RuntimeError(text))
+    _oom_at(monkeypatch, "train_step", 1, RuntimeError(text))
     code, log = train(make_cfg("checkpoint.save=false"))
     assert code == EXIT_OUT_OF_MEMORY, log.text()
     detail = metrics(tmp_path / "run")[-1]["detail"]
-    assert detail.startswith(f"out of GPU memory in step 3 ({text.splitlines()[0]}")
+    assert detail.startswith(f"out of GPU memory in step 1 ({text.splitlines()[0]}")
     assert "To fit: training.micro_batch_size=1 (estimated " in detail
 
 
