@@ -121,31 +121,3 @@ def make_qkv(b, hq, hkv, sq, sk, d, *, seed=0, scale=1.0, device="cpu"):
 @pytest.fixture
 def qkv_factory():
     return make_qkv
-
-
-# The longest tests of the CPU suite (pytest --durations on the CPU machine, 2026-12-06: 50-110 s
-# each, about half of the suite's CPU time), run first: with `-n 2 --dist worksteal` a long test
-# that starts last keeps one worker busy while the other idles (CI's 15-minute budget). Substrings
-# of node ids; the order of everything else is kept.
-SLOW_FIRST = (
-    "test_triton_nvfp4_quant_cpu.py::test_interpreted_nvfp4_heads",
-    "test_dp_cpu.py::test_dp2_matches_dp1_and_resumes_at_dp1",
-    "test_multi_gpu_bench.py::test_whole_bench_on_cpu_with_two_gloo_processes",
-    "test_triton_rope_cpu.py::test_interpreted_rope_kernels_equal_the_reference",
-    "test_golden_loss.py::test_default_job_matches_the_golden_losses",
-    "test_triton_rows_pair_cpu.py::test_interpreted_pair_quantizer_equals_two_calls",
-    "test_quant_bench_cpu.py::test_interpreted_launches",
-    "test_triton_v_quant_cpu.py::test_interpreted_v_scales",
-    "test_torchrun_cpu.py::test_two_process_torchrun_sigterm_requeue_resume",
-    "test_bwd_post_cpu.py::test_offsets_match_cute_layout_algebra",
-    "test_cute_bwd_operands_cpu.py::test_interpreted_backward_operands",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Move the :data:`SLOW_FIRST` tests to the front, in that order (a stable sort)."""
-
-    def rank(item):
-        return next((i for i, s in enumerate(SLOW_FIRST) if s in item.nodeid), len(SLOW_FIRST))
-
-    items.sort(key=rank)
