@@ -56,6 +56,7 @@ __all__ = [
     "StepResult",
     "check_tensor_shapes",
     "describe_load_error",
+    "gathered_failures",
     "load_weights_only",
     "restore_rng_state",
     "rng_state",
@@ -78,6 +79,16 @@ def describe_load_error(err: BaseException) -> str:
     if not first or "weights_only" in first:
         return type(err).__name__
     return f"{type(err).__name__}: {first[:200]}"
+
+
+def gathered_failures(err: BaseException) -> list:
+    """The per-rank errors torch DCP gathered into ``err`` (a ``CheckpointException``: ``failures``
+    maps a rank to an exception or an (exception, traceback) pair), each without its traceback; an
+    empty list for any other exception."""
+    failures = getattr(err, "failures", None)
+    if not isinstance(failures, dict):
+        return []
+    return [f[0] if isinstance(f, tuple) and f else f for f in failures.values()]
 
 
 def load_weights_only(path: Path):

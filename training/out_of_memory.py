@@ -22,6 +22,8 @@ import re
 
 import torch
 
+from .engine import gathered_failures
+
 __all__ = ["out_of_memory_error"]
 
 # CUDA's runtime error text for cudaErrorMemoryAllocation ("CUDA error: out of memory"), NCCL's
@@ -35,15 +37,8 @@ _MARKS = re.compile(
 def _nested(err: BaseException) -> list[BaseException]:
     """The exceptions ``err`` carries: torch DCP's per-rank failures (``CheckpointException.failures``,
     rank -> exception or (exception, traceback)), its explicit cause and its context."""
-    failures = getattr(err, "failures", None)
-    out = []
-    if isinstance(failures, dict):
-        for f in failures.values():
-            f = f[0] if isinstance(f, tuple) and f else f
-            if isinstance(f, BaseException):
-                out.append(f)
-    out += [e for e in (err.__cause__, err.__context__) if e is not None]
-    return out
+    out = [f for f in gathered_failures(err) if isinstance(f, BaseException)]
+    return out + [e for e in (err.__cause__, err.__context__) if e is not None]
 
 
 def out_of_memory_error(err: BaseException) -> BaseException | None:

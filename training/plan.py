@@ -100,18 +100,16 @@ UNCOUNTED_GIB = (3.4, 17.6)
 LOCAL_SPEC_EXTRA_H = 16.5
 # What lowers the memory per GPU, worded for the dry run's warning and the out-of-memory exit: the
 # micro-batch (activations only), and what also moves weights and optimizer state
+_LOWER_MB = "lower training.micro_batch_size"
+_SHARD = "raise parallel.tensor (with parallel.sequence_parallel=true) or parallel.pipeline"
+_MORE_GPUS = "use more GPUs (the optimizer state is sharded over data parallel)"
 OTHER_MEMORY_REMEDY = (
-    "raise parallel.tensor (with parallel.sequence_parallel=true) or parallel.pipeline, use more GPUs "
-    "(the optimizer state is sharded over data parallel), or set "
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)"
+    f"{_SHARD}, {_MORE_GPUS}, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation)"
 )
-MEMORY_REMEDY = "lower training.micro_batch_size, " + OTHER_MEMORY_REMEDY
+MEMORY_REMEDY = f"{_LOWER_MB}, {OTHER_MEMORY_REMEDY}"
 # where the estimate exceeds the GPU's memory: less fragmentation cannot make it fit, so the dry run's
 # warning leaves expandable_segments out (found by a new-user review: it was offered for a 50 GiB gap)
-NO_FIT_REMEDY = (
-    "lower training.micro_batch_size, raise parallel.tensor (with parallel.sequence_parallel=true) or "
-    "parallel.pipeline, or use more GPUs (the optimizer state is sharded over data parallel)"
-)
+NO_FIT_REMEDY = f"{_LOWER_MB}, {_SHARD}, or {_MORE_GPUS}"
 
 
 def flops_per_token(llama, seq_length: int) -> float:

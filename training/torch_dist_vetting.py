@@ -54,7 +54,7 @@ from unittest import mock
 import torch
 
 from .checkpoint import DamagedCheckpointError, UnsafeCheckpointError
-from .engine import describe_load_error
+from .engine import describe_load_error, gathered_failures
 from .out_of_memory import out_of_memory_error
 
 __all__ = [
@@ -212,8 +212,7 @@ def refused_pickle(err: BaseException) -> bool:
     refusal of a global or a TorchScript archive, or an :class:`UnsafeCheckpointError`."""
     if isinstance(err, UnsafeCheckpointError):
         return True
-    failures = getattr(err, "failures", None) or {}
-    nested = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    nested = gathered_failures(err)
     if any(isinstance(e, UnsafeCheckpointError) for e in nested):
         return True
     text = " ".join([str(err), *map(str, nested)])
