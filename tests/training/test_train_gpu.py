@@ -157,12 +157,13 @@ def test_damaged_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
 
 def test_a_real_out_of_memory_error_in_a_step_exits_6_and_names_a_micro_batch(make_cfg, train, tmp_path):
     """A real CUDA out-of-memory error from PyTorch's allocator in megatron-core's step (the CPU tests raise
-    a stand-in, tests/training/test_train_cpu.py): at micro-batch 4096 x 128 tokens the logits over the
-    Llama-3 vocabulary alone are 4096 x 128 x 128256 x 2 bytes = 134 GB in BF16, more than an H200 holds.
+    a stand-in, tests/training/test_train_cpu.py): at micro-batch 16384 x 128 tokens the logits over the
+    Llama-3 vocabulary alone are 16384 x 128 x 128256 x 2 bytes = 538 GB in BF16, so no GPU can hold them
+    (at most 0.5 GB is allocated before them: the GPU tests of other processes sharing the GPU keep theirs).
     The run stops in step 1 with exit code 6, writes nothing and names a micro-batch size to relaunch with."""
     from training.signals import EXIT_OUT_OF_MEMORY
 
-    over = ("training.micro_batch_size=4096", "training.global_batch_size=4096", "training.train_iters=2")
+    over = ("training.micro_batch_size=16384", "training.global_batch_size=16384", "training.train_iters=2")
     code, log = train(make_cfg(*GPU_MODEL, *over, "training.warmup_iters=1", "validation.interval=0"))
     assert code == EXIT_OUT_OF_MEMORY, log.text()
     event = metrics(tmp_path / "run")[-1]
