@@ -81,6 +81,7 @@ __all__ = [
     "has_checksums",
     "iter_dir",
     "prepare_tmp_dir",
+    "origin_of",
     "prune",
     "read_checkpoint_json",
     "read_json",
@@ -309,7 +310,7 @@ def finish_save(
     os.rename(tmp, final)
     _fsync_dir(root)
     atomic_write_text(root / MARKER, f"{iteration}\n")
-    prune(root, keep_last, saved=iteration)
+    prune(root, keep_last, saved=iteration, origin=trainer_state.get("origin"))
     return final
 
 
@@ -456,7 +457,18 @@ def find_latest(
     return None
 
 
-def prune(root: str | os.PathLike, keep_last: int, *, saved: int) -> None:
+def origin_of(path: str | os.PathLike) -> str | None:
+    """The ``origin`` in checkpoint ``path``'s trainer state (``state.TrainerState``): the checkpoint
+    its trajectory started from by ``checkpoint.load``, None for one started from scratch, saved
+    before 2026-12-06, or whose trainer state cannot be read."""
+    try:
+        origin = read_json(Path(path) / TRAINER_STATE_FILE).get("origin")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return origin if isinstance(origin, str) else None
+
+
+def prune(root: str | os.PathLike, keep_last: int, *, saved: int, origin: str | None = None) -> None:
     """After the save of iteration ``saved``: delete all but the newest ``keep_last`` complete
     checkpoints up to ``saved`` (and incomplete older ones). Complete here means sizes only: checking
     checksums would read every kept checkpoint at every save.
@@ -466,9 +478,15 @@ def prune(root: str | os.PathLike, keep_last: int, *, saved: int) -> None:
     as Megatron-LM's rollback), and counting them as the newest deleted that run's own checkpoints,
     the one of a preemption included (found in review, 2026-12-06). A save at one of their
     iterations replaces it (:func:`finish_save`).
+
+    Checkpoints of another ``origin`` (:func:`origin_of`) are left alone too, at any iteration: after
+    such a rollback the new trajectory's saves pass the other's iterations, which then counted as its
+    newest and deleted its own (found in review, 2026-12-06, with ``keep_last=3``: the rolled-back
+    run's iteration 27 kept, the new run's 20 deleted). They stay until a save at their iteration
+    replaces them; nothing resumes from them but a ``checkpoint.load`` naming them.
     """
     root = Path(root)
-    its = [it for it in complete_iterations(root) if it <= saved]
+    its = [it for it in complete_iterations(root) if it <= saved and origin_of(iter_dir(root, it)) == origin]
     complete = [it for it in its if verify_checkpoint(iter_dir(root, it), checksums=False) is None]
     keep = set(complete[-keep_last:])
     newest_kept = max(keep) if keep else None

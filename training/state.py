@@ -31,6 +31,12 @@ class TrainerState:
         data_identity: the training dataset's identity (compared on resume, ``data.identity``).
         world_size: the number of processes that ran (the GPU engine restores the per-rank RNG
             states only at the same size).
+        origin: the checkpoint this run's trajectory started from when ``checkpoint.load`` named one
+            (or a directory holding one) rather than ``auto``: its resolved path, carried through every
+            later save and resume. None for a trajectory started from scratch (and in checkpoints
+            saved before 2026-12-06). A relaunch with the same ``checkpoint.load`` resumes the
+            trajectory's own newest save, and pruning counts only checkpoints of the trajectory being
+            saved (``training.trainer``, ``checkpoint.prune``).
     """
 
     iteration: int = 0
@@ -39,6 +45,7 @@ class TrainerState:
     nonfinite_count: int = 0
     data_identity: str | None = None
     world_size: int | None = None
+    origin: str | None = None
 
     @property
     def applied_updates(self) -> int:
@@ -46,14 +53,18 @@ class TrainerState:
         return self.iteration - self.nonfinite_count
 
     def state_dict(self) -> dict:
-        """The fields as a JSON-able dict (the keys of ``trainer_state.json``)."""
-        return dataclasses.asdict(self)
+        """The fields as a JSON-able dict (the keys of ``trainer_state.json``); ``origin`` only where
+        set, so that a run without one writes the file of checkpoints saved before the field."""
+        state = dataclasses.asdict(self)
+        if state["origin"] is None:
+            del state["origin"]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Set every field from ``state`` (a :meth:`state_dict`, e.g. a checkpoint's ``trainer_state.json``).
 
         Raises:
-            KeyError: a counter is missing (``data_identity`` and ``world_size`` may be).
+            KeyError: a counter is missing (``data_identity``, ``world_size`` and ``origin`` may be).
         """
         self.iteration = state["iteration"]
         self.consumed_samples = state["consumed_samples"]
@@ -61,6 +72,7 @@ class TrainerState:
         self.nonfinite_count = state["nonfinite_count"]
         self.data_identity = state.get("data_identity")
         self.world_size = state.get("world_size")
+        self.origin = state.get("origin")
 
     @classmethod
     def from_state_dict(cls, state: dict) -> TrainerState:

@@ -110,6 +110,7 @@ class Trainer:
         self.metrics: MetricsLogger | None = None
         self.resumed_from: Path | None = None  # the checkpoint this run resumed from (None: a fresh start)
         self._resume_root: Path | None = None  # the directory a damaged checkpoint falls back in
+        self._origin: str | None = None  # the checkpoint a checkpoint.load=<path> trajectory starts from
         self.engine = None  # MegatronEngine (CUDA) or CPUEngine, see training.engine
         self.dp_rank: int | None = None  # this rank's place in the data-parallel group (its data shard)
         self.dp_size: int | None = None
@@ -224,8 +225,12 @@ class Trainer:
         saved = TrainerState()  # a fresh start: every counter at 0
         if self.resumed_from is not None:
             saved = self._resume()
-        # the counters go on from the checkpoint's; the data identity and the world size are this run's
-        self.state = dataclasses.replace(saved, data_identity=self.data.identity, world_size=env.world_size)
+        # the counters go on from the checkpoint's; the data identity and the world size are this run's,
+        # and so is the origin where checkpoint.load named where the trajectory starts
+        origin = saved.origin if self._origin is None else self._origin
+        self.state = dataclasses.replace(
+            saved, data_identity=self.data.identity, world_size=env.world_size, origin=origin
+        )
 
     def _check_writable(self) -> None:
         """Exit code 2 (a ValueError) naming the directory, on every rank, when one cannot be written:
@@ -290,6 +295,7 @@ class Trainer:
                 )
             return None
         self._resume_root = None  # where a damaged checkpoint may fall back to an older one
+        self._origin = None  # checkpoint.load=<checkpoint or dir>: the checkpoint the trajectory starts from
         if load == "auto":
             self._resume_root = self.ckpt_root
             found = self._latest(self.ckpt_root)
@@ -308,9 +314,38 @@ class Trainer:
                         f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto "
                         "or none"
                     )
+        if load != "auto":
+            # a trajectory started from this checkpoint: a relaunch with the same checkpoint.load (a
+            # Slurm requeue reruns the same arguments) goes on from the trajectory's own newest save
+            self._origin = str(found.resolve())
+            own = self._own_newer_save(self._origin, found)
+            if own is not None:
+                self.log(
+                    f"checkpoint: checkpoint.load={load} started this run, which has saved since: resuming "
+                    f"from its own newest save, {own} (to start from {found} again, use another "
+                    "runtime.output_dir or checkpoint.dir)"
+                )
+                found, self._resume_root = own, None  # a damaged own save stops: no other trajectory's
         self._note_no_checksums(found)
         self._note_later_checkpoints(found)
         return found
+
+    def _own_newer_save(self, origin: str, start: Path) -> Path | None:
+        """The newest complete checkpoint in ``checkpoint.dir`` above ``start``'s iteration whose
+        trajectory began at ``origin`` (``checkpoint.origin_of``), None if there is none. Found in review
+        (2026-12-06): a run rolled back by ``checkpoint.load=<iter path>`` and preempted went back to
+        that checkpoint at every relaunch of the same command, losing its steps each time."""
+        if not self.cfg.checkpoint.save:
+            return None
+        at = ckpt.iteration_of(start)
+        for it in reversed(ckpt.complete_iterations(self.ckpt_root)):
+            path = ckpt.iter_dir(self.ckpt_root, it)
+            if at is not None and it <= at:
+                break
+            own = path.resolve() != start.resolve() and ckpt.origin_of(path) == origin
+            if own and self._verify(path) is None:
+                return path
+        return None
 
     def _note_later_checkpoints(self, found: Path | None) -> None:
         """Warn when ``checkpoint.dir`` holds iterations above the one resumed (a rollback by

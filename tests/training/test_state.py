@@ -53,6 +53,13 @@ def test_reads_and_writes_the_existing_file_format(tmp_path):
     assert (tmp_path / "again.json").read_text() == OLD_FILE
 
 
+def test_origin_is_written_only_where_set():
+    pinned = TrainerState(**OLD_STATE, origin="/ckpt/iter_0000004")
+    assert pinned.state_dict()["origin"] == "/ckpt/iter_0000004"
+    assert TrainerState.from_state_dict(pinned.state_dict()) == pinned
+    assert "origin" not in TrainerState(**OLD_STATE).state_dict()
+
+
 def test_identity_and_world_size_may_be_missing_the_counters_not():
     old = {"iteration": 4, "consumed_samples": 16, "consumed_tokens": 512, "nonfinite_count": 0}
     state = TrainerState.from_state_dict(old)

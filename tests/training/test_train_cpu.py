@@ -300,14 +300,15 @@ def test_a_rollback_keeps_its_own_checkpoints_and_a_relaunch_follows_them(make_c
         f"checkpoint: WARNING: resuming from iteration 4, while {root} also holds iteration(s) 8: they are "
         "kept and not resumed from, and this run's save at one of those iterations replaces it"
     ) in log.text()
-    assert ckpt.complete_iterations(root) == [5, 8] and (root / ckpt.MARKER).read_text().strip() == "5"
+    # the other trajectory's 4 and 8 are kept (keep_last counts this run's own: 5)
+    assert ckpt.complete_iterations(root) == [4, 5, 8] and (root / ckpt.MARKER).read_text().strip() == "5"
     assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 5)) is None
     # the relaunch (checkpoint.load=auto) follows the marker: step 5's checkpoint, not the other 8
     code, log = train(make_cfg("checkpoint.keep_last=1"))
     assert code == EXIT_DONE, log.text()
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert [e for e in events if e[0] == "resume"][-1] == ("resume", 5) and events[-1] == ("exit", 8)
-    assert ckpt.complete_iterations(root) == [8] and (root / ckpt.MARKER).read_text().strip() == "8"
+    assert ckpt.complete_iterations(root) == [4, 8] and (root / ckpt.MARKER).read_text().strip() == "8"
     again = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"][-3:]
     assert [(r["step"], r["loss"]) for r in again] == [(s, first[s]) for s in (6, 7, 8)]  # same batches
     # a fresh start (checkpoint.load=none) into this checkpoint.dir is refused; nothing is deleted
@@ -316,7 +317,7 @@ def test_a_rollback_keeps_its_own_checkpoints_and_a_relaunch_follows_them(make_c
     assert code == EXIT_CONFIG, log.text()
     assert (
         f"pretrain_llama: configuration error: checkpoint.load=none starts from scratch, but checkpoint.dir "
-        f"{root} holds checkpoints (iteration(s) 8) that this run's saves would be mixed with, replacing "
+        f"{root} holds checkpoints (iteration(s) 4, 8) that this run's saves would be mixed with, replacing "
         "those at the same iterations: to go on from them (a preempted run's relaunch) set "
         "checkpoint.load=auto; to start from scratch use another runtime.output_dir or checkpoint.dir; "
         "nothing was deleted"
@@ -329,6 +330,50 @@ def test_a_rollback_keeps_its_own_checkpoints_and_a_relaunch_follows_them(make_c
         "done: already trained 8 of 8 steps (to train again, use another runtime.output_dir or "
         "checkpoint.dir)"
     )
+
+
+def test_a_pinned_start_relaunched_resumes_its_own_save_and_keeps_the_other_runs(make_cfg, train, tmp_path):
+    """Found in review (2026-12-06): a run started by ``checkpoint.load=<iter path>`` and stopped went
+    back to that checkpoint when the same command was relaunched (a Slurm requeue reruns the same
+    arguments), losing its steps; and pruning, once its saves passed the other run's iterations, kept
+    the other run's and deleted its own. Now the trajectory records its origin (``TrainerState.origin``):
+    the relaunch resumes its own newest save, and ``keep_last`` counts only its checkpoints."""
+    from training.signals import EXIT_TIME_BUDGET
+
+    long = ("training.train_iters=12", "checkpoint.keep_last=3")
+    code, log = train(make_cfg(*long))  # iterations 4, 8 and 12
+    assert code == EXIT_DONE, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    first = {r["step"]: r["loss"] for r in metrics(tmp_path / "run") if r["kind"] == "train"}
+    pin = ckpt.iter_dir(root, 4)
+    # back to step 4, saving every 3 steps and keeping 2: one step, then the time budget's stop save
+    command = (
+        f"checkpoint.load={pin}",
+        "training.train_iters=12",
+        "checkpoint.save_interval=3",
+        "checkpoint.keep_last=2",
+    )
+    code, log = train(make_cfg(*command, "runtime.exit_duration_mins=0.001"))
+    assert code == EXIT_TIME_BUDGET, log.text()
+    assert ckpt.complete_iterations(root) == [4, 5, 8, 12] and ckpt.origin_of(ckpt.iter_dir(root, 5)) == str(
+        pin
+    )
+    assert ckpt.origin_of(pin) is None and ckpt.origin_of(ckpt.iter_dir(root, 8)) is None
+    code, log = train(make_cfg(*command))  # the same command again, as a requeue runs it
+    assert code == EXIT_DONE, log.text()
+    assert (
+        f"checkpoint: checkpoint.load={pin} started this run, which has saved since: resuming from its own "
+        f"newest save, {ckpt.iter_dir(root, 5)} (to start from {pin} again, use another "
+        "runtime.output_dir or checkpoint.dir)"
+    ) in log.text()
+    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
+    assert [e for e in events if e[0] == "resume"][-1] == ("resume", 5) and events[-1] == ("exit", 12)
+    again = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"][-7:]
+    assert [(r["step"], r["loss"]) for r in again] == [(s, first[s]) for s in range(6, 13)]  # same batches
+    # its own 9 and 12 (keep_last 2; 12 replaced the other run's); the other run's 4 and 8 kept, not counted
+    assert ckpt.complete_iterations(root) == [4, 8, 9, 12]
+    assert [ckpt.origin_of(ckpt.iter_dir(root, it)) for it in (9, 12)] == [str(pin)] * 2
+    assert (root / ckpt.MARKER).read_text().strip() == "12"
 
 
 # out-of-memory errors raised outside PyTorch's caching allocator (training/out_of_memory.py); the
