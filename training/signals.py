@@ -28,6 +28,12 @@ Exit codes of ``pretrain_llama.py``:
 | 6 | out of GPU memory (``training.out_of_memory``): nothing saved, the message says what to change |
 | 130 | stopped at once by a second Ctrl-C (killed by SIGINT) or by one before the loop: nothing saved |
 
+SIGTERM or SIGUSR1 before the loop (start-up: the process group, the model, the data, the checkpoint
+load, minutes for an 8B resume) raises :class:`StartupStop` there (:func:`install_startup_stop`): the
+trainer says so in one line and exits with :data:`EXIT_PREEMPTED` at once, nothing being left to
+save, so that the launchers requeue the job (found in review, 2026-12-06: the default action ended the
+process with 143 and torchrun's launcher with 1, neither requeued).
+
 Code 2 always comes with a message naming what to change; so does code 6, which the launchers do
 not requeue (the same config would run out of memory again). The output and checkpoint directories are
 test-written at start-up, before the first step; "no usable checkpoint" means ``iter_*`` directories
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 __all__ = [
@@ -49,7 +56,11 @@ __all__ = [
     "EXIT_OUT_OF_MEMORY",
     "EXIT_PREEMPTED",
     "EXIT_TIME_BUDGET",
+    "StartupStop",
     "StopFlags",
+    "end_startup_stop",
+    "install_startup_stop",
+    "restore_handlers",
     "write_exit_code",
 ]
 
@@ -84,6 +95,44 @@ def write_exit_code(code: int, *, any_rank: bool = False) -> None:
     with open(tmp, "w") as f:
         f.write(f"{code}\n")
     os.replace(tmp, path)
+
+
+class StartupStop(BaseException):
+    """SIGTERM or SIGUSR1 during the start-up (module docstring); ``signum`` is the signal. A
+    BaseException, as KeyboardInterrupt, so that no ``except Exception`` of the start-up takes it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+STARTUP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _raise_startup_stop(signum, frame):
+    raise StartupStop(signum)
+
+
+def install_startup_stop() -> dict:
+    """SIGTERM and SIGUSR1 raise :class:`StartupStop` from here on; returns the handlers they had,
+    for :func:`restore_handlers` (empty outside the main thread, where Python sets no handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _raise_startup_stop) for sig in STARTUP_SIGNALS}
+
+
+def end_startup_stop() -> None:
+    """The start-up is over (the loop installs :class:`StopFlags`): SIGTERM and SIGUSR1 back to their
+    default action, which :class:`StopFlags` restores after the loop."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in STARTUP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def restore_handlers(previous: dict) -> None:
+    """Give the signals of ``previous`` (:func:`install_startup_stop`'s result) their handlers back."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 class StopFlags:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -57,13 +58,32 @@ from fp4_attention.backends import deterministic_mode as fa_deterministic_mode
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data_setup import DataBundle, build_data, micro_batches, validation_micro_batches
-from .distenv import DistEnv, all_gather_objects, init_distributed, init_model_parallel, shutdown
+from .distenv import (
+    DistEnv,
+    all_gather_objects,
+    init_distributed,
+    init_model_parallel,
+    ranks_from_env,
+    shutdown,
+)
 from .metrics import MetricsLogger, run_meta
 from .out_of_memory import out_of_memory_error
 from .plan import Plan, format_plan, make_plan, out_of_memory_text
 from .resolved import resolved_dict
 from .schedule import lr_at
-from .signals import EXIT_CONFIG, EXIT_DONE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, StopFlags, write_exit_code
+from .signals import (
+    EXIT_CONFIG,
+    EXIT_DONE,
+    EXIT_NONFINITE,
+    EXIT_OUT_OF_MEMORY,
+    EXIT_PREEMPTED,
+    StartupStop,
+    StopFlags,
+    end_startup_stop,
+    install_startup_stop,
+    restore_handlers,
+    write_exit_code,
+)
 from .state import TrainerState
 from .writable import check_writable_dir
 
@@ -124,6 +144,35 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- set-up
     def run(self) -> int:
+        """Train (module docstring); returns the exit code (``training.signals``)."""
+        previous = install_startup_stop()  # SIGTERM/SIGUSR1 before the loop: exit code 3 at once
+        try:
+            return self._run_process()
+        except StartupStop as stop:
+            return self._stopped_at_startup(stop.signum)
+        finally:
+            restore_handlers(previous)
+
+    def _stopped_at_startup(self, signum: int) -> int:
+        """The line (rank 0, stderr) and the exit event (where the metrics file is open) of a SIGTERM
+        or SIGUSR1 during the start-up; :data:`EXIT_PREEMPTED`."""
+        root = self.ckpt_root
+        held = ckpt.complete_iterations(root) if root is not None and Path(root).is_dir() else []
+        where = f"the newest complete checkpoint in {root}" if held else "step 0 (no checkpoint yet)"
+        text = (
+            f"preempted ({signal.Signals(signum).name}) during start-up, before this launch's first step: "
+            f"nothing to save; the same command relaunched resumes from {where}"
+        )
+        if self.metrics is not None and self.metrics.enabled:  # rank 0, its log and metrics.jsonl
+            step = self.state.iteration  # or, during the load, the iteration being resumed
+            if not step and self.resumed_from is not None:
+                step = ckpt.iteration_of(self.resumed_from) or 0
+            self.metrics.event(step, "exit", text)
+        elif ranks_from_env()[0] == 0:
+            self._print_error(f"pretrain_llama: {text}")
+        return EXIT_PREEMPTED
+
+    def _run_process(self) -> int:
         cfg = self.cfg
         use_cuda = torch.cuda.is_available()
         # torch's deterministic mode as found, restored at the end: a run leaves it as it was
@@ -137,6 +186,8 @@ class Trainer:
         self.log_error = self._print_error if env.is_main else (lambda *_: None)
         try:
             return self._run(use_cuda)
+        except StartupStop as stop:  # before the loop: its metrics file, if any, still open
+            return self._stopped_at_startup(stop.signum)
         finally:
             if self.metrics is not None:
                 self.metrics.close()
@@ -479,6 +530,7 @@ class Trainer:
             from .telemetry import AttentionTelemetry
 
             telemetry = AttentionTelemetry(eng.model)
+        end_startup_stop()  # from here the loop's handlers: finish the step, save, exit 3
         flags = StopFlags(
             exit_duration_mins=cfg.runtime.exit_duration_mins,
             saving=cfg.checkpoint.save,

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from training import checkpoint as ckpt
@@ -144,3 +145,51 @@ def test_second_ctrl_c_stops_at_once():
         "pretrain_llama: Ctrl-C: finishing this step, then saving a checkpoint and exiting with code 3; "
         "press Ctrl-C again to stop at once without saving\n"
     )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("stage", ["build_data", "load"])
+def test_a_signal_during_start_up_exits_3_at_once(make_cfg, train, tmp_path, monkeypatch, sig, stage):
+    """Found in review (2026-12-06): SIGTERM or SIGUSR1 before the loop (here while the data is built,
+    or while a checkpoint loads: minutes for an 8B resume) ended the process by the signal's default
+    action (143; torchrun's launcher 1), which the launchers do not requeue. Now: exit code 3 at once,
+    one line, nothing written to the checkpoints; the relaunch resumes."""
+    import training.trainer as trainer_module
+    from training.engine_cpu import CPUEngine
+
+    code, log = train(make_cfg("training.train_iters=4"))  # a checkpoint of step 4 to resume
+    assert code == 0, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    before = sorted(p.name for p in root.iterdir())
+    owner, name = (trainer_module, "build_data") if stage == "build_data" else (CPUEngine, "load")
+    real = getattr(owner, name)
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), sig)  # the handler runs at the next bytecode: inside the start-up
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, signalled)
+    code, log = train(
+        make_cfg(
+            "training.train_iters=8", "checkpoint.allow_config_change=[training.train_iters,data.identity]"
+        )
+    )
+    assert code == EXIT_PREEMPTED, log.text()
+    text = (
+        f"preempted ({signal.Signals(sig).name}) during start-up, before this launch's first step: nothing "
+        f"to save; the same command relaunched resumes from the newest complete checkpoint in {root}"
+    )
+    # the metrics file is open by then: the exit event, at the step being resumed
+    assert metrics(tmp_path / "run")[-1] == {"kind": "event", "step": 4, "event": "exit", "detail": text}
+    assert f"[exit] step 4: {text}" in log.text()
+    assert sorted(p.name for p in root.iterdir()) == before
+    assert signal.getsignal(sig) is signal.SIG_DFL  # the handlers found, given back
+    monkeypatch.undo()
+    code, log = train(
+        make_cfg(
+            "training.train_iters=8", "checkpoint.allow_config_change=[training.train_iters,data.identity]"
+        )
+    )
+    assert code == 0, log.text()
+    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
+    assert [e for e in events if e[0] == "resume"][-1] == ("resume", 4) and events[-1] == ("exit", 8)
