@@ -149,24 +149,17 @@ class MetricsLogger:
             except ImportError:
                 self._tb_dir = "off: the 'tensorboard' package is not installed (bash scripts/bootstrap.sh)"
                 log("logging: TensorBoard skipped (the 'tensorboard' package is not installed)")
-        if cfg.logging.wandb_mode != "disabled":
-            try:
-                import wandb
-            except ImportError:
-                log(
-                    f"logging: wandb skipped (wandb_mode={cfg.logging.wandb_mode} but the 'wandb' package is "
-                    "not "
-                    "installed: pip install -e '.[wandb]')"
-                )
-            else:
-                self._wandb = wandb.init(
-                    project=cfg.logging.wandb_project,
-                    mode=cfg.logging.wandb_mode,
-                    dir=str(output_dir),
-                    config=None,
-                    resume="allow",
-                )
-                log(f"logging: wandb {cfg.logging.wandb_mode}, project {cfg.logging.wandb_project}")
+        if cfg.logging.wandb_mode != "disabled":  # installed: the trainer checked (exit code 2 if not)
+            import wandb
+
+            self._wandb = wandb.init(
+                project=cfg.logging.wandb_project,
+                mode=cfg.logging.wandb_mode,
+                dir=str(output_dir),
+                config=None,
+                resume="allow",
+            )
+            log(f"logging: wandb {cfg.logging.wandb_mode}, project {cfg.logging.wandb_project}")
 
     def write_meta(self, meta: dict) -> None:
         if not self.enabled:

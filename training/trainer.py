@@ -44,6 +44,7 @@ says that nothing was saved.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import signal
 import sys
@@ -223,6 +224,14 @@ class Trainer:
             )
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
         self._check_writable()
+        if cfg.logging.wandb_mode != "disabled" and importlib.util.find_spec("wandb") is None:
+            # every rank, before anything is written (found in review, 2026-12-06: the run went on
+            # without wandb, and its summary said logging.wandb_mode=disabled)
+            raise MissingDependencyError(
+                f"logging.wandb_mode={cfg.logging.wandb_mode} needs the 'wandb' package, which is not "
+                "installed here: pip install -e '.[wandb]' in the job's environment, or "
+                "logging.wandb_mode=disabled"
+            )
         self.metrics = MetricsLogger(self.output_dir, cfg=cfg, enabled=env.is_main, log=log)
         log(
             f"pretrain_llama: {'CUDA' if use_cuda else 'CPU'} run, {env.world_size} process(es), "

@@ -452,3 +452,22 @@ def test_start_up_warns_of_passes_over_the_sample_corpus():
     lines.clear()
     build_data(load_config(None), model_vocab_size=cfg.llama().vocab_size, log=lines.append)
     assert not [line for line in lines if "warning" in line], lines
+
+
+def test_wandb_asked_for_but_not_installed_stops_before_writing(make_cfg, train, tmp_path):
+    """Found in review (2026-12-06): logging.wandb_mode=online without the package trained on, and the
+    summary then said wandb_mode=disabled. Now: exit code 2 at start-up, naming both remedies."""
+    import importlib.util
+
+    from training.signals import EXIT_CONFIG
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    code, log = train(make_cfg("logging.wandb_mode=offline"))
+    assert code == EXIT_CONFIG, log.text()
+    assert (
+        "pretrain_llama: configuration error: logging.wandb_mode=offline needs the 'wandb' package, which "
+        "is not installed here: pip install -e '.[wandb]' in the job's environment, or "
+        "logging.wandb_mode=disabled"
+    ) in log.text()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
