@@ -131,6 +131,9 @@ class MetricsLogger:
         self._tb = None
         self._tb_dir: Path | str = "off (logging.tensorboard=false)"  # the directory, or why there is none
         self._wandb = None
+        # (records, first step, last step) of the training records already in the metrics file (an
+        # earlier launch's), None if it holds none
+        self.earlier_train_steps: tuple[int, int, int] | None = None
         self._bar = None
         self._t_launch = time.perf_counter()  # the launch's clock: elapsed, ETA and the summary's wall time
         self.progress: LaunchProgress | None = None  # set by start_progress()
@@ -138,6 +141,7 @@ class MetricsLogger:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
         self.path = output_dir / cfg.logging.metrics_file
+        self.earlier_train_steps = _train_steps(self.path)
         self._file = open(self.path, "a", buffering=1)
         if cfg.logging.tensorboard:
             try:
@@ -339,3 +343,22 @@ class MetricsLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _train_steps(path: Path) -> tuple[int, int, int] | None:
+    """(records, first step, last step) of the ``"kind": "train"`` records of metrics file ``path``,
+    None when it does not exist or holds none (lines that are not JSON are skipped)."""
+    if not path.is_file():
+        return None
+    steps = []
+    with open(path) as f:
+        for line in f:
+            if '"train"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("kind") == "train" and isinstance(rec.get("step"), int):
+                steps.append(rec["step"])
+    return (len(steps), min(steps), max(steps)) if steps else None

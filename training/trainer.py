@@ -523,6 +523,14 @@ class Trainer:
                 f"from {self.resumed_from} (consumed_samples {st.consumed_samples})",
             )
         else:
+            if m.enabled and m.earlier_train_steps is not None:  # found in review, 2026-12-06
+                n, first, last = m.earlier_train_steps
+                self.log(
+                    f"metrics: WARNING: a fresh start, but {m.path} already holds {n} training record(s) of "
+                    f"an earlier run (steps {first}-{last}): this run's are appended after them, and readers "
+                    "that keep the last record of each step mix the two; use another runtime.output_dir to "
+                    "keep runs apart"
+                )
             m.event(0, "start", f"fresh start, {cfg.train_iters} steps")
         total = cfg.train_iters
         if st.iteration >= total:

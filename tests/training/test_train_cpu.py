@@ -471,3 +471,18 @@ def test_wandb_asked_for_but_not_installed_stops_before_writing(make_cfg, train,
         "logging.wandb_mode=disabled"
     ) in log.text()
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_fresh_start_into_a_run_directory_with_metrics_warns(make_cfg, train, tmp_path):
+    """Found in review (2026-12-06): two runs without checkpoints (checkpoint.save=false, e.g. a bf16
+    and an fp8 benchmark) in one runtime.output_dir appended to one metrics.jsonl without a word."""
+    over = ("checkpoint.save=false", "training.train_iters=3", "validation.interval=0")
+    code, log = train(make_cfg(*over, "attention.recipe=bf16"))
+    assert code == EXIT_DONE and "metrics: WARNING" not in log.text(), log.text()
+    code, log = train(make_cfg(*over))
+    assert code == EXIT_DONE, log.text()
+    assert (
+        f"metrics: WARNING: a fresh start, but {tmp_path / 'run' / 'metrics.jsonl'} already holds 3 training "
+        "record(s) of an earlier run (steps 1-3): this run's are appended after them, and readers that keep "
+        "the last record of each step mix the two; use another runtime.output_dir to keep runs apart"
+    ) in log.text()
