@@ -64,6 +64,13 @@ TRAINER_CHOICES = {"projection": {"precision": PROJECTION_PRECISIONS}}
 NONFINITE_POLICIES = ("skip", "stop")
 WANDB_MODES = ("disabled", "offline", "online")
 TOKENIZER_KINDS = ("llama3", "hf")
+# the choices of string keys, named when YAML turned a value into a boolean (_coerce)
+STRING_CHOICES = {
+    "projection.precision": PROJECTION_PRECISIONS,
+    "runtime.nonfinite": NONFINITE_POLICIES,
+    "logging.wandb_mode": WANDB_MODES,
+    "data.tokenizer": TOKENIZER_KINDS,
+}
 
 
 # ----------------------------------------------------------------------------------------- sections
@@ -457,6 +464,16 @@ def _coerce(name: str, typ, value):
     if typ is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, bool):  # found in review, 2026-12-06: logging.wandb_mode=yes
+            raise ValueError(
+                f"{name} must be a string, got {value!r}: YAML reads an unquoted yes, no, on, off, true "
+                "or false as a boolean; "
+                + (
+                    f"choose one of {', '.join(STRING_CHOICES[name])}"
+                    if name in STRING_CHOICES
+                    else "quote the value"
+                )
+            )
         raise ValueError(f"{name} must be a string, got {value!r}")
     return value
 

@@ -185,3 +185,20 @@ def test_8b_configs_differ_only_in_precision():
         t.adam_eps,
         t.clip_grad,
     ) == (3e-4, 3e-5, 2000, 0.1, 0.9, 0.95, 1e-8, 1.0)
+
+
+@pytest.mark.parametrize(
+    "override, tail",
+    [
+        ("logging.wandb_mode=yes", "choose one of disabled, offline, online"),
+        ("runtime.nonfinite=on", "choose one of skip, stop"),
+        ("runtime.output_dir=no", "quote the value"),
+    ],
+)
+def test_a_yaml_boolean_for_a_string_key_says_why(override, tail):
+    """Found in review (2026-12-06): ``logging.wandb_mode=yes`` said only "must be a string, got True"."""
+    with pytest.raises(
+        ValueError, match="YAML reads an unquoted yes, no, on, off, true or false as a boolean; "
+    ) as e:
+        load_config(None, [override])
+    assert str(e.value).endswith(tail)
