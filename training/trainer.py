@@ -211,9 +211,15 @@ class Trainer:
         # the deterministic mode the attention calls will see (interface.attention reads torch's):
         # runtime.deterministic sets it in run(), but it may be on already (an earlier run in-process)
         deterministic = cfg.runtime.deterministic or fa_deterministic_mode()
-        attention, why = cfg.attention.resolve(
-            torch.device("cuda" if use_cuda else "cpu"), deterministic=deterministic
-        )
+        try:
+            attention, why = cfg.attention.resolve(
+                torch.device("cuda" if use_cuda else "cpu"), deterministic=deterministic
+            )
+        except ValueError as err:  # the library's words name its argument; the config key is the user's
+            raise ValueError(
+                f"attention.backend={cfg.attention.backend}: {err} (in the config: attention.backend=auto "
+                "picks the fastest that runs here, attention.backend=reference runs anywhere)"
+            ) from None
         self.cfg = cfg = cfg.replace(attention=attention)
         self.resolved = resolved_dict(cfg)
         self.output_dir = make_dirs(cfg.runtime.output_dir, what="the run directory (runtime.output_dir)")
@@ -370,9 +376,16 @@ class Trainer:
                 self._resume_root = path
                 found = self._latest(path)
                 if found is None:
+                    inner = path / "checkpoints"  # a run directory named instead of its checkpoints'
+                    hint = (
+                        f" (did you mean {inner}, the checkpoint directory inside it, or one of its "
+                        f"{ckpt.ITER_PREFIX}* folders?)"
+                        if ckpt.complete_iterations(inner)
+                        else ""
+                    )
                     raise ValueError(
-                        f"checkpoint.load={load} holds no complete checkpoint; use checkpoint.load=auto "
-                        "or none"
+                        f"checkpoint.load={load} holds no complete checkpoint{hint}; use "
+                        "checkpoint.load=auto or none, or name a checkpoint directory or an iter_* folder"
                     )
         if load != "auto":
             # a trajectory started from this checkpoint: a relaunch with the same checkpoint.load (a

@@ -486,3 +486,27 @@ def test_a_fresh_start_into_a_run_directory_with_metrics_warns(make_cfg, train, 
         "record(s) of an earlier run (steps 1-3): this run's are appended after them, and readers that keep "
         "the last record of each step mix the two; use another runtime.output_dir to keep runs apart"
     ) in log.text()
+
+
+def test_start_up_errors_name_the_config_keys(make_cfg, train, tmp_path):
+    """Found in review (2026-12-06): the backend error named the library's argument
+    (``backend='reference'``), and a run directory given to checkpoint.load had no hint."""
+    from training.signals import EXIT_CONFIG
+
+    code, log = train(make_cfg("attention.backend=triton"))
+    assert code == EXIT_CONFIG
+    assert (
+        "pretrain_llama: configuration error: attention.backend=triton: triton backend needs a CUDA device, "
+        "not cpu; use backend='reference' (in the config: attention.backend=auto picks the fastest that runs "
+        "here, attention.backend=reference runs anywhere)"
+    ) in log.text()
+    code, log = train(make_cfg("training.train_iters=4"))  # a run with a checkpoint (step 4)
+    assert code == EXIT_DONE, log.text()
+    run = tmp_path / "run"
+    code, log = train(make_cfg(f"checkpoint.load={run}", run="other"))
+    assert code == EXIT_CONFIG, log.text()
+    assert (
+        f"checkpoint.load={run} holds no complete checkpoint (did you mean {run / 'checkpoints'}, the "
+        "checkpoint directory inside it, or one of its iter_* folders?); use checkpoint.load=auto or none, "
+        "or name a checkpoint directory or an iter_* folder"
+    ) in log.text()
