@@ -147,7 +147,8 @@ def verify_indexed_dataset(
         if lo < 0 or max_token >= vocab_size:
             raise VocabSizeError(
                 f"{bp} holds token ids in [{lo}, {max_token}] but the vocabulary has {vocab_size} ids: "
-                "the data was tokenized with a different (larger) tokenizer than the model's"
+                "the data was tokenized with a different (larger) tokenizer than the model's, or the "
+                ".bin is damaged (a flipped bit, a bad copy): prepare it again (python -m data.prepare)"
             )
     del raw
     return IndexedSummary(

@@ -204,9 +204,9 @@ def check_split_parts(summaries: dict, split: str) -> None:
         for name, part in zip(("train", "valid", "test"), matrix, strict=True):
             if part is not None and int(round(part[1] * n)) == int(round(part[0] * n)):
                 raise DataError(
-                    f"split {split!r} gives the {name} part none of the {n} sequences of {prefix} "
-                    "(megatron-core would build it empty and never return): give that part weight 0 "
-                    "in the split (data.split), or more data to the prefix"
+                    f"split {split!r} gives the {name} part none of the {n} documents (indexed sequences) "
+                    f"of {prefix} (megatron-core would build it empty and never return): give that part "
+                    "weight 0 in the split (data.split), or more data to the prefix"
                 )
 
 
