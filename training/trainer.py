@@ -158,20 +158,25 @@ class Trainer:
         """The line (rank 0, stderr) and the exit event (where the metrics file is open) of a SIGTERM
         or SIGUSR1 during the start-up; :data:`EXIT_PREEMPTED`."""
         root = self.ckpt_root
-        held = ckpt.complete_iterations(root) if root is not None and Path(root).is_dir() else []
+        held = ckpt.complete_iterations(root) if root is not None else []
         where = f"the newest complete checkpoint in {root}" if held else "step 0 (no checkpoint yet)"
         text = (
             f"preempted ({signal.Signals(signum).name}) during start-up, before this launch's first step: "
             f"nothing to save; the same command relaunched resumes from {where}"
         )
         if self.metrics is not None and self.metrics.enabled:  # rank 0, its log and metrics.jsonl
-            step = self.state.iteration  # or, during the load, the iteration being resumed
-            if not step and self.resumed_from is not None:
-                step = ckpt.iteration_of(self.resumed_from) or 0
-            self.metrics.event(step, "exit", text)
+            self.metrics.event(self._stop_step(), "exit", text)
         elif ranks_from_env()[0] == 0:
             self._print_error(f"pretrain_llama: {text}")
         return EXIT_PREEMPTED
+
+    def _stop_step(self) -> int:
+        """The step an exit event outside the loop names: the last completed one, or at start-up the
+        iteration of the checkpoint being resumed (0 for a fresh start)."""
+        step = self.state.iteration
+        if not step and self.resumed_from is not None:
+            step = ckpt.iteration_of(self.resumed_from) or 0
+        return step
 
     def _run_process(self) -> int:
         cfg = self.cfg
@@ -719,11 +724,7 @@ class Trainer:
             )
         write_exit_code(EXIT_OUT_OF_MEMORY, any_rank=True)
         if self.metrics is not None and self.metrics.enabled:  # rank 0: the exit event and summary
-            # the run's step: the last completed one, or at start-up the checkpoint being resumed
-            step = self.state.iteration
-            if not step and self.resumed_from is not None:
-                step = ckpt.iteration_of(self.resumed_from) or 0
-            self._exit(step, EXIT_OUT_OF_MEMORY, text)
+            self._exit(self._stop_step(), EXIT_OUT_OF_MEMORY, text)
         else:
             rank = f"rank {env.rank}: " if env.world_size > 1 else ""
             self._print_error(f"pretrain_llama: {rank}{text}")
