@@ -129,13 +129,11 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, head_loop=False):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on descriptors of CUDA operands
     (``arguments.cute_operand``, no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
-    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS);
-    ``head_loop``: one CTA per KV head running the group's query heads (BF16 dK/dV outputs, as for
-    MHA)."""
+    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
     import cutlass
     import torch
     from cutlass import cute
@@ -159,13 +157,13 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, head
     args.append(cute_operand(torch.zeros(b, hq, d, s, dtype=e5).permute(0, 3, 1, 2), 1))  # dO^T
     args += [vec(b, hq, s) for _ in range(4)] + [vec(b, hkv, s) for _ in range(2)]
     args += [vec(b, hq), vec(b, hkv, d), vec(b, hq, s * d, align=16)]
-    if group == 1 or head_loop:
+    if group == 1:
         args += [bshd(hkv, bf), bshd(hkv, bf)]
     else:
         args += [vec(b, hkv, s * d, align=16) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, head_loop=head_loop),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
         cutlass.Float32(0.1),
         stream,
@@ -173,11 +171,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, head
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, head_loop=False) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, head_loop=head_loop)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -193,7 +191,6 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, head_l
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
-        **({"head_loop": True} if head_loop else {}),
         "dsl_compiler": _dsl_compiler(),
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
@@ -290,10 +287,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default="128,128,2")
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
-    p.add_argument("--head-loop", action="store_true", help="backward: a CTA per KV head runs its group")
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, a.head_loop)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(

@@ -146,29 +146,3 @@ def test_backward_fp8_one_ds(group):
     assert loop["F2FP"] == two_loop["F2FP"] - 16, (loop, two_loop)  # one dS conversion (pairs)
     assert loop["instructions"] < two_loop["instructions"] - 60, (loop, two_loop)
     assert loop["STL"] == 0 and loop["LDL"] == 0 and one["STL"] == 0, (loop, one)
-
-
-def test_backward_head_loop_keeps_the_loop():
-    """The backward's ``head_loop`` (GQA: one CTA runs the group's query heads, dK/dV stored once in
-    BF16): the loop body appears once (no peeled first block: dK/dV accumulate from zeroed
-    registers), with the default's products, exponentials and no spills in it; the runtime flag
-    that hands the previous block's dQ tile over costs at most 16 instructions per trip (fp8, GQA
-    4, D128 causal: 468 -> 480 on the CPU machine's DSL build). The default kernel's SASS is
-    unchanged by the option's code path (``sass_sha256`` equal to that of the tree before it, for
-    fp8 GQA 4 D128 causal, qk_bf16 GQA 4 D128 causal and MHA D64 non-causal, checked when the
-    option was added)."""
-    base = _bwd_report(True, 4, 128, False)
-    rep = _bwd_report(True, 4, 128, False, True)
-    (loop,), (base_loop,) = rep["inner_loops"], base["inner_loops"]
-    assert (rep["QGMMA"], rep["HGMMA"]) == (base["QGMMA"] // 2, base["HGMMA"] // 2), rep
-    for k in ("QGMMA", "MUFU", "F2FP", "FFMA", "FMUL", "STL", "LDL"):
-        assert loop[k] == base_loop[k], (k, loop, base_loop)
-    assert loop["instructions"] <= base_loop["instructions"] + 16, (loop, base_loop)
-    assert rep["STL"] == 0 and rep["LDL"] == 0, rep
-
-
-def test_backward_head_loop_refuses_mha():
-    from fp4_attention.backends.cute.bwd_sm90 import FP8BackwardSm90
-
-    with pytest.raises(ValueError, match="head_loop is for GQA"):
-        FP8BackwardSm90(128, 1, True, head_loop=True)

@@ -381,9 +381,7 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def backward_operands(
-    state: SavedState, dout: torch.Tensor, softmax_scale: float, head_loop: bool = False
-) -> dict:
+def backward_operands(state: SavedState, dout: torch.Tensor, softmax_scale: float) -> dict:
     """The backward kernel's operands from the forward's :class:`SavedState` and BF16 ``dout``
     ``[B, Hq, Sq, D]``: dO's E5M2 codes in both layouts, D, the per-query vectors padded to a
     multiple of the backward's ``tile_m`` (stat -inf, the others 0) and the BF16 image of the Q
@@ -396,9 +394,7 @@ def backward_operands(
     2^-LIFT), as ``reference_backward`` defines the recipe's dQ/dK.
     ``nvfp4qk_fp8pv`` state (NVFP4 Q/K): the BF16 images are the exact decodes ``s_b * q`` (Q by
     ``decode_nvfp4_rows``), the token scales the per-head global scales broadcast per token, and
-    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those).
-    ``head_loop`` (GQA; ``FP8BackwardSm90(head_loop=True)``): dK and dV are BF16 outputs the kernel
-    stores once per KV block, as without GQA, not FP32 accumulators."""
+    ``q8`` / ``k8`` are the BF16 images too (the kernel's ``qk_bf16`` S^T reads only those)."""
     tile_m, tile_n = BWD_TILES
     q_s, k_s, v_s = state.q, state.k, state.v
     nvfp4 = isinstance(q_s, NVFP4Tensor)
@@ -410,8 +406,7 @@ def backward_operands(
     # the dO amax pass's per-head amax and flag (2 * B * Hq words): one launch for both
     dq_shape = (b, hq, _round_up(sq, tile_m) * d)
     kv_shape = (b, hkv, _round_up(sk, tile_n) * d)
-    kv_accumulated = hq != hkv and not head_loop  # FP32 dK/dV accumulators each query head adds into
-    n_dq, n_kv = math.prod(dq_shape), (math.prod(kv_shape) if kv_accumulated else 0)
+    n_dq, n_kv = math.prod(dq_shape), (0 if hq == hkv else math.prod(kv_shape))
     acc = torch.zeros(n_dq + 2 * n_kv + 2 * b * hq, dtype=torch.float32, device=dout.device)
     if nvfp4:  # the per-head scale expanded over the queries: read through its strides, not copied
         q_scale = q_s.global_scale.reshape(b, hq, 1).float().expand(b, hq, sq)
@@ -452,7 +447,7 @@ def backward_operands(
     )
     ops["acc"] = acc  # dQ's accumulator, then GQA's dK's and dV's (triton.bwd_post reads them in one)
     ops["dq_accum"] = acc[:n_dq].view(dq_shape)
-    if not kv_accumulated:  # written by the kernel, in the layout of the forward's output (the caller's)
+    if hq == hkv:  # written by the kernel, in the layout of the forward's output (the caller's)
         ops["dk"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
         ops["dv"] = empty_in_layout_of(state.out, (b, hkv, sk, d))
     else:
@@ -472,13 +467,10 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(
-    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, head_loop: bool = False
-):
-    flags = (("qk_bf16", qk_bf16), ("head_loop", head_loop))
-    key = ("bwd", d, group, causal) + tuple(name for name, on in flags if on)
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, head_loop=head_loop)
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
         cute_args.append(cute_operand(args[6], leading_dim=1))
@@ -494,18 +486,13 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
-def backward_fp8(
-    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, head_loop: bool = False
-):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
     scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). The FP32
-    accumulators become BF16 in :func:`postprocess_gradients`. ``head_loop`` (a measurement option
-    for GQA, off by default; without GQA it changes nothing): one CTA per KV block and KV head runs
-    the group's query heads in turn and stores dK/dV once in BF16 (``FP8BackwardSm90(head_loop=True)``:
-    no FP32 dK/dV accumulators, fill or conversion for them).
+    accumulators become BF16 in :func:`postprocess_gradients`.
 
     Raises:
         ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
@@ -522,10 +509,9 @@ def backward_fp8(
             "(E4M3 or NVFP4 Q/K, E4M3 V); for another recipe's state use backend='triton' or 'reference'"
         )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
-    head_loop = head_loop and hq != hkv
-    ops = backward_operands(state, dout, softmax_scale, head_loop)  # dout read in place
+    ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, head_loop)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     return postprocess_gradients(ops, state, softmax_scale)
 
@@ -560,8 +546,7 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
 
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward and the backward's measurement option ``head_loop``
-    (GQA: :func:`backward_fp8`), for benchmarks, tests and ``tools/fidelity.py``."""
+    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks, tests and ``tools/fidelity.py``."""
 
     spec = SPEC
 
@@ -576,7 +561,6 @@ class CuteBackend:
         softmax_scale: float,
         tiles=None,
         rope=None,
-        head_loop: bool = False,
     ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
@@ -584,7 +568,6 @@ class CuteBackend:
         kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
         at ``tiles``, by default :func:`default_tiles`.
         ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
-        ``head_loop`` is the backward's option (:meth:`backward`); the forward takes and ignores it.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
@@ -613,9 +596,7 @@ class CuteBackend:
         causal: bool,
         softmax_scale: float,
         tiles=None,
-        head_loop: bool = False,
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
-        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``);
-        ``head_loop``: dK/dV of a GQA group in one CTA (:func:`backward_fp8`)."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, head_loop=head_loop)
+        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``)."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

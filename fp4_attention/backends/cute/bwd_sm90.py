@@ -47,12 +47,6 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
   stores waited for them (5.5% of the stall samples at B4 causal); the split made the backward 2.3%
   faster (results/cute_bwd_schedule_h200/).
 
-``head_loop`` (a measurement option for GQA, off by default): one CTA per (KV block, KV head, batch)
-runs the group's query heads one after another in the scheduler's launch order (its own producer,
-consumer and dQ-warp head loops; FA4's epilogue and argument layouts configured as for MHA), so dK
-and dV stay in registers across the group and are stored once in BF16 instead of bulk-added in
-FP32 by each query head (no FP32 dK/dV accumulators, their fill, bulk adds or conversion).
-
 Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). Requires
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
 """
@@ -101,16 +95,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
             payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
             read (module docstring: where the token scales go).
-        head_loop: a measurement option for GQA, off by default: one CTA per (KV block, KV head,
-            batch) runs the group's query heads one after another, so dK and dV stay in registers
-            across them and are stored once in BF16 (``mdK``/``mdV`` are BF16 ``(B, Sk, Hkv, D)`` as
-            for MHA: no FP32 dK/dV accumulators). dV's accumulator is kept in units of the current
-            head's dO scale (times ``s_do(h-1) / s_do(h)`` at each head change, one FP32 rounding).
-            The CTAs keep the launch order of the default (KV blocks of one KV head after another):
-            the heaviest-first order it was first measured with took 9% more time on the H200
-            (results/session_2026-12-05b_h200).
     Raises:
-        ValueError: head dim or tiles outside the supported ones; ``head_loop`` without GQA.
+        ValueError: head dim or tiles outside the supported ones.
     """
 
     def __init__(
@@ -121,18 +107,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
-        head_loop: bool = False,
     ):
         self.qk_bf16 = qk_bf16
-        if head_loop and qhead_per_kvhead == 1:
-            raise ValueError(
-                "FP8BackwardSm90: head_loop is for GQA (qhead_per_kvhead > 1); without GQA dK/dV are "
-                "stored once already: use head_loop=False"
-            )
-        self.head_loop = head_loop
-        # the GQA group: with head_loop each CTA runs the group's query heads in turn, and FA4's
-        # machinery (epilogue, argument layouts) is configured as for MHA: one dK/dV store per CTA
-        self.group = qhead_per_kvhead
         # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
         self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
@@ -145,7 +121,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             cutlass.BFloat16,
             head_dim,
             head_dim,
-            1 if head_loop else qhead_per_kvhead,
+            qhead_per_kvhead,
             is_causal=is_causal,
             tile_m=tile_m,
             tile_n=tile_n,
@@ -394,8 +370,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             )
         sched_args = TileSchedulerArguments(
             cute.ceil_div(cute.size(mK8.shape[0]), self.tile_n),
-            # head_loop: one CTA per KV head (it runs the group's query heads)
-            cute.size(mK8.shape[2]) if const_expr(self.head_loop) else cute.size(mQ8.shape[2]),
+            cute.size(mQ8.shape[2]),
             cute.size(mK8.shape[3]),
             1,
             cute.size(mQ8.shape[0]),
@@ -587,10 +562,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                     TileSchedulerCls,
                 )
             if warp_idx == 1:
-                if const_expr(self.head_loop):
-                    self.dq_store_heads(mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls)
-                else:
-                    self.dQaccum_store(mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls)
+                self.dQaccum_store(mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls)
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             tidx, _, _ = cute.arch.thread_idx()
@@ -671,141 +643,58 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                     atoms[name], 0, cute.make_layout(1), g, smem_t[name], single_stage=True
                 )
                 kv_fns.append(fn)
-            load_head = partial(
-                self._load_head,
-                tensors=tensors,
-                atoms=atoms,
-                smem_t=smem_t,
-                vecs=((mStat, sStat), (mR, sR), (mRow, sRow), (mDelta, sDelta)),
-                kv_fns=kv_fns,
-                pipeline_Q=pipeline_Q,
-                pipeline_dO=pipeline_dO,
-                block_info=block_info,
-                seqlen=seqlen,
-                n_block=n_block,
-                batch_idx=batch_idx,
-            )
-            if const_expr(self.head_loop):  # the group's query heads in turn; K and V loaded once
-                for h_off in cutlass.range(self.group, unroll=1):
-                    state_Q, state_dO = load_head(state_Q, state_dO, head_idx * self.group + h_off, h_off)
-            else:
-                state_Q, state_dO = load_head(state_Q, state_dO, head_idx, 0)
+            load_K8, load_Kb, load_V8 = kv_fns
+            q_fns = []
+            for name, pipe in (
+                ("Q8", pipeline_Q),
+                ("Qb", pipeline_Q),
+                ("dO8", pipeline_dO),
+                ("dOt8", pipeline_dO),
+            ):
+                g = cute.local_tile(
+                    tensors[name][None, None, head_idx, batch_idx], (self.tile_m, self.tile_hdim), (None, 0)
+                )
+                fn, _, _ = copy_utils.tma_get_copy_fn(atoms[name], 0, cute.make_layout(1), g, smem_t[name])
+                q_fns.append(copy_utils.tma_producer_copy_fn(fn, pipe))
+            vec_fns = []
+            for m, s, pipe in (
+                (mStat, sStat, pipeline_Q),
+                (mR, sR, pipeline_Q),
+                (mRow, sRow, pipeline_Q),
+                (mDelta, sDelta, pipeline_dO),
+            ):
+                g = cute.local_tile(m[None, head_idx, batch_idx], (self.tile_m,), (None,))
+                vec_fns.append(
+                    copy_utils.tma_producer_copy_fn(copy_utils.cpasync_bulk_get_copy_fn(g, s), pipe)
+                )
+            m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
+            for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                first = m_block == m_block_min
+                if first:
+                    pipeline_Q.producer_acquire(state_Q, extra_tx_count=self.tma_copy_bytes["K"])
+                    if const_expr(not self.qk_bf16):
+                        load_K8(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
+                    load_Kb(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
+                else:
+                    pipeline_Q.producer_acquire(state_Q)
+                if const_expr(not self.qk_bf16):
+                    q_fns[0](m_block, producer_state=state_Q)
+                q_fns[1](m_block, producer_state=state_Q)
+                for f in vec_fns[: self.n_q_vectors]:  # stat, r (and row on dS)
+                    f(m_block, producer_state=state_Q)
+                if first:
+                    pipeline_dO.producer_acquire(state_dO, extra_tx_count=self.tma_copy_bytes["V"])
+                    load_V8(tma_bar_ptr=pipeline_dO.producer_get_barrier(state_dO))
+                else:
+                    pipeline_dO.producer_acquire(state_dO)
+                q_fns[2](m_block, producer_state=state_dO)
+                q_fns[3](m_block, producer_state=state_dO)
+                vec_fns[3](m_block, producer_state=state_dO)
+                state_Q.advance()
+                state_dO.advance()
             tile_scheduler.prefetch_next_work()
             tile_scheduler.advance_to_next_work()
             work_tile = tile_scheduler.get_current_work()
-
-    @cute.jit
-    def _load_head(
-        self,
-        state_Q,
-        state_dO,
-        head_q,
-        h_off,
-        tensors: dict,
-        atoms: dict,
-        smem_t: dict,
-        vecs,
-        kv_fns,
-        pipeline_Q,
-        pipeline_dO,
-        block_info: BlockInfo,
-        seqlen,
-        n_block,
-        batch_idx,
-    ):
-        """The producer's loads for query head ``head_q``: its query blocks' Q, dO, dO^T and vectors,
-        with K and V on the CTA's first block (``h_off`` 0: the first head it runs)."""
-        load_K8, load_Kb, load_V8 = kv_fns
-        q_fns = []
-        for name, pipe in (
-            ("Q8", pipeline_Q),
-            ("Qb", pipeline_Q),
-            ("dO8", pipeline_dO),
-            ("dOt8", pipeline_dO),
-        ):
-            g = cute.local_tile(
-                tensors[name][None, None, head_q, batch_idx], (self.tile_m, self.tile_hdim), (None, 0)
-            )
-            fn, _, _ = copy_utils.tma_get_copy_fn(atoms[name], 0, cute.make_layout(1), g, smem_t[name])
-            q_fns.append(copy_utils.tma_producer_copy_fn(fn, pipe))
-        vec_fns = []
-        for (m, sv), pipe in zip(vecs, (pipeline_Q, pipeline_Q, pipeline_Q, pipeline_dO)):
-            g = cute.local_tile(m[None, head_q, batch_idx], (self.tile_m,), (None,))
-            vec_fns.append(copy_utils.tma_producer_copy_fn(copy_utils.cpasync_bulk_get_copy_fn(g, sv), pipe))
-        m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            # the CTA's first block (of its first head) also brings K and V
-            if const_expr(self.head_loop):
-                first = (m_block - m_block_min + h_off) == 0
-            else:
-                first = m_block == m_block_min
-            if first:
-                pipeline_Q.producer_acquire(state_Q, extra_tx_count=self.tma_copy_bytes["K"])
-                if const_expr(not self.qk_bf16):
-                    load_K8(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
-                load_Kb(tma_bar_ptr=pipeline_Q.producer_get_barrier(state_Q))
-            else:
-                pipeline_Q.producer_acquire(state_Q)
-            if const_expr(not self.qk_bf16):
-                q_fns[0](m_block, producer_state=state_Q)
-            q_fns[1](m_block, producer_state=state_Q)
-            for f in vec_fns[: self.n_q_vectors]:  # stat, r (and row on dS)
-                f(m_block, producer_state=state_Q)
-            if first:
-                pipeline_dO.producer_acquire(state_dO, extra_tx_count=self.tma_copy_bytes["V"])
-                load_V8(tma_bar_ptr=pipeline_dO.producer_get_barrier(state_dO))
-            else:
-                pipeline_dO.producer_acquire(state_dO)
-            q_fns[2](m_block, producer_state=state_dO)
-            q_fns[3](m_block, producer_state=state_dO)
-            vec_fns[3](m_block, producer_state=state_dO)
-            state_Q.advance()
-            state_dO.advance()
-        return state_Q, state_dO
-
-    # ---- dQ warp (head_loop) -------------------------------------------------------------------
-    @cute.jit
-    def dq_store_heads(self, mdQaccum, sdQaccum, block_info, TileSchedulerCls, SeqlenInfoCls):
-        """The dQ warp with ``head_loop``: for each query head of the CTA's KV head and each of its
-        query blocks, in the consumers' order, the bulk add of both warpgroups' FP32 dQ tiles from
-        shared memory into the head's accumulator, between the consumers' dQFull and dQEmpty named
-        barriers (the protocol of FA4's ``dQaccum_store``, whose loop covers one head)."""
-        nwg = self.num_wg_dQ
-        sync_threads = self.num_threads_per_warp_group + cute.arch.WARP_SIZE
-        tile_scheduler = TileSchedulerCls()
-        work_tile = tile_scheduler.initial_work_tile_info()
-        while work_tile.is_valid_tile:
-            n_block, head_kv, batch_idx, _ = work_tile.tile_idx
-            seqlen = SeqlenInfoCls(batch_idx)
-            m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-            for h_off in cutlass.range(self.group, unroll=1):
-                # ((tile_m * D / nwg, nwg), query blocks) of this head's accumulator
-                gdQaccum = cute.local_tile(
-                    mdQaccum[None, head_kv * self.group + h_off, batch_idx],
-                    (cute.make_layout((self.tile_m * self.tile_hdim // nwg, nwg)),),
-                    (None,),
-                )
-                for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                    for wg in cutlass.range_constexpr(nwg):
-                        # the shared tile is free once the last bulk add from it has read it
-                        cute.arch.cp_async_bulk_wait_group(nwg - 1 - wg, read=True)
-                        cute.arch.barrier_arrive(
-                            barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + wg, number_of_threads=sync_threads
-                        )
-                    for wg in cutlass.range_constexpr(nwg):
-                        cute.arch.barrier(
-                            barrier_id=int(NamedBarrierBwd.dQFullWG0) + wg, number_of_threads=sync_threads
-                        )
-                        with cute.arch.elect_one():
-                            copy_utils.cpasync_reduce_bulk_add_f32(
-                                sdQaccum[None, wg].iterator,
-                                gdQaccum[(None, wg), m_block].iterator,
-                                self.tma_copy_bytes["dQ"],
-                            )
-                        cute.arch.cp_async_bulk_commit_group()
-            tile_scheduler.advance_to_next_work()
-            work_tile = tile_scheduler.get_current_work()
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---- consumer warpgroups -----------------------------------------------------------------
     @cute.jit
@@ -926,14 +815,17 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 if const_expr(not self.scales_in_operands):
                     col2[c] = mCol2[k_idx, head_kv, batch_idx]
             mask = AttentionMask(self.tile_m, self.tile_n, seqlen, swap_AB=True)
-            mask_for = partial(
+            mask_fn = partial(
                 mask.apply_mask,
                 batch_idx=batch_idx,
+                head_idx=head_idx,
                 n_block=n_block,
                 thr_mma=thr_mma_S,
                 mask_seqlen=True,
                 mask_causal=self.is_causal,
             )
+            s_do = mSdo[head_idx, batch_idx]
+            m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
             step = partial(
                 self.mma_one_m_block_fp8,
                 tiled_mma_S=tiled_mma_S,
@@ -955,44 +847,17 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
                 tDelta=tDelta,
                 col=col,
                 col2=col2,
+                s_do=s_do,
                 tdQsdQaccum=tdQsdQaccum,
                 pipeline_Q=pipeline_Q,
                 pipeline_dO=pipeline_dO,
                 PdS_barrier=PdS_barrier,
                 wg_idx=wg_idx,
+                mask_fn=mask_fn,
             )
-            if const_expr(self.head_loop):
-                # the group's query heads in turn, dK and dV accumulated across them in registers
-                acc_dK.fill(0.0)
-                acc_dV.fill(0.0)
-                s_do = mSdo[head_idx * self.group, batch_idx]
-                for h_off in cutlass.range(self.group, unroll=1):
-                    s_do, state_Q, state_dO = self._mma_head(
-                        step,
-                        mask_for,
-                        acc_dV,
-                        mSdo,
-                        block_info,
-                        seqlen,
-                        n_block,
-                        batch_idx,
-                        head_idx * self.group + h_off,
-                        h_off,
-                        s_do,
-                        state_Q,
-                        state_dO,
-                    )
-            else:
-                mask_fn = partial(mask_for, head_idx=head_idx)
-                s_do = mSdo[head_idx, batch_idx]
-                m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-                state_Q, state_dO = step(
-                    m_block_min, state_Q, state_dO, dKV_accumulate=False, s_do=s_do, mask_fn=mask_fn
-                )
-                for m_block in cutlass.range(m_block_min + 1, m_block_max, unroll=1):
-                    state_Q, state_dO = step(
-                        m_block, state_Q, state_dO, dKV_accumulate=True, s_do=s_do, mask_fn=mask_fn
-                    )
+            state_Q, state_dO = step(m_block_min, state_Q, state_dO, dKV_accumulate=False)
+            for m_block in cutlass.range(m_block_min + 1, m_block_max, unroll=1):
+                state_Q, state_dO = step(m_block, state_Q, state_dO, dKV_accumulate=True)
             self._dq_tile_full(wg_idx)  # the last query block's dQ tile
             # epilogue scales: dK by softmax_scale; dV by s_do 2^-LIFT / v_scale (per channel, a power of two)
             acc_dK.store(acc_dK.load() * softmax_scale)
@@ -1026,44 +891,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 4:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _mma_head(
-        self,
-        step,
-        mask_for,
-        acc_dV,
-        mSdo,
-        block_info: BlockInfo,
-        seqlen,
-        n_block,
-        batch_idx,
-        head_q,
-        h_off,
-        s_prev,
-        state_Q,
-        state_dO,
-    ):
-        """``head_loop``: the consumer's query blocks of query head ``head_q`` (offset ``h_off`` in the
-        group), accumulating into dK and dV. dV's accumulator is first brought to this head's dO
-        scale (times ``s_prev / s_do``, exactly 1 for the first head), since its E5M2 dO codes carry
-        that scale. Returns ``(s_do, state_Q, state_dO)``."""
-        s_do = mSdo[head_q, batch_idx]
-        acc_dV.store(acc_dV.load() * (s_prev / s_do))
-        mask_fn = partial(mask_for, head_idx=head_q)
-        m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            state_Q, state_dO = step(
-                m_block,
-                state_Q,
-                state_dO,
-                dKV_accumulate=True,
-                s_do=s_do,
-                mask_fn=mask_fn,
-                # the previous block's dQ tile (of this head or the last one) is handed over here
-                dq_pending=(m_block - m_block_min + h_off) > 0,
-            )
-        return s_do, state_Q, state_dO
 
     @cute.jit
     def _dq_tile_full(self, wg_idx):
@@ -1108,12 +935,8 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         PdS_barrier,
         wg_idx,
         mask_fn,
-        dq_pending=None,
     ):
-        """One query block: S^T, P^T, dV, dP^T, dS^T, dQ, dK (module docstring). The previous block's
-        dQ tile is handed to the dQ warp after the S^T/dP^T issue when ``dKV_accumulate`` (a
-        constant: every block but a CTA's first), or, with ``head_loop``, when the runtime flag
-        ``dq_pending`` is set (dK/dV then always accumulate, from zeroed accumulators)."""
+        """One query block: S^T, P^T, dV, dP^T, dS^T, dQ, dK (module docstring)."""
         idx_Q = state_Q.index
         idx_dO = state_dO.index
         pipeline_Q.consumer_wait(state_Q, pipeline_Q.consumer_try_wait(state_Q))
@@ -1124,12 +947,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             tiled_mma_S, (self.tile_n, self.tile_m), tSrK, tSrQ, B_idx=idx_Q, wg_wait=-1
         )
         acc_dP = mma_dp(A_idx=idx_dO, wg_wait=-1)
-        # the last block's dQ tile, stored at the end of that block: its stores have drained by
-        # now, so the proxy fence before the dQ warp's bulk reduce no longer waits for them
-        if const_expr(dq_pending is not None):
-            if dq_pending:
-                self._dq_tile_full(wg_idx)
-        elif const_expr(dKV_accumulate):
+        if const_expr(dKV_accumulate):
+            # the last block's dQ tile, stored at the end of that block: its stores have drained by
+            # now, so the proxy fence before the dQ warp's bulk reduce no longer waits for them
             self._dq_tile_full(wg_idx)
         warpgroup.wait_group(1)  # S^T done
         mask_fn(acc_S, m_block=m_block)

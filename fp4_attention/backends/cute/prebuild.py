@@ -43,8 +43,8 @@ __all__ = ["KernelKey", "SESSION_PRESETS", "keys_for", "prebuild", "preset_keys"
 @dataclass(frozen=True)
 class KernelKey:
     """One compiled kernel of the cute backend: ``kind`` ``"fwd"`` (``FP8ForwardSm90`` at ``tiles``,
-    with ``k_group``) or ``"bwd"`` (``FP8BackwardSm90``, with ``head_loop``); ``qk_bf16``: the
-    ``nvfp4qk_fp8pv`` kernels."""
+    with ``k_group``) or ``"bwd"`` (``FP8BackwardSm90``); ``qk_bf16``: the ``nvfp4qk_fp8pv``
+    kernels."""
 
     kind: str
     d: int
@@ -53,7 +53,6 @@ class KernelKey:
     tiles: tuple = ()
     qk_bf16: bool = False
     k_group: int = 0
-    head_loop: bool = False
 
 
 def _empty(*shape_dtype):
@@ -84,9 +83,8 @@ def _backward(key: KernelKey):
     # col, col2 (B, Hkv, Sk); s_do (B, Hq); v_scale (B, Hkv, D); dq_accum (B, Hq, Sq_pad * D); dk, dv
     args = _empty((4, qk), (4, bf), (4, qk), (4, bf), (4, e4), (4, e5), (4, e5), *[(3, f32)] * 6, (2, f32))
     args += _empty((3, f32), (3, f32))
-    # dk, dv: BF16 (B, S, H, D) outputs without GQA or with head_loop, else FP32 accumulators
-    args += _empty((4, bf), (4, bf)) if key.group == 1 or key.head_loop else _empty((3, f32), (3, f32))
-    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0, key.head_loop)
+    args += _empty((4, bf), (4, bf)) if key.group == 1 else _empty((3, f32), (3, f32))
+    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0)
 
 
 def keys_for(
@@ -96,13 +94,11 @@ def keys_for(
     tiles=None,
     recipes=("fp8", "nvfp4qk_fp8pv"),
     k_group=False,
-    head_loop=False,
 ) -> list[KernelKey]:
     """Every forward and backward kernel of the cute backend for these head dims, GQA
     groups, masks and recipes, the forward at ``tiles`` (default: the backend's
     ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
-    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64; with ``head_loop``
-    also the backward with one CTA per KV head (GQA groups only)."""
+    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64."""
     from .backend import default_tiles
 
     keys = []
@@ -114,8 +110,6 @@ def keys_for(
                 if k_group and not bf16 and t[1] % 64 == 0:
                     keys.append(KernelKey("fwd", d, group, c, tuple(t), False, 64))
             keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
-            if head_loop and group > 1:
-                keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16, head_loop=True))
     return list(dict.fromkeys(keys))
 
 
@@ -125,7 +119,7 @@ def keys_for(
 # both recipes, at both D128 defaults), configs/small_gpu.yaml's model (the train step: head dim
 # 64, GQA 3, causal) and the rest of what the GPU tests compile
 SESSION_PRESETS = {
-    "bench": [dict(head_dims=(128,), groups=(1, 4), head_loop=True)],
+    "bench": [dict(head_dims=(128,), groups=(1, 4))],
     "tests": [
         dict(head_dims=(64, 128), groups=(1, 4, 6), tiles=[(128, 128, 2), (128, 192, 2)], k_group=True),
         dict(head_dims=(64,), groups=(3,), causal=(True,)),
@@ -136,8 +130,6 @@ SESSION_PRESETS = {
         # the training GPU tests' model (head dim 64, GQA 2, causal, fp8), which the session of
         # 2026-12-06 still compiled on the GPU (its compile_log.jsonl)
         dict(head_dims=(64,), groups=(2,), causal=(True,), recipes=("fp8",)),
-        # the backward's head_loop measurement option: its GPU tests (GQA 4 and 6) and the bench rows
-        dict(head_dims=(64, 128), groups=(4, 6), head_loop=True),
     ],
 }
 
