@@ -47,6 +47,16 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
   stores waited for them (5.5% of the stall samples at B4 causal); the split made the backward 2.3%
   faster (results/cute_bwd_schedule_h200/).
 
+The launch order of a causal mask (``l2_lpt``): the first KV blocks of a causal backward carry the most
+work (KV block n is seen by the query blocks from its own on), and FA4's grid order (KV block
+fastest, one head after another) starts the heaviest CTAs of the last heads last: a greedy model
+of 132 SMs puts that order 14% above the balanced time at B1 H32/8 S4096 and 3.5% at B4
+(``bench/bwd_schedule_model.py``). flash-attn-4's ``SingleTileLPTBwdScheduler`` takes the CTAs in
+sections of heads sized to the L2 (8 heads at S4096 D128 with the ``element_size`` below), KV block
+major within a section: heaviest first, and a section's operands together in L2. Heaviest first
+over all heads (the deleted ``lpt`` option) put 132 heads' operands in flight at once and took 50%
+more time (results/session_2026-12-05b_h200).
+
 Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). Requires
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
 """
@@ -68,7 +78,11 @@ from flash_attn.cute.flash_bwd_sm90 import FlashAttentionBackwardSm90
 from flash_attn.cute.mask import AttentionMask
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
-from flash_attn.cute.tile_scheduler import SingleTileScheduler, TileSchedulerArguments
+from flash_attn.cute.tile_scheduler import (
+    SingleTileLPTBwdScheduler,
+    SingleTileScheduler,
+    TileSchedulerArguments,
+)
 from quack import copy_utils, layout_utils, sm90_utils
 
 from .fwd_sm90 import LIFT, fold_k_scale, p_to_e4m3_operand
@@ -95,6 +109,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
             payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
             read (module docstring: where the token scales go).
+        l2_lpt: with a causal mask, the CTAs in flash-attn-4's L2-sectioned heaviest-first order
+            (``SingleTileLPTBwdScheduler``; module docstring) instead of its grid order; without one
+            every CTA has the same work and the grid order stays.
     Raises:
         ValueError: head dim or tiles outside the supported ones.
     """
@@ -107,8 +124,12 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
+        l2_lpt: bool = True,
     ):
         self.qk_bf16 = qk_bf16
+        # causal: CTAs heaviest first within L2-sized sections of heads (module docstring)
+        self.l2_lpt = l2_lpt and is_causal
+        self.Scheduler = SingleTileLPTBwdScheduler if self.l2_lpt else SingleTileScheduler
         # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
         self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
@@ -378,11 +399,14 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             mV8.shape[1],
             total_q=cute.size(mK8.shape[0]) * cute.size(mK8.shape[3]),
             tile_shape_mn=(self.tile_n, self.tile_m),
-            element_size=1,
+            # the L2 section's size (l2_lpt): FA4's bytes per head, seqlen * (2 * D) * element_size +
+            # seqlen * D * 4 (its dQ accumulator), with 2 for our Q8 + Qb + dO8 + dO^T's 5 bytes per
+            # element: 4 MiB per head at S4096 D128, 8 heads per section
+            element_size=2,
             is_persistent=False,
-            lpt=False,
+            lpt=False,  # l2_lpt's KV blocks from the first (heaviest, causal) on
         )
-        sched_params = SingleTileScheduler.to_underlying_arguments(sched_args)
+        sched_params = self.Scheduler.to_underlying_arguments(sched_args)
         group_divmod = None
         if const_expr(self.qhead_per_kvhead > 1):
             group_divmod = FastDivmodDivisorV2(self.qhead_per_kvhead)
@@ -411,7 +435,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             sched_params,
             SharedStorage,
         ).launch(
-            grid=SingleTileScheduler.get_grid_shape(sched_params),
+            grid=self.Scheduler.get_grid_shape(sched_params),
             block=[self.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -539,7 +563,7 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             tile_m=self.tile_m,
             tile_n=self.tile_n,
         )
-        TileSchedulerCls = partial(SingleTileScheduler.create, sched_params)
+        TileSchedulerCls = partial(self.Scheduler.create, sched_params)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
             if warp_idx == 0:
