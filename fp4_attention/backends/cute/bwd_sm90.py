@@ -400,9 +400,9 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             total_q=cute.size(mK8.shape[0]) * cute.size(mK8.shape[3]),
             tile_shape_mn=(self.tile_n, self.tile_m),
             # the L2 section's size (l2_lpt): FA4's bytes per head, seqlen * (2 * D) * element_size +
-            # seqlen * D * 4 (its dQ accumulator), with 8: 10 MiB per head at S4096 D128, 4 heads
-            # per section (a GQA-4 group; an experiment against 2, 8 heads)
-            element_size=8,
+            # seqlen * D * 4 (its dQ accumulator), with 2 for our Q8 + Qb + dO8 + dO^T's 5 bytes per
+            # element: 4 MiB per head at S4096 D128, 8 heads per section
+            element_size=2,
             is_persistent=False,
             lpt=False,  # l2_lpt's KV blocks from the first (heaviest, causal) on
         )
