@@ -153,16 +153,7 @@ def graphed(fn, warmup: int = 3):
     return replay
 
 
-GRAPHED = (
-    "cudnn_bf16",
-    "fa4_bf16",
-    "cute_fp8",
-    "cute_nvfp4qk_fp8pv",
-    "ours_fp8",
-    "ours_nvfp4qk_fp8pv",
-    "cute_fp8_grid_order",  # with --cute-bwd-options on causal shapes
-    "cute_nvfp4qk_fp8pv_grid_order",
-)
+GRAPHED = ("cudnn_bf16", "fa4_bf16", "cute_fp8", "cute_nvfp4qk_fp8pv", "ours_fp8", "ours_nvfp4qk_fp8pv")
 
 
 def flops(b, hq, s, causal, pass_):
@@ -300,14 +291,13 @@ def cute_bwd_operands_only(q, k, v, causal):
     return lambda: cute_backend.backward_operands(st, dout, D**-0.5)
 
 
-def cute_bwd_direct(recipe, q, k, v, causal, l2_lpt=True):
+def cute_bwd_direct(recipe, q, k, v, causal):
     """The cute backward (``backend.backward_fp8``: operands, kernel, postprocess) called directly on
-    one forward's state, without autograd; ``l2_lpt=False``: its causal CTAs in FA4's grid order."""
+    one forward's state, without autograd."""
     from fp4_attention.backends.cute import backend as cute_backend
 
     st, dout = _cute_state(recipe, q, k, v, causal)
-    kw = dict(causal=causal, softmax_scale=D**-0.5, l2_lpt=l2_lpt)
-    return lambda: cute_backend.backward_fp8(st, dout, **kw)
+    return lambda: cute_backend.backward_fp8(st, dout, causal=causal, softmax_scale=D**-0.5)
 
 
 def fa4_bwd_direct(q, k, v, causal):
@@ -393,9 +383,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cute-bwd-options",
         action="store_true",
-        help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd; "
-        "on causal shapes also the backward's CTAs in FA4's grid order (l2_lpt=False): bwd rows "
-        "cute_<recipe>_bwd_direct_grid_order and fwd_bwd rows cute_<recipe>_grid_order",
+        help="bwd rows cute_<recipe>_bwd_direct and fa4_bf16_bwd_direct: the backwards without autograd",
     )
     p.add_argument(
         "--qk-rotation",
@@ -512,24 +500,6 @@ def main(argv=None) -> int:
                     cands.append(("fa4_bf16_bwd_direct", lambda: fa4_bwd_direct(q, k, v, causal)))
                     cands += [
                         (f"cute_{r}_bwd_direct", (lambda r=r: cute_bwd_direct(r, q, k, v, causal)))
-                        for r in args.recipes
-                        if r in ("fp8", "nvfp4qk_fp8pv")
-                    ]
-                    if causal:  # the causal CTAs in FA4's grid order (l2_lpt=False)
-                        cands += [
-                            (
-                                f"cute_{r}_bwd_direct_grid_order",
-                                (lambda r=r: cute_bwd_direct(r, q, k, v, causal, l2_lpt=False)),
-                            )
-                            for r in args.recipes
-                            if r in ("fp8", "nvfp4qk_fp8pv")
-                        ]
-                if pass_ == "fwd_bwd" and args.cute_bwd_options and causal:  # the training step with it
-                    cands += [
-                        (
-                            f"cute_{r}_grid_order",
-                            (lambda r=r: ours_fn(r, q, k, v, causal, pass_, backend="cute", l2_lpt=False)),
-                        )
                         for r in args.recipes
                         if r in ("fp8", "nvfp4qk_fp8pv")
                     ]

@@ -14,7 +14,9 @@ and reports each order's makespan over the balanced time (total work / SMs):
   another, so the heaviest CTAs of the last heads start late;
 - ``lpt``: the same CTAs heaviest first (KV block slowest);
 - ``head_loop``: one CTA per (KV block, KV head, batch) running the GQA group's query heads (4x the
-  work each), heaviest first.
+  work each), heaviest first;
+- ``l2_sections``: heaviest first within sections of 8 consecutive (batch, head) pairs, the sections in
+  grid order: flash-attn-4's ``SingleTileLPTBwdScheduler`` at S4096 D128 (``bwd_sm90``'s sections).
 
 A model, not a measurement: CTAs of equal work take equal time here, memory and L2 effects are left
 out. The H200 refuted what it predicts: both orders were built as options of the CuTe backward
@@ -23,8 +25,10 @@ out. The H200 refuted what it predicts: both orders were built as options of the
 (``results/session_2026-12-05b_h200/``); they were deleted. Heaviest first over all heads puts the
 first KV block of 132 different heads on the GPU at once, each streaming its own head's Q and dO and
 adding into its own head's dQ, where FA4's order keeps about four heads in flight (a likely cause,
-not profiled). ``head_loop`` as built always ran heaviest first; the group loop in FA4's order was
-not measured.
+not profiled). ``head_loop`` as built always ran heaviest first; the group loop in FA4's order lost
+too (results/session_2026-12-06c_h100). ``l2_sections`` keeps 8 heads in flight and is the causal
+backward's order since 2026-12-06; on the H100 it gained 1.5-4.7% at B1 and -1..+2% at B4, not the
+model's 14% / 3.5% (results/session_2026-12-06c_h100).
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ def orders(b: int, hq: int, hkv: int, n_blocks: int, overhead: float) -> dict[st
     default = [work(n, 1) for _ in range(b) for _ in range(hq) for n in range(n_blocks)]
     lpt = [work(n, 1) for n in range(n_blocks) for _ in range(b) for _ in range(hq)]
     head_loop = [work(n, group) for n in range(n_blocks) for _ in range(b) for _ in range(hkv)]
-    return {"default": default, "lpt": lpt, "head_loop": head_loop}
+    sections = [min(8, b * hq - s) for s in range(0, b * hq, 8)]
+    l2_sections = [work(n, 1) for size in sections for n in range(n_blocks) for _ in range(size)]
+    return {"default": default, "lpt": lpt, "head_loop": head_loop, "l2_sections": l2_sections}
 
 
 def model(sms: int, seq: int, overheads: list[float]) -> list[dict]:
@@ -78,13 +84,13 @@ def to_markdown(rows: list[dict], sms: int) -> str:
     lines = [
         f"# Causal backward launch orders on {sms} SMs (greedy model, makespan / balanced time)",
         "",
-        "| shape | overhead per CTA (query blocks) | default | lpt | head_loop |",
-        "|---|---|---|---|---|",
+        "| shape | overhead per CTA (query blocks) | default | lpt | head_loop | l2_sections |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| B{r['B']} H{r['Hq']}/{r['Hkv']} S{r['S']} causal | {r['overhead']:g} | {r['default']:.3f} "
-            f"| {r['lpt']:.3f} | {r['head_loop']:.3f} |"
+            f"| {r['lpt']:.3f} | {r['head_loop']:.3f} | {r['l2_sections']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -129,12 +129,11 @@ def compile_report(tiles=(128, 128, 2), causal=True, group=4, head_dim=128, **ke
     }
 
 
-def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, l2_lpt=True):
+def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False):
     """``FP8BackwardSm90`` compiled for the DSL's target (sm_90a here) on descriptors of CUDA operands
     (``arguments.cute_operand``, no GPU):
     the compiled function (its cubin is in the dump directory). ``qk_bf16``: the nvfp4qk_fp8pv
-    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS);
-    ``l2_lpt=False``: the causal CTAs in FA4's grid order."""
+    kernel (BF16 Q/K in the E4M3 Q/K slots, S^T as a BF16 wgmma, the token scales on two dS)."""
     import cutlass
     import torch
     from cutlass import cute
@@ -164,7 +163,7 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, l2_l
         args += [vec(b, hkv, s * d, align=16) for _ in range(2)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16, l2_lpt=l2_lpt),
+        FP8BackwardSm90(d, group, causal, qk_bf16=qk_bf16),
         *args,
         cutlass.Float32(0.1),
         stream,
@@ -172,11 +171,11 @@ def compile_bwd(causal=True, group=4, head_dim=128, seq=512, qk_bf16=False, l2_l
     )
 
 
-def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, l2_lpt=True) -> dict:
+def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False) -> dict:
     """Compile ``FP8BackwardSm90`` for sm_90a with fake operands (no GPU); return its instruction counts."""
     for old in Path(DUMP_DIR).rglob("*.cubin"):
         old.unlink()
-    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16, l2_lpt=l2_lpt)
+    compile_bwd(causal, group, head_dim, qk_bf16=qk_bf16)
     cubins = list(Path(DUMP_DIR).rglob("*.cubin"))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in the dump, found {len(cubins)}")
@@ -192,7 +191,6 @@ def compile_bwd_report(causal=True, group=4, head_dim=128, qk_bf16=False, l2_lpt
         "group": group,
         "head_dim": head_dim,
         "qk_bf16": qk_bf16,
-        "l2_lpt": l2_lpt and causal,
         "dsl_compiler": _dsl_compiler(),
         "reg": int(usage.get("REG", -1)),
         "stack": int(usage.get("STACK", -1)),
@@ -289,10 +287,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default="128,128,2")
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--qk-bf16", action="store_true", help="BF16 Q/K (the nvfp4qk_fp8pv kernels)")
-    p.add_argument("--grid-order", action="store_true", help="backward: causal CTAs in FA4's grid order")
     a = p.parse_args(argv)
     if a.backward:
-        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16, not a.grid_order)
+        rep = compile_bwd_report(not a.non_causal, a.group, a.head_dim, a.qk_bf16)
         print(json.dumps(rep))
         return 0
     rep = compile_report(

@@ -256,26 +256,6 @@ def test_api_end_to_end_and_fidelity():
     assert cosine(out, ref) >= 0.99  # the Triton test's bound (FP8 Q/K/P/V against float64)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("group", [1, 4])
-def test_grid_order_backward_same_gradients(recipe, group):
-    """The causal backward in FA4's grid order (``l2_lpt=False``, the measurement option) against
-    the default L2-sectioned heaviest-first order on the same forward state: the same gradients up
-    to the FP32 order of dQ's (and GQA dK/dV's) bulk adds, rel. L2 <= 1e-3 (the default order is
-    what every other test here runs against the reference)."""
-    tiles = cute_backend.default_tiles(128)
-    rec, sm = fa.get_recipe(recipe), 128**-0.5
-    q, k, v = make_qkv(2, 2 * group, 2, 1000, 1000, 128, device="cuda")
-    be = cute_backend.CuteBackend()
-    out, _, st = be.forward(q, k, v, rec, causal=True, softmax_scale=sm, tiles=tiles)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
-    lpt = be.backward(st, dout, rec, causal=True, softmax_scale=sm)
-    grid = be.backward(st, dout, rec, causal=True, softmax_scale=sm, l2_lpt=False)
-    for name, a, o in zip("qkv", lpt, grid):
-        assert o.shape == a.shape and o.stride() == a.stride(), name
-        assert rel_l2(o, a) <= 1e-3, (name, rel_l2(o, a))
-
-
 def test_backward_through_the_api_is_the_backends():
     """fa.attention(backend='cute') gradients are the CuTe backward's on the CuTe forward's state:
     equal to calling the backend directly up to the FP32 order of the atomic accumulations (dQ over

@@ -16,7 +16,7 @@ def test_makespan_is_greedy_list_scheduling():
 
 def test_orders_hold_the_same_work():
     o = orders(2, 8, 2, 4, 0.0)
-    assert sorted(o["default"]) == sorted(o["lpt"])
+    assert sorted(o["default"]) == sorted(o["lpt"]) == sorted(o["l2_sections"])
     assert sum(o["head_loop"]) == sum(o["default"])  # 4 query heads per CTA, a quarter of the CTAs
     assert len(o["head_loop"]) * 4 == len(o["default"])
     assert o["lpt"][0] == max(o["lpt"]) and o["head_loop"][0] == max(o["head_loop"])
@@ -26,3 +26,11 @@ def test_heaviest_first_balances_better_at_b1():
     (row,) = [r for r in model(132, 4096, [0.0]) if r["B"] == 1]
     assert row["lpt"] < row["default"] and row["head_loop"] < row["default"]
     assert row["lpt"] >= 1.0 and row["head_loop"] >= 1.0
+    assert 1.0 <= row["l2_sections"] < row["default"]
+
+
+def test_l2_sections_take_8_heads_heaviest_first():
+    """Sections of 8 (batch, head) pairs: the first 8 CTAs are the first KV block of heads 0-7."""
+    o = orders(1, 32, 8, 4, 0.0)
+    assert o["l2_sections"][:8] == [max(o["default"])] * 8
+    assert o["l2_sections"][8] < o["l2_sections"][0]

@@ -11,7 +11,7 @@ SPEC = BackendSpec(
     cuda_capability=((9, 0), (9, 0)),  # wgmma / TMA kernels for Hopper
     head_dims=(64, 128),
     max_batch_heads=65535,  # its Triton quantizers and dO preparation put B * Hq on a grid's y axis
-    options=("tiles", "l2_lpt"),  # l2_lpt=False: the backward's causal CTAs in FA4's grid order
+    options=("tiles",),
     fused_rope=True,  # RoPE inside the FP8 and NVFP4 Q/K quantizers (triton/rope.py), else rope_rows_pair
     k_scale_keys=(1, 64),  # 64: the forward folds each group's scale into its row factor (k_group)
     # fwd+bwd on the H200 (2026-12-02, 19f036c, results/cute_nvfp4_bwd_h200), cute (forward tiles

@@ -467,14 +467,10 @@ def _bwd_args(ops: dict) -> list:
     return args
 
 
-def _compiled_bwd(
-    d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float, l2_lpt: bool = True
-):
-    grid_order = causal and not l2_lpt  # l2_lpt changes nothing without a causal mask
-    flags = (("qk_bf16", qk_bf16), ("grid_order", grid_order))
-    key = ("bwd", d, group, causal) + tuple(name for name, on in flags if on)
+def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, softmax_scale: float):
+    key = ("bwd", d, group, causal) + (("qk_bf16",) if qk_bf16 else ())
     if key not in _CACHE:
-        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16, l2_lpt=l2_lpt)
+        kernel = FP8BackwardSm90(d, group, causal, *BWD_TILES, qk_bf16=qk_bf16)
         # (B, S, H, D) views with D contiguous; dO^T with S
         cute_args = [cute_operand(t, leading_dim=3) for t in args[:6]]
         cute_args.append(cute_operand(args[6], leading_dim=1))
@@ -490,17 +486,13 @@ def _compiled_bwd(
     return _CACHE[key]
 
 
-def backward_fp8(
-    state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float, l2_lpt: bool = True
-):
+def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
     backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
     scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). The FP32
-    accumulators become BF16 in :func:`postprocess_gradients`. ``l2_lpt`` (causal): the kernel's
-    CTAs heaviest first within L2-sized sections of heads (``FP8BackwardSm90``); False: FA4's grid
-    order, a measurement option.
+    accumulators become BF16 in :func:`postprocess_gradients`.
 
     Raises:
         ValueError: head dim other than 64/128, or a state of another recipe (neither E4M3 nor NVFP4
@@ -519,7 +511,7 @@ def backward_fp8(
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
     ops = backward_operands(state, dout, softmax_scale)  # dout read in place
     args = _bwd_args(ops)
-    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale, l2_lpt)
+    fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
     return postprocess_gradients(ops, state, softmax_scale)
 
@@ -554,8 +546,7 @@ def postprocess_gradients(ops: dict, state: SavedState, softmax_scale: float):
 
 class CuteBackend:
     """CuTe DSL forward and backward (sm_90, recipes ``fp8`` and ``nvfp4qk_fp8pv``); options ``tiles`` =
-    ``(tile_m, tile_n, stages)`` of the forward and ``l2_lpt`` of the backward (False: FA4's grid
-    order, a measurement option: :func:`backward_fp8`), for benchmarks, tests and ``tools/fidelity.py``."""
+    ``(tile_m, tile_n, stages)`` of the forward, for benchmarks, tests and ``tools/fidelity.py``."""
 
     spec = SPEC
 
@@ -570,7 +561,6 @@ class CuteBackend:
         softmax_scale: float,
         tiles=None,
         rope=None,
-        l2_lpt: bool = True,
     ):
         """BF16 ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]`` (CUDA, sm_90) -> BF16 out, FP32 natural-log
         LSE ``[B, Hq, Sq]`` and the :class:`SavedState`. Quantizes Q/K (E4M3 per token, K per 64 keys
@@ -578,7 +568,6 @@ class CuteBackend:
         kernel's layout), then runs the kernel (``forward_fp8``; ``k_group`` = 64 for K per 64 keys)
         at ``tiles``, by default :func:`default_tiles`.
         ``rope`` (a ``RoPETables``): attention of the RoPE'd Q/K (:func:`quantize_inputs`).
-        ``l2_lpt`` is the backward's option (:meth:`backward`); the forward takes and ignores it.
         Raises ValueError for ``tiles`` outside ``SUPPORTED_TILES``, or KV tiles not a multiple of 64
         keys with ``k_scale_keys`` = 64."""
         if recipe.qk == "nvfp4":
@@ -607,9 +596,7 @@ class CuteBackend:
         causal: bool,
         softmax_scale: float,
         tiles=None,
-        l2_lpt: bool = True,
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
-        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``);
-        ``l2_lpt``: the causal launch order (:func:`backward_fp8`)."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, l2_lpt=l2_lpt)
+        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``)."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)

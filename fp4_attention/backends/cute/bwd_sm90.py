@@ -47,15 +47,19 @@ Ours is the mainloop (``mma_one_m_block``), the operands and their layouts, foll
   stores waited for them (5.5% of the stall samples at B4 causal); the split made the backward 2.3%
   faster (results/cute_bwd_schedule_h200/).
 
-The launch order of a causal mask (``l2_lpt``): the first KV blocks of a causal backward carry the most
-work (KV block n is seen by the query blocks from its own on), and FA4's grid order (KV block
-fastest, one head after another) starts the heaviest CTAs of the last heads last: a greedy model
-of 132 SMs puts that order 14% above the balanced time at B1 H32/8 S4096 and 3.5% at B4
-(``bench/bwd_schedule_model.py``). flash-attn-4's ``SingleTileLPTBwdScheduler`` takes the CTAs in
-sections of heads sized to the L2 (8 heads at S4096 D128 with the ``element_size`` below), KV block
-major within a section: heaviest first, and a section's operands together in L2. Heaviest first
-over all heads (the deleted ``lpt`` option) put 132 heads' operands in flight at once and took 50%
-more time (results/session_2026-12-05b_h200).
+The launch order of a causal mask: the first KV blocks of a causal backward carry the most work (KV
+block n is seen by the query blocks from its own on), and FA4's grid order (KV block fastest, one
+head after another) starts the heaviest CTAs of the last heads last: a greedy model of 132 SMs puts
+that order 14% above the balanced time at B1 H32/8 S4096 and 3.5% at B4
+(``bench/bwd_schedule_model.py``). So a causal backward takes its CTAs through flash-attn-4's
+``SingleTileLPTBwdScheduler``: sections of heads sized to the L2 (8 heads at S4096 D128 with the
+``element_size`` below), KV block major within a section, i.e. heaviest first with a section's
+operands together in L2. On the H100 (three runs with the grid order beside it, H32/8 S4096:
+results/session_2026-12-06c_h100) fwd+bwd took 1.5-2.5% less time at B1 (graphed) for fp8 and 4.4-4.7%
+for nvfp4qk_fp8pv, 1.6-2.2% less at B4 for nvfp4qk_fp8pv, and 0.5-1.1% more at B4 for fp8 (its backward
+alone 0.2-1.1% more); the grid order was deleted as the loser. The model's 14% at B1 did not appear.
+Heaviest first over all heads (the deleted ``lpt`` option) put 132 heads' operands in flight at once
+and took 50% more time (results/session_2026-12-05b_h200).
 
 Operands are prepared on the host (``cute/backend.py``: ``backward_operands``). Requires
 ``nvidia-cutlass-dsl`` and ``flash-attn-4`` (``pip install 'fp4-attention-pretrain[cute]'``).
@@ -109,9 +113,6 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             Without ``qk_bf16`` (E4M3 Q/K), ``mQb`` and ``mKb`` hold the BF16 images of the *scaled*
             payloads, ``BF16(q * row)`` and ``BF16(k * col2)``, and ``mRow`` and ``mCol2`` are not
             read (module docstring: where the token scales go).
-        l2_lpt: with a causal mask, the CTAs in flash-attn-4's L2-sectioned heaviest-first order
-            (``SingleTileLPTBwdScheduler``; module docstring) instead of its grid order; without one
-            every CTA has the same work and the grid order stays.
     Raises:
         ValueError: head dim or tiles outside the supported ones.
     """
@@ -124,12 +125,11 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
         tile_m: int = 64,
         tile_n: int = 128,
         qk_bf16: bool = False,
-        l2_lpt: bool = True,
     ):
         self.qk_bf16 = qk_bf16
-        # causal: CTAs heaviest first within L2-sized sections of heads (module docstring)
-        self.l2_lpt = l2_lpt and is_causal
-        self.Scheduler = SingleTileLPTBwdScheduler if self.l2_lpt else SingleTileScheduler
+        # causal: CTAs heaviest first within L2-sized sections of heads (module docstring); without a
+        # causal mask every CTA has the same work, in FA4's grid order
+        self.Scheduler = SingleTileLPTBwdScheduler if is_causal else SingleTileScheduler
         # fp8: the token scales in the BF16 dQ/dK operands, one dS; qk_bf16: on two scaled dS
         self.scales_in_operands = not qk_bf16
         if head_dim not in (64, 128):
@@ -399,12 +399,12 @@ class FP8BackwardSm90(FlashAttentionBackwardSm90):
             mV8.shape[1],
             total_q=cute.size(mK8.shape[0]) * cute.size(mK8.shape[3]),
             tile_shape_mn=(self.tile_n, self.tile_m),
-            # the L2 section's size (l2_lpt): FA4's bytes per head, seqlen * (2 * D) * element_size +
+            # the L2 section's size (causal): FA4's bytes per head, seqlen * (2 * D) * element_size +
             # seqlen * D * 4 (its dQ accumulator), with 2 for our Q8 + Qb + dO8 + dO^T's 5 bytes per
             # element: 4 MiB per head at S4096 D128, 8 heads per section
             element_size=2,
             is_persistent=False,
-            lpt=False,  # l2_lpt's KV blocks from the first (heaviest, causal) on
+            lpt=False,  # causal: the KV blocks from the first (heaviest) on
         )
         sched_params = self.Scheduler.to_underlying_arguments(sched_args)
         group_divmod = None

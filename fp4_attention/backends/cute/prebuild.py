@@ -43,8 +43,8 @@ __all__ = ["KernelKey", "SESSION_PRESETS", "keys_for", "prebuild", "preset_keys"
 @dataclass(frozen=True)
 class KernelKey:
     """One compiled kernel of the cute backend: ``kind`` ``"fwd"`` (``FP8ForwardSm90`` at ``tiles``,
-    with ``k_group``) or ``"bwd"`` (``FP8BackwardSm90``; ``grid_order``: causal, ``l2_lpt=False``);
-    ``qk_bf16``: the ``nvfp4qk_fp8pv`` kernels."""
+    with ``k_group``) or ``"bwd"`` (``FP8BackwardSm90``); ``qk_bf16``: the ``nvfp4qk_fp8pv``
+    kernels."""
 
     kind: str
     d: int
@@ -53,7 +53,6 @@ class KernelKey:
     tiles: tuple = ()
     qk_bf16: bool = False
     k_group: int = 0
-    grid_order: bool = False
 
 
 def _empty(*shape_dtype):
@@ -85,7 +84,7 @@ def _backward(key: KernelKey):
     args = _empty((4, qk), (4, bf), (4, qk), (4, bf), (4, e4), (4, e5), (4, e5), *[(3, f32)] * 6, (2, f32))
     args += _empty((3, f32), (3, f32))
     args += _empty((4, bf), (4, bf)) if key.group == 1 else _empty((3, f32), (3, f32))
-    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0, not key.grid_order)
+    return backend._compiled_bwd(key.d, key.group, key.causal, key.qk_bf16, args, 1.0)
 
 
 def keys_for(
@@ -95,13 +94,11 @@ def keys_for(
     tiles=None,
     recipes=("fp8", "nvfp4qk_fp8pv"),
     k_group=False,
-    grid_order=False,
 ) -> list[KernelKey]:
     """Every forward and backward kernel of the cute backend for these head dims, GQA
     groups, masks and recipes, the forward at ``tiles`` (default: the backend's
     ``default_tiles(d)``; a list of ``(tile_m, tile_n, stages)``), with ``k_group``: also the fp8
-    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64; with ``grid_order``
-    also the causal backward in FA4's grid order (``l2_lpt=False``)."""
+    forward with K per 64 keys at those tiles whose KV tile is a multiple of 64."""
     from .backend import default_tiles
 
     keys = []
@@ -113,8 +110,6 @@ def keys_for(
                 if k_group and not bf16 and t[1] % 64 == 0:
                     keys.append(KernelKey("fwd", d, group, c, tuple(t), False, 64))
             keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16))
-            if grid_order and c:
-                keys.append(KernelKey("bwd", d, group, c, qk_bf16=bf16, grid_order=True))
     return list(dict.fromkeys(keys))
 
 
@@ -124,7 +119,7 @@ def keys_for(
 # both recipes, at both D128 defaults), configs/small_gpu.yaml's model (the train step: head dim
 # 64, GQA 3, causal) and the rest of what the GPU tests compile
 SESSION_PRESETS = {
-    "bench": [dict(head_dims=(128,), groups=(1, 4), grid_order=True)],
+    "bench": [dict(head_dims=(128,), groups=(1, 4))],
     "tests": [
         dict(head_dims=(64, 128), groups=(1, 4, 6), tiles=[(128, 128, 2), (128, 192, 2)], k_group=True),
         dict(head_dims=(64,), groups=(3,), causal=(True,)),
@@ -135,8 +130,6 @@ SESSION_PRESETS = {
         # the training GPU tests' model (head dim 64, GQA 2, causal, fp8), which the session of
         # 2026-12-06 still compiled on the GPU (its compile_log.jsonl)
         dict(head_dims=(64,), groups=(2,), causal=(True,), recipes=("fp8",)),
-        # the causal backward in FA4's grid order (l2_lpt=False): its GPU test
-        dict(head_dims=(128,), groups=(1, 4), causal=(True,), grid_order=True),
     ],
 }
 
