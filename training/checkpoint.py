@@ -23,6 +23,10 @@ A marker that is not an iteration number (binary garbage, a directory) is report
 the newest complete ``iter_*`` directory is used instead: the marker is written after the rename,
 so that directory is never older than the one the marker named, and no work is lost (Megatron-LM
 exits on an unreadable marker, which would leave a requeued job failing until someone fixed it).
+A fall-back keeps to the trajectory of the checkpoint that failed (:func:`same_trajectory`): after
+a rollback (``checkpoint.load=<iter path>``) the directory also holds the other run's newer
+iterations, and a fall-back to one of those would resume the run that was rolled back; they are
+skipped with a warning naming their origin.
 
 Checksums: CRC-32 (stdlib ``zlib.crc32``) of every file, in ``manifest.json`` under ``checksums``
 (``checksum: "crc32"``; ``files`` keeps the sizes, as in the manifests written before checksums).
@@ -422,16 +426,21 @@ def read_marker(root: str | os.PathLike, *, warn=print) -> int | None:
 def find_latest(
     root: str | os.PathLike, *, warn=print, verify=verify_checkpoint, before: int | None = None
 ) -> tuple[int, Path] | None:
-    """The checkpoint to resume from: the marker's if complete, else the newest complete older one.
+    """The checkpoint to resume from: the marker's if complete, else the newest complete older one
+    of the same trajectory.
 
     Args:
-        warn: receives a line for every checkpoint skipped (naming the file at fault) and for a
-            damaged marker (then every ``iter_*`` directory is a candidate).
+        warn: receives a line for every checkpoint skipped (naming the file at fault, or the other
+            trajectory's origin) and for a damaged marker (then every ``iter_*`` directory is a
+            candidate).
         verify: ``path -> reason or None``, :func:`verify_checkpoint` by default (sizes and
             checksums of every file); the trainer passes one that shares the checksums over ranks.
         before: only iterations below it (the fall-back after ``before`` failed to load).
 
-    Returns None when ``root`` holds no complete checkpoint (a fresh start).
+    Once a checkpoint has failed (``before``, or the first candidate that does not verify), the
+    older ones are taken only on its trajectory (:func:`same_trajectory`; found in review,
+    2026-12-06: after a rollback the fall-back resumed the rolled-back run's newer iteration).
+    Returns None when ``root`` holds no such complete checkpoint (a fresh start where it holds none).
     """
     root = Path(root)
     named = read_marker(root, warn=warn)
@@ -444,17 +453,85 @@ def find_latest(
     ]
     if named is not None and named not in candidates:
         candidates.append(named)
+    failed = iter_dir(root, before) if before is not None else None
+    unknown_warned = False
     for it in sorted(candidates, reverse=True):
-        reason = verify(iter_dir(root, it))
+        path = iter_dir(root, it)
+        if failed is not None:
+            same = same_trajectory(path, failed)
+            if same is None and not unknown_warned:
+                unknown_warned = True
+                warn(
+                    f"checkpoint: WARNING: the trainer state of {failed} cannot be read, so its trajectory "
+                    "is unknown: falling back by iteration alone"
+                )
+            elif same is False:
+                started = origin_of(path)
+                warn(
+                    f"checkpoint: WARNING: skipping iteration {it}: another trajectory's checkpoint "
+                    f"(started from {started or 'scratch'}) than {failed.name}'s; to resume it, name it "
+                    f"with checkpoint.load={path}"
+                )
+                continue
+        reason = verify(path)
         if reason is None:
             if named is not None and it != named:
                 warn(
                     f"checkpoint: WARNING: the latest checkpoint (iteration {named}) is incomplete or "
                     f"damaged; resuming from the previous complete one, iteration {it}"
                 )
-            return it, iter_dir(root, it)
+            return it, path
         warn(f"checkpoint: WARNING: skipping iteration {it}: {reason}")
+        if failed is None:
+            failed = path  # the older ones must be on its trajectory
     return None
+
+
+def _trainer_origin(path: Path) -> tuple[bool, str | None]:
+    """``(readable, origin)`` of checkpoint ``path``'s trainer state (:func:`origin_of`)."""
+    try:
+        state = read_json(path / TRAINER_STATE_FILE)
+    except (OSError, ValueError):
+        return False, None
+    if not isinstance(state, dict):
+        return False, None
+    origin = state.get("origin")
+    return True, (origin if isinstance(origin, str) else None)
+
+
+def same_trajectory(candidate: str | os.PathLike, failed: str | os.PathLike) -> bool | None:
+    """Whether checkpoint ``candidate``, older than ``failed``, lies on the trajectory that saved
+    ``failed``: saved by it (the same ``origin``: both from scratch, or both started by
+    ``checkpoint.load`` of one checkpoint), or, for a trajectory started from a checkpoint, that
+    checkpoint itself or one of its own trajectory up to its iteration in its directory (a rollback
+    of a rollback goes on up the chain). None when ``failed``'s trainer state cannot be read (its
+    trajectory is unknown); True for a ``candidate`` whose trainer state cannot be read (its
+    verification rejects it)."""
+    candidate, failed = Path(candidate), Path(failed)
+    ok, origin = _trainer_origin(failed)
+    if not ok:
+        return None
+    ok, own = _trainer_origin(candidate)
+    if not ok:
+        return True
+    at, seen = iteration_of(candidate), set()
+    while True:
+        if own == origin:
+            return True
+        if origin is None or origin in seen:
+            return False
+        seen.add(origin)
+        start = Path(origin)
+        if start.resolve() == candidate.resolve():
+            return True
+        start_at = iteration_of(start)
+        if start.parent.resolve() != candidate.parent.resolve() or start_at is None or at is None:
+            return False
+        if at > start_at:
+            return False
+        ok, origin = _trainer_origin(start)  # the trajectory the start checkpoint was saved by
+        if not ok:
+            return False
 
 
 def origin_of(path: str | os.PathLike) -> str | None:

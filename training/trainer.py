@@ -339,7 +339,8 @@ class Trainer:
             return None
         raise ValueError(
             f"no usable checkpoint under {root}: iteration(s) {', '.join(map(str, tried))} are incomplete "
-            "or damaged (the warnings above name the files); restore a copy, or start fresh in another "
+            "or damaged, or another trajectory's than the one that failed (the warnings above name the "
+            "files and how to resume another trajectory's); restore a copy, or start fresh in another "
             "runtime.output_dir or checkpoint.dir; nothing was deleted"
         )
 

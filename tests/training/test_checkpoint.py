@@ -165,6 +165,64 @@ def test_same_size_damage_fails_the_checksum_and_falls_back(tmp_path):
     )
 
 
+def _save_from(root, it, origin=None, keep_last=10):
+    """A fake save by a trajectory started from ``origin`` (a checkpoint path; None: from scratch)."""
+    tmp = ckpt.prepare_tmp_dir(root, it)
+    (tmp / "model.pt").write_bytes(b"x" * 100)
+    state = {"iteration": it, **({"origin": str(origin)} if origin is not None else {})}
+    return ckpt.finish_save(root, it, tmp, config={"a": 1}, trainer_state=state, keep_last=keep_last)
+
+
+def test_fall_back_keeps_to_the_failed_checkpoints_trajectory(tmp_path):
+    """Found in review (2026-12-06): run A saved 10, 20, 30; a rollback B (``checkpoint.load`` of A's 10)
+    saved 15 and 25, between A's iterations. B's 25 damaged: the fall-back skips A's 20 (named, with
+    its origin) and resumes B's 15; before, it resumed A's 20, the run that was rolled back."""
+    for it in (10, 20, 30):
+        _save_from(tmp_path, it)
+    origin = ckpt.iter_dir(tmp_path, 10).resolve()
+    for it in (15, 25):
+        _save_from(tmp_path, it, origin)
+    _flip_byte(ckpt.iter_dir(tmp_path, 25) / "model.pt")
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (15, ckpt.iter_dir(tmp_path, 15))
+    assert "skipping iteration 25" in warnings[0]
+    assert warnings[1] == (
+        "checkpoint: WARNING: skipping iteration 20: another trajectory's checkpoint (started from scratch) "
+        f"than iter_0000025's; to resume it, name it with checkpoint.load={ckpt.iter_dir(tmp_path, 20)}"
+    )
+    # after a load failure of 15 (before=15): B's origin, A's 10, is on B's trajectory
+    assert ckpt.find_latest(tmp_path, warn=warnings.append, before=15) == (10, ckpt.iter_dir(tmp_path, 10))
+    # A's own 30 damaged: A's 20 is the fall-back, B's 25 is skipped
+    _flip_byte(ckpt.iter_dir(tmp_path, 30) / "model.pt")
+    (tmp_path / ckpt.MARKER).write_text("30\n")
+    warnings.clear()
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (20, ckpt.iter_dir(tmp_path, 20))
+    assert f"skipping iteration 25: another trajectory's checkpoint (started from {origin})" in warnings[1]
+
+
+def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):
+    """C started from B's 15, B from A's 10: A's 5 and 10 and B's 12 and 15 are C's history, A's 20 and
+    B's 25 are not; a failed checkpoint whose trainer state cannot be read has no known trajectory."""
+    for it in (5, 10, 20):
+        _save_from(tmp_path, it)
+    for it in (12, 15, 25):
+        _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 10).resolve())
+    for it in (17, 30):
+        _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 15).resolve())
+    c = ckpt.iter_dir(tmp_path, 30)
+    on = {it: ckpt.same_trajectory(ckpt.iter_dir(tmp_path, it), c) for it in (5, 10, 12, 15, 17, 20, 25)}
+    assert on == {5: True, 10: True, 12: True, 15: True, 17: True, 20: False, 25: False}
+    (ckpt.iter_dir(tmp_path, 30) / ckpt.TRAINER_STATE_FILE).write_text("{not json")
+    assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 20), c) is None
+    # started from a checkpoint of another directory: its history is there (A's 5), not an unrelated
+    # scratch run's checkpoint beside it in its own directory
+    other = tmp_path / "other"
+    _save_from(other, 3)
+    _save_from(other, 40, ckpt.iter_dir(tmp_path, 20).resolve())
+    assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 5), ckpt.iter_dir(other, 40)) is True
+    assert ckpt.same_trajectory(ckpt.iter_dir(other, 3), ckpt.iter_dir(other, 40)) is False
+
+
 def test_manifest_without_checksums_still_loads(tmp_path):
     """Checkpoints saved before checksums were recorded (format 1: sizes only) stay loadable."""
     final = fake_save(tmp_path, 10)

@@ -332,6 +332,36 @@ def test_a_rollback_keeps_its_own_checkpoints_and_a_relaunch_follows_them(make_c
     )
 
 
+def test_a_damaged_rollback_checkpoint_falls_back_on_its_own_trajectory(make_cfg, train, tmp_path):
+    """Found in review (2026-12-06): after a rollback, the fall-back from a damaged checkpoint took the
+    newest older iteration, which could be the rolled-back run's (here A's 8 between the rollback's 6
+    and 9). Now it keeps to the failed checkpoint's trajectory and says which it skipped."""
+    code, log = train(make_cfg("training.train_iters=10", "checkpoint.keep_last=5"))  # A: 4, 8, 10
+    assert code == EXIT_DONE, log.text()
+    root = tmp_path / "run" / "checkpoints"
+    back = ckpt.iter_dir(root, 4)
+    b = ("training.train_iters=10", "checkpoint.save_interval=3", "checkpoint.keep_last=5")
+    code, log = train(make_cfg(f"checkpoint.load={back}", *b))  # B from A's 4: 6, 9, 10 (replaces A's)
+    assert code == EXIT_DONE, log.text()
+    assert ckpt.complete_iterations(root) == [4, 6, 8, 9, 10]
+    losses_b = {r["step"]: r["loss"] for r in metrics(tmp_path / "run") if r["kind"] == "train"}
+    for it in (9, 10):  # B's newest two damaged (one bit each)
+        f = ckpt.iter_dir(root, it) / "model.pt"
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 1
+        f.write_bytes(bytes(data))
+    code, log = train(make_cfg(*b))  # the relaunch with checkpoint.load=auto
+    assert code == EXIT_DONE, log.text()
+    assert (
+        "checkpoint: WARNING: skipping iteration 8: another trajectory's checkpoint (started from scratch) "
+        f"than iter_0000010's; to resume it, name it with checkpoint.load={ckpt.iter_dir(root, 8)}"
+    ) in log.text()
+    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
+    assert [e for e in events if e[0] == "resume"][-1] == ("resume", 6)
+    again = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"][-4:]
+    assert [(r["step"], r["loss"]) for r in again] == [(s, losses_b[s]) for s in (7, 8, 9, 10)]
+
+
 def test_a_pinned_start_relaunched_resumes_its_own_save_and_keeps_the_other_runs(make_cfg, train, tmp_path):
     """Found in review (2026-12-06): a run started by ``checkpoint.load=<iter path>`` and stopped went
     back to that checkpoint when the same command was relaunched (a Slurm requeue reruns the same
