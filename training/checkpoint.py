@@ -22,11 +22,12 @@ size: bit rot, a bad copy), warns naming the file and falls back to the newest c
 A marker that is not an iteration number (binary garbage, a directory) is reported by its path and
 the newest complete ``iter_*`` directory is used instead: the marker is written after the rename,
 so that directory is never older than the one the marker named, and no work is lost (Megatron-LM
-exits on an unreadable marker, which would leave a requeued job failing until someone fixed it).
-A fall-back keeps to the trajectory of the checkpoint that failed (:func:`same_trajectory`): after
-a rollback (``checkpoint.load=<iter path>``) the directory also holds the other run's newer
-iterations, and a fall-back to one of those would resume the run that was rolled back; they are
-skipped with a warning naming their origin.
+exits on an unreadable marker, which would leave a requeued job failing until someone fixed it);
+after a rollback (``checkpoint.load=<iter path>``) that directory can be the rolled-back run's
+newer iteration, which nothing then tells from the marker's. A fall-back from a checkpoint that
+failed keeps to its trajectory (:func:`same_trajectory`): after a rollback the directory also holds
+the other run's newer iterations, and a fall-back to one of those would resume the run that was
+rolled back; they are skipped with a warning naming their origin.
 
 Checksums: CRC-32 (stdlib ``zlib.crc32``) of every file, in ``manifest.json`` under ``checksums``
 (``checksum: "crc32"``; ``files`` keeps the sizes, as in the manifests written before checksums).
@@ -424,7 +425,13 @@ def read_marker(root: str | os.PathLike, *, warn=print) -> int | None:
 
 
 def find_latest(
-    root: str | os.PathLike, *, warn=print, verify=verify_checkpoint, before: int | None = None
+    root: str | os.PathLike,
+    *,
+    warn=print,
+    verify=verify_checkpoint,
+    before: int | None = None,
+    same=None,
+    trace: dict | None = None,
 ) -> tuple[int, Path] | None:
     """The checkpoint to resume from: the marker's if complete, else the newest complete older one
     of the same trajectory.
@@ -436,13 +443,23 @@ def find_latest(
         verify: ``path -> reason or None``, :func:`verify_checkpoint` by default (sizes and
             checksums of every file); the trainer passes one that shares the checksums over ranks.
         before: only iterations below it (the fall-back after ``before`` failed to load).
+        same: ``(candidate, failed, failed_reason) -> bool or None``, :func:`same_trajectory` by
+            default; the trainer passes one that decides on one rank and shares the answer (every
+            rank must call ``verify`` on the same checkpoints).
+        trace: a dict that receives ``"origin"``, the failed checkpoint's trajectory origin (None:
+            from scratch), when the checkpoint returned is an ancestor on that trajectory with another
+            origin of its own (the start checkpoint of a rollback, or one before it): the resumed run
+            goes on with the failed trajectory, so its saves must carry that origin.
 
-    Once a checkpoint has failed (``before``, or the first candidate that does not verify), the
-    older ones are taken only on its trajectory (:func:`same_trajectory`; found in review,
-    2026-12-06: after a rollback the fall-back resumed the rolled-back run's newer iteration).
+    Once a checkpoint has failed (``before``, or the marker's checkpoint when it does not verify),
+    the older ones are taken only on its trajectory (``same``; found in review, 2026-12-06: after a
+    rollback the fall-back resumed the rolled-back run's newer iteration). Where that trajectory
+    cannot be traced (``same`` answers None), and where the marker is missing or damaged (nothing
+    names the trajectory), the fall-back goes by iteration alone, as before origins were recorded.
     Returns None when ``root`` holds no such complete checkpoint (a fresh start where it holds none).
     """
     root = Path(root)
+    same = same_trajectory if same is None else same
     named = read_marker(root, warn=warn)
     if before is not None and named is not None and named >= before:
         named = None
@@ -453,37 +470,44 @@ def find_latest(
     ]
     if named is not None and named not in candidates:
         candidates.append(named)
-    failed = iter_dir(root, before) if before is not None else None
-    unknown_warned = False
+    failed, failed_reason = (iter_dir(root, before), None) if before is not None else (None, None)
+    traced, skipped = True, []
     for it in sorted(candidates, reverse=True):
         path = iter_dir(root, it)
-        if failed is not None:
-            same = same_trajectory(path, failed)
-            if same is None and not unknown_warned:
-                unknown_warned = True
+        if failed is not None and traced:
+            on = same(path, failed, failed_reason)
+            if on is None:
+                traced = False
                 warn(
-                    f"checkpoint: WARNING: the trainer state of {failed} cannot be read, so its trajectory "
-                    "is unknown: falling back by iteration alone"
+                    f"checkpoint: WARNING: the trajectory of {failed.name} cannot be traced (its trainer "
+                    "state or that of the checkpoint it started from is unreadable or damaged, or that "
+                    "checkpoint moved): falling back by iteration alone"
                 )
-            elif same is False:
-                started = origin_of(path)
+            elif not on:
+                skipped.append(it)
+                started = origin_of(path) or "scratch, or saved before origins were recorded"
                 warn(
-                    f"checkpoint: WARNING: skipping iteration {it}: another trajectory's checkpoint "
-                    f"(started from {started or 'scratch'}) than {failed.name}'s; to resume it, name it "
-                    f"with checkpoint.load={path}"
+                    f"checkpoint: WARNING: skipping iteration {it}: a checkpoint of another trajectory than "
+                    f"{failed.name}'s (started from {started}); to resume that trajectory instead, name it: "
+                    f"checkpoint.load={path}"
                 )
                 continue
         reason = verify(path)
         if reason is None:
             if named is not None and it != named:
+                own = " of its trajectory" if skipped else ""
                 warn(
                     f"checkpoint: WARNING: the latest checkpoint (iteration {named}) is incomplete or "
-                    f"damaged; resuming from the previous complete one, iteration {it}"
+                    f"damaged; resuming from the previous complete one{own}, iteration {it}"
                 )
+            if trace is not None and failed is not None and traced:
+                ok, origin = _trainer_origin(failed)
+                if ok and _trainer_origin(path) != (True, origin):
+                    trace["origin"] = origin
             return it, path
         warn(f"checkpoint: WARNING: skipping iteration {it}: {reason}")
-        if failed is None:
-            failed = path  # the older ones must be on its trajectory
+        if failed is None and it == named:
+            failed, failed_reason = path, reason  # the older ones must be on its trajectory
     return None
 
 
@@ -499,15 +523,26 @@ def _trainer_origin(path: Path) -> tuple[bool, str | None]:
     return True, (origin if isinstance(origin, str) else None)
 
 
-def same_trajectory(candidate: str | os.PathLike, failed: str | os.PathLike) -> bool | None:
+def same_trajectory(
+    candidate: str | os.PathLike, failed: str | os.PathLike, failed_reason: str | None = None
+) -> bool | None:
     """Whether checkpoint ``candidate``, older than ``failed``, lies on the trajectory that saved
     ``failed``: saved by it (the same ``origin``: both from scratch, or both started by
     ``checkpoint.load`` of one checkpoint), or, for a trajectory started from a checkpoint, that
     checkpoint itself or one of its own trajectory up to its iteration in its directory (a rollback
-    of a rollback goes on up the chain). None when ``failed``'s trainer state cannot be read (its
-    trajectory is unknown); True for a ``candidate`` whose trainer state cannot be read (its
-    verification rejects it)."""
+    of a rollback goes on up the chain).
+
+    None (not traceable: the caller falls back by iteration) when ``failed``'s trainer state cannot be
+    read or its verification failed on it (``failed_reason`` names ``trainer_state.json``: its origin
+    may be the damage), or when the chain meets a start checkpoint that no longer exists (a moved
+    directory) or whose trainer state cannot be read. True for a ``candidate`` whose trainer state
+    cannot be read (its verification rejects it). Limits: runs told apart only by their origins, so
+    two rollbacks from one checkpoint count as one trajectory (as ``prune`` counts them), and a
+    rollback made by editing the marker (no origin) is not told from the run it rolled back; a save
+    that later replaced the start checkpoint's iteration stands in for it."""
     candidate, failed = Path(candidate), Path(failed)
+    if failed_reason is not None and TRAINER_STATE_FILE in failed_reason:
+        return None
     ok, origin = _trainer_origin(failed)
     if not ok:
         return None
@@ -522,6 +557,8 @@ def same_trajectory(candidate: str | os.PathLike, failed: str | os.PathLike) -> 
             return False
         seen.add(origin)
         start = Path(origin)
+        if not start.exists():
+            return None  # moved (or deleted): its history cannot be followed
         if start.resolve() == candidate.resolve():
             return True
         start_at = iteration_of(start)
@@ -531,7 +568,7 @@ def same_trajectory(candidate: str | os.PathLike, failed: str | os.PathLike) -> 
             return False
         ok, origin = _trainer_origin(start)  # the trajectory the start checkpoint was saved by
         if not ok:
-            return False
+            return None
 
 
 def origin_of(path: str | os.PathLike) -> str | None:

@@ -187,17 +187,62 @@ def test_fall_back_keeps_to_the_failed_checkpoints_trajectory(tmp_path):
     assert ckpt.find_latest(tmp_path, warn=warnings.append) == (15, ckpt.iter_dir(tmp_path, 15))
     assert "skipping iteration 25" in warnings[0]
     assert warnings[1] == (
-        "checkpoint: WARNING: skipping iteration 20: another trajectory's checkpoint (started from scratch) "
-        f"than iter_0000025's; to resume it, name it with checkpoint.load={ckpt.iter_dir(tmp_path, 20)}"
+        "checkpoint: WARNING: skipping iteration 20: a checkpoint of another trajectory than iter_0000025's "
+        "(started from scratch, or saved before origins were recorded); to resume that trajectory instead, "
+        f"name it: checkpoint.load={ckpt.iter_dir(tmp_path, 20)}"
     )
-    # after a load failure of 15 (before=15): B's origin, A's 10, is on B's trajectory
-    assert ckpt.find_latest(tmp_path, warn=warnings.append, before=15) == (10, ckpt.iter_dir(tmp_path, 10))
+    assert warnings[2].endswith("resuming from the previous complete one of its trajectory, iteration 15")
+    # after a load failure of 15 (before=15): B's origin, A's 10, is on B's trajectory; the trace says
+    # the run goes on with B's origin (A's 10 itself was saved from scratch)
+    trace = {}
+    assert ckpt.find_latest(tmp_path, warn=warnings.append, before=15, trace=trace) == (
+        10,
+        ckpt.iter_dir(tmp_path, 10),
+    )
+    assert trace == {"origin": str(origin)}
+    trace.clear()  # no trace where the checkpoint found has the failed one's origin
+    assert ckpt.find_latest(tmp_path, warn=warnings.append, before=25, trace=trace)[0] == 15 and not trace
     # A's own 30 damaged: A's 20 is the fall-back, B's 25 is skipped
     _flip_byte(ckpt.iter_dir(tmp_path, 30) / "model.pt")
     (tmp_path / ckpt.MARKER).write_text("30\n")
     warnings.clear()
     assert ckpt.find_latest(tmp_path, warn=warnings.append) == (20, ckpt.iter_dir(tmp_path, 20))
-    assert f"skipping iteration 25: another trajectory's checkpoint (started from {origin})" in warnings[1]
+    skip = "skipping iteration 25: a checkpoint of another trajectory than iter_0000030's"
+    skip += f" (started from {origin})"
+    assert skip in warnings[1]
+
+
+def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
+    """Where nothing names the trajectory, or it cannot be traced, the fall-back goes by iteration as
+    before origins were recorded (review of 2026-12-06): a damaged marker after a rollback (B's 25 is
+    then the newest complete: no work lost), a start checkpoint whose directory moved or whose trainer
+    state is damaged, and a failed checkpoint whose verification names its trainer state."""
+    for it in (10, 20, 30):
+        _save_from(tmp_path, it)
+    for it in (15, 25):
+        _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 10).resolve())
+    _flip_byte(ckpt.iter_dir(tmp_path, 30) / "model.pt")
+    (tmp_path / ckpt.MARKER).write_bytes(b"\xff\xfe")  # damaged marker: 30 (A's, damaged) then B's 25
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (25, ckpt.iter_dir(tmp_path, 25))
+    # moved: the origins name the old place, so B's history (A's 10) cannot be followed
+    moved = tmp_path.parent / (tmp_path.name + "_moved")
+    tmp_path.rename(moved)
+    b25, a20 = ckpt.iter_dir(moved, 25), ckpt.iter_dir(moved, 20)
+    assert ckpt.same_trajectory(ckpt.iter_dir(moved, 15), b25) is True  # the same origin string
+    assert ckpt.same_trajectory(a20, b25) is None
+    warnings.clear()
+    assert ckpt.find_latest(moved, warn=warnings.append, before=15) == (10, ckpt.iter_dir(moved, 10))
+    assert any("the trajectory of iter_0000015 cannot be traced" in w for w in warnings), warnings
+    moved.rename(tmp_path)
+    # the start checkpoint's trainer state unreadable: A's 5 below it is neither taken nor refused
+    (ckpt.iter_dir(tmp_path, 10) / ckpt.TRAINER_STATE_FILE).write_text("{")
+    assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 10), ckpt.iter_dir(tmp_path, 25)) is True  # the start
+    _save_from(tmp_path, 5)
+    assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 5), ckpt.iter_dir(tmp_path, 25)) is None
+    # a failed checkpoint whose damage is in its trainer state: its origin may be the damage
+    reason = f"{ckpt.iter_dir(tmp_path, 25) / ckpt.TRAINER_STATE_FILE} is damaged: its crc32 is ..."
+    assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 20), ckpt.iter_dir(tmp_path, 25), reason) is None
 
 
 def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):

@@ -345,21 +345,37 @@ def test_a_damaged_rollback_checkpoint_falls_back_on_its_own_trajectory(make_cfg
     assert code == EXIT_DONE, log.text()
     assert ckpt.complete_iterations(root) == [4, 6, 8, 9, 10]
     losses_b = {r["step"]: r["loss"] for r in metrics(tmp_path / "run") if r["kind"] == "train"}
-    for it in (9, 10):  # B's newest two damaged (one bit each)
-        f = ckpt.iter_dir(root, it) / "model.pt"
-        data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 1
-        f.write_bytes(bytes(data))
+
+    def damage(*its):  # one bit each
+        for it in its:
+            f = ckpt.iter_dir(root, it) / "model.pt"
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 1
+            f.write_bytes(bytes(data))
+
+    damage(9, 10)  # B's newest two
     code, log = train(make_cfg(*b))  # the relaunch with checkpoint.load=auto
     assert code == EXIT_DONE, log.text()
     assert (
-        "checkpoint: WARNING: skipping iteration 8: another trajectory's checkpoint (started from scratch) "
-        f"than iter_0000010's; to resume it, name it with checkpoint.load={ckpt.iter_dir(root, 8)}"
+        "checkpoint: WARNING: skipping iteration 8: a checkpoint of another trajectory than iter_0000010's "
+        "(started from scratch, or saved before origins were recorded); to resume that trajectory instead, "
+        f"name it: checkpoint.load={ckpt.iter_dir(root, 8)}"
     ) in log.text()
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert [e for e in events if e[0] == "resume"][-1] == ("resume", 6)
     again = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"][-4:]
     assert [(r["step"], r["loss"]) for r in again] == [(s, losses_b[s]) for s in (7, 8, 9, 10)]
+    # all of B's own damaged: back to its start, A's 4, and on as B (review of 2026-12-06: the saves
+    # took A's identity, from scratch, and A's 8 would have counted as theirs)
+    damage(6, 9, 10)
+    code, log = train(make_cfg(*b))
+    assert code == EXIT_DONE, log.text()
+    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
+    assert [e for e in events if e[0] == "resume"][-1] == ("resume", 4)
+    again = [r for r in metrics(tmp_path / "run") if r["kind"] == "train"][-6:]
+    assert [(r["step"], r["loss"]) for r in again] == [(s, losses_b[s]) for s in range(5, 11)]
+    assert [ckpt.origin_of(ckpt.iter_dir(root, it)) for it in (6, 9, 10)] == [str(back.resolve())] * 3
+    assert ckpt.origin_of(ckpt.iter_dir(root, 8)) is None  # A's, kept
 
 
 def test_a_pinned_start_relaunched_resumes_its_own_save_and_keeps_the_other_runs(make_cfg, train, tmp_path):
