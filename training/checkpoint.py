@@ -443,13 +443,15 @@ def find_latest(
         verify: ``path -> reason or None``, :func:`verify_checkpoint` by default (sizes and
             checksums of every file); the trainer passes one that shares the checksums over ranks.
         before: only iterations below it (the fall-back after ``before`` failed to load).
-        same: ``(candidate, failed, failed_reason) -> bool or None``, :func:`same_trajectory` by
-            default; the trainer passes one that decides on one rank and shares the answer (every
-            rank must call ``verify`` on the same checkpoints).
-        trace: a dict that receives ``"origin"``, the failed checkpoint's trajectory origin (None:
-            from scratch), when the checkpoint returned is an ancestor on that trajectory with another
-            origin of its own (the start checkpoint of a rollback, or one before it): the resumed run
-            goes on with the failed trajectory, so its saves must carry that origin.
+        same: ``(candidate, failed) -> bool or None``, :func:`same_trajectory` by default; the
+            trainer passes one that decides on one rank and shares the answer (every rank must call
+            ``verify`` on the same checkpoints).
+        trace: a dict that receives ``"origin"``, the resolved path of the checkpoint returned, when
+            it is an ancestor on the failed checkpoint's trajectory with another origin of its own
+            (a rollback's start checkpoint, or one before it): the resumed run is a trajectory started
+            there, as ``checkpoint.load`` of it would start one, and its saves carry that origin
+            (keeping the failed trajectory's origin would make a save at that origin's iteration
+            name itself).
 
     Once a checkpoint has failed (``before``, or the marker's checkpoint when it does not verify),
     the older ones are taken only on its trajectory (``same``; found in review, 2026-12-06: after a
@@ -470,18 +472,18 @@ def find_latest(
     ]
     if named is not None and named not in candidates:
         candidates.append(named)
-    failed, failed_reason = (iter_dir(root, before), None) if before is not None else (None, None)
+    failed = iter_dir(root, before) if before is not None else None
     traced, skipped = True, []
     for it in sorted(candidates, reverse=True):
         path = iter_dir(root, it)
         if failed is not None and traced:
-            on = same(path, failed, failed_reason)
+            on = same(path, failed)
             if on is None:
                 traced = False
                 warn(
                     f"checkpoint: WARNING: the trajectory of {failed.name} cannot be traced (its trainer "
-                    "state or that of the checkpoint it started from is unreadable or damaged, or that "
-                    "checkpoint moved): falling back by iteration alone"
+                    "state, or that of a checkpoint it descends from, is missing, unreadable or damaged, "
+                    "or that checkpoint was moved or copied): falling back by iteration alone"
                 )
             elif not on:
                 skipped.append(it)
@@ -495,7 +497,7 @@ def find_latest(
         reason = verify(path)
         if reason is None:
             if named is not None and it != named:
-                own = " of its trajectory" if skipped else ""
+                own = " of its trajectory" if skipped and traced else ""
                 warn(
                     f"checkpoint: WARNING: the latest checkpoint (iteration {named}) is incomplete or "
                     f"damaged; resuming from the previous complete one{own}, iteration {it}"
@@ -503,11 +505,11 @@ def find_latest(
             if trace is not None and failed is not None and traced:
                 ok, origin = _trainer_origin(failed)
                 if ok and _trainer_origin(path) != (True, origin):
-                    trace["origin"] = origin
+                    trace["origin"] = str(path.resolve())
             return it, path
         warn(f"checkpoint: WARNING: skipping iteration {it}: {reason}")
         if failed is None and it == named:
-            failed, failed_reason = path, reason  # the older ones must be on its trajectory
+            failed = path  # the older ones must be on its trajectory
     return None
 
 
@@ -523,25 +525,42 @@ def _trainer_origin(path: Path) -> tuple[bool, str | None]:
     return True, (origin if isinstance(origin, str) else None)
 
 
-def same_trajectory(
-    candidate: str | os.PathLike, failed: str | os.PathLike, failed_reason: str | None = None
-) -> bool | None:
+def _trainer_state_intact(path: Path) -> bool:
+    """Whether checkpoint ``path``'s trainer state has the size and checksum its manifest lists (a
+    manifest without checksums: the size), so that its ``origin`` can be trusted in a checkpoint
+    whose other files failed."""
+    manifest, _ = _read_manifest(path)
+    state = path / TRAINER_STATE_FILE
+    if manifest is None or TRAINER_STATE_FILE not in manifest["files"]:
+        return False
+    try:
+        if state.stat().st_size != manifest["files"][TRAINER_STATE_FILE]:
+            return False
+        want = (manifest.get("checksums") or {}).get(TRAINER_STATE_FILE)
+        return want is None or file_checksum(state) == want
+    except OSError:
+        return False
+
+
+def same_trajectory(candidate: str | os.PathLike, failed: str | os.PathLike) -> bool | None:
     """Whether checkpoint ``candidate``, older than ``failed``, lies on the trajectory that saved
     ``failed``: saved by it (the same ``origin``: both from scratch, or both started by
     ``checkpoint.load`` of one checkpoint), or, for a trajectory started from a checkpoint, that
     checkpoint itself or one of its own trajectory up to its iteration in its directory (a rollback
-    of a rollback goes on up the chain).
+    of a rollback goes on up the chain). A candidate newer than the start checkpoint with another
+    origin is not on it, wherever the start is now.
 
-    None (not traceable: the caller falls back by iteration) when ``failed``'s trainer state cannot be
-    read or its verification failed on it (``failed_reason`` names ``trainer_state.json``: its origin
-    may be the damage), or when the chain meets a start checkpoint that no longer exists (a moved
-    directory) or whose trainer state cannot be read. True for a ``candidate`` whose trainer state
-    cannot be read (its verification rejects it). Limits: runs told apart only by their origins, so
-    two rollbacks from one checkpoint count as one trajectory (as ``prune`` counts them), and a
-    rollback made by editing the marker (no origin) is not told from the run it rolled back; a save
-    that later replaced the start checkpoint's iteration stands in for it."""
+    None (not traceable: the caller falls back by iteration) when ``failed``'s trainer state does not
+    match its manifest (its origin may be the damage) or cannot be read, or when the history below a
+    start checkpoint is needed and that checkpoint no longer exists where its path says, lies in
+    another directory (a moved or copied checkpoint directory), cannot be read, or leads back to
+    itself. True for a ``candidate`` whose trainer state cannot be read (its verification rejects
+    it). Limits: runs are told apart only by their origins, so two rollbacks from one checkpoint
+    count as one trajectory (as ``prune`` counts them), and a rollback made by editing the marker
+    (no origin) is not told from the run it rolled back; a save that later replaced the start
+    checkpoint's iteration stands in for it."""
     candidate, failed = Path(candidate), Path(failed)
-    if failed_reason is not None and TRAINER_STATE_FILE in failed_reason:
+    if not _trainer_state_intact(failed):
         return None
     ok, origin = _trainer_origin(failed)
     if not ok:
@@ -553,19 +572,21 @@ def same_trajectory(
     while True:
         if own == origin:
             return True
-        if origin is None or origin in seen:
+        if origin is None:
             return False
+        if origin in seen:
+            return None  # origins that lead back to themselves
         seen.add(origin)
         start = Path(origin)
+        start_at = iteration_of(start)
+        if at is not None and start_at is not None and at > start_at:
+            return False  # newer than the start, with another origin
         if not start.exists():
-            return None  # moved (or deleted): its history cannot be followed
+            return None  # moved or deleted: its history cannot be followed
         if start.resolve() == candidate.resolve():
             return True
-        start_at = iteration_of(start)
         if start.parent.resolve() != candidate.parent.resolve() or start_at is None or at is None:
-            return False
-        if at > start_at:
-            return False
+            return None  # its history lies in another directory (or a copy of this one)
         ok, origin = _trainer_origin(start)  # the trajectory the start checkpoint was saved by
         if not ok:
             return None

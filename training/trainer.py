@@ -328,19 +328,20 @@ class Trainer:
         reason = ckpt.verify_checkpoint(path, shard=(self.env.rank, self.env.world_size))
         return next((r for r in all_gather_objects(reason, self.env) if r is not None), None)
 
-    def _same_trajectory(self, candidate: Path, failed: Path, reason: str | None) -> bool | None:
+    def _same_trajectory(self, candidate: Path, failed: Path) -> bool | None:
         """:func:`training.checkpoint.same_trajectory` decided on rank 0 and shared: every rank then
         verifies the same checkpoints (``_verify`` is a collective), whatever a rank's reads gave."""
-        answer = ckpt.same_trajectory(candidate, failed, reason) if self.env.rank == 0 else None
+        answer = ckpt.same_trajectory(candidate, failed) if self.env.rank == 0 else None
         return all_gather_objects(answer, self.env)[0]
 
     def _latest(self, root: Path, *, before: int | None = None) -> Path | None:
         """The newest usable checkpoint under ``root`` (below ``before``), None when ``root`` has no
         ``iter_*`` directory; a ValueError when it has some but none is usable. A fall-back to an
-        ancestor on the failed checkpoint's trajectory (``find_latest``'s ``trace``) makes this run go
-        on with that trajectory's origin where no ``checkpoint.load=<path>`` set one (found in review,
-        2026-12-06: resumed from a rollback's start checkpoint, the run's saves took the rolled-back
-        run's identity, and pruning and the next fall-back counted that run's checkpoints as its own)."""
+        ancestor on the failed checkpoint's trajectory (``find_latest``'s ``trace``) makes this run a
+        trajectory started from that ancestor, as ``checkpoint.load`` of it would, where no
+        ``checkpoint.load=<path>`` set one (found in review, 2026-12-06: resumed from a rollback's
+        start checkpoint, the run's saves took the rolled-back run's identity, and pruning and the
+        next fall-back counted that run's checkpoints as its own)."""
         trace: dict = {}
         found = ckpt.find_latest(
             root, warn=self.log, verify=self._verify, before=before, same=self._same_trajectory, trace=trace

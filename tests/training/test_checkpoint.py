@@ -192,8 +192,8 @@ def test_fall_back_keeps_to_the_failed_checkpoints_trajectory(tmp_path):
         f"name it: checkpoint.load={ckpt.iter_dir(tmp_path, 20)}"
     )
     assert warnings[2].endswith("resuming from the previous complete one of its trajectory, iteration 15")
-    # after a load failure of 15 (before=15): B's origin, A's 10, is on B's trajectory; the trace says
-    # the run goes on with B's origin (A's 10 itself was saved from scratch)
+    # after a load failure of 15 (before=15): B's origin, A's 10, is on B's trajectory; the trace makes
+    # the resumed run a trajectory started from A's 10 (itself saved from scratch)
     trace = {}
     assert ckpt.find_latest(tmp_path, warn=warnings.append, before=15, trace=trace) == (
         10,
@@ -216,7 +216,7 @@ def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
     """Where nothing names the trajectory, or it cannot be traced, the fall-back goes by iteration as
     before origins were recorded (review of 2026-12-06): a damaged marker after a rollback (B's 25 is
     then the newest complete: no work lost), a start checkpoint whose directory moved or whose trainer
-    state is damaged, and a failed checkpoint whose verification names its trainer state."""
+    state is damaged, and a failed checkpoint whose trainer state does not match its manifest."""
     for it in (10, 20, 30):
         _save_from(tmp_path, it)
     for it in (15, 25):
@@ -230,7 +230,8 @@ def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
     tmp_path.rename(moved)
     b25, a20 = ckpt.iter_dir(moved, 25), ckpt.iter_dir(moved, 20)
     assert ckpt.same_trajectory(ckpt.iter_dir(moved, 15), b25) is True  # the same origin string
-    assert ckpt.same_trajectory(a20, b25) is None
+    assert ckpt.same_trajectory(a20, b25) is False  # newer than B's start: not B's, wherever it is
+    assert ckpt.same_trajectory(ckpt.iter_dir(moved, 10), b25) is None  # the start itself: unplaced
     warnings.clear()
     assert ckpt.find_latest(moved, warn=warnings.append, before=15) == (10, ckpt.iter_dir(moved, 10))
     assert any("the trajectory of iter_0000015 cannot be traced" in w for w in warnings), warnings
@@ -240,9 +241,11 @@ def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
     assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 10), ckpt.iter_dir(tmp_path, 25)) is True  # the start
     _save_from(tmp_path, 5)
     assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 5), ckpt.iter_dir(tmp_path, 25)) is None
-    # a failed checkpoint whose damage is in its trainer state: its origin may be the damage
-    reason = f"{ckpt.iter_dir(tmp_path, 25) / ckpt.TRAINER_STATE_FILE} is damaged: its crc32 is ..."
-    assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 20), ckpt.iter_dir(tmp_path, 25), reason) is None
+    # a failed checkpoint whose trainer state does not match its manifest (whatever file verification
+    # named first): its origin may be the damage
+    state = ckpt.iter_dir(tmp_path, 25) / ckpt.TRAINER_STATE_FILE
+    state.write_text(state.read_text().replace('"origin"', '"origon"'))
+    assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 20), ckpt.iter_dir(tmp_path, 25)) is None
 
 
 def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):
@@ -259,13 +262,17 @@ def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):
     assert on == {5: True, 10: True, 12: True, 15: True, 17: True, 20: False, 25: False}
     (ckpt.iter_dir(tmp_path, 30) / ckpt.TRAINER_STATE_FILE).write_text("{not json")
     assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 20), c) is None
-    # started from a checkpoint of another directory: its history is there (A's 5), not an unrelated
-    # scratch run's checkpoint beside it in its own directory
+    # started from a checkpoint of another directory: its history is there (A's 5); a checkpoint beside
+    # it in its own directory below that start cannot be placed (a copied directory looks the same)
     other = tmp_path / "other"
     _save_from(other, 3)
     _save_from(other, 40, ckpt.iter_dir(tmp_path, 20).resolve())
     assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 5), ckpt.iter_dir(other, 40)) is True
-    assert ckpt.same_trajectory(ckpt.iter_dir(other, 3), ckpt.iter_dir(other, 40)) is False
+    assert ckpt.same_trajectory(ckpt.iter_dir(other, 3), ckpt.iter_dir(other, 40)) is None
+    # origins that lead back to themselves (a re-save at the start's iteration): not traceable
+    _save_from(other, 20, ckpt.iter_dir(other, 20).resolve())
+    _save_from(other, 30, ckpt.iter_dir(other, 20).resolve())
+    assert ckpt.same_trajectory(ckpt.iter_dir(other, 3), ckpt.iter_dir(other, 30)) is None
 
 
 def test_manifest_without_checksums_still_loads(tmp_path):
