@@ -432,6 +432,7 @@ def find_latest(
     before: int | None = None,
     same=None,
     trace: dict | None = None,
+    share=None,
 ) -> tuple[int, Path] | None:
     """The checkpoint to resume from: the marker's if complete, else the newest complete older one
     of the same trajectory.
@@ -452,6 +453,10 @@ def find_latest(
             there, as ``checkpoint.load`` of it would start one, and its saves carry that origin
             (keeping the failed trajectory's origin would make a save at that origin's iteration
             name itself).
+        share: ``value -> value`` applied to what this process read of ``root`` (the marker's
+            iteration and the ``iter_*`` directories); the trainer passes one that returns rank 0's
+            reading on every rank, so that every rank walks the same candidates into ``verify`` (a
+            collective) even where one rank's read of the marker failed.
 
     Once a checkpoint has failed (``before``, or the marker's checkpoint when it does not verify),
     the older ones are taken only on its trajectory (``same``; found in review, 2026-12-06: after a
@@ -462,14 +467,12 @@ def find_latest(
     """
     root = Path(root)
     same = same_trajectory if same is None else same
-    named = read_marker(root, warn=warn)
+    named, listed = (read_marker(root, warn=warn), complete_iterations(root))
+    if share is not None:
+        named, listed = share((named, listed))
     if before is not None and named is not None and named >= before:
         named = None
-    candidates = [
-        it
-        for it in complete_iterations(root)
-        if (named is None or it <= named) and (before is None or it < before)
-    ]
+    candidates = [it for it in listed if (named is None or it <= named) and (before is None or it < before)]
     if named is not None and named not in candidates:
         candidates.append(named)
     failed = iter_dir(root, before) if before is not None else None

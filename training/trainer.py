@@ -328,11 +328,15 @@ class Trainer:
         reason = ckpt.verify_checkpoint(path, shard=(self.env.rank, self.env.world_size))
         return next((r for r in all_gather_objects(reason, self.env) if r is not None), None)
 
+    def _rank0(self, value):
+        """Rank 0's ``value`` on every rank (every rank must call it): what one rank read of a
+        checkpoint directory decides which checkpoints every rank verifies together."""
+        return all_gather_objects(value, self.env)[0]
+
     def _same_trajectory(self, candidate: Path, failed: Path) -> bool | None:
         """:func:`training.checkpoint.same_trajectory` decided on rank 0 and shared: every rank then
         verifies the same checkpoints (``_verify`` is a collective), whatever a rank's reads gave."""
-        answer = ckpt.same_trajectory(candidate, failed) if self.env.rank == 0 else None
-        return all_gather_objects(answer, self.env)[0]
+        return self._rank0(ckpt.same_trajectory(candidate, failed) if self.env.rank == 0 else None)
 
     def _latest(self, root: Path, *, before: int | None = None) -> Path | None:
         """The newest usable checkpoint under ``root`` (below ``before``), None when ``root`` has no
@@ -344,7 +348,13 @@ class Trainer:
         next fall-back counted that run's checkpoints as its own)."""
         trace: dict = {}
         found = ckpt.find_latest(
-            root, warn=self.log, verify=self._verify, before=before, same=self._same_trajectory, trace=trace
+            root,
+            warn=self.log,
+            verify=self._verify,
+            before=before,
+            same=self._same_trajectory,
+            trace=trace,
+            share=self._rank0,
         )
         if found is not None:
             if "origin" in trace and self._origin is None:
@@ -433,12 +443,17 @@ class Trainer:
         if not self.cfg.checkpoint.save:
             return None
         at = ckpt.iteration_of(start)
-        for it in reversed(ckpt.complete_iterations(self.ckpt_root)):
+        own = []  # decided on rank 0: every rank verifies the same checkpoints (a collective)
+        if self.env.rank == 0:
+            for it in reversed(ckpt.complete_iterations(self.ckpt_root)):
+                path = ckpt.iter_dir(self.ckpt_root, it)
+                if at is not None and it <= at:
+                    break
+                if path.resolve() != start.resolve() and ckpt.origin_of(path) == origin:
+                    own.append(it)
+        for it in self._rank0(own):
             path = ckpt.iter_dir(self.ckpt_root, it)
-            if at is not None and it <= at:
-                break
-            own = path.resolve() != start.resolve() and ckpt.origin_of(path) == origin
-            if own and self._verify(path) is None:
+            if self._verify(path) is None:
                 return path
         return None
 

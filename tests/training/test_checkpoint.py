@@ -275,6 +275,22 @@ def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):
     assert ckpt.same_trajectory(ckpt.iter_dir(other, 3), ckpt.iter_dir(other, 30)) is None
 
 
+def test_every_rank_walks_rank_0s_reading(tmp_path):
+    """``share`` (the trainer's: rank 0's value on every rank) replaces what this process read of the
+    directory: a rank whose marker read failed still walks the candidates of rank 0's marker into the
+    collective verification, instead of the newest directory (a rank out of step would hang)."""
+    for it in (10, 20, 30):
+        _save_from(tmp_path, it)
+    for it in (15, 25):
+        _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 10).resolve())
+    rank0 = (25, ckpt.complete_iterations(tmp_path))
+    (tmp_path / ckpt.MARKER).write_bytes(b"\x00")  # this rank's read of the marker fails
+    seen = []
+    got = ckpt.find_latest(tmp_path, warn=lambda _: None, share=lambda mine: (seen.append(mine), rank0)[1])
+    assert got == (25, ckpt.iter_dir(tmp_path, 25)) and seen == [(None, [10, 15, 20, 25, 30])]
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None)[0] == 30  # by itself: the newest directory
+
+
 def test_manifest_without_checksums_still_loads(tmp_path):
     """Checkpoints saved before checksums were recorded (format 1: sizes only) stay loadable."""
     final = fake_save(tmp_path, 10)
