@@ -599,11 +599,7 @@ def origin_of(path: str | os.PathLike) -> str | None:
     """The ``origin`` in checkpoint ``path``'s trainer state (``state.TrainerState``): the checkpoint
     its trajectory started from by ``checkpoint.load``, None for one started from scratch, saved
     before 2026-12-06, or whose trainer state cannot be read."""
-    try:
-        origin = read_json(Path(path) / TRAINER_STATE_FILE).get("origin")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return origin if isinstance(origin, str) else None
+    return _trainer_origin(Path(path))[1]
 
 
 def prune(root: str | os.PathLike, keep_last: int, *, saved: int, origin: str | None = None) -> None:
