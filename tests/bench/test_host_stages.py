@@ -4,7 +4,6 @@ arguments and the missing GPU (exit 2)."""
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import host_stages as hs  # noqa: E402
 
 
+class Clock:
+    """A fake ``time.perf_counter_ns``: the timings are exact, whatever the machine's load (a 2 ms
+    sleep once took 5.4 ms on a loaded CI runner and failed the ordering check)."""
+
+    now = 0
+
+    @classmethod
+    def ns(cls):
+        return cls.now
+
+
 class Owner:
     @staticmethod
     def slow(x):
-        time.sleep(0.002)
+        Clock.now += 2_000_000 + x  # 2 ms and a little, per call
         return x + 1
 
 
-def test_timers_sum_per_step_and_put_the_function_back():
+def test_timers_sum_per_step_and_put_the_function_back(monkeypatch):
+    monkeypatch.setattr(hs.time, "perf_counter_ns", Clock.ns)
     t = hs.Timers()
     original = Owner.__dict__["slow"]
     undo = t.wrap(Owner, "slow", "label")
@@ -32,9 +43,9 @@ def test_timers_sum_per_step_and_put_the_function_back():
     undo()
     assert Owner.__dict__["slow"] is original
     ns = t.ns["label"]
-    assert ns[0] >= 4e6 and 2e6 <= ns[1] < ns[0]  # two calls in step 0, one in step 1
+    assert dict(ns) == {0: 2 * 2_000_001, 1: 2_000_001}  # two calls in step 0, one in step 1
     medians = t.medians_us([0, 1, 2])  # step 2 had no call: 0
-    assert medians["label"] == pytest.approx(ns[1] / 1e3)
+    assert medians["label"] == pytest.approx(2_000_001 / 1e3)
 
 
 @pytest.mark.parametrize("backend", ["cute", "fa4"])
