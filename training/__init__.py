@@ -15,6 +15,7 @@
 | ``progress`` | elapsed time and ETA of the per-step line, throughput units, the run summary |
 | ``fingerprint`` | the config fingerprint's key list (no torch: ``tools/compare_runs.py`` reads it) |
 | ``telemetry`` | attention max logit and NVFP4 zero-scale-block fraction (sampled hook) |
+| ``run_lock`` | ``run.lock``: one live run per run / checkpoint directory |
 | ``signals`` | SIGTERM/SIGUSR1 and time budget flags; the exit codes |
 | ``trainer`` | the loop |
 """

@@ -21,7 +21,7 @@ Exit codes of ``pretrain_llama.py``:
 |---|---|
 | 0 | done: ``train_iters`` steps completed (final checkpoint saved) |
 | 1 | unexpected error (a Python traceback) |
-| 2 | configuration error, incompatible resume, an unwritable output/checkpoint dir, no usable checkpoint |
+| 2 | configuration error, incompatible resume, an unwritable or locked run dir, no usable checkpoint |
 | 3 | preempted (SIGTERM, SIGUSR1, a first Ctrl-C): step finished, checkpoint saved (unless ``save=false``) |
 | 4 | time budget (``runtime.exit_duration_mins``) reached: a checkpoint was saved (unless ``save=false``) |
 | 5 | non-finite loss or gradients with ``runtime.nonfinite=stop``: nothing saved |

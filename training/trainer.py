@@ -21,7 +21,9 @@ unusable the job stops (exit code 2) rather than start over next to them.
 
 Start-up: ``runtime.output_dir`` and (when saving) ``checkpoint.dir`` are created and test-written
 (:func:`training.writable.check_writable_dir`) before the model, the data and the first step; one
-that cannot be written stops the job with exit code 2 and its path.
+that cannot be written stops the job with exit code 2 and its path. Rank 0 then takes ``run.lock``
+of each (:mod:`training.run_lock`): another live run there stops the job with exit code 2, before
+anything is written; a lock that another run took over mid-run stops it before its next save.
 
 Out of GPU memory at start-up (a checkpoint load included), in a step, a validation or a save
 (``torch.OutOfMemoryError``, or CUDA's, NCCL's or cuBLAS's out-of-memory error, also inside torch DCP's
@@ -71,6 +73,7 @@ from .metrics import MetricsLogger, run_meta
 from .out_of_memory import out_of_memory_error
 from .plan import Plan, format_plan, make_plan, out_of_memory_text
 from .resolved import resolved_dict
+from .run_lock import STALE_S, LockLost, RunLock
 from .schedule import lr_at
 from .signals import (
     EXIT_CONFIG,
@@ -142,6 +145,8 @@ class Trainer:
         # set after an out-of-memory error with several ranks: the others are in a collective call
         # this rank will never join, so the process is left at once (run()), the group not destroyed
         self._abandon_group = False
+        # rank 0's run.lock of the output directory (and of checkpoint.dir where it is elsewhere)
+        self._locks: list[RunLock] = []
 
     # ----------------------------------------------------------------------------- set-up
     def run(self) -> int:
@@ -197,6 +202,7 @@ class Trainer:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+            self._release_locks()
             if self._abandon_group:  # see _out_of_memory: no destructor may wait on the other ranks
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -235,6 +241,7 @@ class Trainer:
             )
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.output_dir / "checkpoints"
         self._check_writable()
+        self._lock_dirs()
         if cfg.logging.wandb_mode != "disabled" and importlib.util.find_spec("wandb") is None:
             # every rank, before anything is written (found in review, 2026-12-06: the run went on
             # without wandb, and its summary said logging.wandb_mode=disabled)
@@ -321,6 +328,36 @@ class Trainer:
             if error is not None:
                 on = f" (on rank {rank})" if self.env.world_size > 1 else ""
                 raise ValueError(f"{error}{on}; checked at start-up, before the first step")
+
+    def _lock_dirs(self) -> None:
+        """Rank 0 takes ``run.lock`` of the output directory and, when saving into a checkpoint.dir
+        outside it, of that one (:mod:`training.run_lock`: another live run there is exit code 2,
+        before anything is written; a dead one's lock is taken over, after watching it where it
+        cannot be told dead at once). Every rank gets rank 0's answer."""
+        error = None
+        if self.env.is_main:
+            dirs = [(self.output_dir, "runtime.output_dir")]
+            ckpt_root = self.ckpt_root.resolve()
+            if self.cfg.checkpoint.save and not ckpt_root.is_relative_to(self.output_dir.resolve()):
+                dirs.append((self.ckpt_root, "checkpoint.dir"))
+            try:
+                for path, key in dirs:
+                    self._locks.append(RunLock.acquire(path, key=key, log=self.log))
+            except ValueError as err:
+                error = str(err)
+        error = self._rank0(error)
+        if error is not None:
+            raise ValueError(error)
+
+    def _release_locks(self) -> None:
+        for lock in reversed(self._locks):
+            lock.release()
+        self._locks = []
+
+    def _lock_lost(self) -> str | None:
+        """Rank 0's word, on every rank, when another run took over a lock of this run: its holder."""
+        lost = next((f"{lock.path} ({lock.lost})" for lock in self._locks if lock.lost), None)
+        return self._rank0(lost)
 
     def _verify(self, path: Path) -> str | None:
         """:func:`training.checkpoint.verify_checkpoint` with the checksums shared over the ranks:
@@ -711,6 +748,9 @@ class Trainer:
                 f"{st.nonfinite_count} non-finite step(s) skipped" + ("" if saving else NOT_SAVED),
             )
             return EXIT_DONE
+        except LockLost as err:
+            self._exit(st.iteration, EXIT_CONFIG, str(err))
+            return EXIT_CONFIG
         except Exception as err:
             if (oom := out_of_memory_error(err)) is None:
                 raise
@@ -793,6 +833,14 @@ class Trainer:
     def _save(self, step: int) -> None:
         eng, root = self.engine, self.ckpt_root
         eng.poll_saves(blocking=True)  # one save in flight at a time
+        lost = self._lock_lost()
+        if lost is not None:
+            raise LockLost(
+                f"another run took over the lock {lost} while this one ran (its heartbeat stalled for "
+                f"longer than {STALE_S:.0f} s): the checkpoint of step {step} was not saved, so as not to "
+                "write into that run's directory. Check which run should go on there; relaunched, this "
+                "one resumes from its newest complete checkpoint once the directory is its own again"
+            )
         if not eng.params_finite():
             self.metrics.event(
                 step, "save", "NOT saved: the parameters are not finite (a non-finite state is never saved)"
