@@ -57,7 +57,15 @@ fi
 extra=(${TORCHRUN_EXTRA:-})
 cd "$repo"
 echo "torchrun_node.sh: node ${NODE_RANK}/${NNODES}, ${NPROC_PER_NODE} procs, rendezvous ${rdzv[*]}" >&2
-run_forwarding_signals "$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --node-rank="$NODE_RANK" \
+# torchrun starts with SIGUSR1 ignored: under srun, Slurm signals the step's processes (the task's
+# process group, or with proctrack/cgroup all of them), torchrun among them, and torchrun has no
+# handler for USR1, whose default action would end it at once and leave its workers saving with
+# nothing waiting for them. This script's trap turns USR1 into SIGTERM to torchrun, which passes it
+# to the workers; pretrain_llama.py installs its own USR1 handler, so a worker signalled directly
+# stops the same way.
+# shellcheck disable=SC2016  # "$@" is the inner shell's
+run_forwarding_signals TERM bash -c 'trap "" USR1; exec "$@"' torchrun \
+    "$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --node-rank="$NODE_RANK" \
     --nproc-per-node="$NPROC_PER_NODE" "${rdzv[@]}" "${extra[@]}" pretrain_llama.py "$@"
 code="$LAUNCH_EXIT_CODE"
 echo "torchrun_node.sh: node ${NODE_RANK} exit code ${code}" >&2

@@ -142,3 +142,96 @@ def test_single_node_standalone(fake_slurm):
     assert res.returncode == 3  # the distinct code comes back through PRETRAIN_EXIT_FILE
     call = [c for c in log.read_text().splitlines() if c.startswith("python")][0]
     assert "--standalone" in call and "--nproc-per-node=2" in call and "--rdzv-endpoint" not in call
+
+
+SRUN_WITH_SIGNALS = """#!{python}
+# srun as Slurm's source has it (src/srun/libsrun/srun_job.c, _srun_signal_mgr): a SIGTERM to srun
+# SIGKILLs the tasks ("forcing job termination"), USR1 is passed on to them; the task (one node)
+# runs in its own session, and a signal reaches its process group, as slurmstepd's proctrack/pgid
+import os, signal, subprocess, sys
+with open({log!r}, "a") as f:
+    f.write("srun " + " ".join(sys.argv[1:]) + "\\n")
+args = sys.argv[1:]
+while args[0].startswith("--"):
+    args = args[1:]
+task = subprocess.Popen(args, start_new_session=True)
+def kill(signum, frame):
+    print("srun: forcing job termination", file=sys.stderr, flush=True)
+    os.killpg(task.pid, signal.SIGKILL)
+signal.signal(signal.SIGTERM, kill)
+signal.signal(signal.SIGUSR1, lambda s, f: os.killpg(task.pid, signal.SIGUSR1))
+rc = task.wait()
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+# torchrun + pretrain_llama.py: no USR1 handler (bash's default ends it, unless started with USR1
+# ignored); on SIGTERM it "saves" and rank 0 writes FAKE_ON_TERM (default 3), or it is killed
+TRAINING = """#!/usr/bin/env bash
+echo started >> {log}
+on_term() {{
+    sleep 0.3
+    if [ "${{FAKE_ON_TERM:-3}}" = killed ]; then kill -KILL $$; fi
+    echo "${{FAKE_ON_TERM:-3}}" > "$PRETRAIN_EXIT_FILE"
+    exit 1
+}}
+trap on_term TERM
+while true; do sleep 0.05; done
+"""
+
+
+@pytest.fixture
+def slurm_signals(fake_slurm, tmp_path):
+    env, log = fake_slurm
+    _exe(tmp_path / "bin" / "srun", SRUN_WITH_SIGNALS.format(python=sys.executable, log=str(log)))
+    _exe(tmp_path / "bin" / "training", TRAINING.format(log=log))
+    env = {
+        **env,
+        "PYTHON": str(tmp_path / "bin" / "training"),
+        "SLURM_JOB_NODELIST": "gpu-a017",
+        "SLURM_NNODES": "1",
+    }
+    return env, log
+
+
+def _time_limit_signal(env, log):
+    """The sbatch script until the step runs, then Slurm's --signal=B:USR1 (to the batch shell)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "launch" / "slurm_8x8.sbatch"), "configs/x.yaml"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while "started" not in (log.read_text() if log.exists() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_the_time_limit_signal_reaches_the_training_and_requeues(slurm_signals):
+    """Found in review (2026-12-06): the batch shell sent SIGTERM to srun, which killed every task
+    at once (exit 137, nothing saved, not requeued); and with USR1 passed on, torchrun (no USR1
+    handler) would die of it and leave its workers saving with nothing waiting for them."""
+    env, log = slurm_signals
+    rc, err = _time_limit_signal(env, log)
+    assert rc == 0, err
+    assert "forcing job termination" not in err
+    assert "slurm_8x8: training step exited with code 3" in err  # saved, through torchrun's SIGTERM
+    assert "checkpoint saved; requeueing job 4242" in err and "scontrol requeue 4242" in log.read_text()
+
+
+@pytest.mark.parametrize("on_term, requeued, rc", [("killed", True, 0), ("1", True, 0), ("2", False, 2)])
+def test_a_step_ended_after_the_time_limit_signal_is_requeued_unless_final(
+    slurm_signals, on_term, requeued, rc
+):
+    env, log = slurm_signals
+    code, err = _time_limit_signal({**env, "FAKE_ON_TERM": on_term}, log)
+    assert code == rc, err
+    assert ("scontrol requeue 4242" in log.read_text()) == requeued
+    assert ("stopped by the time-limit signal without a requeue code" in err) == requeued
