@@ -10,6 +10,7 @@ Token ids are stored as int32 (Llama-3 vocab 128256 > uint16 range).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ class IndexedSummary:
         num_tokens: total token ids in the .bin.
         dtype: numpy dtype of the token ids.
         max_token: largest id (only when a ``vocab_size`` check was requested, else -1).
+        index_digest: :func:`index_digest` of the ``.idx`` (what megatron-core's cached sample
+            indexes are built from).
     """
 
     num_documents: int
@@ -62,6 +65,26 @@ class IndexedSummary:
     num_tokens: int
     dtype: np.dtype
     max_token: int = -1
+    index_digest: str = ""
+
+
+def index_digest(prefix: str | os.PathLike) -> str:
+    """BLAKE2b-128 (32 hex characters) of ``<prefix>.idx``: the document and sequence lengths that
+    megatron-core's document, sample and shuffle indexes are computed from. The ``.idx`` is a few
+    bytes per document (12 per sequence, 8 per document), small beside the ``.bin``.
+
+    Raises:
+        MissingInputError (a FileNotFoundError): the file is missing.
+    """
+    path = idx_path(prefix)
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+    except FileNotFoundError:
+        raise MissingInputError(f"indexed dataset file missing: {path}") from None
+    return h.hexdigest()
 
 
 def verify_indexed_dataset(
@@ -150,9 +173,15 @@ def verify_indexed_dataset(
                 "the data was tokenized with a different (larger) tokenizer than the model's, or the "
                 ".bin is damaged (a flipped bit, a bad copy): prepare it again (python -m data.prepare)"
             )
+    digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
     del raw
     return IndexedSummary(
-        num_documents=n_doc - 1, num_sequences=n_seq, num_tokens=num_tokens, dtype=dtype, max_token=max_token
+        num_documents=n_doc - 1,
+        num_sequences=n_seq,
+        num_tokens=num_tokens,
+        dtype=dtype,
+        max_token=max_token,
+        index_digest=digest,
     )
 
 

@@ -12,6 +12,7 @@ checkpoint and compare it on resume (:func:`check_same_dataset`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,16 +20,33 @@ from typing import NamedTuple
 
 from data.corpus import CorpusBlend, default_cache_dir
 from data.errors import DataError, import_megatron, make_dirs
-from data.indexed import verify_indexed_dataset
+from data.indexed import index_digest, verify_indexed_dataset
 from data.tokenizer import Tokenizer, check_vocab_fits
 
 
 class DatasetSplits(NamedTuple):
-    """train / valid / test datasets (GPTDataset or BlendedDataset; None where not built)."""
+    """train / valid / test datasets (GPTDataset or BlendedDataset; None where not built), and
+    ``content``: :func:`content_key` of the prefixes they were built from."""
 
     train: object
     valid: object
     test: object
+    content: str = ""
+
+
+def content_key(digests: dict[str, str]) -> str:
+    """One BLAKE2b-128 hex digest of ``{prefix: data.indexed.index_digest(prefix)}``: equal keys mean
+    the same files at the same prefixes, as far as megatron-core's sample indexes can tell.
+
+    megatron-core keys its index cache and :func:`dataset_identity` on the prefixes' paths, not on
+    what the files hold: a corpus prepared again at the same prefix (more documents, other text)
+    loaded the old cached indexes (found in review, 2026-12-06: an ``IndexError`` in the first step,
+    or, where the shapes happened to fit, samples cut from the wrong offsets).
+    """
+    h = hashlib.blake2b(digest_size=16)
+    for prefix in sorted(digests):
+        h.update(f"{prefix}\0{digests[prefix]}\n".encode())
+    return h.hexdigest()
 
 
 def _check_samples(name: str, value: int | None, *, allow_none: bool) -> None:
@@ -85,9 +103,13 @@ def build_datasets(
             (only for unweighted inputs).
         blend / prefixes / weights / split: the data, see above.
         index_cache_dir: where megatron-core caches its index .npy files (default
-            ``<data cache>/index_cache``); must be shared by all ranks of a node.
+            ``<data cache>/index_cache``), in a subdirectory ``corpus-<16 hex>`` named by
+            :func:`content_key` (a corpus prepared again at the same prefix gets new indexes); must
+            be shared by all ranks of a node.
         model_vocab_size: if given, ``check_vocab_fits(tokenizer.vocab_size, model_vocab_size)``.
-        verify: fully verify every .bin/.idx pair first (and that ids are < tokenizer.vocab_size).
+        verify: fully verify every .bin/.idx pair first (and that ids are < tokenizer.vocab_size),
+            and that the prefixes' ``data.prepare`` manifests name this tokenizer
+            (:func:`check_prepared_tokenizer`).
         reset_position_ids / reset_attention_mask / eod_mask_loss / create_attention_mask /
             add_extra_token_to_sequence: ``GPTDatasetConfig`` fields of the same names.
         is_built_on_rank: megatron's callable; default builds on every rank.
@@ -159,12 +181,17 @@ def build_datasets(
         }
         if prefixes is not None:
             check_split_parts(summaries, split)
+        content = content_key({p: s.index_digest for p, s in summaries.items()})
+        check_prepared_tokenizer(all_prefixes, tokenizer)
+    else:
+        content = content_key({p: index_digest(p) for p in dict.fromkeys(all_prefixes)})
 
     gpt = import_megatron("megatron.core.datasets.gpt_dataset", "Loading GPT datasets")
     builder_mod = import_megatron(
         "megatron.core.datasets.blended_megatron_dataset_builder", "Loading GPT datasets"
     )
     cache = Path(index_cache_dir) if index_cache_dir is not None else default_cache_dir() / "index_cache"
+    cache = cache / f"corpus-{content[:16]}"  # megatron-core's keys name the prefixes, not their content
     make_dirs(cache, what="the index cache directory")  # megatron-core's own error on this is generic
     config = gpt.GPTDatasetConfig(
         random_seed=seed,
@@ -184,7 +211,7 @@ def build_datasets(
         cls=gpt.GPTDataset, sizes=sizes, is_built_on_rank=is_built_on_rank or (lambda: True), config=config
     )
     train, valid, test = builder.build()
-    return DatasetSplits(train, valid, test)
+    return DatasetSplits(train, valid, test, content)
 
 
 def check_split_parts(summaries: dict, split: str) -> None:
@@ -208,6 +235,55 @@ def check_split_parts(summaries: dict, split: str) -> None:
                     f"of {prefix} (megatron-core would build it empty and never return): give that part "
                     "weight 0 in the split (data.split), or more data to the prefix"
                 )
+
+
+def prepared_manifest(prefix: str) -> dict | None:
+    """The ``data.prepare`` manifest that wrote ``prefix`` (``<prefix>.manifest.json``, or for a split
+    output ``<base>_train`` / ``_valid`` / ``_test`` the base's), None where there is none (data
+    preprocessed by Megatron-LM's own tools, or a manifest that does not list this prefix)."""
+    from data.manifest import read_manifest
+
+    name = os.path.basename(prefix)
+    candidates = [prefix]
+    for part in ("_train", "_valid", "_test"):
+        if prefix.endswith(part):
+            candidates.append(prefix[: -len(part)])
+    for base in candidates:
+        man = read_manifest(f"{base}.manifest.json")
+        if man is not None and name in (man.get("result") or {}).get("prefixes", {}).values():
+            return man
+    return None
+
+
+TOKENIZER_FACTS = ("class", "file_sha256", "vocab_size")  # what makes two vocabularies one
+
+
+def check_prepared_tokenizer(prefixes: Sequence[str], tokenizer: Tokenizer) -> None:
+    """Raise :class:`DataError` where a prefix's ``data.prepare`` manifest records another tokenizer
+    than ``tokenizer`` (its class, file sha256 or vocabulary size).
+
+    Without it (found in review, 2026-12-06), data prepared with a smaller tokenizer trained under the
+    default Llama-3 one: every id was below its vocabulary size, megatron-core's end-of-document id
+    never occurred, and the run was spent on a model of nothing. Prefixes without a manifest are not
+    checked (their token range still is, by :func:`data.indexed.verify_indexed_dataset`).
+    """
+    now = dict(tokenizer.unique_identifiers)
+    for prefix in dict.fromkeys(prefixes):
+        man = prepared_manifest(prefix)
+        if man is None:
+            continue
+        then = (man.get("settings") or {}).get("tokenizer") or {}
+        diffs = [
+            f"{k} {then.get(k)!r} there, {now.get(k)!r} here"
+            for k in TOKENIZER_FACTS
+            if then.get(k) != now.get(k)
+        ]
+        if diffs:
+            raise DataError(
+                f"{prefix} was prepared with another tokenizer than this run's ({'; '.join(diffs)}): set "
+                "data.tokenizer / data.tokenizer_path to the one it was prepared with, or prepare the "
+                "corpus again with this one (python -m data.prepare --tokenizer ...)"
+            )
 
 
 def dataset_identity(dataset) -> str:

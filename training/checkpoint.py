@@ -49,9 +49,9 @@ Resume compatibility (:func:`check_resume_compatible`): the saved resolved confi
 the new one key by key (a key added since, :data:`ADDED_KEYS`, missing from a saved config counts
 as the value that meant what that checkpoint did), except keys that do not change what is trained
 (:data:`FREE_KEYS`); any
-other difference, and a different dataset identity (key ``data.identity``), stops the job with a
-message naming each key, unless the key (or its section) is listed in
-``checkpoint.allow_config_change``.
+other difference, a different dataset identity (key ``data.identity``) and different prepared files
+at the same prefixes (key ``data.content``) stop the job with a message naming each key, unless the
+key (or its section) is listed in ``checkpoint.allow_config_change``.
 
 The names above are spelled once, below (:data:`MARKER`, :func:`iter_dir`, :func:`tmp_dir`,
 :func:`rng_file`, ...); the trainer and the engines build their paths with them.
@@ -650,23 +650,37 @@ def check_resume_compatible(
     allow: list[str],
     saved_data_identity: str | None,
     data_identity: str | None,
+    saved_data_content: str | None = None,
+    data_content: str | None = None,
     where: str = "the checkpoint",
 ) -> list[str]:
-    """Raise :class:`ConfigMismatchError` for disallowed differences; return the allowed ones (to log)."""
+    """Raise :class:`ConfigMismatchError` for disallowed differences; return the allowed ones (to log).
+
+    The data identities (``data.identity``: megatron-core's, of paths and settings) and contents
+    (``data.content``: :func:`data.loader.content_key` of the files) count as differences only where
+    both sides have one (checkpoints saved before 2026-12-06 have no content)."""
     diffs = config_differences(saved, now)
     if saved_data_identity is not None and data_identity is not None and saved_data_identity != data_identity:
         diffs.append(("data.identity", saved_data_identity, data_identity))
+    if saved_data_content is not None and data_content is not None and saved_data_content != data_content:
+        diffs.append(("data.content", saved_data_content, data_content))
     allowed = [d for d in diffs if any(key_matches(d[0], p) for p in allow)]
     blocked = [d for d in diffs if d not in allowed]
     if blocked:
         lines = "\n".join(f"  {k}: {v0!r} in the checkpoint, {v1!r} now" for k, v0, v1 in blocked)
         keys = ",".join(k for k, _, _ in blocked)
-        hint = (
-            ""
-            if not any(k == "data.identity" for k, _, _ in blocked)
-            else "\n(data.identity covers the blend, data seed, seq_length, split, number of samples "
-            "(train_iters x global_batch_size) and tokenizer: a different value changes the sample order)"
-        )
+        hint = ""
+        if any(k == "data.identity" for k, _, _ in blocked):
+            hint += (
+                "\n(data.identity covers the blend, data seed, seq_length, split, number of samples "
+                "(train_iters x global_batch_size) and tokenizer: a different value changes the sample order)"
+            )
+        if any(k == "data.content" for k, _, _ in blocked):
+            hint += (
+                "\n(data.content is a digest of the prepared .idx files at the corpus prefixes: they were "
+                "prepared again or replaced since the checkpoint, so its consumed_samples no longer "
+                "points at the next unseen sample)"
+            )
         raise ConfigMismatchError(
             f"cannot resume from {where}: the config differs in\n{lines}{hint}\n"
             f"If this change is deliberate, allow it with checkpoint.allow_config_change=[{keys}] "

@@ -243,7 +243,7 @@ class CheckpointSection:
     ``latest_checkpointed_iteration.txt`` names in ``dir``, else the newest older one, if any),
     ``none`` (from scratch; refused when saving into a ``dir`` that holds checkpoints), or a
     checkpoint directory; ``allow_config_change``: resolved-config keys (or section names) allowed to
-    differ from the checkpoint's on resume (``data.identity`` for the data).
+    differ from the checkpoint's on resume (``data.identity`` and ``data.content`` for the data).
 
     A run with ``save: false`` starts fresh: ``load`` must be ``none``, or ``auto`` finding nothing
     (the trainer stops with a configuration error, exit code 2, when ``auto`` finds a checkpoint),

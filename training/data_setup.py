@@ -25,6 +25,7 @@ class DataBundle:
     valid: object | None
     identity: str
     describe: str
+    content: str = ""  # data.loader.content_key of the prepared files
 
 
 def build_data(cfg, *, model_vocab_size: int, log=print) -> DataBundle:
@@ -75,7 +76,11 @@ def build_data(cfg, *, model_vocab_size: int, log=print) -> DataBundle:
         )
         describe = f"{len(d.corpus)} prefixes, split {d.split}"
     return DataBundle(
-        train=splits.train, valid=splits.valid, identity=dataset_identity(splits.train), describe=describe
+        train=splits.train,
+        valid=splits.valid,
+        identity=dataset_identity(splits.train),
+        describe=describe,
+        content=splits.content,
     )
 
 

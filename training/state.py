@@ -7,8 +7,8 @@
 
 ``state_dict()`` / ``load_state_dict()`` follow torch's (and torchtitan's) convention. The dict is
 the ``trainer_state.json`` of a checkpoint, one key per field (the keys the trainer has always
-written); ``data_identity`` and ``world_size`` may be missing from a file (None), the counters may
-not.
+written); ``data_identity``, ``world_size``, ``origin`` and ``data_content`` may be missing from a
+file (None), the counters may not.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class TrainerState:
             saved before 2026-12-06). A relaunch with the same ``checkpoint.load`` resumes the
             trajectory's own newest save, and pruning counts only checkpoints of the trajectory being
             saved (``training.trainer``, ``checkpoint.prune``).
+        data_content: :func:`data.loader.content_key` of the prepared files the training data was
+            built from (compared on resume where both sides have it: a corpus prepared again at the
+            same prefixes keeps ``data_identity``, which names paths, not contents). None in
+            checkpoints saved before 2026-12-06.
     """
 
     iteration: int = 0
@@ -46,6 +50,7 @@ class TrainerState:
     data_identity: str | None = None
     world_size: int | None = None
     origin: str | None = None
+    data_content: str | None = None
 
     @property
     def applied_updates(self) -> int:
@@ -56,15 +61,17 @@ class TrainerState:
         """The fields as a JSON-able dict (the keys of ``trainer_state.json``); ``origin`` only where
         set, so that a run without one writes the file of checkpoints saved before the field."""
         state = dataclasses.asdict(self)
-        if state["origin"] is None:
-            del state["origin"]
+        for key in ("origin", "data_content"):
+            if state[key] is None:
+                del state[key]
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Set every field from ``state`` (a :meth:`state_dict`, e.g. a checkpoint's ``trainer_state.json``).
 
         Raises:
-            KeyError: a counter is missing (``data_identity``, ``world_size`` and ``origin`` may be).
+            KeyError: a counter is missing (``data_identity``, ``world_size``, ``origin`` and
+                ``data_content`` may be).
         """
         self.iteration = state["iteration"]
         self.consumed_samples = state["consumed_samples"]
@@ -73,6 +80,7 @@ class TrainerState:
         self.data_identity = state.get("data_identity")
         self.world_size = state.get("world_size")
         self.origin = state.get("origin")
+        self.data_content = state.get("data_content")
 
     @classmethod
     def from_state_dict(cls, state: dict) -> TrainerState:

@@ -307,7 +307,11 @@ class Trainer:
         # and so is the origin where checkpoint.load named where the trajectory starts
         origin = saved.origin if self._origin is None else self._origin
         self.state = dataclasses.replace(
-            saved, data_identity=self.data.identity, world_size=env.world_size, origin=origin
+            saved,
+            data_identity=self.data.identity,
+            world_size=env.world_size,
+            origin=origin,
+            data_content=self.data.content or None,
         )
 
     def _check_writable(self) -> None:
@@ -537,6 +541,8 @@ class Trainer:
             allow=cfg.checkpoint.allow_config_change,
             saved_data_identity=saved.data_identity,
             data_identity=self.data.identity,
+            saved_data_content=saved.data_content,
+            data_content=self.data.content or None,
             where=str(path),
         )
         for line in allowed:

@@ -250,3 +250,67 @@ def test_a_split_part_without_sequences_is_refused_not_built(tiny_prefix, llama3
         build("60,30,1")
     splits = build("60,30,0")  # the same data with that part's weight 0 builds
     assert len(splits.train) >= 4 and len(splits.valid) >= 1 and splits.test is None
+
+
+def test_a_corpus_prepared_again_at_the_same_prefix_gets_new_indexes(tmp_path, write_jsonl, llama3):
+    """Found in review (2026-12-06): megatron-core keys its index cache (and the dataset identity) on
+    the prefix path, so a corpus prepared again at the same prefix loaded the first one's cached
+    document and sample indexes: an IndexError in the first step, or samples cut at the old offsets.
+    The cache now sits in a subdirectory named by the .idx files' digest."""
+    from data.preprocess import prepare_corpus
+    from data.sources import DatasetsSource
+
+    def prepare(texts, name):
+        src = DatasetsSource(
+            builder="json",
+            data_files=[str(write_jsonl(texts, name=name))],
+            name="c",
+            cache_dir=str(tmp_path / f"hf-{name}"),
+        )
+        return prepare_corpus(src, tmp_path / "out" / "c", tokenizer=llama3, progress=False, log=None)
+
+    first = prepare(DOCS, "a.jsonl")
+    prefix = first.prefixes["all"]
+    a = _build(prefix, llama3, tmp_path, seq_length=16, samples=40)
+    texts = [d.upper() for d in DOCS[:3]] + ["Another text. " * 30]
+    second = prepare(texts, "b.jsonl")
+    assert second.prefixes["all"] == prefix and second.tokens != first.tokens
+    b = _build(prefix, llama3, tmp_path, seq_length=16, samples=40)
+    assert dataset_identity(a.train) == dataset_identity(b.train)  # megatron-core's: the path
+    assert a.content != b.content and len(a.content) == len(b.content) == 32
+    caches = sorted(p.name for p in (tmp_path / "ic").iterdir())
+    assert caches == sorted(f"corpus-{c[:16]}" for c in (a.content, b.content))
+    stream = [t for d in b.train.document_index for t in llama3.encode_document(texts[int(d)])]
+    for i in range(len(b.train)):  # every sample is a slice of the new corpus
+        full = _full(b.train[i])
+        assert any(stream[j : j + len(full)] == full for j in range(len(stream) - len(full) + 1)), i
+    again = _build(prefix, llama3, tmp_path, seq_length=16, samples=40, cache="ic")
+    assert again.content == b.content  # the same files: the same key, the cached indexes reused
+
+
+@pytest.mark.parametrize("split", [None, "1,1,0"])
+def test_data_prepared_with_another_tokenizer_is_refused(tmp_path, write_jsonl, llama3, split):
+    """Found in review (2026-12-06): a corpus prepared with a 13-token HF tokenizer trained under the
+    default Llama-3 one without a word. The manifest names the tokenizer; the loader compares it."""
+    from data.preprocess import manifest_path, prepare_corpus
+    from data.sources import DatasetsSource
+
+    src = DatasetsSource(
+        builder="json", data_files=[str(write_jsonl(DOCS))], name="t", cache_dir=str(tmp_path / "hf")
+    )
+    out = tmp_path / "out" / "t"
+    res = prepare_corpus(src, out, tokenizer=llama3, split=split, progress=False, log=None)
+    prefix = res.prefixes["all" if split is None else "train"]
+    _build(prefix, llama3, tmp_path, seq_length=8, samples=4)  # its own tokenizer: accepted
+    man = json.loads(Path(manifest_path(out)).read_text())
+    man["settings"]["tokenizer"].update({"class": "HFTokenizer", "file_sha256": "ab12", "vocab_size": 13})
+    Path(manifest_path(out)).write_text(json.dumps(man))
+    with pytest.raises(DataError) as err:
+        _build(prefix, llama3, tmp_path, seq_length=8, samples=4)
+    assert str(err.value).startswith(
+        f"{prefix} was prepared with another tokenizer than this run's (class 'HFTokenizer' there, "
+        f"'Llama3Tokenizer' here; file_sha256 'ab12' there, "
+    )
+    assert "vocab_size 13 there, 128256 here): set data.tokenizer / data.tokenizer_path" in str(err.value)
+    Path(manifest_path(out)).unlink()  # data without a manifest (Megatron-LM's tools): not checked
+    _build(prefix, llama3, tmp_path, seq_length=8, samples=4)
