@@ -11,6 +11,7 @@ import torch
 
 from .backends import (
     AUTO,
+    available_backends,
     backend_spec,
     check_supported,
     deterministic_mode,
@@ -65,6 +66,8 @@ def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
         raise ValueError(f"batch mismatch: q has {qb.shape[0]}, k/v have {kb.shape[0]}")
     if qb.shape[-1] != kb.shape[-1]:
         raise ValueError(f"head dim mismatch: q has {qb.shape[-1]}, k/v have {kb.shape[-1]}")
+    if kb.shape[1] == 0:  # found in review, 2026-12-06: a bare ZeroDivisionError from the modulo below
+        raise ValueError(f"k and v have no heads (shape {tuple(k.shape)} in layout {layout!r})")
     if qb.shape[1] % kb.shape[1]:
         raise ValueError(
             f"GQA needs the query heads ({qb.shape[1]}) to be a multiple of the key/value heads "
@@ -73,6 +76,16 @@ def _validate(q, k, v, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.T
     if qb.shape[2] == 0 or kb.shape[2] == 0:
         raise ValueError(f"empty sequence: q_len={qb.shape[2]}, kv_len={kb.shape[2]}")
     return qb, kb, vb
+
+
+def _check_options(backend: str, options: dict) -> None:
+    """TypeError naming the keyword options that ``backend`` (a registered name) does not take."""
+    accepts = backend_spec(backend).options
+    unknown = set(options) - set(accepts)
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts {sorted(accepts)}"
+        )
 
 
 _AUTO_CACHE: dict[tuple, str] = {}
@@ -134,8 +147,9 @@ class _AttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(*tensors, *rope_tensors)
         ctx.skeleton, ctx.rope_skeleton, ctx.n_state = skeleton, rope_skeleton, len(tensors)
         ctx.meta = (recipe, causal, softmax_scale, backend_name, options)
-        ctx.mark_non_differentiable(lse)
-        # the LSE gets no gradient: autograd need not make a zero tensor for it (a GPU fill per step)
+        ctx.out_like = (out.shape, out.device)
+        # a gradient that autograd has none for stays None (no zero tensor, a GPU fill per step): the
+        # LSE's where it is not in the loss, the output's where only the LSE is
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -145,11 +159,24 @@ class _AttentionFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         state = restore_state(ctx.skeleton, saved[: ctx.n_state])
         rope = restore_state(ctx.rope_skeleton, saved[ctx.n_state :])
+        lse_grad = {}
+        if dlse is not None:  # found in review, 2026-12-06: the LSE's gradient was dropped silently
+            if not backend_spec(backend_name).lse_grad:
+                with_it = [n for n in available_backends() if backend_spec(n).lse_grad]
+                raise NotImplementedError(
+                    f"the LSE returned by attention(..., return_lse=True) is in the loss, and backend "
+                    f"{backend_name!r} has no gradient for it (backends with one: {', '.join(with_it)}); "
+                    "use one of those, or lse.detach() where its gradient is not wanted"
+                )
+            lse_grad = {"dlse": dlse.float().contiguous()}
+        if dout is None:  # only the LSE is in the loss
+            shape, device = ctx.out_like
+            dout = torch.zeros(shape, dtype=torch.bfloat16, device=device)
         # dout in the strides autograd hands over (a [B, H, S, D] view of the caller's layout), with
         # a unit last stride; each backend reads it in place or makes the copy it needs
         dout = dout.bfloat16() if dout.stride(-1) == 1 else dout.contiguous().bfloat16()
         dq, dk, dv = get_backend(backend_name).backward(
-            state, dout, recipe, causal=causal, softmax_scale=softmax_scale, **options
+            state, dout, recipe, causal=causal, softmax_scale=softmax_scale, **options, **lse_grad
         )
         if rope is not None:  # back from the RoPE'd Q/K, for the inputs that need a gradient (one launch)
             need_q, need_k = ctx.needs_input_grad[:2]
@@ -190,7 +217,10 @@ def attention(
             ``torch.use_deterministic_algorithms(True)`` (not ``warn_only``) only backends whose
             backward is bitwise reproducible: ``auto`` passes the others over, a named one raises
             UnsupportedError.
-        return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``.
+        return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``. It has a gradient
+            where the backend computes one (``BackendSpec.lse_grad``: the reference backend); with
+            another backend, a loss that reaches it raises NotImplementedError in the backward
+            (``lse.detach()`` where its gradient is not wanted).
         qk_rotation: ``"hadamard"``: rotate the head dim of Q and K by a random-sign Hadamard
             transform before quantizing them (``numerics/rotation.py``; recipes ``fp8`` and
             ``nvfp4qk_fp8pv``, head dim a power of two); ``"none"``: no rotation; None (default):
@@ -227,11 +257,7 @@ def attention(
         softmax_scale = 1.0 / math.sqrt(qb.shape[-1])
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
-    unknown = set(options) - set(spec.options)
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) {sorted(unknown)} for backend {backend!r}; it accepts {sorted(spec.options)}"
-        )
+    _check_options(backend, options)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad and not rec.trainable:
         raise RuntimeError(
@@ -275,7 +301,9 @@ class FP4Attention(torch.nn.Module):
 
     ``forward(q, k, v, rope=None)`` takes and returns tensors in ``layout`` (see :func:`attention`;
     ``rope``: the step's :class:`~fp4_attention.RoPETables`, or None); ``qk_rotation`` /
-    ``qk_rotation_seed`` as there.
+    ``qk_rotation_seed`` as there. Unlike :func:`attention`, whose ``causal`` defaults to False, the
+    module defaults to ``causal=True`` (a decoder's self-attention, the layer this library trains);
+    pass ``causal=False`` for an encoder or cross-attention.
     """
 
     def __init__(
@@ -294,6 +322,7 @@ class FP4Attention(torch.nn.Module):
         self.recipe = _with_rotation(get_recipe(recipe), qk_rotation, qk_rotation_seed)
         if backend != AUTO:
             get_backend(backend)
+            _check_options(backend, options)  # as attention() would at the first call
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.causal, self.softmax_scale, self.layout, self.backend, self.options = (

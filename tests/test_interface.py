@@ -91,6 +91,7 @@ def test_forward_only_recipe_refuses_gradients():
             "runs head dims multiples of 16 up to 256, not 24",
         ),
         (lambda q, k, v: (q, k, "v"), TypeError, "v must be a torch.Tensor"),
+        (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]), ValueError, "k and v have no heads"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(mutate, exc, match):
@@ -106,7 +107,84 @@ def test_bad_options_raise():
         fa.attention(q, k, v, layout="hsbd")
     with pytest.raises(ValueError, match="softmax_scale"):
         fa.attention(q, k, v, softmax_scale=-1.0)
-    with pytest.raises(ValueError, match="block_n must be positive"):
-        fa.attention(q, k, v, layout="bhsd", block_n=0)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['foo'\] for backend 'reference'"):
+        fa.FP4Attention("fp8", foo=3)
+    for bad in (0, 64.0, "64", True):
+        with pytest.raises(ValueError, match="block_n must be a positive int"):
+            fa.attention(q, k, v, layout="bhsd", block_n=bad)
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['blockn'\].*block_n"):
         fa.attention(q, k, v, layout="bhsd", blockn=64)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_the_output_is_contiguous_in_the_callers_layout(layout):
+    """As the GPU backends allocate it; the reference's permuted view (found in review, 2026-12-06)
+    failed FlashAttention's ``out.view(B, S, -1)``."""
+    q, k, v = make_qkv(2, 4, 2, 16, 16, 64)
+    perm = {"bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}[layout]
+    out = fa.attention(*(t.permute(*perm).contiguous() for t in (q, k, v)), layout=layout)
+    assert out.is_contiguous() and out.shape == q.permute(*perm).shape
+    out.view(out.shape[0], out.shape[1], -1)
+
+
+def _float64_attention(q, k, v, causal):
+    """O and the natural-log LSE in float64 from [B, H, S, D] tensors (GQA: K/V repeated)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -torch.inf)
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("recipe, at_least", [("bf16", 0.99999), ("fp8", 0.998), ("nvfp4qk_fp8pv", 0.985)])
+def test_the_lse_has_a_gradient(recipe, at_least):
+    """Found in review (2026-12-06): the LSE was marked non-differentiable, so a loss on it (merging
+    partial attentions by their LSE, a z-loss) got gradients without its term and no word. Against
+    float64 autograd of a loss on O and the LSE, and on the LSE alone (the output's gradient None)."""
+    q, k, v = make_qkv(1, 4, 2, 48, 48, 32, seed=7)
+    w = torch.randn(1, 4, 48, generator=torch.Generator().manual_seed(8))
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    o64, lse64 = _float64_attention(*ref, causal=True)
+    ((o64**2).sum() * 0.05 + (lse64 * w.double()).sum()).backward()
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = fa.attention(*ins, recipe=recipe, causal=True, layout="bhsd", return_lse=True)
+    ((o.float() ** 2).sum() * 0.05 + (lse * w).sum()).backward()
+    for got, want in zip(ins, ref, strict=True):
+        cos = torch.nn.functional.cosine_similarity(got.grad.double().flatten(), want.grad.flatten(), dim=0)
+        assert cos >= at_least, (recipe, float(cos))
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    _, lse = fa.attention(*ins, recipe=recipe, causal=True, layout="bhsd", return_lse=True)
+    lse.sum().backward()  # only the LSE in the loss: P-weighted sums of K (dQ) and Q (dK), no dV
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    _float64_attention(*ref, causal=True)[1].sum().backward()
+    cos = torch.nn.functional.cosine_similarity(ins[0].grad.double().flatten(), ref[0].grad.flatten(), dim=0)
+    assert cos >= at_least and torch.count_nonzero(ins[2].grad) == 0
+
+
+def test_a_backend_without_the_lse_gradient_refuses_it():
+    from fp4_attention import backends
+    from fp4_attention.backends import BackendSpec
+
+    from .conftest import ReferenceBacked
+
+    fa.register_backend(
+        ReferenceBacked(
+            BackendSpec(name="no_lse_test", impl="unused:Unused", recipes=("fp8",), devices=("cpu",))
+        )
+    )
+    try:
+        q, k, v = (t.requires_grad_() for t in make_qkv(1, 2, 2, 16, 16, 64))
+        out, lse = fa.attention(q, k, v, recipe="fp8", backend="no_lse_test", layout="bhsd", return_lse=True)
+        with pytest.raises(NotImplementedError) as err:
+            (out.float().sum() + lse.sum()).backward(retain_graph=True)
+        assert str(err.value) == (
+            "the LSE returned by attention(..., return_lse=True) is in the loss, and backend 'no_lse_test' "
+            "has no gradient for it (backends with one: reference); use one of those, or lse.detach() "
+            "where its gradient is not wanted"
+        )
+        (out.float().sum() + lse.detach().sum()).backward()  # the output alone: as before
+        assert q.grad is not None
+    finally:
+        backends._SPECS.pop("no_lse_test")
+        backends._INSTANCES.pop("no_lse_test")

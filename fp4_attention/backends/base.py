@@ -62,6 +62,9 @@ class BackendSpec:
             device, the highest priority wins (ordered by measured forward+backward speed).
         recipe_priority: ``(recipe name, priority)`` pairs that override ``priority`` for a recipe
             (a backend fast for one recipe and not for another).
+        lse_grad: whether its ``backward`` takes ``dlse``, the gradient of the LSE that
+            ``attention(..., return_lse=True)`` returns (FP32 ``[B, Hq, Sq]``, or None where the
+            LSE is not in the loss); the interface refuses that gradient for a backend without it.
         nondeterministic: recipes whose backward is not bitwise reproducible run to run (FP32
             atomic accumulation); refused under ``torch.use_deterministic_algorithms(True)`` (the
             trainer's ``runtime.deterministic``) and passed over there by ``auto``.
@@ -83,6 +86,7 @@ class BackendSpec:
     k_scale_keys: tuple[int, ...] = (1,)
     priority: int = 0
     recipe_priority: tuple[tuple[str, int], ...] = ()
+    lse_grad: bool = False
     nondeterministic: tuple[str, ...] = ()
     install_hint: str = ""
     summary: str = ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..numerics.reference import DEFAULT_BLOCK_N, reference_backward, reference_forward
 from .base import BackendSpec, SavedState
+from .layouts import empty_in_layout_of
 
 __all__ = ["SPEC", "ReferenceBackend"]
 
@@ -16,6 +17,7 @@ SPEC = BackendSpec(
     options=("block_n", "rescale_threshold"),
     qk_rotations=("hadamard",),
     k_scale_keys=(1, 64),
+    lse_grad=True,
     priority=0,
     summary="plain torch, tiled like the kernels; defines the numerics of every recipe",
 )
@@ -30,7 +32,7 @@ class ReferenceBackend:
     def forward(
         self, q, k, v, recipe, *, causal, softmax_scale, block_n=DEFAULT_BLOCK_N, rescale_threshold=0.0
     ):
-        return reference_forward(
+        out, lse, state = reference_forward(
             q,
             k,
             v,
@@ -40,6 +42,12 @@ class ReferenceBackend:
             block_n=block_n,
             rescale_threshold=rescale_threshold,
         )
+        # the output in the caller's memory order, as the GPU backends allocate it (found in review,
+        # 2026-12-06: the [B, H, S, D] result, permuted back to bshd, failed out.view(B, S, -1))
+        placed = empty_in_layout_of(q, out.shape, out.dtype)
+        if placed.stride() != out.stride():
+            out = placed.copy_(out)
+        return out, lse, state
 
     def backward(
         self,
@@ -51,7 +59,14 @@ class ReferenceBackend:
         softmax_scale,
         block_n=DEFAULT_BLOCK_N,
         rescale_threshold=0.0,
+        dlse=None,
     ):
         return reference_backward(
-            state, dout.contiguous(), recipe, causal=causal, softmax_scale=softmax_scale, block_n=block_n
+            state,
+            dout.contiguous(),
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            block_n=block_n,
+            dlse=dlse,
         )

@@ -164,8 +164,8 @@ def reference_forward_quantized(
     tile is rounded against, so a kernel is compared rounding-for-rounding only in its own order."""
     if reverse_tiles and recipe.direct_p is not None:
         raise ValueError("reverse_tiles: not for the Direct-P recipes (their MXFP4 P has no running max)")
-    if block_n <= 0:
-        raise ValueError(f"block_n must be positive, got {block_n}")
+    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n <= 0:
+        raise ValueError(f"block_n must be a positive int, got {block_n!r}")
     check_saturation_invariant(recipe.p_lift_log2, rescale_threshold)
     ops = qk_operands(q_s, k_s, recipe, softmax_scale)
     vo = v_operand(v_s, recipe)
@@ -259,12 +259,16 @@ def reference_backward(
     block_n: int = DEFAULT_BLOCK_N,
     ds_round=None,
     token_scales: str | None = None,
+    dlse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of a training recipe from its saved state (see the module docstring).
 
     Args:
         state: from :func:`reference_forward` with the same recipe.
         dout: BF16 ``[B, Hq, Sq, D]``.
+        dlse: the gradient of the natural-log LSE, FP32 ``[B, Hq, Sq]``, or None. Since
+            d LSE_i / d x_ij = P_ij for the scaled scores x, it enters as ``D - dlse`` in
+            ``dS = P * (dP - D)`` (exact, in FP32; the recipes' roundings are those of dP and dS).
         ds_round: how the dQ/dK products' dS operands are rounded: called as
             ``ds_round(t, "dq", j0)`` and ``ds_round(t, "dk", j0)`` with ``t`` FP32 ``[B, Hkv, G,
             Sq, keys of the tile]`` (its first key ``j0``): dS itself, or ``dS * col`` and
@@ -315,6 +319,8 @@ def reference_backward(
     # D = rowsum(dO^ * O) with the same (dequantized) dO that dP reads, so dP - D cancels exactly
     # where P concentrates (an attention sink); the BF16 dO would leave its E5M2 rounding there.
     delta = ((do_op * s_do) * _group(state.out.float(), hkv) / v_scale_g).sum(-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - _group(dlse.float().unsqueeze(-1), hkv)
 
     if ds_round is None:
 
