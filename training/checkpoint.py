@@ -134,6 +134,12 @@ class ConfigMismatchError(ValueError):
     """The new config differs from the checkpoint's in keys that change the training run."""
 
 
+class NoUsableCheckpointError(ValueError):
+    """``iter_*`` directories exist, but none that the run may resume from is complete and readable
+    (exit code 2, labelled "cannot resume", not "configuration error": nothing in the config is
+    wrong)."""
+
+
 class DamagedCheckpointError(ValueError):
     """A checkpoint file exists and has its size but cannot be read back (does not deserialize)."""
 

@@ -404,7 +404,7 @@ class Trainer:
         tried = [it for it in ckpt.complete_iterations(root) if before is None or it <= before]
         if not tried:
             return None
-        raise ValueError(
+        raise ckpt.NoUsableCheckpointError(
             f"no usable checkpoint under {root}: iteration(s) {', '.join(map(str, tried))} are incomplete "
             "or damaged, or another trajectory's than the one that failed (the warnings above name the "
             "files and how to resume another trajectory's); restore a copy, or start fresh in another "
@@ -583,7 +583,9 @@ class Trainer:
             self.log(f"checkpoint: WARNING: iteration {it} is damaged: {damages[0]}")
             self.resumed_from = self._latest(self._resume_root, before=it)
             if self.resumed_from is None:  # its directory vanished meanwhile
-                raise ValueError(f"{path} cannot be loaded ({damages[0]}) and no older checkpoint exists")
+                raise ckpt.NoUsableCheckpointError(
+                    f"{path} cannot be loaded ({damages[0]}) and no older checkpoint exists"
+                )
             self.log(
                 f"checkpoint: WARNING: resuming from the previous complete checkpoint, "
                 f"{self.resumed_from.name}, instead of iteration {it}"
@@ -601,7 +603,10 @@ class Trainer:
                 return self._out_of_memory(oom, where)
             if not isinstance(err, (ValueError, MissingDependencyError)):
                 raise
-            self.log_error(f"pretrain_llama: configuration error: {err}")  # config, plan, data, resume
+            # config, plan, data, resume compatibility; a checkpoint directory with nothing to resume
+            unusable = isinstance(err, ckpt.NoUsableCheckpointError)
+            label = "cannot resume" if unusable else "configuration error"
+            self.log_error(f"pretrain_llama: {label}: {err}")
             return EXIT_CONFIG
         m, eng, plan, st = self.metrics, self.engine, self.plan, self.state
         m.write_meta(

@@ -357,3 +357,25 @@ def test_reshard_that_finished_before_a_budget_timeout_counts(tmp_path):
     path = out2 / "reshard" / "metrics.jsonl"
     path.write_text("".join(ln for ln in path.read_text().splitlines(keepends=True) if '"exit"' not in ln))
     assert by_id(rep.build_report(_reshard_timed_out(out2)))["reshard"]["status"] == "FAIL"
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (
+            "x\npretrain_llama: cannot resume: no usable checkpoint under /c: iteration(s) 4 are damaged\n",
+            "pretrain_llama: cannot resume: no usable checkpoint under /c: iteration(s) 4 are damaged",
+        ),
+        (
+            "pretrain_llama: configuration error: cannot resume from /c/iter_0000004: the config differs in\n"
+            "  data.content: 'a' in the checkpoint, 'b' now\n(data.content is a digest ...)\nz\n",
+            "pretrain_llama: configuration error: cannot resume from /c/iter_0000004: the config differs in "
+            "data.content: 'a' in the checkpoint, 'b' now (data.content is a digest ...)",
+        ),
+    ],
+)
+def test_the_log_line_that_says_why_a_launch_stopped(tmp_path, text, says):
+    from multigpu.bench_dir import log_message
+
+    (tmp_path / "x.log").write_text(text)
+    assert log_message(tmp_path / "x.log") == says

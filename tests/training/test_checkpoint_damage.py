@@ -106,7 +106,8 @@ def test_nothing_usable_stops_and_deletes_nothing(resumable, make_cfg, train):
     code, log = train(make_cfg())
     assert code == EXIT_CONFIG, log.text()
     assert (
-        f"no usable checkpoint under {resumable}: iteration(s) 4, 8 are incomplete or damaged" in log.text()
+        f"pretrain_llama: cannot resume: no usable checkpoint under {resumable}: iteration(s) 4, 8 are "
+        "incomplete or damaged" in log.text()
     )
     assert "engine:" not in log.text()  # stopped before the model was built
     assert sorted(p.name for p in resumable.iterdir()) == before

@@ -152,16 +152,17 @@ _ERR_RE = re.compile(r"\b[A-Za-z_.]*(Error|Exception)\b:?")
 
 
 def log_message(log: Path) -> str:
-    """The line of a launch log that says why it stopped: a configuration error (with its detail lines),
+    """The line of a launch log that says why it stopped: a configuration error or a resume without a
+    usable checkpoint (with its detail lines),
     else the first exception line that is not torchrun's own, else the last lines."""
     if not log.is_file():
         return f"(no log {log.name})"
     lines = log.read_text(errors="replace").splitlines()
     for i, line in enumerate(lines):
-        if "configuration error" in line:
+        if "configuration error" in line or "pretrain_llama: cannot resume" in line:
             detail = [line.strip()]
             for nxt in lines[i + 1 : i + 8]:
-                if nxt.startswith(("  ", "If this change", "(data.identity")):
+                if nxt.startswith(("  ", "If this change", "(data.identity", "(data.content")):
                     detail.append(nxt.strip())
                 else:
                     break
