@@ -78,7 +78,14 @@ def data_order_fingerprint(
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
 
 
-def run_meta(*, resolved: dict, dataset_identity: str, world_size: int) -> dict:
+def run_meta(
+    *, resolved: dict, dataset_identity: str, world_size: int, data_content: str | None = None
+) -> dict:
+    """``run_meta.json``: the fingerprints ``tools/compare_runs.py`` compares, the precision arm, and
+    ``data_content`` (:func:`data.loader.content_key` of the prepared files; megatron-core's
+    ``dataset_identity`` in the data-order fingerprint names their paths, not what they hold). It is
+    a field of its own, not part of the fingerprint, so that runs recorded before it (2026-12-06)
+    still compare with the runs after it."""
     data, training = resolved["data"], resolved["training"]
     return {
         "config_fingerprint": config_fingerprint(resolved),
@@ -94,6 +101,7 @@ def run_meta(*, resolved: dict, dataset_identity: str, world_size: int) -> dict:
             "attention_backend": resolved["attention"]["backend"],
             "projection": resolved["projection"],
         },
+        "data_content": data_content,
         "seed": training["seed"],
         "world_size": world_size,
         "commit": git_commit(),
@@ -108,13 +116,20 @@ def _clean(value):
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics file, keeping for each (kind, step, layer) the last one, in step order."""
+    """All records of a metrics file, keeping for each (kind, step, layer) the last one, in step order.
+
+    A ``resume`` event at step k drops the records of steps after k read before it: the relaunch
+    trains those steps again, and after a rollback (``checkpoint.load=<iter path>``) they belong to
+    the branch abandoned (found in review, 2026-12-06: its steps and final validation were read as
+    the run's)."""
     last: dict = {}
     with open(path) as f:
         for line in f:
             if line.strip():
                 rec = json.loads(line)
                 if rec["kind"] == "event":
+                    if rec.get("event") == "resume":
+                        last = {key: r for key, r in last.items() if key[1] <= rec["step"]}
                     continue
                 last[(rec["kind"], rec["step"], rec.get("layer"))] = rec
     return sorted(last.values(), key=lambda r: (r["step"], r["kind"], r.get("layer") or 0))
@@ -142,6 +157,12 @@ class MetricsLogger:
         output_dir.mkdir(parents=True, exist_ok=True)
         self.path = output_dir / cfg.logging.metrics_file
         self.earlier_train_steps = _train_steps(self.path)
+        torn = _drop_torn_last_line(self.path)
+        if torn:
+            log(
+                f"metrics: WARNING: the last line of {self.path} was cut mid-write by an earlier launch "
+                f"({torn!r}); removed, so that this launch's first record starts a line of its own"
+            )
         self._file = open(self.path, "a", buffering=1)
         if cfg.logging.tensorboard:
             try:
@@ -343,6 +364,41 @@ class MetricsLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _drop_torn_last_line(path: Path) -> str:
+    """Truncate ``path`` after its last newline when it does not end in one (a launch killed in the
+    middle of a write); returns the removed text (at most its first 80 characters), "" if none.
+
+    Found in review (2026-12-06): appending after the fragment glued the next launch's first record
+    (its resume event) to it, one line no reader could parse, and the readers that skip such lines
+    lost the resume event."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return ""
+    if size == 0:
+        return ""
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return ""
+        step, pos = 1 << 16, size
+        while pos > 0:  # find the last newline, reading back from the end
+            start = max(0, pos - step)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                keep = start + nl + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        f.seek(keep)
+        torn = f.read(size - keep)
+        f.truncate(keep)
+    return torn.decode(errors="replace")[:80]
 
 
 def _train_steps(path: Path) -> tuple[int, int, int] | None:

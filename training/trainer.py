@@ -611,7 +611,10 @@ class Trainer:
         m, eng, plan, st = self.metrics, self.engine, self.plan, self.state
         m.write_meta(
             run_meta(
-                resolved=self.resolved, dataset_identity=self.data.identity, world_size=self.env.world_size
+                resolved=self.resolved,
+                dataset_identity=self.data.identity,
+                world_size=self.env.world_size,
+                data_content=self.data.content or None,
             )
         )
         if self.resumed_from is not None:

@@ -69,13 +69,15 @@ def write_run(
     seed_offset_sd: float = 0.003,
     config: dict | None = None,
     device: str = "gpu",
+    data_content: str | None = None,
 ) -> Path:
     """Write a run directory ``root/name`` and return it. Train records at steps 1..n (consumed
     tokens = step * tokens_per_step), a validation record every ``val_every`` steps (val loss =
     the train loss curve + 0.1), events start/save/exit. ``nan_steps``: steps whose loss is NaN
     (skipped, nonfinite_count incremented). ``config``: the resolved config of run_meta.json (default
     a two-key stand-in). ``device``: ``gpu`` (backend triton, mfu logged) or ``cpu`` (backend
-    reference, mfu null, as the trainer writes on a CPU)."""
+    reference, mfu null, as the trainer writes on a CPU). ``data_content``: run_meta.json's digest of
+    the prepared files (None: not recorded, as before 2026-12-06)."""
     d = root / name
     d.mkdir(parents=True)
     if losses is None:
@@ -100,6 +102,8 @@ def write_run(
         "commit": commit,
         "config": config if config is not None else {"seq_length": SEQ, "global_batch_size": GLOBAL_BATCH},
     }
+    if data_content is not None:  # run_meta.json of runs from 2026-12-06 on
+        meta["data_content"] = data_content
     (d / "run_meta.json").write_text(json.dumps(meta))
     lines = [json.dumps({"kind": "event", "step": 0, "event": "start", "detail": "fresh"})]
     nonfinite = 0

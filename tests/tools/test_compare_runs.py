@@ -204,39 +204,7 @@ def test_resumed_run_last_record_wins(make_run):
     good = synth_losses(n, gap=0.05, seed=0, salt=5)
     stale = good.copy()
     stale[300:] += 5.0  # the pre-crash attempt at steps 301..400: garbage that must be replaced
-    extra = [json.dumps({"kind": "event", "step": 300, "event": "resume", "detail": "from ckpt 300"})]
-    for i in range(300, n):
-        step = i + 1
-        extra.append(
-            json.dumps(
-                {
-                    "kind": "train",
-                    "step": step,
-                    "consumed_samples": step * 8,
-                    "consumed_tokens": step * 8192,
-                    "loss": float(good[i]),
-                    "grad_norm": 1.0,
-                    "lr": 3e-4,
-                    "step_time_s": 0.1,
-                    "tokens_per_s_per_gpu": 1000.0,
-                    "mfu": None,
-                    "peak_mem_gib": 1.0,
-                    "skipped": False,
-                    "nonfinite_count": 0,
-                }
-            )
-        )
-        if step % 20 == 0:
-            extra.append(
-                json.dumps(
-                    {
-                        "kind": "valid",
-                        "step": step,
-                        "consumed_tokens": step * 8192,
-                        "val_loss": float(good[i]) + 0.1,
-                    }
-                )
-            )
+    extra = _relaunch(good, 301, n, "from ckpt 300")
     a = make_run("bf16", seed=0)
     b = make_run("fp4", recipe=FP4, seed=0, losses=stale, extra_lines=extra)
     res = compare([str(a), str(b)], _opt(windows=4))
@@ -247,6 +215,76 @@ def test_resumed_run_last_record_wins(make_run):
     (c,) = res["comparisons"]
     assert abs(c["train_final"]["gap"] - 0.05) < 0.02  # not ~5: the stale records are gone
     assert abs(c["valid_final"]["gap"] - 0.05) < 0.1
+
+
+def _train_line(step: int, loss: float) -> str:
+    return json.dumps(
+        {
+            "kind": "train",
+            "step": step,
+            "consumed_samples": step * 8,
+            "consumed_tokens": step * 8192,
+            "loss": loss,
+            "grad_norm": 1.0,
+            "lr": 3e-4,
+            "step_time_s": 0.1,
+            "tokens_per_s_per_gpu": 1000.0,
+            "mfu": None,
+            "peak_mem_gib": 1.0,
+            "skipped": False,
+            "nonfinite_count": 0,
+        }
+    )
+
+
+def _relaunch(losses, first: int, last: int, detail: str, lr: float = 3e-4) -> list[str]:
+    """The lines a relaunch from step ``first - 1`` appends: its resume event, then train records of
+    steps ``first``..``last`` (``losses[step - 1]``, at ``lr``) and a valid record every 20 steps."""
+    lines = [json.dumps({"kind": "event", "step": first - 1, "event": "resume", "detail": detail})]
+    for step in range(first, last + 1):
+        loss = float(losses[step - 1])
+        lines.append(json.dumps({**json.loads(_train_line(step, loss)), "lr": lr}))
+        if step % 20 == 0:
+            lines.append(
+                json.dumps(
+                    {"kind": "valid", "step": step, "consumed_tokens": step * 8192, "val_loss": loss + 0.1}
+                )
+            )
+    return lines
+
+
+def test_a_rollbacks_abandoned_steps_are_not_the_runs(make_run):
+    """Found in review (2026-12-06): after a rollback (a relaunch from step 200 of a run that had gone
+    to 400, stopped at 300), "the last record wins" kept the abandoned branch's steps 301-400 and its
+    final validation. A resume event at step k now drops the records of later steps before it."""
+    good = synth_losses(300, gap=0.05, seed=0, salt=5)
+    abandoned = np.concatenate([good[:200], synth_losses(200, gap=5.0, seed=0, salt=6)])
+    extra = _relaunch(good, 201, 300, "from iter 200")
+    a = make_run("bf16", seed=0)
+    b = make_run("fp4", recipe=FP4, seed=0, losses=abandoned, extra_lines=extra)
+    with pytest.raises(CompareError, match="train token ranges differ"):  # b now ends at step 300
+        compare([str(a), str(b)], _opt(windows=4))
+    res = compare([str(a), str(b)], _opt(windows=4, max_tokens=300 * 8192))
+    row = next(r for r in res["runs"] if r["name"] == "fp4")
+    assert row["train_records"] == 300 and row["records_replaced_by_later"] == 200 + 10
+    (c,) = res["comparisons"]
+    assert abs(c["train_final"]["gap"] - 0.05) < 0.02  # not ~5: the abandoned branch is gone
+    assert abs(c["valid_final"]["gap"] - 0.05) < 0.1
+
+
+def test_prepared_data_that_differ_are_refused(make_run):
+    """Found in review (2026-12-06): a corpus prepared again at the same prefix between the arms kept
+    the data-order fingerprint (megatron-core's identity names paths); run_meta.json's data_content
+    is the files' digest."""
+    a = make_run("a", seed=0, data_content="aaaa" * 8)
+    b = make_run("b", recipe=FP4, seed=0, data_content="bbbb" * 8)
+    with pytest.raises(CompareError, match=r"the prepared data differ \(aaaa.*: a; bbbb.*: b\)"):
+        compare([str(a), str(b)], _opt())
+    res = compare([str(a), str(b)], _opt(force=True))
+    assert any(w.startswith("forced: the prepared data differ") for w in res["warnings"])
+    old = make_run("old", recipe=FP4, seed=1)  # before the field: compared, with a warning
+    res = compare([str(a), str(old)], _opt())
+    assert any("run_meta.json of old records no data_content" in w for w in res["warnings"])
 
 
 # (g) NaN / Infinity losses
@@ -547,3 +585,18 @@ def test_loss_plot_marks_every_point_outside_the_axes(make_run):
         )
     finally:
         plt.close(fig)
+
+
+def test_learning_rates_that_differ_are_refused(make_run):
+    """Found in review (2026-12-06): an LR change allowed on a resume leaves the config fingerprint
+    (run_meta.json is rewritten at every launch) as it was; the logged lr shows it."""
+    good = synth_losses(400, gap=0.05, seed=0, salt=5)
+    extra = _relaunch(good, 301, 400, "lr lowered", lr=1e-4)
+    a = make_run("bf16", seed=0)
+    b = make_run("fp4", recipe=FP4, seed=0, losses=good, extra_lines=extra)
+    with pytest.raises(
+        CompareError, match=r"learning rates differ from step 301 on \(bf16 0.0003, fp4 0.0001\)"
+    ):
+        compare([str(a), str(b)], _opt(windows=4))
+    res = compare([str(a), str(b)], _opt(windows=4, force=True))
+    assert any(w.startswith("forced: the logged learning rates differ") for w in res["warnings"])

@@ -79,6 +79,7 @@ def test_short_run_trains_and_writes_documented_outputs(make_cfg, train, tmp_pat
         "world_size",
         "commit",
         "config",
+        "data_content",
     }
     assert (
         meta["precision"]["attention_recipe"] == "fp8"

@@ -19,6 +19,7 @@ from .runs import (
     RunData,
     align,
     check_fingerprints,
+    check_learning_rates,
     group_arms,
     load_run,
     pick_baseline,
@@ -209,6 +210,7 @@ def _group_and_align(
     """Check the fingerprints, group the runs into arms, pick the baseline, align the runs on consumed
     tokens; returns ``(arms, baseline label, aligned, warnings)``."""
     warnings = check_fingerprints(runs, force=opt.force)
+    warnings += check_learning_rates(runs, force=opt.force)
     arms, w2 = group_arms(runs, force=opt.force)
     warnings += w2
     base = pick_baseline(arms, opt.baseline)

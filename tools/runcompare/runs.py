@@ -90,6 +90,8 @@ class RunData:
     n_malformed: int = 0  # lines skipped with --skip-malformed
     on_gpu: bool = True  # some train record has a numeric mfu (the trainer logs MFU only on a GPU)
     qk_rotation: str = "none"  # the resolved config's attention.qk_rotation ("none" when absent)
+    data_content: str | None = None  # run_meta.json's digest of the prepared files (None: not recorded)
+    lr: dict[int, float] = field(default_factory=dict)  # step -> the logged learning rate (where numeric)
 
     @property
     def arm(self) -> str:
@@ -166,7 +168,8 @@ def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
     """Parse ``run_dir/metrics.jsonl``.
 
     Returns ``(train, valid, events, record_counts, n_replaced, n_malformed)`` where ``train`` and
-    ``valid`` map step -> record (the last record of that kind and step wins). A malformed line
+    ``valid`` map step -> record (the last record of that kind and step wins, and a ``resume``
+    event at step k drops the records of later steps read before it). A malformed line
     (bad JSON, not an object, a used field missing or of the wrong type) raises CompareError with
     its line number, or is counted and skipped with ``skip_malformed``. Unknown kinds are counted.
     """
@@ -202,6 +205,13 @@ def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
             valid[rec["step"]] = rec
         elif kind == "event":
             events[rec["event"]] += 1
+            if rec["event"] == "resume" and isinstance(rec.get("step"), int):
+                # the relaunch trains the steps after its checkpoint again; after a rollback they are
+                # the abandoned branch's (found in review, 2026-12-06: they were read as the run's)
+                for records in (train, valid):
+                    for step in [s for s in records if s > rec["step"]]:
+                        del records[step]
+                        replaced += 1
     return train, valid, events, counts, replaced, malformed
 
 
@@ -253,6 +263,8 @@ def load_run(run_dir: str | Path, *, skip_malformed: bool = False) -> RunData:
         world_size=meta["world_size"],
         commit=meta["commit"],
         config=meta["config"] if isinstance(meta.get("config"), dict) else None,
+        data_content=meta["data_content"] if isinstance(meta.get("data_content"), str) else None,
+        lr={step: float(rec["lr"]) for step, rec in train.items() if _is_num(rec.get("lr"))},
         train=_as_arrays(train, _TRAIN_FIELDS),
         valid=_as_arrays(valid, _VALID_FIELDS),
         events=events,
@@ -277,7 +289,9 @@ def unique_names(runs: list[RunData]) -> None:
 
 
 def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
-    """Refuse runs whose config or data-order fingerprints differ, unless ``force``.
+    """Refuse runs whose config or data-order fingerprints differ, or whose recorded data contents
+    (``data_content``) differ, unless ``force``; a run without ``data_content`` among runs with one is
+    a warning.
 
     Returns warnings (the overridden refusals when forced); raises CompareError otherwise.
     """
@@ -290,9 +304,47 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
             detail = "; ".join(f"{fp}: {', '.join(names)}" for fp, names in groups.items())
             keys = f"; {config_differences(runs)}" if attr == "config_fingerprint" else ""
             reasons.append(f"{what} fingerprints differ ({detail}){keys}")
+    warnings = []
+    contents: dict[str, list[str]] = {}
+    for r in runs:
+        contents.setdefault(r.data_content or "(not recorded)", []).append(r.name)
+    recorded = {c: names for c, names in contents.items() if c != "(not recorded)"}
+    if len(recorded) > 1:  # the same paths, other files: a corpus prepared again between the runs
+        detail = "; ".join(f"{c[:16]}: {', '.join(names)}" for c, names in recorded.items())
+        reasons.append(
+            f"the prepared data differ ({detail}): the corpus at the same prefixes was prepared again "
+            "or replaced between the runs (data_content in run_meta.json)"
+        )
+    elif recorded and "(not recorded)" in contents:
+        warnings.append(
+            f"run_meta.json of {', '.join(contents['(not recorded)'])} records no data_content (runs "
+            "before 2026-12-06): that the prepared files are the same as the others' is not checked"
+        )
     if reasons and not force:
         raise CompareError([f"{r} (pass --force to compare anyway)" for r in reasons])
-    return [f"forced: {r}" for r in reasons]
+    return warnings + [f"forced: {r}" for r in reasons]
+
+
+def check_learning_rates(runs: list[RunData], *, force: bool) -> list[str]:
+    """Refuse runs whose logged learning rates differ at a step they share, unless ``force``: the
+    same config fingerprint with another LR means a change allowed on a resume
+    (``checkpoint.allow_config_change``), which ``run_meta.json`` (rewritten at every launch) does
+    not show (found in review, 2026-12-06: a run rescued with a lower LR was compared silently, its
+    LR's effect reported as precision's). Returns the overridden refusal when forced."""
+    common = set.intersection(*(set(r.lr) for r in runs)) if runs else set()
+    for step in sorted(common):
+        values = {r.name: r.lr[step] for r in runs}
+        lo, hi = min(values.values()), max(values.values())
+        if hi - lo > 1e-9 * max(abs(hi), abs(lo), 1e-30):
+            detail = ", ".join(f"{name} {v:.6g}" for name, v in values.items())
+            reason = (
+                f"the logged learning rates differ from step {step} on ({detail}): a config change allowed "
+                "on a resume (checkpoint.allow_config_change) that run_meta.json does not show"
+            )
+            if not force:
+                raise CompareError(f"{reason} (pass --force to compare anyway)")
+            return [f"forced: {reason}"]
+    return []
 
 
 def _value_text(v) -> str:
