@@ -26,7 +26,12 @@ builder sets it when there is no GPU), which needs no shim.
 
 Not covered, deliberately (see shared/spec/megatron-core-notes.md): megatron-core
 ``DistributedDataParallel.finish_grad_sync``, ``get_megatron_optimizer`` and ``dist_checkpointing``
-also call CUDA; the CPU training path of the trainer must route around them itself.
+also call CUDA; the CPU training path of the trainer must route around them itself. Nor is
+megatron-core's default causal mask: its local ``DotProductAttention`` called with
+``attention_mask=None`` builds one with ``device="cuda"`` written out
+(``transformer/utils.py:get_default_causal_mask``, 0.19.2; found in review, 2026-12-06), so on a CPU
+pass it an explicit causal mask (True = masked), as the tests that compare against it do. Our
+attention in the slot takes the mask type and needs none.
 
 Use only when ``torch.cuda.is_available()`` is False; it is reversible::
 

@@ -90,7 +90,9 @@ def layer_spec(config: LlamaConfig, *, core_attention: ModuleSpec | type | None 
         core_attention: what to put in the core-attention slot; default our attention
             (:func:`core_attention_spec`), with :class:`fp4_attention.megatron.FP4SelfAttention` as
             the self-attention module when ``config.attention.fuse_rope`` is set. Tests pass
-            megatron-core's ``DotProductAttention`` to compare against its own attention path.
+            megatron-core's ``DotProductAttention`` to compare against its own attention path (on
+            a CPU with an explicit causal mask: its default one is made on CUDA, see
+            :mod:`llama.cpu_compat`).
 
     Raises:
         ValueError: another ``core_attention`` with ``config.attention.fuse_rope`` (RoPE would not
