@@ -600,3 +600,17 @@ def test_learning_rates_that_differ_are_refused(make_run):
         compare([str(a), str(b)], _opt(windows=4))
     res = compare([str(a), str(b)], _opt(windows=4, force=True))
     assert any(w.startswith("forced: the logged learning rates differ") for w in res["warnings"])
+
+
+def test_one_max_tokens_hint_for_train_and_valid_ranges(make_run):
+    """Found in review (2026-12-06): a run stopped between two validations got two hints (the train
+    range's end and the last validation's); the train range's end is the one that compares both."""
+    a = make_run("a", seed=0, n_steps=400)
+    b = make_run("b", recipe=FP4, seed=0, n_steps=390, gap=0.05)  # last validation at step 380
+    with pytest.raises(CompareError) as e:
+        compare([str(a), str(b)], _opt())
+    text = str(e.value)
+    assert "train token ranges differ" in text and "valid token ranges differ" in text
+    assert text.count(f"--max-tokens {390 * 8192} ") == 2 and f"--max-tokens {380 * 8192}" not in text
+    res = compare([str(a), str(b)], _opt(max_tokens=390 * 8192))
+    assert res["grid"]["n_train_points"] == 390

@@ -425,8 +425,11 @@ def pick_baseline(arms: dict[str, list[RunData]], baseline: str | None) -> str:
     raise CompareError(f"--baseline {baseline!r} {why}; arms are {', '.join(labels)}")
 
 
-def _grid_reasons(runs: list[RunData], kind: str, grids: list[np.ndarray]) -> list[str]:
-    """Reasons why the token grids (one int array per run) of ``kind`` records differ."""
+def _grid_reasons(
+    runs: list[RunData], kind: str, grids: list[np.ndarray], hint: int | None = None
+) -> list[str]:
+    """Reasons why the token grids (one int array per run) of ``kind`` records differ. ``hint``: the
+    ``--max-tokens`` to suggest for differing ranges (default: the common range of these grids)."""
     ref_run, ref = runs[0], grids[0]
     reasons = []
     for r, g in zip(runs[1:], grids[1:]):
@@ -446,8 +449,8 @@ def _grid_reasons(runs: list[RunData], kind: str, grids: list[np.ndarray]) -> li
             end_g = int(g[-1]) if len(g) else 0
             reasons.append(
                 f"{kind} token ranges differ: {ref_run.name} ends at {end_ref} tokens ({len(ref)} records), "
-                f"{r.name} at {end_g} ({len(g)} records); pass --max-tokens {min(end_ref, end_g)} "
-                f"to compare the common range"
+                f"{r.name} at {end_g} ({len(g)} records); pass --max-tokens "
+                f"{min(end_ref, end_g) if hint is None else hint} to compare the common range"
             )
     return reasons
 
@@ -503,7 +506,11 @@ def align(runs: list[RunData], *, max_tokens: int | None = None) -> Aligned:
     if any(g.size == 0 for g in grids):
         empty = [r.name for r, g in zip(runs, grids) if g.size == 0]
         raise CompareError(f"no train records at or below --max-tokens {max_tokens} in {', '.join(empty)}")
-    reasons = _grid_reasons(runs, "train", grids) + _grid_reasons(runs, "valid", vgrids)
+    train_reasons = _grid_reasons(runs, "train", grids)
+    # one --max-tokens for both kinds: where the train ranges differ, their common end (validation
+    # records lie on train steps; found in review, 2026-12-06: a torn run got two different hints)
+    hint = min(int(g[-1]) for g in grids) if train_reasons else None
+    reasons = train_reasons + _grid_reasons(runs, "valid", vgrids, hint)
     if reasons:
         raise CompareError(reasons)
     return Aligned(
