@@ -49,6 +49,15 @@ def content_key(digests: dict[str, str]) -> str:
     return h.hexdigest()
 
 
+def _digest_if_present(prefix: str) -> str:
+    """:func:`data.indexed.index_digest` of ``prefix``, or ``"absent"`` for a split prefix of a blend
+    that is not built and has no files."""
+    try:
+        return index_digest(prefix)
+    except FileNotFoundError:
+        return "absent"
+
+
 def _check_samples(name: str, value: int | None, *, allow_none: bool) -> None:
     if value is None and allow_none:
         return
@@ -148,6 +157,9 @@ def build_datasets(
                 f"got train/valid/test = {sizes}"
             )
         per_split = blend.blend_per_split()
+        # the content key covers every split's prefixes, built or not: toggling validation (a key
+        # free to change on resume) must not change it (found in review, 2026-12-06)
+        content_prefixes = [p for b in per_split if b is not None for p in b[0]]
         for i, size in enumerate(sizes):
             if size == 0:
                 per_split[i] = None
@@ -172,7 +184,7 @@ def build_datasets(
         from data.preprocess import parse_split
 
         parse_split(split)  # clear error for a malformed split before megatron asserts on it
-        all_prefixes = prefixes
+        all_prefixes = content_prefixes = prefixes
         config_data = {"blend": (prefixes, weights), "split": split}
 
     if verify:
@@ -181,10 +193,15 @@ def build_datasets(
         }
         if prefixes is not None:
             check_split_parts(summaries, split)
-        content = content_key({p: s.index_digest for p, s in summaries.items()})
         check_prepared_tokenizer(all_prefixes, tokenizer)
     else:
-        content = content_key({p: index_digest(p) for p in dict.fromkeys(all_prefixes)})
+        summaries = {}
+    content = content_key(
+        {
+            p: summaries[p].index_digest if p in summaries else _digest_if_present(p)
+            for p in dict.fromkeys(content_prefixes)
+        }
+    )
 
     gpt = import_megatron("megatron.core.datasets.gpt_dataset", "Loading GPT datasets")
     builder_mod = import_megatron(

@@ -14,7 +14,8 @@ checkpoint directory where ``checkpoint.dir`` is elsewhere) and refreshes it eve
 
 Who may take a lock that is there (no clock is compared across hosts):
 
-- the same Slurm job (``SLURM_JOB_ID``): a requeued or restarted job is its own earlier launch;
+- the same Slurm job (``SLURM_JOB_ID``) at a lower ``SLURM_RESTART_COUNT``: a requeued job is its
+  own earlier launch;
 - a process that is gone from this machine (same host, boot and PID namespace; the PID is not
   running, or runs a process started at another time): a crashed launch relaunched on its node;
 - anyone, once the holder's record has not changed for :data:`STALE_S` seconds of watching (a holder
@@ -78,6 +79,14 @@ def _machine() -> str | None:
     return None if boot is None or ns is None else f"{boot.strip()}/{ns}"
 
 
+def _restart_count() -> int:
+    """``SLURM_RESTART_COUNT`` (how often Slurm requeued or restarted the job; unset: 0)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
 def this_process() -> dict:
     """The holder record of this process (without ``token`` and ``beat``)."""
     job = os.environ.get("SLURM_JOB_ID") or None
@@ -87,8 +96,21 @@ def this_process() -> dict:
         "pid": os.getpid(),
         "pid_start": _start_time(os.getpid()),
         "slurm_job_id": job,
+        "slurm_restart_count": _restart_count() if job else None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def _earlier_launch_of_this_job(record: dict, me: dict) -> bool:
+    """The holder is this Slurm job before its latest requeue: the same ``SLURM_JOB_ID`` and a lower
+    ``SLURM_RESTART_COUNT`` (Slurm ends a job's steps before it requeues it). Two steps of one
+    launch (two ``srun`` in one allocation) share the job id but not an earlier restart count, so
+    they are told apart by the other rules (found in review, 2026-12-06: the second took the
+    first one's lock at once)."""
+    if not me["slurm_job_id"] or record.get("slurm_job_id") != me["slurm_job_id"]:
+        return False
+    theirs = record.get("slurm_restart_count")
+    return isinstance(theirs, int) and theirs < me["slurm_restart_count"]
 
 
 def describe(record: dict | None) -> str:
@@ -202,7 +224,7 @@ class RunLock:
             if not exists:
                 continue  # released meanwhile: try to create it again
             if held is not None:
-                if me["slurm_job_id"] and held.get("slurm_job_id") == me["slurm_job_id"]:
+                if _earlier_launch_of_this_job(held, me):
                     why = "an earlier launch of this Slurm job"
                     return cls._take(path, record, held, why, key, clock, poll_s, beat_s, log)
                 if _gone(held, me):
@@ -235,7 +257,13 @@ class RunLock:
     def _take(cls, path, record, held, why, key, clock, poll_s, beat_s, log) -> RunLock:
         log(f"run lock: WARNING: taking over {path} from {describe(held)} ({why})")
         _write(path, record)
-        clock.sleep(poll_s)  # another start-up that took it over at the same time wrote after us
+        try:
+            clock.sleep(poll_s)  # another start-up that took it over at the same time wrote after us
+        except BaseException:  # a signal's StartupStop: no lock of ours left behind (found in review)
+            _, now = _read(path)
+            if now is not None and now.get("token") == record["token"]:
+                path.unlink(missing_ok=True)
+            raise
         _, now = _read(path)
         if now is None or now.get("token") != record["token"]:
             raise ValueError(

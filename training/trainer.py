@@ -334,15 +334,16 @@ class Trainer:
                 raise ValueError(f"{error}{on}; checked at start-up, before the first step")
 
     def _lock_dirs(self) -> None:
-        """Rank 0 takes ``run.lock`` of the output directory and, when saving into a checkpoint.dir
-        outside it, of that one (:mod:`training.run_lock`: another live run there is exit code 2,
-        before anything is written; a dead one's lock is taken over, after watching it where it
-        cannot be told dead at once). Every rank gets rank 0's answer."""
+        """Rank 0 takes ``run.lock`` of the output directory and, when saving, of the checkpoint
+        directory (:mod:`training.run_lock`: another live run there is exit code 2, before anything
+        is written; a dead one's lock is taken over, after watching it where it cannot be told dead
+        at once). Every rank gets rank 0's answer. The checkpoint directory has a lock of its own
+        also inside the output directory (``<output_dir>/checkpoints``): another run may name it as
+        its ``checkpoint.dir`` from another output directory (found in review, 2026-12-06)."""
         error = None
         if self.env.is_main:
             dirs = [(self.output_dir, "runtime.output_dir")]
-            ckpt_root = self.ckpt_root.resolve()
-            if self.cfg.checkpoint.save and not ckpt_root.is_relative_to(self.output_dir.resolve()):
+            if self.cfg.checkpoint.save and self.ckpt_root.resolve() != self.output_dir.resolve():
                 dirs.append((self.ckpt_root, "checkpoint.dir"))
             try:
                 for path, key in dirs:

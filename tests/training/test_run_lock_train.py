@@ -32,14 +32,13 @@ def foreign(**over) -> dict:
     return rec
 
 
-def test_a_live_run_in_the_directory_stops_the_start_up(make_cfg, train, tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    lock = run / rl.LOCK_NAME
+def train_beside_a_live_holder(train, cfg, lock):
+    """``train(cfg)`` while another run's heartbeat rewrites ``lock`` every 0.2 s."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text(json.dumps(foreign()))
     stop = threading.Event()
 
-    def beat():  # the other run's heartbeat
+    def beat():
         n = 0
         while not stop.wait(0.2):
             n += 1
@@ -48,10 +47,16 @@ def test_a_live_run_in_the_directory_stops_the_start_up(make_cfg, train, tmp_pat
     t = threading.Thread(target=beat, daemon=True)
     t.start()
     try:
-        code, log = train(make_cfg())
+        return train(cfg)
     finally:
         stop.set()
         t.join()
+
+
+def test_a_live_run_in_the_directory_stops_the_start_up(make_cfg, train, tmp_path):
+    run = tmp_path / "run"
+    lock = run / rl.LOCK_NAME
+    code, log = train_beside_a_live_holder(train, make_cfg(), lock)
     assert code == EXIT_CONFIG, log.text()
     assert (
         f"pretrain_llama: configuration error: runtime.output_dir {run} is in use by another run "
@@ -59,6 +64,18 @@ def test_a_live_run_in_the_directory_stops_the_start_up(make_cfg, train, tmp_pat
     ) in log.text()
     assert not (run / "metrics.jsonl").exists() and not ckpt.complete_iterations(run / "checkpoints")
     assert json.loads(lock.read_text())["token"] == "t"  # the other run's lock is left as it was
+
+
+def test_a_live_run_owning_a_checkpoint_dir_inside_its_run_dir_stops_another(make_cfg, train, tmp_path):
+    """Run B (its own output directory) names run A's ``<output_dir>/checkpoints`` as its
+    checkpoint.dir: A holds a lock there too (found in review, 2026-12-06: only A's run directory was
+    locked, and B saved into A's checkpoints)."""
+    theirs = tmp_path / "run" / "checkpoints"
+    cfg = make_cfg(f"checkpoint.dir={theirs}", run="b")
+    code, log = train_beside_a_live_holder(train, cfg, theirs / rl.LOCK_NAME)
+    assert code == EXIT_CONFIG, log.text()
+    assert f"configuration error: checkpoint.dir {theirs} is in use by another run" in log.text()
+    assert not ckpt.complete_iterations(theirs)
 
 
 def test_the_locks_are_held_for_the_launch_and_released(make_cfg, train, tmp_path, monkeypatch):
@@ -78,6 +95,11 @@ def test_the_locks_are_held_for_the_launch_and_released(make_cfg, train, tmp_pat
     assert seen == [(True, True)] * 8
     assert not (tmp_path / "run" / rl.LOCK_NAME).exists() and not (elsewhere / rl.LOCK_NAME).exists()
     assert "run lock" not in log.text()
+    elsewhere = tmp_path / "run" / "checkpoints"  # the default layout: a lock in each as well
+    seen.clear()
+    code, log = train(make_cfg("training.train_iters=10"))  # a fresh start in the default layout
+    assert code == EXIT_DONE and seen == [(True, True)] * 10, log.text()
+    assert not (elsewhere / rl.LOCK_NAME).exists()
 
 
 def test_a_crashed_launchs_lock_is_taken_over(make_cfg, train, tmp_path):
