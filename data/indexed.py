@@ -77,14 +77,11 @@ def index_digest(prefix: str | os.PathLike) -> str:
         MissingInputError (a FileNotFoundError): the file is missing.
     """
     path = idx_path(prefix)
-    h = hashlib.blake2b(digest_size=16)
     try:
         with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                h.update(chunk)
+            return hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
     except FileNotFoundError:
         raise MissingInputError(f"indexed dataset file missing: {path}") from None
-    return h.hexdigest()
 
 
 def verify_indexed_dataset(

@@ -25,7 +25,7 @@ class DataBundle:
     valid: object | None
     identity: str
     describe: str
-    content: str = ""  # data.loader.content_key of the prepared files
+    content: str | None = None  # data.loader.content_key of the prepared files
 
 
 def build_data(cfg, *, model_vocab_size: int, log=print) -> DataBundle:

@@ -39,6 +39,8 @@ import time
 import uuid
 from pathlib import Path
 
+from .checkpoint import atomic_write_text
+
 __all__ = ["BEAT_S", "LOCK_NAME", "STALE_S", "LockLost", "RunLock", "describe", "this_process"]
 
 LOCK_NAME = "run.lock"
@@ -309,6 +311,4 @@ class RunLock:
 
 def _write(path: Path, record: dict) -> None:
     """Replace ``path`` by ``record`` in one step (a reader sees the old or the new one)."""
-    tmp = path.with_name(f".{path.name}.{record['token']}.tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(record))

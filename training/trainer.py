@@ -145,7 +145,7 @@ class Trainer:
         # set after an out-of-memory error with several ranks: the others are in a collective call
         # this rank will never join, so the process is left at once (run()), the group not destroyed
         self._abandon_group = False
-        # rank 0's run.lock of the output directory (and of checkpoint.dir where it is elsewhere)
+        # rank 0's run.lock of the output directory and, when saving, of the checkpoint directory
         self._locks: list[RunLock] = []
 
     # ----------------------------------------------------------------------------- set-up
@@ -311,7 +311,7 @@ class Trainer:
             data_identity=self.data.identity,
             world_size=env.world_size,
             origin=origin,
-            data_content=self.data.content or None,
+            data_content=self.data.content,
         )
 
     def _check_writable(self) -> None:
@@ -543,7 +543,7 @@ class Trainer:
             saved_data_identity=saved.data_identity,
             data_identity=self.data.identity,
             saved_data_content=saved.data_content,
-            data_content=self.data.content or None,
+            data_content=self.data.content,
             where=str(path),
         )
         for line in allowed:
@@ -615,7 +615,7 @@ class Trainer:
                 resolved=self.resolved,
                 dataset_identity=self.data.identity,
                 world_size=self.env.world_size,
-                data_content=self.data.content or None,
+                data_content=self.data.content,
             )
         )
         if self.resumed_from is not None:

@@ -305,19 +305,20 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
             keys = f"; {config_differences(runs)}" if attr == "config_fingerprint" else ""
             reasons.append(f"{what} fingerprints differ ({detail}){keys}")
     warnings = []
-    contents: dict[str, list[str]] = {}
+    recorded: dict[str, list[str]] = {}
     for r in runs:
-        contents.setdefault(r.data_content or "(not recorded)", []).append(r.name)
-    recorded = {c: names for c, names in contents.items() if c != "(not recorded)"}
+        if r.data_content is not None:
+            recorded.setdefault(r.data_content, []).append(r.name)
+    unrecorded = [r.name for r in runs if r.data_content is None]
     if len(recorded) > 1:  # the same paths, other files: a corpus prepared again between the runs
         detail = "; ".join(f"{c[:16]}: {', '.join(names)}" for c, names in recorded.items())
         reasons.append(
             f"the prepared data differ ({detail}): the corpus at the same prefixes was prepared again "
             "or replaced between the runs (data_content in run_meta.json)"
         )
-    elif recorded and "(not recorded)" in contents:
+    elif recorded and unrecorded:
         warnings.append(
-            f"run_meta.json of {', '.join(contents['(not recorded)'])} records no data_content (runs "
+            f"run_meta.json of {', '.join(unrecorded)} records no data_content (runs "
             "before 2026-12-06): that the prepared files are the same as the others' is not checked"
         )
     if reasons and not force:
