@@ -218,7 +218,7 @@ def attention(
             backward is bitwise reproducible: ``auto`` passes the others over, a named one raises
             UnsupportedError.
         return_lse: also return the natural-log LSE, FP32 ``[B, Hq, Sq]``. It has a gradient
-            where the backend computes one (``BackendSpec.lse_grad``: the reference backend); with
+            where the backend computes one (``BackendSpec.lse_grad``: reference, triton, cute); with
             another backend, a loss that reaches it raises NotImplementedError in the backward
             (``lse.detach()`` where its gradient is not wanted).
         qk_rotation: ``"hadamard"``: rotate the head dim of Q and K by a random-sign Hadamard

@@ -180,8 +180,8 @@ def test_a_backend_without_the_lse_gradient_refuses_it():
             (out.float().sum() + lse.sum()).backward(retain_graph=True)
         assert str(err.value) == (
             "the LSE returned by attention(..., return_lse=True) is in the loss, and backend 'no_lse_test' "
-            "has no gradient for it (backends with one: reference); use one of those, or lse.detach() "
-            "where its gradient is not wanted"
+            "has no gradient for it (backends with one: cute, reference, triton); use one of those, or "
+            "lse.detach() where its gradient is not wanted"
         )
         (out.float().sum() + lse.detach().sum()).backward()  # the output alone: as before
         assert q.grad is not None

@@ -209,6 +209,21 @@ def test_matches_reference_shapes(recipe, causal, d, group, cute):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_lse_gradient_matches_reference(recipe, causal, group, cute):
+    """The LSE's gradient (``D - dlse`` before the kernel reads D) against the reference on the same
+    state, with a ragged tile and rows without keys (Sq > Sk, causal)."""
+    tt.compare(recipe, 2, 2 * group, 2, 300, 300, 128, causal, target=cute, dlse=True)
+    tt.compare(recipe, 1, 2 * group, 2, 257, 129, 128, causal, target=cute, dlse=True)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_lse_gradient_through_the_api(recipe):
+    tt.check_lse_gradient_through_the_api("cute", recipe)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_token_scale_placement(recipe):
     """The backward places the token scales as the recipe defines them: in the BF16 Q/K operands
     with one BF16 dS for ``fp8``, on dS for ``nvfp4qk_fp8pv`` (``tt.check_token_scale_placement``)."""

@@ -73,7 +73,10 @@ class Target:
 TRITON = Target(BE, triton_backend.default_block_n)
 
 
-def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True, target=TRITON):
+def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True, target=TRITON, dlse=False):
+    """Forward and (``grads``) backward of ``target`` against the reference on the same quantized
+    state; ``dlse``: the backward also gets a gradient of the LSE (N(0, 1), FP32 ``[B, Hq, Sq]``),
+    as a loss on ``attention(..., return_lse=True)``'s LSE gives it."""
     rec = fa.get_recipe(recipe)
     q, k, v = make_qkv(b, hq, hkv, sq, sk, d, seed=seed, scale=scale, device="cuda")
     sm = d**-0.5
@@ -98,7 +101,10 @@ def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True
     if not grads:
         return
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).bfloat16().cuda()
-    got = target.backend.backward(st, dout, rec, causal=causal, softmax_scale=sm)
+    lse_grad = {}
+    if dlse:
+        lse_grad["dlse"] = torch.randn(lse.shape, generator=torch.Generator().manual_seed(seed + 2)).cuda()
+    got = target.backend.backward(st, dout, rec, causal=causal, softmax_scale=sm, **lse_grad)
     # the reference backward reads the kernel's own forward output and LSE (identical inputs)
     ref = reference_backward(
         SavedState(q=rst.q, k=rst.k, v=rst.v, out=out, lse=lse),
@@ -107,6 +113,7 @@ def compare(recipe, b, hq, hkv, sq, sk, d, causal, seed=0, scale=1.0, grads=True
         causal=causal,
         softmax_scale=sm,
         **dict(target.reference_backward_options),
+        **lse_grad,
     )
     for name, g, r in zip("qkv", got, ref):
         assert torch.isfinite(g).all()
@@ -138,6 +145,48 @@ def test_real_training_shape(recipe):
 @pytest.mark.parametrize("scale", [2.0, 3.0])
 def test_wide_logits(recipe, scale):
     compare(recipe, 1, 8, 2, 1024, 1024, 128, True, scale=scale)
+
+
+@pytest.mark.parametrize("recipe", TRAIN)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_lse_gradient_matches_reference(recipe, causal, group):
+    """The LSE's gradient (``D - dlse``, ``reference_backward``'s rule) on the same state as the
+    reference, D 64/128, with rows without keys (Sq > Sk, causal) and a ragged tile."""
+    compare(recipe, 2, 2 * group, 2, 300, 300, 128, causal, dlse=True)
+    compare(recipe, 1, 2 * group, 2, 257, 129, 64, causal, dlse=True)
+
+
+def check_lse_gradient_through_the_api(backend: str, recipe: str):
+    """A loss on the output and the LSE, and on the LSE alone, through ``fa.attention`` against
+    float64 autograd (``tests/test_interface.py``'s CPU test at a GPU size): only the LSE in the
+    loss gives no dV."""
+    from ..test_interface import _float64_attention
+
+    q, k, v = make_qkv(1, 8, 2, 512, 512, 128, seed=7, device="cuda")
+    w = torch.randn(1, 8, 512, generator=torch.Generator().manual_seed(8)).cuda()
+    at_least = 0.998 if recipe == "fp8" else 0.985  # the CPU test's bounds
+    for with_out in (True, False):
+        ref = [t.cpu().double().requires_grad_() for t in (q, k, v)]  # its causal mask is built on the CPU
+        o64, lse64 = _float64_attention(*ref, causal=True)
+        ((o64**2).sum() * 0.05 * with_out + (lse64 * w.cpu().double()).sum()).backward()
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        o, lse = fa.attention(
+            *ins, recipe=recipe, causal=True, layout="bhsd", backend=backend, return_lse=True
+        )
+        loss = (lse * w).sum() + ((o.float() ** 2).sum() * 0.05 if with_out else 0.0)
+        loss.backward()
+        for name, got, want in zip("qk", ins, ref):
+            assert cosine(got.grad, want.grad) >= at_least, (backend, recipe, with_out, name)
+        if with_out:
+            assert cosine(ins[2].grad, ref[2].grad) >= at_least, (backend, recipe, "v")
+        else:
+            assert torch.count_nonzero(ins[2].grad) == 0
+
+
+@pytest.mark.parametrize("recipe", TRAIN)
+def test_lse_gradient_through_the_api(recipe):
+    check_lse_gradient_through_the_api("triton", recipe)
 
 
 @pytest.mark.parametrize("causal", [False, True])

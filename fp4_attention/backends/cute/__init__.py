@@ -19,6 +19,7 @@ SPEC = BackendSpec(
     # 12.908 vs 35.930 at B2 H32/32 S8192; nvfp4qk_fp8pv 4.580 vs 11.133, 2.732 vs 3.123, 14.292 vs
     # 36.384
     priority=25,
+    lse_grad=True,  # D - dlse before the kernels read D (backend.py)
     nondeterministic=("fp8", "nvfp4qk_fp8pv"),  # dQ (and GQA dK/dV) by FP32 atomics
     install_hint="pip install 'fp4-attention-pretrain[cute]' (nvidia-cutlass-dsl, flash-attn-4)",
     summary=(

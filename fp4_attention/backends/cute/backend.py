@@ -486,9 +486,18 @@ def _compiled_bwd(d: int, group: int, causal: bool, qk_bf16: bool, args: list, s
     return _CACHE[key]
 
 
-def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax_scale: float):
+def backward_fp8(
+    state: SavedState,
+    dout: torch.Tensor,
+    *,
+    causal: bool,
+    softmax_scale: float,
+    dlse: torch.Tensor | None = None,
+):
     """CuTe backward of ``fp8`` and ``nvfp4qk_fp8pv``: ``(dq, dk, dv)`` BF16 ``[B, H, S, D]`` from this
-    backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``. NVFP4 Q/K
+    backend's forward state (V in the kernel's layout) and BF16 ``dout [B, Hq, Sq, D]``; ``dlse``, the
+    LSE's gradient (FP32 ``[B, Hq, Sq]`` or None), enters as ``D - dlse`` (``reference_backward``'s
+    rule), subtracted from the preprocess's D before the kernel reads it. NVFP4 Q/K
     run the kernel's ``qk_bf16`` S^T (the BF16 wgmma on their exact decodes, as the forward's QK);
     the rest of the loop is the same FP8 one; E4M3 Q/K run one BF16 dS for dQ and dK with the token
     scales in their BF16 operands (``FP8BackwardSm90``, the recipe's definition). The FP32
@@ -510,6 +519,8 @@ def backward_fp8(state: SavedState, dout: torch.Tensor, *, causal: bool, softmax
         )
     hkv = (state.k.shape if qk_bf16 else state.k.data.shape)[1]
     ops = backward_operands(state, dout, softmax_scale)  # dout read in place
+    if dlse is not None:  # D [B, Hq, S_pad]: the padded rows (stat -inf, P = 0) keep their 0
+        ops["delta"][..., :sq].sub_(dlse)
     args = _bwd_args(ops)
     fn = _compiled_bwd(d, hq // hkv, causal, qk_bf16, args, softmax_scale)
     fn(*[t.view(torch.uint8) if t.element_size() == 1 else t for t in args], softmax_scale)
@@ -596,7 +607,9 @@ class CuteBackend:
         causal: bool,
         softmax_scale: float,
         tiles=None,
+        dlse=None,
     ):
         """The CuTe backward (:func:`backward_fp8`) on this backend's forward state, ``fp8`` and
-        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``)."""
-        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale)
+        ``nvfp4qk_fp8pv``; ``tiles`` is the forward's (the backward runs at ``BWD_TILES``); ``dlse``
+        the LSE's gradient or None."""
+        return backward_fp8(state, dout, causal=causal, softmax_scale=softmax_scale, dlse=dlse)

@@ -18,6 +18,7 @@ SPEC = BackendSpec(
     # auto's choice for fp8 under deterministic mode (its backward has no atomics, so bitwise resume
     # holds), where cute's fp8 backward is passed over; otherwise cute's is faster (cute/__init__.py)
     priority=20,
+    lse_grad=True,  # D - dlse before the kernels read D (backend.py)
     install_hint="needs a CUDA build of torch with Triton",
     summary="Triton kernels: every recipe's forward, the training recipes' backward",
 )

@@ -283,9 +283,12 @@ class TritonBackend:
         block_n: int | None = None,
         num_warps: int | None = None,
         num_stages: int | None = None,
+        dlse: torch.Tensor | None = None,
     ):
         """dQ, dK, dV (BF16) from the saved state. ``block_m``... are the forward's tile options (the
-        attention options reach both passes); the backward tiles are ``BWD_DKDV_TILES`` / ``BWD_DQ_TILES``."""
+        attention options reach both passes); the backward tiles are ``BWD_DKDV_TILES`` / ``BWD_DQ_TILES``.
+        ``dlse``: the LSE's gradient, FP32 ``[B, Hq, Sq]``, or None; it enters as ``D - dlse``
+        (``reference_backward``'s rule), subtracted from D before the kernels read it."""
         b, hq, sq, d = state.out.shape
         shape_k = (b, *_kv_shape(state.k, recipe))
         hkv, sk = shape_k[1], shape_k[2]
@@ -303,6 +306,8 @@ class TritonBackend:
             do_op, s_do = dout, torch.ones((), dtype=torch.float32, device=dout.device).expand(b, hq)
             delta = (dout.float() * state.out.float()).sum(-1)
         stat, delta = lse_stat(state.lse, lift), delta.contiguous()
+        if dlse is not None:  # D is this call's own tensor
+            delta[..., :sq].sub_(dlse)
         rot = recipe.qk_rotation
         # with a Q/K rotation the kernels write dQ/dK of the rotated basis in FP32; unrotated below
         # BF16 gradients the kernels write directly are allocated in the layout of the forward's
