@@ -169,7 +169,7 @@ def check_lse_gradient_through_the_api(backend: str, recipe: str):
     w = torch.randn(1, 8, 512, generator=torch.Generator().manual_seed(8))
 
     def grads(device, name, with_out):
-        ins = [t.to(device).requires_grad_() for t in (q, k, v)]
+        ins = [t.to(device, copy=True).requires_grad_() for t in (q, k, v)]
         o, lse = fa.attention(*ins, recipe=recipe, causal=True, layout="bhsd", backend=name, return_lse=True)
         ((lse * w.to(device)).sum() + ((o.float() ** 2).sum() * 0.05 if with_out else 0.0)).backward()
         return [t.grad for t in ins]
