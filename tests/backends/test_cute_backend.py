@@ -224,6 +224,13 @@ def test_lse_gradient_through_the_api(recipe):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+def test_attention_merged_by_lse_trains_like_the_whole(recipe):
+    from ..test_interface import check_lse_merge
+
+    check_lse_merge("cute", recipe, "cuda", shape=(1, 8, 2, 512, 512, 128))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_token_scale_placement(recipe):
     """The backward places the token scales as the recipe defines them: in the BF16 Q/K operands
     with one BF16 dS for ``fp8``, on dS for ``nvfp4qk_fp8pv`` (``tt.check_token_scale_placement``)."""

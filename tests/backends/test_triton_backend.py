@@ -192,6 +192,13 @@ def test_lse_gradient_through_the_api(recipe):
     check_lse_gradient_through_the_api("triton", recipe)
 
 
+@pytest.mark.parametrize("recipe", TRAIN)
+def test_attention_merged_by_lse_trains_like_the_whole(recipe):
+    from ..test_interface import check_lse_merge
+
+    check_lse_merge("triton", recipe, "cuda", shape=(1, 8, 2, 512, 512, 128))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_k_scale_keys_matches_reference(causal):
     """``fp8`` with ``k_scale_keys=64`` (K quantized per 64 keys by the Triton group quantizer, whose
