@@ -159,32 +159,18 @@ def test_lse_gradient_matches_reference(recipe, causal, group):
 
 def check_lse_gradient_through_the_api(backend: str, recipe: str):
     """A loss on the output and the LSE, and on the LSE alone, through ``fa.attention``, against
-    float64 autograd (``tests/test_interface.py``'s CPU test at a GPU size): each gradient's cosine
-    within 1e-3 of the reference backend's on the same inputs (the recipe's own error sets the
-    level: nvfp4qk_fp8pv's dQ is at 0.982 here on the CPU, fp8's at 0.9986); only the LSE in the
-    loss gives no dV."""
-    from ..test_interface import _float64_attention
+    float64 autograd (``tests/test_interface.py``'s ``lse_loss_cosines``, at a GPU size): each
+    gradient's cosine within 1e-3 of the reference backend's on the same inputs (the recipe's own
+    error sets the level: nvfp4qk_fp8pv's dQ is at 0.982 here on the CPU, fp8's at 0.9986); only the
+    LSE in the loss gives no dV."""
+    from ..test_interface import lse_loss_cosines
 
-    q, k, v = make_qkv(1, 8, 2, 512, 512, 128, seed=7)
-    w = torch.randn(1, 8, 512, generator=torch.Generator().manual_seed(8))
-
-    def grads(device, name, with_out):
-        ins = [t.to(device, copy=True).requires_grad_() for t in (q, k, v)]
-        o, lse = fa.attention(*ins, recipe=recipe, causal=True, layout="bhsd", backend=name, return_lse=True)
-        ((lse * w.to(device)).sum() + ((o.float() ** 2).sum() * 0.05 if with_out else 0.0)).backward()
-        return [t.grad for t in ins]
-
-    for with_out in (True, False):
-        exact = [t.double().requires_grad_() for t in (q, k, v)]
-        o64, lse64 = _float64_attention(*exact, causal=True)
-        ((o64**2).sum() * 0.05 * with_out + (lse64 * w.double()).sum()).backward()
-        got, ref = grads("cuda", backend, with_out), grads("cpu", "reference", with_out)
-        for name, g, r, e in zip("qkv", got, ref, exact):
-            if not with_out and name == "v":
-                assert torch.count_nonzero(g) == 0
-                continue
-            c_got, c_ref = cosine(g, e.grad), cosine(r, e.grad)
-            assert c_ref >= 0.98 and c_got >= c_ref - 1e-3, (backend, recipe, with_out, name, c_got, c_ref)
+    shape = (1, 8, 2, 512, 512, 128)
+    for out_in_loss in (True, False):
+        got = lse_loss_cosines(backend, recipe, "cuda", shape, out_in_loss=out_in_loss)
+        ref = lse_loss_cosines("reference", recipe, "cpu", shape, out_in_loss=out_in_loss)
+        for name, c_got, c_ref in zip("qkv", got, ref):
+            assert c_ref >= 0.98 and c_got >= c_ref - 1e-3, (backend, recipe, out_in_loss, name, c_got, c_ref)
 
 
 @pytest.mark.parametrize("recipe", TRAIN)
