@@ -8,9 +8,11 @@ vocabulary (16.5M parameters, nearly all embeddings); a step of 4 x 32 tokens ta
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,23 @@ def metrics(run_dir: Path) -> list[dict]:
 
     with open(run_dir / "metrics.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def take_over(lock, record: dict, timeout: float = 10.0) -> None:
+    """Another run takes ``lock`` (a held :class:`training.run_lock.RunLock`) over by writing
+    ``record``, and this returns once the holder's heartbeat has seen it (``lock.lost`` set).
+
+    A heartbeat that read its own record just before the write writes that record back over it (a
+    real rival's start-up sees this at its re-read and gives up, ``RunLock._take``): the rival's
+    record is written again while the holder's is found there (CI, 2026-12-06: the one-shot write was
+    lost this way and the test waited out its 10 s).
+    """
+    deadline = time.monotonic() + timeout
+    while lock.lost is None:
+        if json.loads(lock.path.read_text()).get("token") != record["token"]:
+            lock.path.write_text(json.dumps(record))
+        assert time.monotonic() < deadline, f"the heartbeat did not see the takeover in {timeout} s"
+        time.sleep(0.01)
 
 
 def pytest_configure(config):

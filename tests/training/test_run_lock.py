@@ -11,6 +11,8 @@ import pytest
 
 from training import run_lock as rl
 
+from .conftest import take_over
+
 
 class FakeClock:
     """``monotonic`` advanced by ``sleep``; ``on_sleep(n)`` runs at the n-th sleep (0-based)."""
@@ -227,8 +229,7 @@ def test_the_heartbeat_rewrites_the_record_and_notices_a_takeover(tmp_path):
     try:
         wait_until(lambda: json.loads(path.read_text())["beat"] >= 2)
         assert lock.lost is None
-        put(path, holder())
-        wait_until(lambda: lock.lost is not None)
+        take_over(lock, holder())
         assert lock.lost.startswith("host node-other, PID 4242")
         assert "was taken over by host node-other" in lines[-1] and "saves nothing more there" in lines[-1]
         time.sleep(0.1)

@@ -16,7 +16,7 @@ from training import checkpoint as ckpt
 from training import run_lock as rl
 from training.signals import EXIT_CONFIG, EXIT_DONE
 
-from .conftest import metrics
+from .conftest import metrics, take_over
 
 
 @pytest.fixture(autouse=True)
@@ -139,11 +139,7 @@ def test_a_lock_taken_over_mid_run_stops_before_the_next_save(make_cfg, train, t
     def step(self, *args, **kwargs):
         steps.append(1)
         if len(steps) == 6:  # after the save of step 4: another run takes the directory over
-            locks[0].path.write_text(json.dumps(foreign()))
-            deadline = time.monotonic() + 10
-            while locks[0].lost is None:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            take_over(locks[0], foreign())
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(CPUEngine, "train_step", step)
