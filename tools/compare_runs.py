@@ -5,7 +5,10 @@
 Each RUN is a run directory with ``metrics.jsonl`` and ``run_meta.json``. Runs are grouped into
 arms by precision (attention recipe, its Q/K rotation, projection); several seeds per arm are
 allowed. All runs must share the config fingerprint (else refused, naming the config keys that
-differ and their values) and the data-order fingerprint (``--force`` compares anyway and says so)
+differ and their values) and the data-order fingerprint, must not hold steps trained before a config
+change allowed at a resume (``allowed_changes`` of the resume event, which ``run_meta.json``, the
+last launch's, does not show) nor a logged learning rate that differs from the others' (``--force``
+compares anyway and says so)
 and log train/validation records at exactly the same consumed-token counts (else refused with the
 reason -- never interpolated, also with ``--force``; ``--max-tokens`` cuts every run to a common
 range).

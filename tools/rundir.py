@@ -2,9 +2,9 @@
 
 ``metrics.jsonl`` holds one JSON object per line (``kind``: train, valid, telemetry or event),
 appended across launches and resumes: a step can appear more than once (readers keep the last record
-of a kind and step, and a ``resume`` event at step k supersedes the records of later steps before it:
-the relaunch trains them again, or after a rollback they are the abandoned branch's) and a killed
-run can leave a torn last line (the trainer removes it before the next launch appends).
+of a kind and step, and a ``resume`` event at step k supersedes the records of later steps before it,
+a fresh ``start`` all of them: :mod:`training.records`) and a killed run can leave a torn last line
+(the trainer removes it before the next launch appends).
 ``run_meta.json`` holds one JSON object (fingerprints, seed, world size, commit, precision, the
 resolved config, the prepared files' digest ``data_content``).
 

@@ -660,7 +660,9 @@ def check_resume_compatible(
     data_content: str | None = None,
     where: str = "the checkpoint",
 ) -> list[str]:
-    """Raise :class:`ConfigMismatchError` for disallowed differences; return the allowed ones (to log).
+    """Raise :class:`ConfigMismatchError` for disallowed differences; return the allowed ones,
+    ``(key, value in the checkpoint, value now)`` each (the trainer logs them and records them in the
+    resume event: :mod:`training.records`).
 
     The data identities (``data.identity``: megatron-core's, of paths and settings) and contents
     (``data.content``: :func:`data.loader.content_key` of the files) count as differences only where
@@ -692,4 +694,4 @@ def check_resume_compatible(
             f"If this change is deliberate, allow it with checkpoint.allow_config_change=[{keys}] "
             "(or start a fresh run in another runtime.output_dir or checkpoint.dir)"
         )
-    return [f"{k}: {v0!r} -> {v1!r}" for k, v0, v1 in allowed]
+    return allowed

@@ -21,7 +21,10 @@ Numbers are written with Python's ``json`` (a non-finite ``loss`` of a skipped s
 finite). The file is only ever appended to. After a kill and resume, steps between the resumed
 checkpoint and the kill appear twice: the ``resume`` event marks where the second run starts, and
 **readers keep, for each (kind, step[, layer]), the LAST record in the file** - that is the record of
-the run whose state the training continued from.
+the run whose state the training continued from - and drop the records of the steps after a
+``resume`` event's step (a fresh ``start``: all of them) read before it (:mod:`training.records`).
+A ``resume`` event's ``allowed_changes`` lists the config changes allowed at it
+(``[key, value in the checkpoint, value now]``).
 
 ``run_meta.json`` (rewritten at every start) holds ``config_fingerprint``, ``data_order_fingerprint``,
 ``precision``, ``seed``, ``world_size``, ``commit`` and the resolved ``config``; see
@@ -40,6 +43,7 @@ import time
 from pathlib import Path
 
 from .progress import LaunchProgress, Outputs, summary_lines
+from .records import relaunch_step
 from .resolved import canonical_json, config_fingerprint
 
 __all__ = ["MetricsLogger", "data_order_fingerprint", "git_commit", "read_metrics", "run_meta"]
@@ -118,18 +122,18 @@ def _clean(value):
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """All records of a metrics file, keeping for each (kind, step, layer) the last one, in step order.
 
-    A ``resume`` event at step k drops the records of steps after k read before it: the relaunch
-    trains those steps again, and after a rollback (``checkpoint.load=<iter path>``) they belong to
-    the branch abandoned (found in review, 2026-12-06: its steps and final validation were read as
-    the run's)."""
+    A ``resume`` event at step k drops the records of steps after k read before it, and a fresh
+    ``start`` event all of them (:func:`training.records.relaunch_step`): the relaunch trains those
+    steps again, and after a rollback or a fresh start in the same directory they belong to the run
+    abandoned."""
     last: dict = {}
     with open(path) as f:
         for line in f:
             if line.strip():
                 rec = json.loads(line)
                 if rec["kind"] == "event":
-                    if rec.get("event") == "resume":
-                        last = {key: r for key, r in last.items() if key[1] <= rec["step"]}
+                    if (at := relaunch_step(rec)) is not None:
+                        last = {key: r for key, r in last.items() if key[1] <= at}
                     continue
                 last[(rec["kind"], rec["step"], rec.get("layer"))] = rec
     return sorted(last.values(), key=lambda r: (r["step"], r["kind"], r.get("layer") or 0))
@@ -221,8 +225,9 @@ class MetricsLogger:
                     f"telemetry/zero_scale_block_frac/layer{rec['layer']}", rec["zero_scale_block_frac"], step
                 )
 
-    def event(self, step: int, event: str, detail: str) -> None:
-        self.record({"kind": "event", "step": step, "event": event, "detail": detail})
+    def event(self, step: int, event: str, detail: str, **fields) -> None:
+        """An ``event`` record (``fields``: more JSON fields of it) and its terminal line."""
+        self.record({"kind": "event", "step": step, "event": event, "detail": detail, **fields})
         self.info(f"[{event}] step {step}: {detail}")
 
     def train(self, **fields) -> None:

@@ -133,6 +133,9 @@ class Trainer:
         self.ckpt_root: Path | None = None  # checkpoint.dir, by default <output_dir>/checkpoints
         self.metrics: MetricsLogger | None = None
         self.resumed_from: Path | None = None  # the checkpoint this run resumed from (None: a fresh start)
+        # [key, value in that checkpoint, value now] of each config difference allowed at the resume
+        # (checkpoint.allow_config_change), recorded in the resume event (training.records)
+        self.allowed_changes: list[list] = []
         self._resume_root: Path | None = None  # the directory a damaged checkpoint falls back in
         self._origin: str | None = None  # the checkpoint a checkpoint.load=<path> trajectory starts from
         self.engine = None  # MegatronEngine (CUDA) or CPUEngine, see training.engine
@@ -546,9 +549,10 @@ class Trainer:
             data_content=self.data.content,
             where=str(path),
         )
-        for line in allowed:
-            self.log(f"resume: allowed config change {line}")
+        for key, was, now in allowed:
+            self.log(f"resume: allowed config change {key}: {was!r} -> {now!r}")
         self.engine.load(path, applied_updates=saved.applied_updates, saved_world_size=saved.world_size)
+        self.allowed_changes = [[key, was, now] for key, was, now in allowed]
         return saved
 
     def _resume(self) -> TrainerState:
@@ -619,19 +623,22 @@ class Trainer:
             )
         )
         if self.resumed_from is not None:
+            changed = f"; allowed config changes: {', '.join(c[0] for c in self.allowed_changes)}"
             m.event(
                 st.iteration,
                 "resume",
-                f"from {self.resumed_from} (consumed_samples {st.consumed_samples})",
+                f"from {self.resumed_from} (consumed_samples {st.consumed_samples})"
+                + (changed if self.allowed_changes else ""),
+                allowed_changes=self.allowed_changes,
             )
         else:
             if m.enabled and m.earlier_train_steps is not None:  # found in review, 2026-12-06
                 n, first, last = m.earlier_train_steps
                 self.log(
                     f"metrics: WARNING: a fresh start, but {m.path} already holds {n} training record(s) of "
-                    f"an earlier run (steps {first}-{last}): this run's are appended after them, and readers "
-                    "that keep the last record of each step mix the two; use another runtime.output_dir to "
-                    "keep runs apart"
+                    f"an earlier run (steps {first}-{last}): this run's are appended after them, and the "
+                    "readers of the file (training.records) read only this run's from here on; use another "
+                    "runtime.output_dir to keep runs apart"
                 )
             m.event(0, "start", f"fresh start, {cfg.train_iters} steps")
         total = cfg.train_iters

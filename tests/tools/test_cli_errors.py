@@ -34,6 +34,22 @@ def test_compare_runs_out_that_cannot_be_a_directory(make_run, tmp_path, capsys)
         assert err == f"compare_runs: --out {out}: {blocker} is a file, not a directory; name another --out\n"
 
 
+def test_compare_runs_seed_bootstrap_with_one_seed(make_run, capsys):
+    """Found in review (2026-12-06): --bootstrap hier with one seed in an arm ended in a StatsError
+    traceback and exit code 1."""
+    a = make_run("a", seed=0, n_steps=40)
+    a2 = make_run("a2", seed=1, n_steps=40)
+    b = make_run("b", recipe="fp8", seed=0, n_steps=40)
+    for method in ("hier", "seeds"):
+        code, err = run_main(compare_runs.main, capsys, [str(a), str(a2), str(b), "--bootstrap", method])
+        assert code == 2
+        assert err == (
+            f"compare_runs: --bootstrap {method} for arm attn=fp8,proj=bf16 against attn=bf16,proj=bf16: "
+            f"bootstrap method {method!r} resamples seeds and needs >= 2 runs per arm (have 1 and 2); use "
+            "'blocks' or 'auto'\n"
+        )
+
+
 def test_compare_runs_non_utf8_metrics_line(make_run, capsys):
     a = make_run("a", seed=0, n_steps=40)
     b = make_run("b", recipe="fp8", seed=0, n_steps=40)

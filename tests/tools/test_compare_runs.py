@@ -272,6 +272,55 @@ def test_a_rollbacks_abandoned_steps_are_not_the_runs(make_run):
     assert abs(c["valid_final"]["gap"] - 0.05) < 0.1
 
 
+def test_a_fresh_start_in_the_directory_replaces_the_earlier_runs_records(make_run):
+    """Found in review (2026-12-06): a fresh start appended to an earlier run's metrics.jsonl (no
+    checkpoint left to resume) was read as one run, the earlier run's later steps and final
+    validation with it. A ``start`` event now drops every record read before it."""
+    earlier = synth_losses(400, gap=5.0, seed=0, salt=9)  # another run: far off
+    good = synth_losses(300, gap=0.05, seed=0, salt=5)
+    extra = _relaunch(good, 1, 300, "")
+    extra[0] = json.dumps({"kind": "event", "step": 0, "event": "start", "detail": "fresh start, 300 steps"})
+    a = make_run("bf16", seed=0)
+    b = make_run("fp4", recipe=FP4, seed=0, losses=earlier, extra_lines=extra)
+    res = compare([str(a), str(b)], _opt(windows=4, max_tokens=300 * 8192))
+    row = next(r for r in res["runs"] if r["name"] == "fp4")
+    assert row["train_records"] == 300 and row["records_replaced_by_later"] == 400 + 20
+    (c,) = res["comparisons"]
+    assert abs(c["train_final"]["gap"] - 0.05) < 0.02 and abs(c["valid_final"]["gap"] - 0.05) < 0.1
+
+
+def test_a_config_change_allowed_at_a_resume_is_refused(make_run):
+    """Found in review (2026-12-06): a data.seed changed at a resume (allowed by
+    checkpoint.allow_config_change) compared silently: run_meta.json is the last launch's. The resume
+    event's ``allowed_changes`` names it; a rollback below the change, or a fresh start, drops it."""
+    good = synth_losses(400, gap=0.05, seed=0, salt=5)
+    change = [["data.seed", 99, 1234], ["data.identity", "aa", "bb"]]
+    extra = _relaunch(good, 301, 400, "from 300")
+    extra[0] = json.dumps({**json.loads(extra[0]), "allowed_changes": change})
+    a = make_run("bf16", seed=0)
+    b = make_run("fp4", recipe=FP4, seed=0, losses=good, extra_lines=extra)
+    with pytest.raises(CompareError) as err:
+        compare([str(a), str(b)], _opt(windows=4))
+    assert str(err.value) == (
+        "fp4: its steps 1-300 were trained under another config than its later steps and its run_meta.json "
+        '(data.seed 99 -> 1234, data.identity "aa" -> "bb", allowed at its resume from step 300 by '
+        "checkpoint.allow_config_change) (pass --force to compare anyway)"
+    )
+    res = compare([str(a), str(b)], _opt(windows=4, force=True))
+    assert any(w.startswith("forced: fp4: its steps 1-300 were trained") for w in res["warnings"])
+    # a rollback to step 200 (before the change) of that run: the change no longer applies
+    c = make_run("fp4b", recipe=FP4, seed=0, losses=good, extra_lines=extra + _relaunch(good, 201, 400, "r"))
+    res = compare([str(a), str(c)], _opt(windows=4))
+    assert not any("trained under another config" in w for w in res["warnings"])
+    bad = make_run(
+        "fp4c", recipe=FP4, seed=0, losses=good, extra_lines=[extra[0].replace('"data.seed"', "7")]
+    )
+    with pytest.raises(
+        CompareError, match=r"metrics.jsonl:\d+: event record: 'allowed_changes' must be a list"
+    ):
+        compare([str(a), str(bad)], _opt(windows=4))
+
+
 def test_prepared_data_that_differ_are_refused(make_run):
     """Found in review (2026-12-06): a corpus prepared again at the same prefix between the arms kept
     the data-order fingerprint (megatron-core's identity names paths); run_meta.json's data_content

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,7 +152,7 @@ def test_truncated_newest_checkpoint_falls_back(make_cfg, train, tmp_path):
     assert ckpt.verify_checkpoint(ckpt.iter_dir(root, 8)) is None  # re-saved complete
 
 
-def test_changed_model_shape_stops_with_the_difference(make_cfg, train):
+def test_changed_model_shape_stops_with_the_difference(make_cfg, train, tmp_path, monkeypatch):
     code, _ = train(make_cfg())
     assert code == EXIT_DONE
     code, log = train(make_cfg("model.num_layers=3", "training.train_iters=12"))
@@ -168,6 +169,26 @@ def test_changed_model_shape_stops_with_the_difference(make_cfg, train):
     )
     assert code == EXIT_DONE, log.text()
     assert "allowed config change training.train_iters: 8 -> 10" in log.text()
+    # recorded in the resume event, where the comparison tool finds it (found in review, 2026-12-06:
+    # run_meta.json is the last launch's, and steps 1-8 compared as if trained under it)
+    resume = [r for r in metrics(tmp_path / "run") if r["kind"] == "event" and r["event"] == "resume"][-1]
+    assert [c[0] for c in resume["allowed_changes"]] == ["training.train_iters", "data.identity"]
+    assert resume["allowed_changes"][0] == ["training.train_iters", 8, 10] and resume["step"] == 8
+    assert resume["detail"].endswith("; allowed config changes: training.train_iters, data.identity")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "tools"))
+    from runcompare.runs import CompareError, check_config_changes, load_run
+
+    run = load_run(tmp_path / "run")
+    assert [(at, [c[0] for c in changes]) for at, changes in run.config_changes] == [
+        (8, ["training.train_iters", "data.identity"])
+    ]
+    with pytest.raises(
+        CompareError,
+        match=r"run: its steps 1-8 were trained under another config .*"
+        r"training.train_iters 8 -> 10, data.identity \"[0-9a-f]+\" -> \"[0-9a-f]+\", allowed at its resume from "
+        r"step 8 by checkpoint.allow_config_change\)",
+    ):
+        check_config_changes([run], force=False)
 
 
 def test_nonfinite_skip_counts_and_continues(make_cfg, train, tmp_path):
@@ -522,17 +543,26 @@ def test_wandb_asked_for_but_not_installed_stops_before_writing(make_cfg, train,
 
 def test_a_fresh_start_into_a_run_directory_with_metrics_warns(make_cfg, train, tmp_path):
     """Found in review (2026-12-06): two runs without checkpoints (checkpoint.save=false, e.g. a bf16
-    and an fp8 benchmark) in one runtime.output_dir appended to one metrics.jsonl without a word."""
-    over = ("checkpoint.save=false", "training.train_iters=3", "validation.interval=0")
-    code, log = train(make_cfg(*over, "attention.recipe=bf16"))
+    and an fp8 benchmark) in one runtime.output_dir appended to one metrics.jsonl without a word; and
+    (a later review) the file's readers then read the first run's later steps as the second's."""
+    from training.metrics import read_metrics
+
+    over = ("checkpoint.save=false", "validation.interval=0")
+    code, log = train(make_cfg(*over, "training.train_iters=5", "attention.recipe=bf16"))
     assert code == EXIT_DONE and "metrics: WARNING" not in log.text(), log.text()
-    code, log = train(make_cfg(*over))
+    code, log = train(make_cfg(*over, "training.train_iters=3"))
     assert code == EXIT_DONE, log.text()
     assert (
-        f"metrics: WARNING: a fresh start, but {tmp_path / 'run' / 'metrics.jsonl'} already holds 3 training "
-        "record(s) of an earlier run (steps 1-3): this run's are appended after them, and readers that keep "
-        "the last record of each step mix the two; use another runtime.output_dir to keep runs apart"
+        f"metrics: WARNING: a fresh start, but {tmp_path / 'run' / 'metrics.jsonl'} already holds 5 training "
+        "record(s) of an earlier run (steps 1-5): this run's are appended after them, and the readers of the "
+        "file (training.records) read only this run's from here on; use another runtime.output_dir to keep "
+        "runs apart"
     ) in log.text()
+    recs = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    second = [json.loads(x) for x in lines[[i for i, x in enumerate(lines) if '"start"' in x][1] :]]
+    assert [r for r in recs if r["kind"] == "train"] == [r for r in second if r["kind"] == "train"]
 
 
 def test_start_up_errors_name_the_config_keys(make_cfg, train, tmp_path):

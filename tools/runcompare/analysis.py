@@ -18,6 +18,7 @@ from .runs import (
     CompareError,
     RunData,
     align,
+    check_config_changes,
     check_fingerprints,
     check_learning_rates,
     group_arms,
@@ -28,6 +29,7 @@ from .runs import (
 from .spread import seed_spread, spread_row
 from .stats import (
     GapEstimate,
+    StatsError,
     assign_windows,
     bootstrap_gap,
     choose_method,
@@ -210,6 +212,7 @@ def _group_and_align(
     """Check the fingerprints, group the runs into arms, pick the baseline, align the runs on consumed
     tokens; returns ``(arms, baseline label, aligned, warnings)``."""
     warnings = check_fingerprints(runs, force=opt.force)
+    warnings += check_config_changes(runs, force=opt.force)
     warnings += check_learning_rates(runs, force=opt.force)
     arms, w2 = group_arms(runs, force=opt.force)
     warnings += w2
@@ -344,7 +347,10 @@ def _compare_arm(
 ) -> dict:
     """One arm vs the baseline: the train-loss gap per window, in the last window and over all points;
     the validation-loss gap likewise (final = the last validation point), when there is validation."""
-    method = choose_method(len(names), len(base_names), opt.bootstrap)
+    try:
+        method = choose_method(len(names), len(base_names), opt.bootstrap)
+    except StatsError as e:  # found in review, 2026-12-06: a traceback and exit code 1
+        raise CompareError(f"--bootstrap {opt.bootstrap} for arm {label} against {base}: {e}") from None
 
     def estimate(series: dict[str, np.ndarray], sel: np.ndarray, key: str) -> dict:
         return _estimate(

@@ -18,6 +18,7 @@ import numpy as np
 from rundir import META_FILE, METRICS_FILE, metrics_lines, parse_meta
 
 from training.fingerprint import fingerprinted_keys
+from training.records import relaunch_step
 
 MAX_KEYS_LISTED = 12  # differing config keys named in a refusal
 
@@ -92,6 +93,9 @@ class RunData:
     qk_rotation: str = "none"  # the resolved config's attention.qk_rotation ("none" when absent)
     data_content: str | None = None  # run_meta.json's digest of the prepared files (None: not recorded)
     lr: dict[int, float] = field(default_factory=dict)  # step -> the logged learning rate (where numeric)
+    # (k, [[key, before, after], ...]) per config change allowed at a resume from step k that its kept
+    # steps up to k predate (read_metrics)
+    config_changes: list[tuple[int, list]] = field(default_factory=list)
 
     @property
     def arm(self) -> str:
@@ -167,11 +171,15 @@ def read_meta(run_dir: Path) -> dict:
 def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
     """Parse ``run_dir/metrics.jsonl``.
 
-    Returns ``(train, valid, events, record_counts, n_replaced, n_malformed)`` where ``train`` and
-    ``valid`` map step -> record (the last record of that kind and step wins, and a ``resume``
-    event at step k drops the records of later steps read before it). A malformed line
-    (bad JSON, not an object, a used field missing or of the wrong type) raises CompareError with
-    its line number, or is counted and skipped with ``skip_malformed``. Unknown kinds are counted.
+    Returns ``(train, valid, events, record_counts, n_replaced, n_malformed, changes)`` where
+    ``train`` and ``valid`` map step -> record (the last record of that kind and step wins, and a
+    ``resume`` event at step k drops the records of later steps read before it, a fresh ``start``
+    all of them: :func:`training.records.relaunch_step`), and ``changes`` lists ``(k, [[key, before,
+    after], ...])`` for each resume at step k, among the launches kept, that a config change was
+    allowed at (``allowed_changes``): the kept steps up to k were trained under the values before.
+    A malformed line (bad JSON, not an object, a used field missing or of the wrong type) raises
+    CompareError with its line number, or is counted and skipped with ``skip_malformed``. Unknown
+    kinds are counted.
     """
     path = run_dir / METRICS_FILE
     if not path.is_file():
@@ -181,6 +189,7 @@ def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
     events: Counter = Counter()
     counts: Counter = Counter()
     replaced = malformed = 0
+    changes: list[tuple[int, list]] = []
     try:
         lines = list(metrics_lines(run_dir))
     except OSError as e:
@@ -205,14 +214,18 @@ def read_metrics(run_dir: Path, *, skip_malformed: bool = False):
             valid[rec["step"]] = rec
         elif kind == "event":
             events[rec["event"]] += 1
-            if rec["event"] == "resume" and isinstance(rec.get("step"), int):
-                # the relaunch trains the steps after its checkpoint again; after a rollback they are
-                # the abandoned branch's (found in review, 2026-12-06: they were read as the run's)
+            if (at := relaunch_step(rec)) is not None:
+                # the relaunch trains the steps after its checkpoint again; after a rollback or a fresh
+                # start they are the abandoned run's (found in review, 2026-12-06: they were read as
+                # the run's)
                 for records in (train, valid):
-                    for step in [s for s in records if s > rec["step"]]:
+                    for step in [s for s in records if s > at]:
                         del records[step]
                         replaced += 1
-    return train, valid, events, counts, replaced, malformed
+                changes = [c for c in changes if c[0] < at]
+                if rec.get("allowed_changes"):
+                    changes.append((at, rec["allowed_changes"]))
+    return train, valid, events, counts, replaced, malformed, changes
 
 
 def _field_problem(rec: dict) -> str | None:
@@ -224,7 +237,15 @@ def _field_problem(rec: dict) -> str | None:
             return f"{kind} record without {key!r}"
         if not pred(rec[key]):
             return f"{kind} record: {key!r} must be {desc}, got {type(rec[key]).__name__}"
+    if kind == "event" and not _is_changes(rec.get("allowed_changes", [])):
+        return "event record: 'allowed_changes' must be a list of [key, value before, value after]"
     return None
+
+
+def _is_changes(v) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and c[0] for c in v
+    )
 
 
 def _as_arrays(records: dict[int, dict], fields: tuple) -> dict[str, np.ndarray]:
@@ -247,7 +268,9 @@ def load_run(run_dir: str | Path, *, skip_malformed: bool = False) -> RunData:
     if not run_dir.is_dir():
         raise CompareError(f"{run_dir}: not a directory")
     meta = read_meta(run_dir)
-    train, valid, events, counts, replaced, malformed = read_metrics(run_dir, skip_malformed=skip_malformed)
+    train, valid, events, counts, replaced, malformed, changes = read_metrics(
+        run_dir, skip_malformed=skip_malformed
+    )
     if not train:
         raise CompareError(f"{run_dir}: metrics.jsonl has no train records")
     prec = meta["precision"]
@@ -265,6 +288,7 @@ def load_run(run_dir: str | Path, *, skip_malformed: bool = False) -> RunData:
         config=meta["config"] if isinstance(meta.get("config"), dict) else None,
         data_content=meta["data_content"] if isinstance(meta.get("data_content"), str) else None,
         lr={step: float(rec["lr"]) for step, rec in train.items() if _is_num(rec.get("lr"))},
+        config_changes=[(k, c) for k, c in changes if any(s <= k for s in train)],
         train=_as_arrays(train, _TRAIN_FIELDS),
         valid=_as_arrays(valid, _VALID_FIELDS),
         events=events,
@@ -324,6 +348,27 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
     if reasons and not force:
         raise CompareError([f"{r} (pass --force to compare anyway)" for r in reasons])
     return warnings + [f"forced: {r}" for r in reasons]
+
+
+def check_config_changes(runs: list[RunData], *, force: bool) -> list[str]:
+    """Refuse runs whose kept steps were trained under two configs, unless ``force``: a change
+    allowed at a resume (``checkpoint.allow_config_change``, recorded in the resume event's
+    ``allowed_changes``), whose earlier steps ``run_meta.json`` (the last launch's) does not describe
+    (found in review, 2026-12-06: a ``data.seed`` changed at a resume from step 10 compared silently,
+    steps 1-10 on another sample order than every other run's). Returns the overridden refusals when
+    forced."""
+    reasons = []
+    for r in runs:
+        for at, changes in r.config_changes:
+            what = ", ".join(f"{key} {_value_text(was)} -> {_value_text(now)}" for key, was, now in changes)
+            reasons.append(
+                f"{r.name}: its steps 1-{at} were trained under another config than its later steps and "
+                f"its run_meta.json ({what}, allowed at its resume from step {at} by "
+                "checkpoint.allow_config_change)"
+            )
+    if reasons and not force:
+        raise CompareError([f"{x} (pass --force to compare anyway)" for x in reasons])
+    return [f"forced: {x}" for x in reasons]
 
 
 def check_learning_rates(runs: list[RunData], *, force: bool) -> list[str]:
