@@ -27,10 +27,11 @@ with the slowest run's median tokens/s/GPU per arm from results/trajectory/compa
 (200M) per run: refused, exit 2. On 8 GPUs: 9 runs would need two waves (at most 110M tokens each),
 so the first 8 in priority order (bf16 and nvfp4qk_fp8pv x 3 seeds, fp8 x 2) run at once and fp8
 seed 1236 is deferred (its command is printed: a later session on one H200, same train_iters); the
-cost is fp8's resolution: a Welch half-width of 3.51 seed s.d. (2 vs 3 seeds) instead of 2.27 (3 vs
-3). The plan on 8 GPUs (``--dry-run``): 3,213 steps (21 validation intervals) = 210.6M tokens per
-run, 3 calls, 1,758 of 1,800 s of device time: 42 s to spare besides the 10% step-time margin
-(115 s on the slowest GPU).
+cost is fp8's resolution: without bf16's third seed its runs are not paired with bf16's, and
+Welch's half-width is 3.51 seed s.d. (2 vs 3 seeds), where 3 pairs give the paired interval's 2.48
+s.d. of the per-seed differences. The plan on 8 GPUs (``--dry-run``): 3,213 steps (21 validation
+intervals) = 210.6M tokens per run, 3 calls, 1,758 of 1,800 s of device time: 42 s to spare besides
+the 10% step-time margin (115 s on the slowest GPU).
 
 Data (bench/trajectory/setup.py): ``--corpus extended`` (default) adds the ``.py`` files of the
 machine's site-packages to the config's three sources (11.26M tokens, which 200M tokens would read

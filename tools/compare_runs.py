@@ -17,9 +17,11 @@ Per token window and per non-baseline arm it reports the train-loss and validati
 baseline (nats, arm - baseline) with percentile bootstrap intervals, the first window whose
 interval excludes 0, non-finite counts and the median tokens/s/GPU ratio; per arm with >= 2 seeds
 the seed spread (s.d. and range of the seeds' window means); per non-baseline arm with >= 2 seeds on
-both sides, the resolution of the design: Welch's t interval of the final validation gap over the
-seeds (its half-width is the smallest gap those seeds resolve) and whether the arm is statistically
-indistinguishable from the baseline (tools/runcompare/welch.py). Runs of one arm only (several seeds)
+both sides, the resolution of the design: the t interval of the final validation gap over the
+seeds, paired where both arms hold the same seeds (the README's design: the runs of a seed share
+initial weights and data) and Welch's otherwise (its half-width is the smallest gap those seeds
+resolve), and whether the arm is statistically indistinguishable from the baseline
+(tools/runcompare/welch.py). Runs of one arm only (several seeds)
 give the seed spread alone. Runs that ran on a CPU (``mfu`` null) get their throughput flagged:
 on a CPU shared with other work a tokens/s ratio means nothing. It writes ``summary.md``,
 ``summary.json``, ``loss_vs_tokens.png`` and (with two arms or more) ``gap_vs_tokens.png`` to
@@ -27,7 +29,8 @@ on a CPU shared with other work a tokens/s ratio means nothing. It writes ``summ
 
 Bootstrap (``--bootstrap``): ``auto`` = ``hier`` when both arms have >= 2 seeds (seeds resampled per
 arm plus paired circular blocks of steps), else ``blocks`` (paired circular blocks of steps, block
-length chosen automatically). ``seeds`` = seeds only. See tools/runcompare/stats.py.
+length chosen automatically). ``seeds`` = seeds only. Where both arms hold the same seeds, the seeds
+are resampled in pairs (reported as ``hier-paired``, ``seeds-paired``). See tools/runcompare/stats.py.
 
 Exit status: 0 on success, 2 when runs are refused or unreadable (reasons on stderr).
 """
@@ -97,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap",
         choices=("auto", "hier", "seeds", "blocks"),
         default="auto",
-        help="resampling: auto (hier with >=2 seeds per arm, else blocks), hier, seeds, blocks",
+        help="resampling: auto (hier with >=2 seeds per arm, else blocks), hier, seeds, blocks; seeds are "
+        "resampled in pairs where both arms hold the same seeds",
     )
     p.add_argument(
         "--block-len", type=_positive_int, help="block length in logged steps (default: automatic)"

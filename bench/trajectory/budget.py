@@ -489,24 +489,32 @@ def make_plan(
 
 
 def resolution_lines(plan: Plan) -> list[str]:
-    """Per non-baseline arm: the Welch half-width of the final validation gap in seed s.d. units."""
+    """Per non-baseline arm: the half-width of the final validation gap's t interval, as
+    ``tools/compare_runs.py`` forms it: paired where the arm holds the baseline's seeds (in units of
+    the s.d. of the per-seed differences), else Welch's (in seed s.d. units)."""
     sys.path.insert(0, str(REPO / "tools"))
-    from runcompare.welch import resolution_factor
+    from runcompare.welch import paired_resolution_factor, resolution_factor
 
-    counts: dict[str, int] = {}
+    seeds: dict[str, list[int]] = {}
     for r in plan.runs:
-        counts[r.arm] = counts.get(r.arm, 0) + 1
+        seeds.setdefault(r.arm, []).append(r.seed)
     base = "bf16"
-    if base not in counts:
+    if base not in seeds:
         return ["no bf16 arm: no gap to resolve"]
     out = []
-    for arm in (a.name for a in plan.arms if a.name != base and a.name in counts):
-        n_a, n_b = counts[arm], counts[base]
-        if n_a < 2 or n_b < 2:
-            out.append(f"{arm}: {n_a} vs {n_b} seeds: no Welch interval (needs >= 2 per arm)")
+    for arm in (a.name for a in plan.arms if a.name != base and a.name in seeds):
+        n_a, n_b = len(seeds[arm]), len(seeds[base])
+        if n_a >= 2 and sorted(seeds[arm]) == sorted(seeds[base]):
+            k = paired_resolution_factor(n_a)
+            out.append(
+                f"{arm} - bf16: {n_a} paired seeds: half-width = {k:.2f} x the s.d. of the per-seed "
+                "differences"
+            )
+        elif n_a < 2 or n_b < 2:
+            out.append(f"{arm}: {n_a} vs {n_b} seeds: no interval over seeds (needs >= 2 per arm)")
         else:
             k = resolution_factor(n_a, n_b)
-            out.append(f"{arm} - bf16: {n_a} vs {n_b} seeds: half-width = {k:.2f} x the seed s.d.")
+            out.append(f"{arm} - bf16: {n_a} vs {n_b} seeds (Welch): half-width = {k:.2f} x the seed s.d.")
     return out
 
 
@@ -572,7 +580,8 @@ def format_plan(plan: Plan, *, root: str, python: str = "python3") -> str:
         f"on GPU {g_slow})",
         f"stop at         {plan.stop_at_s:,.0f} s after call 1 starts (runtime.exit_duration_mins at each "
         "launch): a slow run saves and stops in time for the compare",
-        "resolution      Welch 95% interval of the final validation gap (tools/compare_runs.py):",
+        "resolution      95% t interval of the final validation gap (tools/compare_runs.py: paired where an "
+        "arm holds bf16's seeds, else Welch's):",
         *(f"                {line}" for line in resolution_lines(plan)),
         "",
         f"device command  (nvidia-h200-x{plan.gpus}" if plan.gpus > 1 else "device command  (nvidia-h200",

@@ -140,7 +140,15 @@ def test_dry_run_prints_the_plan_and_commands(plan8):
     assert "deferred fp8_seed1236" in out and f"--runs fp8_seed1236 --train-iters {plan8.train_iters}" in out
     assert "device calls    3" in out and f"{plan8.device_s:,.0f} s of 1800 s" in out
     assert "PYTHONUNBUFFERED=1 python3 bench/trajectory_session.py /tmp/trajectory" in out
-    assert "half-width = 2.27 x the seed s.d." in out and "(nvidia-h200-x8" in out
+    # nvfp4qk_fp8pv holds bf16's seeds (paired: t_{0.975, 2} / sqrt(3)); fp8 with one deferred does not
+    assert (
+        "nvfp4qk_fp8pv - bf16: 3 paired seeds: half-width = 2.48 x the s.d. of the per-seed differences"
+        in out
+    )
+    assert (
+        "fp8 - bf16: 2 vs 3 seeds (Welch): half-width = 3.51 x the seed s.d." in out
+        and "(nvidia-h200-x8" in out
+    )
 
 
 def test_cli_errors_are_one_line_exit_2():

@@ -38,7 +38,7 @@ def test_known_gap_two_seeds(make_run):
     res = compare(_two_by_two(make_run, 0.05), _opt())
     (c,) = res["comparisons"]
     assert res["baseline"] == "attn=bf16,proj=bf16"
-    assert c["arm"] == f"attn={FP4},proj=bf16" and c["method"] == "hier" and c["n_seeds"] == [2, 2]
+    assert c["arm"] == f"attn={FP4},proj=bf16" and c["method"] == "hier-paired" and c["n_seeds"] == [2, 2]
     gaps = np.array([r["gap"] for r in c["train_windows"]])
     assert np.all(np.abs(gaps - 0.05) < 0.02), gaps
     for est in (c["train_overall"], c["train_final"]):

@@ -1,5 +1,6 @@
-"""The final-validation Welch interval of tools/compare_runs.py (the smallest gap a design resolves),
-its Student t quantiles, and arms split by the Q/K rotation; synthetic run directories."""
+"""The final-validation t intervals of tools/compare_runs.py (the smallest gap a design resolves):
+Welch's, and the paired one where both arms hold the same seeds; their Student t quantiles, and arms
+split by the Q/K rotation; synthetic run directories."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import compare_runs
 import numpy as np
 import pytest
 from runcompare import Options, compare
-from runcompare.welch import betainc, resolution_factor, t_ppf, welch_interval
+from runcompare.welch import betainc, paired_interval, resolution_factor, t_ppf, welch_interval
+
+from tests.tools.conftest import synth_losses
 
 FP4 = "nvfp4qk_fp8pv"
 
@@ -60,6 +63,30 @@ def test_welch_interval_by_hand():
     assert "Welch" in w["method"]
 
 
+def test_paired_interval_by_hand():
+    """The per-seed differences d = a - b: mean(d) +- t_{0.975, n-1} s_d / sqrt(n); a seed non-finite
+    in either arm drops both of its runs."""
+    a = np.array([5.10, 5.20, 5.00, float("nan")])
+    b = np.array([5.30, 5.42, 5.19, 5.20])
+    w = paired_interval(a, b, ci=0.95)
+    d = a[:3] - b[:3]
+    assert w["n_arm"] == w["n_base"] == 3 and w["n_excluded"] == 1 and w["df"] == 2.0
+    assert w["gap"] == pytest.approx(d.mean()) and w["sd_diff"] == pytest.approx(d.std(ddof=1))
+    assert w["half_width"] == pytest.approx(4.3026527 * d.std(ddof=1) / math.sqrt(3), rel=1e-6)
+    assert w["indistinguishable"] is False and w["pair_corr"] == pytest.approx(
+        np.corrcoef(a[:3], b[:3])[0, 1]
+    )
+    # the same values unpaired: Welch's interval is over 5x wider (the pairs share the seeds' spread)
+    assert welch_interval(a, b)["half_width"] > 5 * w["half_width"]
+    assert "paired" in w["method"]
+    one = paired_interval(np.array([5.0]), np.array([5.1]))
+    assert one["half_width"] is None and ">= 2 seeds" in one["note"]
+    same = paired_interval(np.array([5.0, 5.2]), np.array([5.1, 5.3]))
+    assert same["half_width"] == 0.0 and "the same" in same["note"] and same["gap"] == pytest.approx(-0.1)
+    with pytest.raises(ValueError, match="one per seed"):
+        paired_interval(np.array([5.0, 5.1]), np.array([5.0]))
+
+
 def test_welch_needs_two_seeds_and_handles_no_spread():
     one = welch_interval(np.array([5.0]), np.array([5.1, 5.2]))
     assert one["half_width"] is None and one["indistinguishable"] is None and ">= 2 seeds" in one["note"]
@@ -76,11 +103,12 @@ def test_resolution_factor_in_seed_sd_units():
         resolution_factor(1, 3)
 
 
-def _three_by_three(make_run, gap, seed_offset_sd):
+def _three_by_three(make_run, gap, seed_offset_sd, arm_seeds=(0, 1, 2)):
+    """bf16 seeds 0, 1, 2 and fp4 seeds ``arm_seeds`` (the same: a paired design)."""
     runs = []
-    for s in (0, 1, 2):
+    for s, t in zip((0, 1, 2), arm_seeds):
         runs.append(make_run(f"bf16_s{s}", seed=s, seed_offset_sd=seed_offset_sd))
-        runs.append(make_run(f"fp4_s{s}", recipe=FP4, seed=s, gap=gap, seed_offset_sd=seed_offset_sd))
+        runs.append(make_run(f"fp4_s{t}", recipe=FP4, seed=t, gap=gap, seed_offset_sd=seed_offset_sd))
     return [str(r) for r in runs]
 
 
@@ -89,15 +117,20 @@ def _last_val(run_dir) -> float:
     return [r for r in lines if r["kind"] == "valid"][-1]["val_loss"]
 
 
-def test_compare_reports_the_welch_resolution(make_run, tmp_path):
-    runs = _three_by_three(make_run, 0.3, seed_offset_sd=0.02)
+@pytest.mark.parametrize("paired", [True, False])
+def test_compare_reports_the_resolution(make_run, tmp_path, paired):
+    """Both arms with seeds 0, 1, 2: the paired interval and seeds resampled in pairs; other seeds in
+    the arm (3, 4, 5): Welch's interval and seeds resampled per arm."""
+    arm_seeds = (0, 1, 2) if paired else (3, 4, 5)
+    runs = _three_by_three(make_run, 0.3, seed_offset_sd=0.02, arm_seeds=arm_seeds)
     res = compare(runs, Options(n_boot=200, windows=4))
     (c,) = res["comparisons"]
-    w = c["valid_final_welch"]
-    a = np.array([_last_val(tmp_path / f"fp4_s{s}") for s in range(3)])
+    assert c["paired"] is paired and c["method"] == ("hier-paired" if paired else "hier")
+    w = c["valid_final_seed_interval"]
+    a = np.array([_last_val(tmp_path / f"fp4_s{s}") for s in arm_seeds])
     b = np.array([_last_val(tmp_path / f"bf16_s{s}") for s in range(3)])
-    ref = welch_interval(a, b)
-    assert w["tokens"] == res["grid"]["last_tokens"]
+    ref = (paired_interval if paired else welch_interval)(a, b)
+    assert w["tokens"] == res["grid"]["last_tokens"] and w["method"] == ref["method"]
     for k in ("gap", "half_width", "df", "lo", "hi"):
         assert w[k] == pytest.approx(ref[k])
     assert w["indistinguishable"] is False and w["gap"] == pytest.approx(0.3, abs=0.05)
@@ -106,16 +139,36 @@ def test_compare_reports_the_welch_resolution(make_run, tmp_path):
     assert compare_runs.main([*runs, "--out", str(out), "--no-plots", "--n-boot", "200"]) == 0
     md = (out / "summary.md").read_text()
     assert "## Resolution of the design (final validation loss)" in md
-    assert "Welch t interval over seeds" in md and f"{w['half_width']:.4f} nats" in md
+    assert w["method"] in md and f"{w['half_width']:.4f} nats" in md
+    assert ("| paired t |" if paired else "| Welch t |") in md
     assert "**differs** from the baseline" in md
-    saved = json.loads((out / "summary.json").read_text())["comparisons"][0]["valid_final_welch"]
+    saved = json.loads((out / "summary.json").read_text())["comparisons"][0]["valid_final_seed_interval"]
     assert saved["half_width"] == pytest.approx(w["half_width"])
+
+
+def test_a_paired_design_resolves_what_welch_cannot(make_run, tmp_path):
+    """Runs of a seed that share their seed noise (the same loss curve but for the gap and a small
+    per-run noise): the paired interval of the final validation gap excludes 0 where Welch's, which
+    counts the seeds' spread in each arm, covers it (found in review, 2026-12-06)."""
+    runs = []
+    for s in (0, 1, 2):
+        base = synth_losses(200, gap=0.0, seed=s, seed_offset_sd=0.2)  # a large seed-to-seed spread
+        own = np.random.default_rng(s).normal(0, 0.002, 200)
+        runs.append(make_run(f"bf16_s{s}", seed=s, losses=base))
+        runs.append(make_run(f"fp4_s{s}", recipe=FP4, seed=s, losses=base + 0.01 + own))
+    res = compare([str(r) for r in runs], Options(n_boot=200, windows=4))
+    w = res["comparisons"][0]["valid_final_seed_interval"]
+    assert "paired" in w["method"] and w["indistinguishable"] is False and w["lo"] > 0
+    a = np.array([_last_val(tmp_path / f"fp4_s{s}") for s in range(3)])
+    b = np.array([_last_val(tmp_path / f"bf16_s{s}") for s in range(3)])
+    assert welch_interval(a, b)["indistinguishable"] is True
+    assert res["comparisons"][0]["train_final"]["lo"] > 0  # the paired bootstrap too
 
 
 def test_compare_no_gap_is_indistinguishable(make_run, tmp_path):
     runs = _three_by_three(make_run, 0.0, seed_offset_sd=0.02)
     res = compare(runs, Options(n_boot=200, windows=4))
-    w = res["comparisons"][0]["valid_final_welch"]
+    w = res["comparisons"][0]["valid_final_seed_interval"]
     assert w["indistinguishable"] is True and w["half_width"] > abs(w["gap"])
     out = tmp_path / "out"
     assert compare_runs.main([*runs, "--out", str(out), "--no-plots", "--n-boot", "200"]) == 0
@@ -125,7 +178,7 @@ def test_compare_no_gap_is_indistinguishable(make_run, tmp_path):
 def test_one_seed_arm_says_no_welch_interval(make_run, tmp_path):
     runs = [make_run("bf16_s0", seed=0), make_run("bf16_s1", seed=1), make_run("fp4", recipe=FP4)]
     runs = [str(r) for r in runs]
-    w = compare(runs, Options(n_boot=100, windows=4))["comparisons"][0]["valid_final_welch"]
+    w = compare(runs, Options(n_boot=100, windows=4))["comparisons"][0]["valid_final_seed_interval"]
     assert w["half_width"] is None and "needs >= 2 seeds" in w["note"]
 
 

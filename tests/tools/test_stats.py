@@ -63,6 +63,12 @@ def test_choose_method():
         choose_method(1, 2, "hier")
     with pytest.raises(StatsError, match="unknown"):
         choose_method(2, 2, "jackknife")
+    # both arms with the same seeds: seeds resampled in pairs; blocks resample no seed
+    assert choose_method(3, 3, paired=True) == "hier-paired"
+    assert choose_method(3, 3, "seeds", paired=True) == "seeds-paired"
+    assert choose_method(3, 3, "blocks", paired=True) == "blocks"
+    with pytest.raises(StatsError, match="as many runs"):
+        choose_method(2, 3, paired=True)
 
 
 def _ar_run(rng, n, shared, sd=0.02, phi=0.5, seed_sd=0.005):
@@ -74,14 +80,20 @@ def _ar_run(rng, n, shared, sd=0.02, phi=0.5, seed_sd=0.005):
     return shared + e + rng.normal(0, seed_sd)
 
 
-def _coverage(method, seeds, trials=120, n=40, gap=0.05):
+def _coverage(method, seeds, trials=120, n=40, gap=0.05, pair_sd=0.0, widths=None):
+    """How often ``method``'s interval holds the true ``gap``. ``pair_sd``: a per-seed offset shared by
+    the two runs of that seed (row i of both arms), the seed noise of a paired design."""
     rng = np.random.default_rng(42)
     hits = 0
     for _ in range(trials):
         shared = rng.normal(0, 0.05, n)  # batch noise shared by every run (same data order)
-        a = np.stack([_ar_run(rng, n, shared) + gap for _ in range(seeds)])
-        b = np.stack([_ar_run(rng, n, shared) for _ in range(seeds)])
-        hits += bootstrap_gap(a, b, method=method, n_boot=200, rng=rng).covers(gap)
+        offsets = rng.normal(0, pair_sd, seeds)
+        a = np.stack([_ar_run(rng, n, shared) + gap + o for o in offsets])
+        b = np.stack([_ar_run(rng, n, shared) + o for o in offsets])
+        est = bootstrap_gap(a, b, method=method, n_boot=200, rng=rng)
+        hits += est.covers(gap)
+        if widths is not None:
+            widths.append(est.hi - est.lo)
     return hits / trials
 
 
@@ -94,6 +106,24 @@ def test_interval_coverage_at_two_seeds():
     assert seeds_only < 0.8
     assert hier >= 0.85
     assert hier > seeds_only
+
+
+def test_paired_seeds_coverage_and_width():
+    """Seeds resampled in pairs, where the two runs of a seed share a large seed offset (a paired
+    design): the paired intervals are several times narrower than the unpaired ones, which count the
+    offset in each arm, and ``hier-paired`` stays near nominal at 3 seeds. At 2 seeds, seeds alone
+    (the final validation gap's 1-point window) hold the true gap about half of the time (the range of
+    two differences), which the report's warning says."""
+    paired_w, unpaired_w = [], []
+    hier_paired = _coverage("hier-paired", 3, pair_sd=0.1, widths=paired_w)
+    hier = _coverage("hier", 3, pair_sd=0.1, widths=unpaired_w)
+    assert hier_paired >= 0.85 and hier >= 0.85
+    assert np.median(unpaired_w) > 3 * np.median(paired_w)
+    assert 0.35 <= _coverage("seeds-paired", 2, trials=200) <= 0.65
+    with pytest.raises(StatsError, match="pairs the runs"):
+        bootstrap_gap(
+            np.zeros((2, 10)), np.zeros((3, 10)), method="hier-paired", rng=np.random.default_rng(0)
+        )
 
 
 def test_block_bootstrap_coverage_one_seed():

@@ -185,8 +185,8 @@ def test_changed_model_shape_stops_with_the_difference(make_cfg, train, tmp_path
     with pytest.raises(
         CompareError,
         match=r"run: its steps 1-8 were trained under another config .*"
-        r"training.train_iters 8 -> 10, data.identity \"[0-9a-f]+\" -> \"[0-9a-f]+\", allowed at its resume from "
-        r"step 8 by checkpoint.allow_config_change\)",
+        r"training.train_iters 8 -> 10, data.identity \"[0-9a-f]+\" -> \"[0-9a-f]+\", allowed at its resume "
+        r"from step 8 by checkpoint.allow_config_change\)",
     ):
         check_config_changes([run], force=False)
 

@@ -37,7 +37,7 @@ from .stats import (
     point_gap,
     window_edges,
 )
-from .welch import welch_interval
+from .welch import paired_interval, welch_interval
 
 MIN_POINTS_STEP_RESAMPLING = 5  # fewer points in a window: no step (block) resampling there
 FEW_SEEDS = 5
@@ -86,8 +86,8 @@ def _estimate(arm_m, base_m, method, opt: Options, rng) -> GapEstimate:
     n = paired_points(arm_m, base_m)[0].shape[1]  # points finite in every run
     multi = arm_m.shape[0] >= 2 and base_m.shape[0] >= 2
     used = method
-    if method in ("blocks", "hier") and n < MIN_POINTS_STEP_RESAMPLING:
-        used = "seeds" if multi else None
+    if method in ("blocks", "hier", "hier-paired") and n < MIN_POINTS_STEP_RESAMPLING:
+        used = ("seeds-paired" if method == "hier-paired" else "seeds") if multi else None
     if used is None:
         gap, why = point_gap(arm_m, base_m)
         return GapEstimate(
@@ -312,10 +312,20 @@ def _arm_summaries(arms: dict[str, list[RunData]], base: str, aligned: Aligned, 
 def _method_warnings(method: str, n_arm: int, n_base: int) -> list[str]:
     """What the intervals of a comparison with ``n_arm`` and ``n_base`` seeds cannot show."""
     warnings = []
-    if method in ("seeds", "hier") and min(n_arm, n_base) < FEW_SEEDS:
-        warnings.append(
-            f"only {n_arm} and {n_base} seeds: seed-resampled intervals are coarse and may undercover"
-        )
+    if method in ("seeds", "hier", "seeds-paired", "hier-paired") and min(n_arm, n_base) < FEW_SEEDS:
+        text = f"only {n_arm} and {n_base} seeds: seed-resampled intervals are coarse and may undercover"
+        if n_arm == n_base == 2:  # tests/tools/test_stats.py measures both
+            text += (
+                "; where a window resamples seeds only (fewer than 5 points: the final validation gap), "
+                + (
+                    "the interval is the range of the two seeds' gaps, which holds the true gap about half "
+                    "of the time"
+                    if method.endswith("-paired")
+                    else "the interval is [min arm - max base, max arm - min base], which holds the true "
+                    "gap about 2/3 of the time"
+                )
+            )
+        warnings.append(text)
     if method == "blocks" and (n_arm == 1 or n_base == 1):
         warnings.append(
             "one seed in an arm: intervals reflect step-to-step noise within the runs only, "
@@ -336,6 +346,13 @@ def _gap_summary(prefix: str, windows: list[dict], final: dict | None, overall: 
     }
 
 
+def _paired(arm: list[RunData], base: list[RunData]) -> bool:
+    """Whether the two arms hold the same seeds, each once, at least two (both lists in seed order,
+    as :func:`group_arms` sorts them): then run i of each is a pair (same initial weights and data)."""
+    seeds = [r.seed for r in arm]
+    return len(seeds) >= 2 and len(set(seeds)) == len(seeds) and seeds == [r.seed for r in base]
+
+
 def _compare_arm(
     label: str,
     names: list[str],
@@ -344,11 +361,15 @@ def _compare_arm(
     aligned: Aligned,
     win: _Windows,
     opt: Options,
+    *,
+    paired: bool = False,
 ) -> dict:
     """One arm vs the baseline: the train-loss gap per window, in the last window and over all points;
-    the validation-loss gap likewise (final = the last validation point), when there is validation."""
+    the validation-loss gap likewise (final = the last validation point), when there is validation.
+    ``paired``: run i of ``names`` and of ``base_names`` share a seed (:func:`_paired`): seeds are
+    resampled in pairs and the final validation gap gets the paired t interval."""
     try:
-        method = choose_method(len(names), len(base_names), opt.bootstrap)
+        method = choose_method(len(names), len(base_names), opt.bootstrap, paired=paired)
     except StatsError as e:  # found in review, 2026-12-06: a traceback and exit code 1
         raise CompareError(f"--bootstrap {opt.bootstrap} for arm {label} against {base}: {e}") from None
 
@@ -367,11 +388,12 @@ def _compare_arm(
         "arm": label,
         "baseline": base,
         "method": method,
+        "paired": paired,
         "n_seeds": [len(names), len(base_names)],
         "warnings": _method_warnings(method, len(names), len(base_names)),
         **_gap_summary("train", train, train[-1], overall),
         **_gap_summary("valid", [], None, None),
-        "valid_final_welch": None,
+        "valid_final_seed_interval": None,
     }
     if aligned.val_tokens.size:
         valid = _windowed(names, base_names, aligned.val_loss, win.valid, win.n, method, opt, label, "valid")
@@ -381,8 +403,9 @@ def _compare_arm(
         final["tokens"] = int(aligned.val_tokens[-1])
         overall = estimate(aligned.val_loss, np.ones(aligned.val_tokens.shape, bool), "valid-overall")
         cmp.update(_gap_summary("valid", valid, final, overall))
-        cmp["valid_final_welch"] = {
-            **welch_interval(_last(names, aligned.val_loss), _last(base_names, aligned.val_loss), ci=opt.ci),
+        interval = paired_interval if paired else welch_interval
+        cmp["valid_final_seed_interval"] = {
+            **interval(_last(names, aligned.val_loss), _last(base_names, aligned.val_loss), ci=opt.ci),
             "tokens": int(aligned.val_tokens[-1]),
         }
     return cmp
@@ -421,8 +444,9 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     ``runs`` (per-run facts: seed, commit, precision, non-finite counts, throughput),
     ``arms`` (members, median tokens/s/GPU, ratio vs baseline), ``comparisons`` (per non-baseline
     arm: per-window train and validation gaps with intervals, first significant window, final
-    and overall gaps, ``valid_final_welch``: the Welch interval of the final validation gap over the
-    seeds, see :mod:`.welch`; empty when all runs are of one arm), ``seed_spread`` (per arm with >= 2
+    and overall gaps, ``paired`` (both arms hold the same seeds), ``valid_final_seed_interval``: the
+    t interval of the final validation gap over the seeds, paired or Welch's, see :mod:`.welch`;
+    empty when all runs are of one arm), ``seed_spread`` (per arm with >= 2
     seeds, see :mod:`.spread`), ``series`` (aligned per-run curves, for plots).
     """
     runs = _load(run_dirs, opt)
@@ -431,7 +455,16 @@ def compare(run_dirs: list[str], opt: Options) -> dict:
     run_rows = [_run_summary(r, aligned) for r in runs]
     base_names = [r.name for r in arms[base]]
     comparisons = [
-        _compare_arm(label, [r.name for r in members], base, base_names, aligned, win, opt)
+        _compare_arm(
+            label,
+            [r.name for r in members],
+            base,
+            base_names,
+            aligned,
+            win,
+            opt,
+            paired=_paired(members, arms[base]),
+        )
         for label, members in arms.items()
         if label != base
     ]

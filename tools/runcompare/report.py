@@ -14,6 +14,11 @@ METHOD_TEXT = {
     "seeds": "seeds resampled with replacement in each arm (independently); per-run window means fixed",
     "blocks": "circular moving blocks of steps resampled within the window with the same indices for "
     "every run (paired steps: batch noise shared through the identical data order cancels)",
+    "hier-paired": "seeds resampled with replacement in pairs (both arms hold the same seeds: one draw "
+    "of seeds for both, so the runs of a seed, same initial weights and data, stay together), and "
+    "circular moving blocks of steps resampled within the window with the same indices for every run",
+    "seeds-paired": "seeds resampled with replacement in pairs (both arms hold the same seeds: one draw "
+    "of seeds for both); per-run window means fixed",
 }
 
 
@@ -221,9 +226,10 @@ def _headline(res: dict, pct: str) -> list[str]:
 
 
 def _resolution(res: dict, pct: str) -> list[str]:
-    """What the design can resolve: per arm, the Welch interval of the final validation gap over the
-    seeds, its half-width (the smallest gap told from seed noise) and the verdict."""
-    rows = [c for c in res["comparisons"] if c.get("valid_final_welch")]
+    """What the design can resolve: per arm, the t interval of the final validation gap over the
+    seeds (paired where both arms hold the same seeds, else Welch's), its half-width (the smallest
+    gap told from seed noise) and the verdict."""
+    rows = [c for c in res["comparisons"] if c.get("valid_final_seed_interval")]
     if not rows:
         return []
     L = ["## Resolution of the design (final validation loss)", ""]
@@ -233,17 +239,18 @@ def _resolution(res: dict, pct: str) -> list[str]:
                 "arm",
                 "seeds (arm/base)",
                 "final val gap",
-                f"Welch {pct} CI",
+                f"{pct} CI over seeds",
+                "interval",
                 "smallest resolvable gap (half-width)",
                 "df",
-                "seed s.d. (arm/base)",
+                "seed s.d. (arm/base; of the differences)",
                 "verdict",
             ]
         )
     )
-    L.append(_row(["---"] * 8))
+    L.append(_row(["---"] * 9))
     for c in rows:
-        w = c["valid_final_welch"]
+        w = c["valid_final_seed_interval"]
         if w["half_width"] is None:
             verdict = _cell(w["note"])
         elif w["indistinguishable"]:
@@ -257,26 +264,30 @@ def _resolution(res: dict, pct: str) -> list[str]:
                     f"{w['n_arm']}/{w['n_base']}",
                     _g(w["gap"]) + f" @ {_tok(w['tokens'])}",
                     "n/a" if w["lo"] is None else f"[{w['lo']:+.4f}, {w['hi']:+.4f}]",
+                    "paired t" if "sd_diff" in w else "Welch t",
                     "n/a" if w["half_width"] is None else f"{w['half_width']:.4f} nats",
                     "-" if w["df"] is None else f"{w['df']:.2f}",
-                    f"{_l4(w['sd_arm'])}/{_l4(w['sd_base'])}",
+                    f"{_l4(w['sd_arm'])}/{_l4(w['sd_base'])}"
+                    + (f"; {_l4(w['sd_diff'])}" if w.get("sd_diff") is not None else ""),
                     verdict,
                 ]
             )
         )
-    method = rows[0]["valid_final_welch"]["method"]
+    methods = sorted({c["valid_final_seed_interval"]["method"] for c in rows})
     L += [
         "",
         (
-            f"Method: {method}, {pct}, on each seed's last validation loss (one value per run; the "
-            "bootstrap above resamples steps as well). The half-width is the smallest gap this many seeds "
-            "resolve: a true gap smaller than it cannot be told from seed-to-seed noise. Indistinguishable "
-            "is not equivalent: the interval bounds are the gaps the data still allow."
+            f"Method: {' / '.join(methods)}, {pct}, on each seed's last validation loss (one value per "
+            "run; the bootstrap above resamples steps as well). Paired where both arms hold the same seeds "
+            "(the runs of a seed share initial weights and data: the interval is over the per-seed "
+            "differences, valid whatever their correlation), else Welch's. The half-width is the smallest "
+            "gap these seeds resolve: a true gap smaller than it cannot be told from seed-to-seed noise. "
+            "Indistinguishable is not equivalent: the interval bounds are the gaps the data still allow."
         ),
         "",
     ]
-    notes = [f"`{_cell(c['arm'])}`: {_cell(c['valid_final_welch']['note'])}" for c in rows]
-    notes = [n for n, c in zip(notes, rows) if c["valid_final_welch"]["note"]]
+    notes = [f"`{_cell(c['arm'])}`: {_cell(c['valid_final_seed_interval']['note'])}" for c in rows]
+    notes = [n for n, c in zip(notes, rows) if c["valid_final_seed_interval"]["note"]]
     if notes:
         L += [f"- {n}" for n in notes] + [""]
     return L

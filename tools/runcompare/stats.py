@@ -10,7 +10,8 @@ cannot bias the gap. Excluded points are counted (``n_excluded``) and the non-fi
 themselves are counted per run elsewhere.
 
 Three bootstrap methods (all percentile intervals, fixed RNG); ``auto`` picks ``hier`` with >= 2 seeds
-in both arms, else ``blocks``:
+in both arms, else ``blocks``; the methods that resample seeds do so in pairs (``seeds-paired``,
+``hier-paired``) when both arms hold the same seeds:
 
 ``seeds``
     Resample each arm's runs (seeds) with replacement, independently per arm; recompute the gap.
@@ -26,6 +27,17 @@ in both arms, else ``blocks``:
 ``hier``
     Both: resample seeds per arm, and the (shared) step blocks within the window. Adds within-run
     noise on top of seed resampling; conservative with many seeds, better behaved with 2-3.
+``seeds-paired``, ``hier-paired``
+    The same with the seeds resampled in pairs: one draw of seed indices for both arms, whose runs
+    (rows, in seed order) share their seed. A seed sets the initial weights, and every compared run
+    reads the same data order, so the two runs of a seed start as one trajectory and differ by what
+    precision changes; the part of the seed-to-seed noise they still share cancels in their
+    difference. How much is left shared depends on how far the trajectories have diverged: in the
+    committed 117M runs (``results/trajectory/``) same-seed runs of the three recipes agree within
+    2e-4 nats at step 1, but at step 160 their validation losses differ by 0.04-0.17 nats, as much
+    as runs of different seeds do (0.04-0.17). Resampling each arm's seeds independently ignores
+    the pairing: too wide where the pairs stay correlated, too narrow where they are anti-correlated
+    (found in review, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -35,7 +47,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-METHODS = ("seeds", "blocks", "hier")
+METHODS = ("seeds", "blocks", "hier")  # what --bootstrap can ask for (besides auto)
+PAIRED = {"seeds": "seeds-paired", "hier": "hier-paired"}  # the same, seeds resampled in pairs
+ALL_METHODS = (*METHODS, *PAIRED.values())
 _CHUNK = 256  # bootstrap replicates computed per batch at most
 _MAX_ELEMENTS = 1 << 24  # bound on runs x replicates x points gathered at once (128 MiB of float64)
 
@@ -169,24 +183,34 @@ def _circular_block_indices(rng: np.random.Generator, n_rep: int, n: int, block_
     return idx.reshape(n_rep, n_blocks * block_len)[:, :n]
 
 
-def choose_method(n_arm: int, n_base: int, requested: str = "auto") -> str:
-    """Bootstrap method for an arm with ``n_arm`` runs against a baseline with ``n_base`` runs.
+def choose_method(n_arm: int, n_base: int, requested: str = "auto", *, paired: bool = False) -> str:
+    """Bootstrap method for an arm with ``n_arm`` runs against a baseline with ``n_base`` runs;
+    ``paired``: the two arms hold the same seeds (then ``n_arm == n_base``, and a method that resamples
+    seeds is given in its paired form, :data:`PAIRED`).
 
     ``auto``: ``hier`` when both arms have at least 2 runs, else ``blocks``. (``hier`` rather than
     plain ``seeds``: with 2-3 seeds per arm, resampling seeds alone gives intervals that cover the
     true gap far less often than nominal -- about 2/3 of the time at 2 seeds -- and adding the
     paired step blocks brings it close to nominal; see tests/tools/test_stats.py.)
+
+    Raises:
+        StatsError: an unknown ``requested``, a seed-resampling one with fewer than 2 runs in an arm,
+            or ``paired`` with unequal run counts.
     """
+    if paired and n_arm != n_base:
+        raise StatsError(f"paired arms must hold as many runs, have {n_arm} and {n_base}")
     if requested == "auto":
-        return "hier" if (n_arm >= 2 and n_base >= 2) else "blocks"
-    if requested not in METHODS:
+        method = "hier" if (n_arm >= 2 and n_base >= 2) else "blocks"
+    elif requested not in METHODS:
         raise StatsError(f"unknown bootstrap method {requested!r}; choose from auto, {', '.join(METHODS)}")
-    if requested in ("seeds", "hier") and (n_arm < 2 or n_base < 2):
+    elif requested in ("seeds", "hier") and (n_arm < 2 or n_base < 2):
         raise StatsError(
             f"bootstrap method {requested!r} resamples seeds and needs >= 2 runs per arm "
             f"(have {n_arm} and {n_base}); use 'blocks' or 'auto'"
         )
-    return requested
+    else:
+        method = requested
+    return PAIRED.get(method, method) if paired else method
 
 
 def paired_points(arm: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -224,16 +248,22 @@ def bootstrap_gap(
 
     ``arm``: shape ``(n_arm_runs, n_points)``, ``base``: ``(n_base_runs, n_points)``; losses in nats
     at the same (aligned) points, ``NaN`` for non-finite values (such points are dropped for every
-    run, see :func:`paired_points`). ``method``: one of
-    ``seeds``, ``blocks``, ``hier`` (see the module docstring). ``min_points``: fewer points than
-    this gives the point estimate without an interval for the step-resampling methods.
+    run, see :func:`paired_points`). ``method``: one of :data:`ALL_METHODS` (see the module
+    docstring; the paired ones need row i of ``arm`` and of ``base`` to share a seed).
+    ``min_points``: fewer points than this gives the point estimate without an interval for the
+    step-resampling methods.
     """
     arm = np.asarray(arm, dtype=np.float64)
     base = np.asarray(base, dtype=np.float64)
     if arm.ndim != 2 or base.ndim != 2 or arm.shape[1] != base.shape[1]:
         raise StatsError(f"arm {arm.shape} and base {base.shape} must be (runs, points) with equal points")
-    if method not in METHODS:
+    if method not in ALL_METHODS:
         raise StatsError(f"unknown method {method!r}")
+    paired = method in PAIRED.values()
+    if paired and arm.shape[0] != base.shape[0]:
+        raise StatsError(
+            f"method {method!r} pairs the runs of both arms, have {arm.shape[0]} and {base.shape[0]}"
+        )
     if not (0.0 < ci < 1.0):
         raise StatsError(f"ci must be in (0, 1), got {ci}")
     if n_boot < 1:
@@ -244,8 +274,8 @@ def bootstrap_gap(
     if gap is None:
         return GapEstimate(None, None, None, n, method, note=why, n_excluded=n_excl)
     m_arm, m_base = arm.mean(axis=1), base.mean(axis=1)
-    resample_seeds = method in ("seeds", "hier")
-    resample_steps = method in ("blocks", "hier")
+    resample_seeds = method in ("seeds", "hier", *PAIRED.values())
+    resample_steps = method in ("blocks", "hier", "hier-paired")
     if resample_seeds and (len(m_arm) < 2 or len(m_base) < 2):
         raise StatsError(f"method {method!r} needs >= 2 runs per arm")
     bl = None
@@ -281,7 +311,7 @@ def bootstrap_gap(
         ra, rb = run_means[:na], run_means[na:]
         if resample_seeds:
             ia = rng.integers(0, ra.shape[0], size=(b, ra.shape[0]))
-            ib = rng.integers(0, rb.shape[0], size=(b, rb.shape[0]))
+            ib = ia if paired else rng.integers(0, rb.shape[0], size=(b, rb.shape[0]))
             cols = np.arange(b)[:, None]
             va = ra.T[cols, ia].mean(axis=1)
             vb = rb.T[cols, ib].mean(axis=1)

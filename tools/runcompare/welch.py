@@ -1,14 +1,24 @@
-"""Welch's t interval for the difference of two arms' means over their seeds, and the Student t
-quantiles it needs (no SciPy: the regularized incomplete beta by its continued fraction).
+"""t intervals for the difference of two arms' means over their seeds (Welch's, and the paired one),
+and the Student t quantiles they need (no SciPy: the regularized incomplete beta by its continued
+fraction).
 
 Used for the final validation gap between an arm and the baseline: each seed contributes one number
-(its last validation loss, nats), the seeds of an arm are independent draws, and the interval is
+(its last validation loss, nats). Where the arms hold different seeds, the seeds of an arm are
+independent draws and Welch's interval is
 
     gap +- t_{1 - alpha/2, df} * sqrt(s_a^2 / n_a + s_b^2 / n_b)
 
-with the Welch-Satterthwaite ``df`` (variances not assumed equal). Its half-width is the smallest gap
-the design resolves: a true gap smaller than it is not told from seed noise (the interval then covers
-0), whatever the point estimate.
+with the Welch-Satterthwaite ``df`` (variances not assumed equal). Where both arms hold the same
+seeds (the README's design: one run per recipe and seed, same data), the runs of a seed are a pair
+(same initial weights and data) and the interval is the paired one over the per-seed differences
+``d_s = a_s - b_s``:
+
+    mean(d) +- t_{1 - alpha/2, n - 1} * s_d / sqrt(n)
+
+which is valid whatever the correlation within the pairs (Welch's is too wide where it is positive,
+too narrow where it is negative). The half-width is the smallest gap the design resolves: a true gap
+smaller than it is not told from seed noise (the interval then covers 0), whatever the point
+estimate.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import math
 import numpy as np
 
 METHOD = "Welch t interval over seeds (Welch-Satterthwaite degrees of freedom)"
+PAIRED_METHOD = "paired t interval over the seeds' differences (n - 1 degrees of freedom)"
 
 
 def _beta_cf(a: float, b: float, x: float) -> float:
@@ -103,6 +114,14 @@ def resolution_factor(n_a: int, n_b: int, ci: float = 0.95) -> float:
     return t_ppf(0.5 + ci / 2.0, df) * math.sqrt(1.0 / n_a + 1.0 / n_b)
 
 
+def paired_resolution_factor(n: int, ci: float = 0.95) -> float:
+    """The half-width of the paired interval over ``n`` seeds in units of the s.d. of the per-seed
+    differences: ``t_{(1+ci)/2, n-1} / sqrt(n)``. Needs ``n >= 2``."""
+    if n < 2:
+        raise ValueError(f"a paired interval needs >= 2 seeds, got {n}")
+    return t_ppf(0.5 + ci / 2.0, n - 1) / math.sqrt(n)
+
+
 def welch_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> dict:
     """Welch's ``ci`` interval for ``mean(arm) - mean(base)``, each a 1-D array of per-seed values (nats;
     non-finite values are left out and counted).
@@ -156,6 +175,72 @@ def welch_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> di
         half_width=half,
         se=se,
         df=df,
+        t=t,
+        indistinguishable=bool(gap - half <= 0.0 <= gap + half),
+    )
+    return out
+
+
+def paired_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> dict:
+    """The paired t ``ci`` interval for ``mean(arm - base)``: ``arm[i]`` and ``base[i]`` are the values
+    (nats) of the two runs of seed i. A seed whose value is not finite in either run is left out
+    (both of its runs) and counted.
+
+    Returns the dict of :func:`welch_interval` (``df`` = pairs - 1, ``n_arm`` = ``n_base`` = pairs)
+    with ``sd_diff`` (the s.d. of the differences, ddof=1) and ``pair_corr`` (the correlation of the
+    two arms' values over the seeds; None below 3 pairs or without spread) added.
+
+    Raises:
+        ValueError: ``arm`` and ``base`` differ in length.
+    """
+    a = np.asarray(arm, dtype=np.float64).ravel()
+    b = np.asarray(base, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"paired values must have one per seed in both arms, got {a.size} and {b.size}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    excluded = int((~keep).sum())
+    a, b = a[keep], b[keep]
+    d = a - b
+    n = int(d.size)
+    out = {
+        "method": PAIRED_METHOD,
+        "ci": ci,
+        "n_arm": n,
+        "n_base": n,
+        "n_excluded": excluded,
+        "gap": float(d.mean()) if n else None,
+        "lo": None,
+        "hi": None,
+        "half_width": None,
+        "se": None,
+        "df": None,
+        "t": None,
+        "sd_arm": float(a.std(ddof=1)) if n >= 2 else None,
+        "sd_base": float(b.std(ddof=1)) if n >= 2 else None,
+        "sd_diff": float(d.std(ddof=1)) if n >= 2 else None,
+        "pair_corr": None,
+        "indistinguishable": None,
+        "note": f"{excluded} seed(s) with a non-finite value left out (both runs)" if excluded else None,
+    }
+    if n >= 3 and a.std() > 0 and b.std() > 0:
+        out["pair_corr"] = float(np.corrcoef(a, b)[0, 1])
+    if n < 2:
+        out["note"] = f"no paired interval: it needs >= 2 seeds with finite values in both arms (have {n})"
+        return out
+    se = out["sd_diff"] / math.sqrt(n)
+    if se == 0.0:
+        half, t = 0.0, None
+        out["note"] = "every seed's difference is the same: the interval is the point estimate"
+    else:
+        t = t_ppf(0.5 + ci / 2.0, n - 1)
+        half = t * se
+    gap = out["gap"]
+    out.update(
+        lo=gap - half,
+        hi=gap + half,
+        half_width=half,
+        se=se,
+        df=float(n - 1),
         t=t,
         indistinguishable=bool(gap - half <= 0.0 <= gap + half),
     )
