@@ -168,6 +168,11 @@ def welch_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> di
     else:
         t = t_ppf(0.5 + ci / 2.0, df)
         half = t * se
+    return _with_interval(out, half=half, se=se, df=df, t=t)
+
+
+def _with_interval(out: dict, *, half: float, se: float, df: float | None, t: float | None) -> dict:
+    """``out`` with the interval ``gap +- half`` and its ``se``, ``df``, ``t`` and verdict filled in."""
     gap = out["gap"]
     out.update(
         lo=gap - half,
@@ -234,14 +239,4 @@ def paired_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> d
     else:
         t = t_ppf(0.5 + ci / 2.0, n - 1)
         half = t * se
-    gap = out["gap"]
-    out.update(
-        lo=gap - half,
-        hi=gap + half,
-        half_width=half,
-        se=se,
-        df=float(n - 1),
-        t=t,
-        indistinguishable=bool(gap - half <= 0.0 <= gap + half),
-    )
-    return out
+    return _with_interval(out, half=half, se=se, df=float(n - 1), t=t)
