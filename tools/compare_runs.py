@@ -14,7 +14,9 @@ reason -- never interpolated, also with ``--force``; ``--max-tokens`` cuts every
 range).
 
 Per token window and per non-baseline arm it reports the train-loss and validation-loss gap to the
-baseline (nats, arm - baseline) with percentile bootstrap intervals, the first window whose
+baseline (nats, arm - baseline) with percentile bootstrap intervals (a window of fewer than 5
+points, such as the final validation gap: the t interval over the seeds' window means, paired or
+Welch's; tools/runcompare/analysis.py), the first window whose
 interval excludes 0, non-finite counts and the median tokens/s/GPU ratio; per arm with >= 2 seeds
 the seed spread (s.d. and range of the seeds' window means); per non-baseline arm with >= 2 seeds on
 both sides, the resolution of the design: the t interval of the final validation gap over the

@@ -134,10 +134,18 @@ def test_compare_reports_the_resolution(make_run, tmp_path, paired):
     for k in ("gap", "half_width", "df", "lo", "hi"):
         assert w[k] == pytest.approx(ref[k])
     assert w["indistinguishable"] is False and w["gap"] == pytest.approx(0.3, abs=0.05)
+    # the final validation window (one point) gets the same t interval, not a bootstrap of 3 seeds
+    vf = c["valid_final"]
+    assert vf["method"] == ("t-paired" if paired else "t-welch") and vf["n_points"] == 1
+    assert (vf["gap"], vf["lo"], vf["hi"]) == pytest.approx((ref["gap"], ref["lo"], ref["hi"]))
+    assert all(
+        r["method"] == (vf["method"] if r["n_points"] < 5 else c["method"]) for r in c["valid_windows"]
+    )
 
     out = tmp_path / "out"
     assert compare_runs.main([*runs, "--out", str(out), "--no-plots", "--n-boot", "200"]) == 0
     md = (out / "summary.md").read_text()
+    assert f"| {c['method']} (final val: {vf['method']}) |" in md and f"- `{vf['method']}`: " in md
     assert "## Resolution of the design (final validation loss)" in md
     assert w["method"] in md and f"{w['half_width']:.4f} nats" in md
     assert ("| paired t |" if paired else "| Welch t |") in md

@@ -19,6 +19,11 @@ METHOD_TEXT = {
     "circular moving blocks of steps resampled within the window with the same indices for every run",
     "seeds-paired": "seeds resampled with replacement in pairs (both arms hold the same seeds: one draw "
     "of seeds for both); per-run window means fixed",
+    "t-paired": "windows of fewer than 5 points (a validation window, the final validation gap): the "
+    "paired t interval over the per-seed differences of the runs' window means (n - 1 degrees of "
+    "freedom), the seeds being too few for a bootstrap",
+    "t-welch": "windows of fewer than 5 points (a validation window, the final validation gap): Welch's "
+    "t interval over the runs' window means, the seeds being too few for a bootstrap",
 }
 
 
@@ -208,7 +213,12 @@ def _headline(res: dict, pct: str) -> list[str]:
                 [
                     f"`{_cell(c['arm'])}`",
                     f"{c['n_seeds'][0]}/{c['n_seeds'][1]}",
-                    c["method"],
+                    c["method"]
+                    + (
+                        f" (final val: {vf['method']})"
+                        if vf and vf.get("method") and vf["method"] != c["method"]
+                        else ""
+                    ),
                     _g(c["train_final"]["gap"]),
                     _ci(c["train_final"]),
                     _g(c["train_overall"]["gap"]),
@@ -428,12 +438,19 @@ def _method(res: dict, opt: dict, pct: str) -> list[str]:
         ),
         f"- Intervals: {pct} percentile bootstrap, {opt['n_boot']} replicates.",
     ]
-    for m in sorted({c["method"] for c in res["comparisons"]}):
+    used = set()
+    for c in res["comparisons"]:
+        used.add(c["method"])
+        for key in ("train_windows", "valid_windows"):
+            used.update(r["method"] for r in c[key] if r["method"])
+        used.update(c[k]["method"] for k in ("valid_final", "train_final") if c[k] and c[k]["method"])
+    for m in sorted(used):
         L.append(f"- `{m}`: {METHOD_TEXT[m]}.")
     L += [
         (
-            "- Windows with fewer than 5 points resample seeds only (several seeds) or get no interval "
-            "(one seed in an arm). Final validation gap: the last evaluation."
+            "- Windows with fewer than 5 points get the t interval over the seeds' window means "
+            "(several seeds: `t-paired`, `t-welch`) or no interval (one seed in an arm). Final "
+            "validation gap: the last evaluation."
         ),
         (
             "- A window is significant when its interval excludes 0. Intervals are pointwise: over many "
