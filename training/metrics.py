@@ -27,8 +27,8 @@ A ``resume`` event's ``allowed_changes`` lists the config changes allowed at it
 (``[key, value in the checkpoint, value now]``).
 
 ``run_meta.json`` (rewritten at every start) holds ``config_fingerprint``, ``data_order_fingerprint``,
-``precision``, ``seed``, ``world_size``, ``commit`` and the resolved ``config``; see
-:func:`run_meta`.
+``precision``, ``data_content``, ``layer_spec``, ``seed``, ``world_size``, ``commit`` and the resolved
+``config``; see :func:`run_meta`.
 """
 
 from __future__ import annotations
@@ -83,13 +83,19 @@ def data_order_fingerprint(
 
 
 def run_meta(
-    *, resolved: dict, dataset_identity: str, world_size: int, data_content: str | None = None
+    *,
+    resolved: dict,
+    dataset_identity: str,
+    world_size: int,
+    data_content: str | None = None,
+    layer_spec: str | None = None,
 ) -> dict:
-    """``run_meta.json``: the fingerprints ``tools/compare_runs.py`` compares, the precision arm, and
+    """``run_meta.json``: the fingerprints ``tools/compare_runs.py`` compares, the precision arm,
     ``data_content`` (:func:`data.loader.content_key` of the prepared files; megatron-core's
-    ``dataset_identity`` in the data-order fingerprint names their paths, not what they hold). It is
-    a field of its own, not part of the fingerprint, so that runs recorded before it (2026-12-06)
-    still compare with the runs after it."""
+    ``dataset_identity`` in the data-order fingerprint names their paths, not what they hold) and
+    ``layer_spec`` (``transformer_engine`` or ``local``: what ``model.transformer_impl=auto`` built
+    on the machine). Those two are fields of their own, not parts of a fingerprint, so that runs
+    recorded before them (2026-12-06) still compare with the runs after them."""
     data, training = resolved["data"], resolved["training"]
     return {
         "config_fingerprint": config_fingerprint(resolved),
@@ -106,6 +112,7 @@ def run_meta(
             "projection": resolved["projection"],
         },
         "data_content": data_content,
+        "layer_spec": layer_spec,
         "seed": training["seed"],
         "world_size": world_size,
         "commit": git_commit(),

@@ -136,6 +136,7 @@ class Trainer:
         # [key, value in that checkpoint, value now] of each config difference allowed at the resume
         # (checkpoint.allow_config_change), recorded in the resume event (training.records)
         self.allowed_changes: list[list] = []
+        self.layer_spec: str | None = None  # "transformer_engine" or "local", once the engine is built
         self._resume_root: Path | None = None  # the directory a damaged checkpoint falls back in
         self._origin: str | None = None  # the checkpoint a checkpoint.load=<path> trajectory starts from
         self.engine = None  # MegatronEngine (CUDA) or CPUEngine, see training.engine
@@ -296,6 +297,11 @@ class Trainer:
 
             self.engine = CPUEngine(cfg, llama_cfg, env, log=log)
         log(f"engine: {self.engine.describe}")
+        from llama.specs import uses_transformer_engine
+
+        # the layer spec the engine built (llama.specs' rule): recorded in run_meta.json, so that arms
+        # with transformer_impl=auto built on machines with and without TE are not compared as one job
+        self.layer_spec = "transformer_engine" if uses_transformer_engine(llama_cfg) else "local"
         from megatron.core import parallel_state
 
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -620,6 +626,7 @@ class Trainer:
                 dataset_identity=self.data.identity,
                 world_size=self.env.world_size,
                 data_content=self.data.content,
+                layer_spec=self.layer_spec,
             )
         )
         if self.resumed_from is not None:

@@ -70,6 +70,7 @@ def write_run(
     config: dict | None = None,
     device: str = "gpu",
     data_content: str | None = None,
+    layer_spec: str | None = None,
 ) -> Path:
     """Write a run directory ``root/name`` and return it. Train records at steps 1..n (consumed
     tokens = step * tokens_per_step), a validation record every ``val_every`` steps (val loss =
@@ -77,7 +78,8 @@ def write_run(
     (skipped, nonfinite_count incremented). ``config``: the resolved config of run_meta.json (default
     a two-key stand-in). ``device``: ``gpu`` (backend triton, mfu logged) or ``cpu`` (backend
     reference, mfu null, as the trainer writes on a CPU). ``data_content``: run_meta.json's digest of
-    the prepared files (None: not recorded, as before 2026-12-06)."""
+    the prepared files (None: not recorded, as before 2026-12-06); ``layer_spec``: the layer spec built
+    (likewise)."""
     d = root / name
     d.mkdir(parents=True)
     if losses is None:
@@ -104,6 +106,8 @@ def write_run(
     }
     if data_content is not None:  # run_meta.json of runs from 2026-12-06 on
         meta["data_content"] = data_content
+    if layer_spec is not None:  # likewise
+        meta["layer_spec"] = layer_spec
     (d / "run_meta.json").write_text(json.dumps(meta))
     lines = [json.dumps({"kind": "event", "step": 0, "event": "start", "detail": "fresh"})]
     nonfinite = 0

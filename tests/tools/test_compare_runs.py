@@ -336,6 +336,26 @@ def test_prepared_data_that_differ_are_refused(make_run):
     assert any("run_meta.json of old records no data_content" in w for w in res["warnings"])
 
 
+def test_layer_specs_that_differ_are_refused(make_run):
+    """Found in review (2026-12-06): the config fingerprint holds model.transformer_impl=auto, so an arm
+    run where Transformer Engine imports (TE layers) and one where it does not (local layers) compared
+    as one job. run_meta.json's layer_spec records what was built."""
+    a = make_run("a", seed=0, layer_spec="transformer_engine")
+    b = make_run("b", recipe=FP4, seed=0, layer_spec="local")
+    with pytest.raises(CompareError) as err:
+        compare([str(a), str(b)], _opt())
+    assert str(err.value) == (
+        "the layer specs differ (transformer_engine: a; local: b): model.transformer_impl=auto built "
+        "Transformer Engine's layers where TE was importable and megatron-core's local ones elsewhere; run "
+        "every arm with the same model.transformer_impl=transformer_engine or local (pass --force to compare "
+        "anyway)"
+    )
+    res = compare([str(a), str(b)], _opt(force=True))
+    assert any(w.startswith("forced: the layer specs differ") for w in res["warnings"])
+    old = make_run("old", recipe=FP4, seed=1)  # recorded before the field: not checked
+    assert compare([str(a), str(old)], _opt())["comparisons"]
+
+
 # (g) NaN / Infinity losses
 def test_nonfinite_losses_counted_and_excluded(make_run, tmp_path):
     a = make_run("bf16", seed=0)

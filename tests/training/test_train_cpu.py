@@ -81,7 +81,9 @@ def test_short_run_trains_and_writes_documented_outputs(make_cfg, train, tmp_pat
         "commit",
         "config",
         "data_content",
+        "layer_spec",
     }
+    assert meta["layer_spec"] == "local"  # no Transformer Engine on the CPU
     assert (
         meta["precision"]["attention_recipe"] == "fp8"
         and meta["precision"]["attention_backend"] == "reference"

@@ -92,6 +92,7 @@ class RunData:
     on_gpu: bool = True  # some train record has a numeric mfu (the trainer logs MFU only on a GPU)
     qk_rotation: str = "none"  # the resolved config's attention.qk_rotation ("none" when absent)
     data_content: str | None = None  # run_meta.json's digest of the prepared files (None: not recorded)
+    layer_spec: str | None = None  # "transformer_engine" or "local" as built (None: not recorded)
     lr: dict[int, float] = field(default_factory=dict)  # step -> the logged learning rate (where numeric)
     # (k, [[key, before, after], ...]) per config change allowed at a resume from step k that its kept
     # steps up to k predate (read_metrics)
@@ -287,6 +288,7 @@ def load_run(run_dir: str | Path, *, skip_malformed: bool = False) -> RunData:
         commit=meta["commit"],
         config=meta["config"] if isinstance(meta.get("config"), dict) else None,
         data_content=meta["data_content"] if isinstance(meta.get("data_content"), str) else None,
+        layer_spec=meta["layer_spec"] if isinstance(meta.get("layer_spec"), str) else None,
         lr={step: float(rec["lr"]) for step, rec in train.items() if _is_num(rec.get("lr"))},
         config_changes=[(k, c) for k, c in changes if any(s <= k for s in train)],
         train=_as_arrays(train, _TRAIN_FIELDS),
@@ -314,8 +316,8 @@ def unique_names(runs: list[RunData]) -> None:
 
 def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
     """Refuse runs whose config or data-order fingerprints differ, or whose recorded data contents
-    (``data_content``) differ, unless ``force``; a run without ``data_content`` among runs with one is
-    a warning.
+    (``data_content``) or layer specs (``layer_spec``) differ, unless ``force``; a run without
+    ``data_content`` among runs with one is a warning (runs without ``layer_spec`` are not checked).
 
     Returns warnings (the overridden refusals when forced); raises CompareError otherwise.
     """
@@ -344,6 +346,17 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
         warnings.append(
             f"run_meta.json of {', '.join(unrecorded)} records no data_content (runs "
             "before 2026-12-06): that the prepared files are the same as the others' is not checked"
+        )
+    specs: dict[str, list[str]] = {}
+    for r in runs:
+        if r.layer_spec is not None:
+            specs.setdefault(r.layer_spec, []).append(r.name)
+    if len(specs) > 1:  # found in review, 2026-12-06: the config fingerprint holds transformer_impl=auto
+        detail = "; ".join(f"{spec}: {', '.join(names)}" for spec, names in specs.items())
+        reasons.append(
+            f"the layer specs differ ({detail}): model.transformer_impl=auto built Transformer Engine's "
+            "layers where TE was importable and megatron-core's local ones elsewhere; run every arm with "
+            "the same model.transformer_impl=transformer_engine or local"
         )
     if reasons and not force:
         raise CompareError([f"{r} (pass --force to compare anyway)" for r in reasons])
