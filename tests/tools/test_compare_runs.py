@@ -669,6 +669,13 @@ def test_learning_rates_that_differ_are_refused(make_run):
         compare([str(a), str(b)], _opt(windows=4))
     res = compare([str(a), str(b)], _opt(windows=4, force=True))
     assert any(w.startswith("forced: the logged learning rates differ") for w in res["warnings"])
+    # configs that differ (forced): the LR change is not blamed on a resume (found in review, 2026-12-06)
+    c = make_run("fp4c", recipe=FP4, seed=0, losses=good, extra_lines=extra, config_fp="beef")
+    res = compare([str(a), str(c)], _opt(windows=4, force=True))
+    assert (
+        "forced: the logged learning rates differ from step 301 on (bf16 0.0003, fp4c 0.0001): their configs "
+        "differ (the config fingerprints)" in res["warnings"]
+    )
 
 
 def test_one_max_tokens_hint_for_train_and_valid_ranges(make_run):

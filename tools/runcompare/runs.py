@@ -396,10 +396,13 @@ def check_learning_rates(runs: list[RunData], *, force: bool) -> list[str]:
         lo, hi = min(values.values()), max(values.values())
         if hi - lo > 1e-9 * max(abs(hi), abs(lo), 1e-30):
             detail = ", ".join(f"{name} {v:.6g}" for name, v in values.items())
-            reason = (
-                f"the logged learning rates differ from step {step} on ({detail}): a config change allowed "
-                "on a resume (checkpoint.allow_config_change) that run_meta.json does not show"
+            why = (
+                "a config change allowed on a resume (checkpoint.allow_config_change) that run_meta.json "
+                "does not show"
+                if len({r.config_fingerprint for r in runs}) == 1
+                else "their configs differ (the config fingerprints)"
             )
+            reason = f"the logged learning rates differ from step {step} on ({detail}): {why}"
             if not force:
                 raise CompareError(f"{reason} (pass --force to compare anyway)")
             return [f"forced: {reason}"]
