@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import warnings
 
@@ -88,28 +89,55 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from training.signals import EXIT_INTERRUPTED, write_exit_code
+    # SIGTERM/SIGUSR1/Ctrl-C in the imports and the config load (seconds) are recorded and acted on
+    # once they are done (training.signals.install_deferred_stop), and the exit code is written
+    # without importing torch again (found in review, 2026-12-06: 143/138 with no message, or a
+    # second traceback)
+    from training.signals import (
+        EXIT_INTERRUPTED,
+        EXIT_PREEMPTED,
+        StartupStop,
+        install_deferred_stop,
+        restore_handlers,
+        write_exit_code,
+    )
 
+    previous = {} if args.dry_run else install_deferred_stop()
     try:
-        return _main(args)
+        return _main(args, previous)
     except KeyboardInterrupt:  # a second Ctrl-C in the loop, or one before it (training.signals)
         print("pretrain_llama: stopped by Ctrl-C; nothing saved since the last checkpoint", file=sys.stderr)
         if not args.dry_run:
             write_exit_code(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
+    except StartupStop as stop:  # recorded before the trainer's start-up (Trainer.run handles its own)
+        from training.ranks import ranks_from_env
+
+        if ranks_from_env()[0] == 0:
+            print(
+                f"pretrain_llama: preempted ({signal.Signals(stop.signum).name}) during start-up, before the "
+                "trainer started: nothing to save; the same command relaunched resumes from its newest "
+                "complete checkpoint",
+                file=sys.stderr,
+            )
+        write_exit_code(EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
+    finally:
+        restore_handlers(previous)
 
 
-def _main(args) -> int:
+def _main(args, handlers: dict) -> int:
     # megatron-core warns at import about optional packages (TE, Apex); the log reports what is used
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core\..*")
     from training.config import load_config
-    from training.signals import EXIT_CONFIG, write_exit_code
+    from training.signals import EXIT_CONFIG, raise_pending_stop, restore_handlers, write_exit_code
 
     try:
         cfg = load_config(args.config, args.overrides)
     except ValueError as err:
         print(f"pretrain_llama: configuration error: {err}", file=sys.stderr)
         return EXIT_CONFIG
+    raise_pending_stop()  # a signal during the imports and the config load
     if args.dry_run:
         from training.plan import format_plan, make_plan
 
@@ -133,11 +161,13 @@ def _main(args) -> int:
         return 0
     from training.trainer import Trainer
 
-    code = Trainer(
+    trainer = Trainer(
         cfg,
         log=lambda msg: print(msg, flush=True),
         log_error=lambda msg: print(msg, file=sys.stderr, flush=True),
-    ).run()
+    )
+    code = trainer.run()  # its own start-up handling from here (training.signals)
+    restore_handlers(handlers)  # after the run: the actions the signals had before this launch
     write_exit_code(code)
     return code
 

@@ -1,10 +1,10 @@
 """Process-group set-up from torchrun or Slurm variables, and megatron-core's model-parallel state.
 
-Rank variables, in order: ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` (torchrun, or a launcher that
-exports them), else ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` (one srun task per
-GPU), else a single process. The rendezvous is ``MASTER_ADDR``/``MASTER_PORT`` (torchrun sets them;
-under plain srun the launcher must export them, e.g. from ``scontrol show hostnames``). A single
-process without them gets a local TCP rendezvous on a free port. Backend: NCCL on CUDA, gloo on CPU.
+Ranks: :func:`training.ranks.ranks_from_env` (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, else
+``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``, else a single process). The rendezvous is
+``MASTER_ADDR``/``MASTER_PORT`` (torchrun sets them; under plain srun the launcher must export them,
+e.g. from ``scontrol show hostnames``). A single process without them gets a local TCP rendezvous on
+a free port. Backend: NCCL on CUDA, gloo on CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .ranks import ranks_from_env
 
 __all__ = ["DistEnv", "all_gather_objects", "init_distributed", "shutdown"]
 
@@ -30,24 +32,6 @@ class DistEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        if os.environ.get(name, "").strip():
-            return int(os.environ[name])
-    return None
-
-
-def ranks_from_env() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from torchrun or Slurm variables; (0, 1, 0) when neither is set."""
-    rank = _env_int("RANK")
-    if rank is not None:
-        return rank, _env_int("WORLD_SIZE") or 1, _env_int("LOCAL_RANK") or 0
-    rank = _env_int("SLURM_PROCID")
-    if rank is not None and (_env_int("SLURM_NTASKS") or 1) > 1:
-        return rank, _env_int("SLURM_NTASKS"), _env_int("SLURM_LOCALID") or 0
-    return 0, 1, 0
 
 
 def free_local_port() -> int:

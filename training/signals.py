@@ -32,7 +32,11 @@ SIGTERM or SIGUSR1 before the loop (start-up: the process group, the model, the 
 load, minutes for an 8B resume) raises :class:`StartupStop` there (:func:`install_startup_stop`): the
 trainer says so in one line and exits with :data:`EXIT_PREEMPTED` at once, nothing being left to
 save, so that the launchers requeue the job (found in review, 2026-12-06: the default action ended the
-process with 143 and torchrun's launcher with 1, neither requeued).
+process with 143 and torchrun's launcher with 1, neither requeued). A signal (or Ctrl-C) that lands
+inside an import, where a library's ``except`` could swallow the exception and leave a module
+half-built, and one in ``pretrain_llama.py``'s own imports and config load before the trainer
+(:func:`install_deferred_stop`), is recorded and raised at the next stage of the start-up
+(:func:`raise_pending_stop`), at most seconds later.
 
 Code 2 always comes with a message naming what to change; so does code 6, which the launchers do
 not requeue (the same config would run out of memory again). The output and checkpoint directories are
@@ -59,7 +63,9 @@ __all__ = [
     "StartupStop",
     "StopFlags",
     "end_startup_stop",
+    "install_deferred_stop",
     "install_startup_stop",
+    "raise_pending_stop",
     "restore_handlers",
     "write_exit_code",
 ]
@@ -86,7 +92,7 @@ def write_exit_code(code: int, *, any_rank: bool = False) -> None:
     ``launch/torchrun_node.sh`` and ``launch/slurm_8x8.sbatch`` read this file instead. Written
     atomically (temp file + rename).
     """
-    from .distenv import ranks_from_env
+    from .ranks import ranks_from_env  # no torch: this may run while torch is being imported
 
     path = os.environ.get("PRETRAIN_EXIT_FILE")
     if not path or (ranks_from_env()[0] != 0 and not any_rank):
@@ -109,24 +115,96 @@ class StartupStop(BaseException):
 STARTUP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+def _in_import(frame) -> bool:
+    """Whether ``frame`` (where a signal handler interrupted the program) runs inside an import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise_startup_stop(signum, frame):
+    if _in_import(frame):  # raised there, it can be swallowed: the next raise_pending_stop raises it
+        _defer_stop(signum, frame)
+        return
     raise StartupStop(signum)
 
 
+def _startup_interrupt(signum, frame):
+    if _in_import(frame):
+        _defer_stop(signum, frame)
+        return
+    raise KeyboardInterrupt
+
+
 def install_startup_stop() -> dict:
-    """SIGTERM and SIGUSR1 raise :class:`StartupStop` from here on; returns the handlers they had,
-    for :func:`restore_handlers` (empty outside the main thread, where Python sets no handler)."""
+    """SIGTERM and SIGUSR1 raise :class:`StartupStop` from here on, and SIGINT KeyboardInterrupt (where
+    it had Python's default handler or :func:`install_deferred_stop`'s), where they interrupt the
+    trainer's start-up; inside an import they are recorded instead and raised by the next
+    :func:`raise_pending_stop` (found in review, 2026-12-06: a Ctrl-C raised inside ``torch._dynamo``'s
+    import was swallowed there and the run crashed on the half-imported module). Returns the handlers
+    they had, for :func:`restore_handlers` (empty outside the main thread, where Python sets no
+    handler). A signal recorded before is left to :func:`raise_pending_stop`."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, _raise_startup_stop) for sig in STARTUP_SIGNALS}
+    previous = {sig: signal.signal(sig, _raise_startup_stop) for sig in STARTUP_SIGNALS}
+    if signal.getsignal(signal.SIGINT) in (_defer_stop, signal.default_int_handler):
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _startup_interrupt)
+    return previous
+
+
+_pending: int | None = None  # the first signal recorded by _defer_stop, until raise_pending_stop
+
+
+def _defer_stop(signum, frame):
+    global _pending
+    if _pending is None:
+        _pending = signum
+    if signum == signal.SIGINT:  # a second Ctrl-C: KeyboardInterrupt at once, wherever it lands
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def install_deferred_stop() -> dict:
+    """SIGTERM, SIGUSR1 and SIGINT are only recorded from here on, for :func:`raise_pending_stop`
+    (a second Ctrl-C raises KeyboardInterrupt at once); returns the handlers they had, for
+    :func:`restore_handlers` (empty outside the main thread).
+
+    For ``pretrain_llama.py``'s first seconds (the imports, the config load), before the trainer's
+    :func:`install_startup_stop`: an exception raised by a handler inside a library's import can be
+    swallowed there (a ``try``/``except`` around an optional import, importlib's callbacks), leaving
+    the module half-initialized and the run going on (found in review, 2026-12-06: SIGTERM in the
+    first second ended the process with 143, and once raised, trained the whole run or crashed on a
+    half-imported ``sympy``)."""
+    global _pending
+    _pending = None
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _defer_stop) for sig in (*STARTUP_SIGNALS, signal.SIGINT)}
+
+
+def raise_pending_stop() -> None:
+    """Raise what a signal recorded by :func:`install_deferred_stop` asks for, and forget it:
+    :class:`StartupStop` for SIGTERM or SIGUSR1, KeyboardInterrupt for SIGINT (a Ctrl-C before the
+    loop); nothing when none arrived."""
+    global _pending
+    signum, _pending = _pending, None
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum is not None:
+        raise StartupStop(signum)
 
 
 def end_startup_stop() -> None:
-    """The start-up is over (the loop installs :class:`StopFlags`): SIGTERM and SIGUSR1 back to their
-    default action, which :class:`StopFlags` restores after the loop."""
+    """The start-up is over (the loop installs :class:`StopFlags`): a signal recorded during it is
+    raised (:func:`raise_pending_stop`), then SIGTERM and SIGUSR1 go back to their default action and
+    SIGINT to Python's, which :class:`StopFlags` restores after the loop."""
+    raise_pending_stop()
     if threading.current_thread() is threading.main_thread():
         for sig in STARTUP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGINT) in (_defer_stop, _startup_interrupt):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def restore_handlers(previous: dict) -> None:

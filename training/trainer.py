@@ -85,6 +85,7 @@ from .signals import (
     StopFlags,
     end_startup_stop,
     install_startup_stop,
+    raise_pending_stop,
     restore_handlers,
     write_exit_code,
 )
@@ -157,6 +158,7 @@ class Trainer:
         """Train (module docstring); returns the exit code (``training.signals``)."""
         previous = install_startup_stop()  # SIGTERM/SIGUSR1 before the loop: exit code 3 at once
         try:
+            raise_pending_stop()  # one that pretrain_llama.main recorded before (install_deferred_stop)
             return self._run_process()
         except StartupStop as stop:
             return self._stopped_at_startup(stop.signum)
@@ -296,6 +298,7 @@ class Trainer:
             from .engine_cpu import CPUEngine
 
             self.engine = CPUEngine(cfg, llama_cfg, env, log=log)
+        raise_pending_stop()  # a signal recorded inside an import (training.signals)
         log(f"engine: {self.engine.describe}")
         from llama.specs import uses_transformer_engine
 
@@ -307,11 +310,13 @@ class Trainer:
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.data = build_data(cfg, model_vocab_size=llama_cfg.vocab_size, log=log)
+        raise_pending_stop()
         log(f"data: {self.data.describe}; train identity {self.data.identity}")
 
         saved = TrainerState()  # a fresh start: every counter at 0
         if self.resumed_from is not None:
             saved = self._resume()
+            raise_pending_stop()
         # the counters go on from the checkpoint's; the data identity and the world size are this run's,
         # and so is the origin where checkpoint.load named where the trajectory starts
         origin = saved.origin if self._origin is None else self._origin

@@ -193,3 +193,97 @@ def test_a_signal_during_start_up_exits_3_at_once(make_cfg, train, tmp_path, mon
     assert code == 0, log.text()
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert [e for e in events if e[0] == "resume"][-1] == ("resume", 4) and events[-1] == ("exit", 8)
+
+
+# pretrain_llama.main with a signal sent to itself during the config load (after it: a Ctrl-C, with
+# torch made unimportable, as an import interrupted midway leaves it) or while the Trainer is built
+BEFORE_THE_TRAINER = """
+import os, signal, sys
+import training.config, training.trainer
+mode, where = sys.argv[1], sys.argv[2]
+real_load, real_init = training.config.load_config, training.trainer.Trainer.__init__
+def load_config(*args, **kwargs):
+    cfg = real_load(*args, **kwargs)
+    if where == "config":
+        if mode == "SIGINT":
+            sys.modules["torch"] = None  # any import of torch from here on raises ImportError
+        os.kill(os.getpid(), getattr(signal, mode))
+    return cfg
+def init(self, *args, **kwargs):
+    if where == "trainer":
+        os.kill(os.getpid(), getattr(signal, mode))
+    real_init(self, *args, **kwargs)
+training.config.load_config = load_config
+training.trainer.Trainer.__init__ = init
+import pretrain_llama
+code = pretrain_llama.main(["--config", "configs/tiny_cpu.yaml", f"runtime.output_dir={sys.argv[3]}"])
+print("handlers", *(signal.getsignal(s) is signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1)))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("where", ["config", "trainer"])
+@pytest.mark.parametrize("mode", ["SIGTERM", "SIGUSR1", "SIGINT"])
+def test_a_stop_before_the_trainer_exits_with_its_code_and_one_line(tmp_path, mode, where):
+    """Found in review (2026-12-06): SIGTERM or SIGUSR1 in the first seconds (the imports, the config
+    load: before the trainer's start-up handler) ended the process by the default action (143, 138),
+    with no exit-code file; a Ctrl-C there wrote its exit code through a module that imported torch
+    again, after the interrupted import: a second traceback and exit code 1. They are now recorded
+    there and acted on after the config load, or by the trainer's start-up (training.signals
+    install_deferred_stop): exit code 3 (130 for Ctrl-C), one line, nothing trained."""
+    exit_file, run = tmp_path / "exit_code", tmp_path / "run"
+    env = {**child_env(), "PRETRAIN_EXIT_FILE": str(exit_file), "PYTHONPATH": str(REPO)}
+    res = subprocess.run(
+        [sys.executable, "-c", BEFORE_THE_TRAINER, mode, where, str(run)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    want = 130 if mode == "SIGINT" else EXIT_PREEMPTED
+    assert res.returncode == want, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and res.stdout.endswith("handlers True True\n"), res.stdout
+    assert exit_file.read_text() == f"{want}\n"
+    assert not (run / "checkpoints").exists()
+    if mode == "SIGINT":
+        assert res.stderr == "pretrain_llama: stopped by Ctrl-C; nothing saved since the last checkpoint\n"
+    elif where == "config":
+        assert res.stderr == (
+            f"pretrain_llama: preempted ({mode}) during start-up, before the trainer started: nothing to "
+            "save; the same command relaunched resumes from its newest complete checkpoint\n"
+        )
+    else:
+        assert res.stderr.endswith(
+            f"pretrain_llama: preempted ({mode}) during start-up, before this launch's first step: nothing "
+            "to save; the same command relaunched resumes from step 0 (no checkpoint yet)\n"
+        )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_inside_an_import_is_raised_at_the_next_stage(tmp_path, monkeypatch, sig):
+    """Found in review (2026-12-06): a Ctrl-C raised inside ``torch._dynamo``'s import during the
+    start-up was swallowed by a library's ``except`` and the run crashed later on the half-imported
+    module. Inside an import the start-up handlers only record the signal; the next stage raises it."""
+    from training.signals import StartupStop, end_startup_stop, install_startup_stop, restore_handlers
+
+    (tmp_path / "swallowing_module.py").write_text(
+        "import os, signal\n"
+        "try:\n"
+        f"    os.kill(os.getpid(), {int(sig)})\n"
+        "    x = sum(range(1000))  # the handler runs by here\n"
+        "except BaseException:  # a library that takes everything\n"
+        "    pass\n"
+        "DONE = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = install_startup_stop()
+    try:
+        import swallowing_module
+
+        assert swallowing_module.DONE  # the import completed: nothing was raised inside it
+        with pytest.raises(KeyboardInterrupt if sig == signal.SIGINT else StartupStop):
+            end_startup_stop()
+    finally:
+        restore_handlers(previous)
+        sys.modules.pop("swallowing_module", None)
