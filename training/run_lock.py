@@ -22,7 +22,9 @@ Who may take a lock that is there (no clock is compared across hosts):
   that is alive rewrites it every :data:`BEAT_S`): a dead holder on another node. The start-up
   waits that long, saying so, and then takes the lock with a warning naming the holder.
 
-A record that changes while it is watched is a live run: :meth:`RunLock.acquire` raises
+A record that changes while it is watched is a live run, and so is a holder whose process runs on
+this machine (the PID with the start time it recorded) and rewrote the lock within two beats by
+this machine's clock: :meth:`RunLock.acquire` raises
 ``ValueError`` naming its host, PID, job and directory (exit code 2; nothing is written). A holder
 whose lock was taken over (its heartbeat stalled longer than :data:`STALE_S`, a file system hang)
 sees another record at its next beat: :attr:`RunLock.lost` names the new holder, and the trainer then
@@ -154,6 +156,27 @@ def _gone(record: dict, me: dict) -> bool:
     return now is None or (record.get("pid_start") is not None and now != record["pid_start"])
 
 
+def _alive_here(record: dict, me: dict) -> bool:
+    """The holder is another process running on this machine now: its PID there with the start time
+    it recorded (so not a later process that reused the PID)."""
+    here = (me["machine"], me["host"])
+    if not record.get("machine") or (record.get("machine"), record.get("host")) != here:
+        return False
+    pid, start = record.get("pid"), record.get("pid_start")
+    if not isinstance(pid, int) or pid == me["pid"] or start is None:
+        return False
+    return _start_time(pid) == start
+
+
+def _written_within(path: Path, seconds: float) -> bool:
+    """Whether ``path`` was modified less than ``seconds`` ago by this machine's clock (a holder
+    here whose heartbeat has stalled, a hung process, is watched and taken over as one elsewhere)."""
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return False
+
+
 class _Clock:
     """Time and sleep (tests pass their own)."""
 
@@ -232,6 +255,15 @@ class RunLock:
                 if _gone(held, me):
                     why = "a process no longer running here"
                     return cls._take(path, record, held, why, key, clock, poll_s, beat_s, log)
+                if _alive_here(held, me) and _written_within(path, 2 * BEAT_S):
+                    # found in review, 2026-12-06: watched 20-30 s for a beat first
+                    raise ValueError(
+                        f"{key} {Path(directory)} is in use by another run ({describe(held)}; its process "
+                        "is running on this machine and rewrote its lock within the last "
+                        f"{2 * BEAT_S:.0f} s): two runs in one directory overwrite each other's "
+                        f"checkpoints and metrics. Wait for it to end, or give this run another {key}; "
+                        "nothing was written"
+                    )
             seen = json.dumps(held, sort_keys=True) if held is not None else None
             now = clock.monotonic()
             if watched is None:

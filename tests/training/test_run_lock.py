@@ -189,10 +189,28 @@ def test_a_process_gone_from_this_machine_is_taken_over_at_once(tmp_path, case):
     assert waited == 1 and lines[-1].endswith("(a process no longer running here)")
 
 
-def test_a_running_process_here_is_watched(tmp_path):
+def test_a_running_process_here_is_refused_at_once_or_watched_when_silent(tmp_path):
+    """Found in review (2026-12-06): a second launch beside a live run on the same machine watched the
+    lock 20-30 s before it refused, though the holder's process was provably running. A holder whose
+    process runs here and whose lock was written within two beats is refused at once; one whose
+    lock is older (a hung process) is watched and taken over as a silent holder elsewhere."""
     parent = os.getppid()
-    waited, lines = taken(tmp_path, here(pid=parent, pid_start=rl._start_time(parent)))
-    assert waited >= 10 and "watching it" in lines[0]
+    rec = here(pid=parent, pid_start=rl._start_time(parent))
+    put(tmp_path / rl.LOCK_NAME, rec)
+    clock = FakeClock()
+    with pytest.raises(ValueError) as err:
+        acquire(tmp_path, clock)
+    assert clock.now == 0 and f"PID {parent}" in str(err.value)
+    assert "its process is running on this machine and rewrote its lock within the last 60 s" in str(
+        err.value
+    )
+    assert json.loads((tmp_path / rl.LOCK_NAME).read_text()) == rec  # left as it was
+    old = time.time() - 2 * rl.BEAT_S - 5
+    os.utime(tmp_path / rl.LOCK_NAME, (old, old))
+    clock = FakeClock()
+    lock, lines = acquire(tmp_path, clock)
+    lock.release()
+    assert clock.now >= 10 and "watching it" in lines[0]
 
 
 def test_the_same_pid_in_another_container_is_watched(tmp_path):
