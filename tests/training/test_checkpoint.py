@@ -74,9 +74,12 @@ def test_incomplete_saves_never_become_latest(tmp_path):
     # manifest missing
     (tmp_path / "iter_0000010" / "manifest.json").unlink()
     assert ckpt.find_latest(tmp_path, warn=warnings.append) is None
-    # the next save removes the stale .tmp dir
+    # the next save removes the stale .tmp dir, and a marker's temporary file left by a kill
+    marker_tmp = tmp_path / f"{ckpt.MARKER}.tmp-4242"
+    marker_tmp.write_text("3")
     fake_save(tmp_path, 40)
-    assert not tmp.exists()
+    assert not tmp.exists() and not marker_tmp.exists()
+    assert (tmp_path / ckpt.MARKER).read_text() == "40\n"
 
 
 def test_compatibility_messages():
