@@ -154,7 +154,8 @@ class MetricsLogger:
         self.log = log
         self.cfg = cfg
         self._file = None
-        self._tb = None
+        self._tb = None  # the SummaryWriter, made by _scalar_sink() at the first scalar
+        self._tb_writer = None  # what makes it (logging.tensorboard and the package installed)
         self._tb_dir: Path | str = "off (logging.tensorboard=false)"  # the directory, or why there is none
         self._wandb = None
         # (records, first step, last step) of the training records already in the metrics file (an
@@ -180,7 +181,9 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb_dir = output_dir / "tensorboard"
-                self._tb = SummaryWriter(log_dir=str(self._tb_dir))
+                # made at the first scalar: a launch refused at start-up leaves no empty event file
+                # (found in review, 2026-12-06: 8 refusals, 8 more files)
+                self._tb_writer = lambda: SummaryWriter(log_dir=str(self._tb_dir))
                 log(f"logging: TensorBoard -> {self._tb_dir}")
             except ImportError:
                 self._tb_dir = "off: the 'tensorboard' package is not installed (bash scripts/bootstrap.sh)"
@@ -220,17 +223,23 @@ class MetricsLogger:
                 and v is not None
                 and math.isfinite(v)
             }
-            if self._tb is not None:
+            if (tb := self._scalar_sink()) is not None:
                 for k, v in scalars.items():
-                    self._tb.add_scalar(f"{rec['kind']}/{k}", v, step)
+                    tb.add_scalar(f"{rec['kind']}/{k}", v, step)
             if self._wandb is not None:
                 self._wandb.log({f"{rec['kind']}/{k}": v for k, v in scalars.items()}, step=step)
-        elif rec["kind"] == "telemetry" and self._tb is not None:
-            self._tb.add_scalar(f"telemetry/max_logit/layer{rec['layer']}", rec["max_logit"], step)
+        elif rec["kind"] == "telemetry" and (tb := self._scalar_sink()) is not None:
+            tb.add_scalar(f"telemetry/max_logit/layer{rec['layer']}", rec["max_logit"], step)
             if rec["zero_scale_block_frac"] is not None:
-                self._tb.add_scalar(
+                tb.add_scalar(
                     f"telemetry/zero_scale_block_frac/layer{rec['layer']}", rec["zero_scale_block_frac"], step
                 )
+
+    def _scalar_sink(self):
+        """The TensorBoard writer, made on first use; None without TensorBoard."""
+        if self._tb is None and self._tb_writer is not None:
+            self._tb = self._tb_writer()
+        return self._tb
 
     def event(self, step: int, event: str, detail: str, **fields) -> None:
         """An ``event`` record (``fields``: more JSON fields of it) and its terminal line."""

@@ -201,3 +201,10 @@ def test_default_config_writes_tensorboard_scalars(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 3.0), (2, 2.0)]
+    # a launch that writes no scalar (refused at start-up) leaves no event file (found in review,
+    # 2026-12-06: every refused launch added an empty one)
+    other = tmp_path / "refused"
+    m = MetricsLogger(other, cfg=cfg, enabled=True, log=lines.append)
+    m.event(0, "exit", "refused")
+    m.close()
+    assert not (other / "tensorboard").exists()
