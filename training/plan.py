@@ -78,6 +78,7 @@ __all__ = [
     "MEMORY_REMEDY",
     "NO_FIT_REMEDY",
     "OTHER_MEMORY_REMEDY",
+    "check_corpus",
     "corpus_warning",
     "missing_data_warnings",
     "out_of_memory_text",
@@ -598,7 +599,8 @@ def out_of_memory_text(
 
 
 # Tokens above which a run on the embedded default corpus (the KJV and CPython's sources, about 9M
-# Llama-3 tokens: data/corpus.py) repeats it more than about ten times: the dry run says so
+# Llama-3 tokens: data/corpus.py) repeats it more than about ten times: the dry run says so and a
+# training run refuses to start (check_corpus)
 DEFAULT_CORPUS_WARN_TOKENS = 100_000_000
 
 
@@ -628,14 +630,29 @@ def missing_data_warnings(cfg: TrainConfig) -> list[str]:
 def corpus_warning(cfg: TrainConfig, plan: Plan) -> str | None:
     """The dry run's warning for a run of more than :data:`DEFAULT_CORPUS_WARN_TOKENS` tokens on
     ``data.corpus: default`` (the embedded sample corpus, which the 8B configs name until a real blend
-    replaces it), else None. The start-up log gives the exact number of passes
-    (``training.data_setup.build_data``)."""
+    replaces it), else None; a training run refuses it (:func:`check_corpus`). The start-up log gives
+    the exact number of passes of a shorter run (``training.data_setup.build_data``)."""
     tokens = plan.train_iters * plan.tokens_per_step
     if cfg.data.corpus != "default" or tokens <= DEFAULT_CORPUS_WARN_TOKENS:
         return None
     return (
         f"data.corpus is 'default', the embedded sample corpus (about 9M tokens, data/corpus.py): "
-        f"{tokens:,} training tokens would repeat it about {tokens / 9e6:,.0f} times. For pretraining, "
-        "prepare your corpus (python -m data.prepare --input FILES --output-prefix PREFIX) and set "
-        "data.corpus=[{prefix: PREFIX, weight: 1.0}] data.split=969,30,1 (README, Your data)"
+        f"{tokens:,} training tokens would repeat it about {tokens / 9e6:,.0f} times, which a training "
+        "run refuses. For pretraining, prepare your corpus (python -m data.prepare --input FILES "
+        "--output-prefix PREFIX) and set data.corpus=[{prefix: PREFIX, weight: 1.0}] data.split=969,30,1 "
+        "(README, Your data)"
     )
+
+
+def check_corpus(cfg: TrainConfig, plan: Plan) -> None:
+    """Refuse a training run that would repeat the embedded sample corpus more than about ten times
+    (:func:`corpus_warning`), before anything is built or written.
+
+    Raises:
+        ValueError: the warning's text, naming ``data.corpus`` and how to prepare a corpus (found in
+            review, 2026-12-06: the README's 64-GPU launch of an 8B config, which names the sample
+            corpus until a blend replaces it, would have trained 53 h on ~11,000 passes of it, with a
+            warning in the log).
+    """
+    if (text := corpus_warning(cfg, plan)) is not None:
+        raise ValueError(text)

@@ -71,7 +71,7 @@ from .distenv import (
 )
 from .metrics import MetricsLogger, run_meta
 from .out_of_memory import out_of_memory_error
-from .plan import Plan, format_plan, make_plan, out_of_memory_text
+from .plan import Plan, check_corpus, format_plan, make_plan, out_of_memory_text
 from .resolved import resolved_dict
 from .run_lock import STALE_S, LockLost, RunLock
 from .schedule import lr_at
@@ -225,6 +225,7 @@ class Trainer:
         """
         cfg, env, log = self.cfg, self.env, self.log
         self.plan = make_plan(cfg, env.world_size)
+        check_corpus(cfg, self.plan)  # not 100B tokens of the embedded sample corpus
         # the deterministic mode the attention calls will see (interface.attention reads torch's):
         # runtime.deterministic sets it in run(), but it may be on already (an earlier run in-process)
         deterministic = cfg.runtime.deterministic or fa_deterministic_mode()

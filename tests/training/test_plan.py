@@ -424,7 +424,7 @@ def test_dry_run_warns_of_a_long_run_on_the_sample_corpus():
     text = corpus_warning(cfg, make_plan(cfg, 64))
     assert text.startswith(
         "data.corpus is 'default', the embedded sample corpus (about 9M tokens, data/corpus.py): "
-        "100,000,595,968 training tokens would repeat it about 11,111 times."
+        "100,000,595,968 training tokens would repeat it about 11,111 times, which a training run refuses."
     )
     assert "python -m data.prepare --input FILES --output-prefix PREFIX" in text
     # the default job (80 steps of 4 x 256 tokens) and a real blend: no warning

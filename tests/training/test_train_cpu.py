@@ -503,6 +503,24 @@ def test_out_of_memory_inside_a_load_error_is_not_damage(make_cfg, train, tmp_pa
     assert "damaged" not in log.text() and "resuming from the previous" not in log.text()
 
 
+def test_a_run_of_over_100m_tokens_on_the_sample_corpus_is_refused(train, tmp_path):
+    """Found in review (2026-12-06): the README's 64-GPU launch of an 8B config (data.corpus: default
+    until a blend replaces it) would have trained 53 h on ~11,000 passes of the sample corpus, with a
+    warning in the log. Over 100M tokens on it: exit code 2 before anything is built or written."""
+    from training.config import load_config
+    from training.signals import EXIT_CONFIG
+
+    cfg = load_config(None, ["training.train_iters=100000", f"runtime.output_dir={tmp_path / 'run'}"])
+    code, log = train(cfg)
+    assert code == EXIT_CONFIG, log.text()
+    assert (
+        "pretrain_llama: configuration error: data.corpus is 'default', the embedded sample corpus (about 9M "
+        "tokens, data/corpus.py): 102,400,000 training tokens would repeat it about 11 times, which a "
+        "training run refuses."
+    ) in log.text()
+    assert not (tmp_path / "run").exists()
+
+
 def test_start_up_warns_of_passes_over_the_sample_corpus():
     from training.config import load_config
     from training.data_setup import build_data
