@@ -98,8 +98,12 @@ def _run_sbatch(env, *args):
 
 def test_sbatch_ranks_and_rendezvous(fake_slurm):
     env, log = fake_slurm
-    res = _run_sbatch(env, "training.train_iters=10")
+    res = _run_sbatch({**env, "SLURM_CPUS_PER_TASK": "64"}, "training.train_iters=10")
     assert res.returncode == 0, res.stderr
+    # srun gets the CPUs per task again (found in review, 2026-12-06: since Slurm 22.05 it does not
+    # inherit sbatch's --cpus-per-task, and the node's torchrun would be bound to one CPU)
+    (srun,) = [c for c in log.read_text().splitlines() if c.startswith("srun")]
+    assert srun.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=64 ")
     calls = [c for c in log.read_text().splitlines() if c.startswith("python")]
     assert len(calls) == 3  # one torchrun per node
     for node, call in enumerate(calls):
