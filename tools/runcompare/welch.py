@@ -136,24 +136,15 @@ def welch_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> di
     b = np.asarray(base, dtype=np.float64).ravel()
     excluded = int((~np.isfinite(a)).sum() + (~np.isfinite(b)).sum())
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    out = {
-        "method": METHOD,
-        "ci": ci,
-        "n_arm": int(a.size),
-        "n_base": int(b.size),
-        "n_excluded": excluded,
-        "gap": float(a.mean() - b.mean()) if a.size and b.size else None,
-        "lo": None,
-        "hi": None,
-        "half_width": None,
-        "se": None,
-        "df": None,
-        "t": None,
-        "sd_arm": float(a.std(ddof=1)) if a.size >= 2 else None,
-        "sd_base": float(b.std(ddof=1)) if b.size >= 2 else None,
-        "indistinguishable": None,
-        "note": f"{excluded} non-finite seed value(s) left out" if excluded else None,
-    }
+    out = _without_interval(
+        METHOD,
+        ci,
+        a,
+        b,
+        excluded,
+        gap=float(a.mean() - b.mean()) if a.size and b.size else None,
+        note=f"{excluded} non-finite seed value(s) left out" if excluded else None,
+    )
     if a.size < 2 or b.size < 2:
         out["note"] = (
             f"no Welch interval: it needs >= 2 seeds with a finite value per arm (have {a.size} and {b.size})"
@@ -169,6 +160,39 @@ def welch_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> di
         t = t_ppf(0.5 + ci / 2.0, df)
         half = t * se
     return _with_interval(out, half=half, se=se, df=df, t=t)
+
+
+def _without_interval(
+    method: str,
+    ci: float,
+    a: np.ndarray,
+    b: np.ndarray,
+    excluded: int,
+    *,
+    gap: float | None,
+    note: str | None,
+) -> dict:
+    """The result dict of :func:`welch_interval` and :func:`paired_interval` before the interval is
+    known: the finite per-seed values ``a`` and ``b`` of each arm, their counts and s.d. (ddof=1, None
+    below 2), the interval fields None (:func:`_with_interval` fills them in)."""
+    return {
+        "method": method,
+        "ci": ci,
+        "n_arm": int(a.size),
+        "n_base": int(b.size),
+        "n_excluded": excluded,
+        "gap": gap,
+        "lo": None,
+        "hi": None,
+        "half_width": None,
+        "se": None,
+        "df": None,
+        "t": None,
+        "sd_arm": float(a.std(ddof=1)) if a.size >= 2 else None,
+        "sd_base": float(b.std(ddof=1)) if b.size >= 2 else None,
+        "indistinguishable": None,
+        "note": note,
+    }
 
 
 def _with_interval(out: dict, *, half: float, se: float, df: float | None, t: float | None) -> dict:
@@ -207,26 +231,16 @@ def paired_interval(arm: np.ndarray, base: np.ndarray, *, ci: float = 0.95) -> d
     a, b = a[keep], b[keep]
     d = a - b
     n = int(d.size)
-    out = {
-        "method": PAIRED_METHOD,
-        "ci": ci,
-        "n_arm": n,
-        "n_base": n,
-        "n_excluded": excluded,
-        "gap": float(d.mean()) if n else None,
-        "lo": None,
-        "hi": None,
-        "half_width": None,
-        "se": None,
-        "df": None,
-        "t": None,
-        "sd_arm": float(a.std(ddof=1)) if n >= 2 else None,
-        "sd_base": float(b.std(ddof=1)) if n >= 2 else None,
-        "sd_diff": float(d.std(ddof=1)) if n >= 2 else None,
-        "pair_corr": None,
-        "indistinguishable": None,
-        "note": f"{excluded} seed(s) with a non-finite value left out (both runs)" if excluded else None,
-    }
+    out = _without_interval(
+        PAIRED_METHOD,
+        ci,
+        a,
+        b,
+        excluded,
+        gap=float(d.mean()) if n else None,
+        note=f"{excluded} seed(s) with a non-finite value left out (both runs)" if excluded else None,
+    )
+    out.update(sd_diff=float(d.std(ddof=1)) if n >= 2 else None, pair_corr=None)
     if n >= 3 and a.std() > 0 and b.std() > 0:
         out["pair_corr"] = float(np.corrcoef(a, b)[0, 1])
     if n < 2:
