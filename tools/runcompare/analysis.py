@@ -28,6 +28,9 @@ from .runs import (
 )
 from .spread import seed_spread, spread_row
 from .stats import (
+    PAIRED,
+    SEED_METHODS,
+    STEP_METHODS,
     GapEstimate,
     StatsError,
     assign_windows,
@@ -84,13 +87,9 @@ def _matrix(names: list[str], series: dict[str, np.ndarray], sel: np.ndarray) ->
 
 def _estimate(arm_m, base_m, method, opt: Options, rng) -> GapEstimate:
     n = paired_points(arm_m, base_m)[0].shape[1]  # points finite in every run
-    multi = arm_m.shape[0] >= 2 and base_m.shape[0] >= 2
-    used = method
-    if method in ("blocks", "hier", "hier-paired") and n < MIN_POINTS_STEP_RESAMPLING:
-        if multi:
-            return _seed_t_estimate(arm_m, base_m, paired=method == "hier-paired", ci=opt.ci)
-        used = None
-    if used is None:
+    if method in STEP_METHODS and n < MIN_POINTS_STEP_RESAMPLING:
+        if arm_m.shape[0] >= 2 and base_m.shape[0] >= 2:
+            return _seed_t_estimate(arm_m, base_m, paired=method in PAIRED.values(), ci=opt.ci)
         gap, why = point_gap(arm_m, base_m)
         return GapEstimate(
             gap,
@@ -105,17 +104,16 @@ def _estimate(arm_m, base_m, method, opt: Options, rng) -> GapEstimate:
                 f"(resampling steps needs {MIN_POINTS_STEP_RESAMPLING})"
             ),
         )
-    est = bootstrap_gap(
+    return bootstrap_gap(
         arm_m,
         base_m,
-        method=used,
+        method=method,
         n_boot=opt.n_boot,
         ci=opt.ci,
         rng=rng,
         block_len=opt.block_len,
         min_points=MIN_POINTS_STEP_RESAMPLING,
     )
-    return est
 
 
 def _seed_t_estimate(arm_m, base_m, *, paired: bool, ci: float) -> GapEstimate:
@@ -333,7 +331,7 @@ def _arm_summaries(arms: dict[str, list[RunData]], base: str, aligned: Aligned, 
 def _method_warnings(method: str, n_arm: int, n_base: int) -> list[str]:
     """What the intervals of a comparison with ``n_arm`` and ``n_base`` seeds cannot show."""
     warnings = []
-    if method in ("seeds", "hier", "seeds-paired", "hier-paired") and min(n_arm, n_base) < FEW_SEEDS:
+    if method in SEED_METHODS and min(n_arm, n_base) < FEW_SEEDS:
         text = f"only {n_arm} and {n_base} seeds: seed-resampled intervals are coarse and may undercover"
         if n_arm == n_base == 2 and method in ("seeds", "seeds-paired"):  # tests/tools/test_stats.py
             text += (

@@ -50,6 +50,8 @@ import numpy as np
 METHODS = ("seeds", "blocks", "hier")  # what --bootstrap can ask for (besides auto)
 PAIRED = {"seeds": "seeds-paired", "hier": "hier-paired"}  # the same, seeds resampled in pairs
 ALL_METHODS = (*METHODS, *PAIRED.values())
+SEED_METHODS = ("seeds", "hier", *PAIRED.values())  # the methods that resample seeds
+STEP_METHODS = ("blocks", "hier", "hier-paired")  # the methods that resample steps (blocks)
 _CHUNK = 256  # bootstrap replicates computed per batch at most
 _MAX_ELEMENTS = 1 << 24  # bound on runs x replicates x points gathered at once (128 MiB of float64)
 
@@ -274,8 +276,8 @@ def bootstrap_gap(
     if gap is None:
         return GapEstimate(None, None, None, n, method, note=why, n_excluded=n_excl)
     m_arm, m_base = arm.mean(axis=1), base.mean(axis=1)
-    resample_seeds = method in ("seeds", "hier", *PAIRED.values())
-    resample_steps = method in ("blocks", "hier", "hier-paired")
+    resample_seeds = method in SEED_METHODS
+    resample_steps = method in STEP_METHODS
     if resample_seeds and (len(m_arm) < 2 or len(m_base) < 2):
         raise StatsError(f"method {method!r} needs >= 2 runs per arm")
     bl = None
