@@ -331,10 +331,7 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
             keys = f"; {config_differences(runs)}" if attr == "config_fingerprint" else ""
             reasons.append(f"{what} fingerprints differ ({detail}){keys}")
     warnings = []
-    recorded: dict[str, list[str]] = {}
-    for r in runs:
-        if r.data_content is not None:
-            recorded.setdefault(r.data_content, []).append(r.name)
+    recorded = _names_by(runs, "data_content")
     unrecorded = [r.name for r in runs if r.data_content is None]
     if len(recorded) > 1:  # the same paths, other files: a corpus prepared again between the runs
         detail = "; ".join(f"{c[:16]}: {', '.join(names)}" for c, names in recorded.items())
@@ -347,10 +344,7 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
             f"run_meta.json of {', '.join(unrecorded)} records no data_content (runs "
             "before 2026-12-06): that the prepared files are the same as the others' is not checked"
         )
-    specs: dict[str, list[str]] = {}
-    for r in runs:
-        if r.layer_spec is not None:
-            specs.setdefault(r.layer_spec, []).append(r.name)
+    specs = _names_by(runs, "layer_spec")
     if len(specs) > 1:  # found in review, 2026-12-06: the config fingerprint holds transformer_impl=auto
         detail = "; ".join(f"{spec}: {', '.join(names)}" for spec, names in specs.items())
         reasons.append(
@@ -361,6 +355,15 @@ def check_fingerprints(runs: list[RunData], *, force: bool) -> list[str]:
     if reasons and not force:
         raise CompareError([f"{r} (pass --force to compare anyway)" for r in reasons])
     return warnings + [f"forced: {r}" for r in reasons]
+
+
+def _names_by(runs: list[RunData], attr: str) -> dict[str, list[str]]:
+    """The runs' names grouped by their recorded ``attr`` (runs where it is None left out)."""
+    groups: dict[str, list[str]] = {}
+    for r in runs:
+        if getattr(r, attr) is not None:
+            groups.setdefault(getattr(r, attr), []).append(r.name)
+    return groups
 
 
 def check_config_changes(runs: list[RunData], *, force: bool) -> list[str]:
