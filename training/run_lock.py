@@ -144,11 +144,16 @@ def _read(path: Path) -> tuple[bool, dict | None]:
     return True, record if isinstance(record, dict) else None
 
 
-def _gone(record: dict, me: dict) -> bool:
-    """The holder ran on this machine and its process is no longer there."""
+def _on_this_machine(record: dict, me: dict) -> bool:
+    """The holder's record names this machine (host, boot and PID namespace) and a PID."""
     if not record.get("machine") or record.get("machine") != me["machine"]:
         return False
-    if record.get("host") != me["host"] or not isinstance(record.get("pid"), int):
+    return record.get("host") == me["host"] and isinstance(record.get("pid"), int)
+
+
+def _gone(record: dict, me: dict) -> bool:
+    """The holder ran on this machine and its process is no longer there."""
+    if not _on_this_machine(record, me):
         return False
     if record["pid"] == me["pid"]:  # this process: an earlier Trainer in it that did not release
         return True
@@ -159,13 +164,9 @@ def _gone(record: dict, me: dict) -> bool:
 def _alive_here(record: dict, me: dict) -> bool:
     """The holder is another process running on this machine now: its PID there with the start time
     it recorded (so not a later process that reused the PID)."""
-    here = (me["machine"], me["host"])
-    if not record.get("machine") or (record.get("machine"), record.get("host")) != here:
+    if not _on_this_machine(record, me) or record["pid"] == me["pid"] or record.get("pid_start") is None:
         return False
-    pid, start = record.get("pid"), record.get("pid_start")
-    if not isinstance(pid, int) or pid == me["pid"] or start is None:
-        return False
-    return _start_time(pid) == start
+    return _start_time(record["pid"]) == record["pid_start"]
 
 
 def _written_within(path: Path, seconds: float) -> bool:
