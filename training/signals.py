@@ -125,17 +125,17 @@ def _in_import(frame) -> bool:
 
 
 def _raise_startup_stop(signum, frame):
+    """The trainer's start-up handler of SIGTERM, SIGUSR1 and SIGINT (:func:`install_startup_stop`)."""
     if _in_import(frame):  # raised there, it can be swallowed: the next raise_pending_stop raises it
         _defer_stop(signum, frame)
         return
-    raise StartupStop(signum)
+    raise _stop_exception(signum)
 
 
-def _startup_interrupt(signum, frame):
-    if _in_import(frame):
-        _defer_stop(signum, frame)
-        return
-    raise KeyboardInterrupt
+def _stop_exception(signum: int) -> BaseException:
+    """What a start-up signal raises: KeyboardInterrupt for SIGINT (a Ctrl-C before the loop),
+    :class:`StartupStop` for SIGTERM and SIGUSR1."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else StartupStop(signum)
 
 
 def install_startup_stop() -> dict:
@@ -150,7 +150,7 @@ def install_startup_stop() -> dict:
         return {}
     previous = {sig: signal.signal(sig, _raise_startup_stop) for sig in STARTUP_SIGNALS}
     if signal.getsignal(signal.SIGINT) in (_defer_stop, signal.default_int_handler):
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _startup_interrupt)
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_startup_stop)
     return previous
 
 
@@ -189,10 +189,8 @@ def raise_pending_stop() -> None:
     loop); nothing when none arrived."""
     global _pending
     signum, _pending = _pending, None
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
     if signum is not None:
-        raise StartupStop(signum)
+        raise _stop_exception(signum)
 
 
 def end_startup_stop() -> None:
@@ -203,7 +201,7 @@ def end_startup_stop() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in STARTUP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
-        if signal.getsignal(signal.SIGINT) in (_defer_stop, _startup_interrupt):
+        if signal.getsignal(signal.SIGINT) in (_defer_stop, _raise_startup_stop):
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
