@@ -636,14 +636,10 @@ class Trainer:
             )
         )
         if self.resumed_from is not None:
-            changed = f"; allowed config changes: {', '.join(c[0] for c in self.allowed_changes)}"
-            m.event(
-                st.iteration,
-                "resume",
-                f"from {self.resumed_from} (consumed_samples {st.consumed_samples})"
-                + (changed if self.allowed_changes else ""),
-                allowed_changes=self.allowed_changes,
-            )
+            detail = f"from {self.resumed_from} (consumed_samples {st.consumed_samples})"
+            if self.allowed_changes:
+                detail += f"; allowed config changes: {', '.join(c[0] for c in self.allowed_changes)}"
+            m.event(st.iteration, "resume", detail, allowed_changes=self.allowed_changes)
         else:
             if m.enabled and m.earlier_train_steps is not None:  # found in review, 2026-12-06
                 n, first, last = m.earlier_train_steps
