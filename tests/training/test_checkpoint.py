@@ -216,10 +216,10 @@ def test_fall_back_keeps_to_the_failed_checkpoints_trajectory(tmp_path):
 
 
 def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
-    """Where nothing names the trajectory, or it cannot be traced, the fall-back goes by iteration as
-    before origins were recorded (review of 2026-12-06): a damaged marker after a rollback (B's 25 is
-    then the newest complete: no work lost), a start checkpoint whose directory moved or whose trainer
-    state is damaged, and a failed checkpoint whose trainer state does not match its manifest."""
+    """Where the trajectory cannot be traced, the fall-back goes by iteration as before origins were
+    recorded (review of 2026-12-06): a start checkpoint whose directory moved or whose trainer state is
+    damaged, and a failed checkpoint whose trainer state does not match its manifest. (A damaged marker
+    after a rollback: B's 25, the newest of the trajectory started last, A's 30 being damaged too.)"""
     for it in (10, 20, 30):
         _save_from(tmp_path, it)
     for it in (15, 25):
@@ -249,6 +249,87 @@ def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
     state = ckpt.iter_dir(tmp_path, 25) / ckpt.TRAINER_STATE_FILE
     state.write_text(state.read_text().replace('"origin"', '"origon"'))
     assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 20), ckpt.iter_dir(tmp_path, 25)) is None
+
+
+def _rollback(root):
+    """Run A saved 10, 20, 30 from scratch; B, started from A's 10 (a rollback), saved 15 and 25."""
+    for it in (10, 20, 30):
+        _save_from(root, it)
+    for it in (15, 25):
+        _save_from(root, it, ckpt.iter_dir(root, 10).resolve())
+
+
+@pytest.mark.parametrize("marker", ["damaged", "missing"])
+def test_without_a_marker_the_trajectory_started_last_goes_on(tmp_path, marker):
+    """Found in review (2026-12-06): with the marker damaged or missing after a rollback, the newest
+    directory was resumed, A's 30: the run rolled back, silently. B started from A's checkpoint, so it
+    started after A's last save: B's newest, 25, is resumed, and A's newer 30 is named and kept."""
+    _rollback(tmp_path)
+    if marker == "damaged":
+        (tmp_path / ckpt.MARKER).write_bytes(b"\xff")
+    else:
+        (tmp_path / ckpt.MARKER).unlink()
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (25, ckpt.iter_dir(tmp_path, 25))
+    assert ckpt.current_trajectory(tmp_path, [10, 15, 20, 25, 30]) == ("newest", 25)
+    assert (
+        f"checkpoint: {tmp_path} holds checkpoints of several trajectories (a rollback by checkpoint.load) "
+        "and no marker names one: going on with the newest of the one started last, iteration 25 (it "
+        "descends from the others, whose newer iterations are kept and not resumed)"
+    ) in warnings
+    assert (
+        "checkpoint: WARNING: skipping iteration 30: a checkpoint of another trajectory than iter_0000025's "
+        "(started from scratch, or saved before origins were recorded); to resume that trajectory instead, "
+        f"name it: checkpoint.load={ckpt.iter_dir(tmp_path, 30)}"
+    ) in warnings
+    # B's 25 damaged as well: back on B's trajectory (its 15), not to A's 20 or 30
+    _flip_byte(ckpt.iter_dir(tmp_path, 25) / "model.pt")
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (15, ckpt.iter_dir(tmp_path, 15))
+    # a rollback of B (C from B's 15, saved 17) is the one started last, though A's 30 and B's 25 are newer
+    _save_from(tmp_path, 17, ckpt.iter_dir(tmp_path, 15).resolve())
+    assert ckpt.current_trajectory(tmp_path, [10, 15, 17, 20, 25, 30]) == ("newest", 17)
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (17, ckpt.iter_dir(tmp_path, 17))
+    # one trajectory: the newest directory, as before
+    assert ckpt.current_trajectory(tmp_path, [10, 20, 30]) == ("one", None)
+
+
+def test_without_a_marker_two_rollbacks_of_one_run_stop_the_job(tmp_path):
+    """B and C both started from A's checkpoints: neither started from the other's, so which one was
+    running last is unknown. The job stops naming each one's newest iteration; nothing is deleted."""
+    _rollback(tmp_path)
+    _save_from(tmp_path, 22, ckpt.iter_dir(tmp_path, 20).resolve())  # C from A's 20
+    (tmp_path / ckpt.MARKER).unlink()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ckpt.NoUsableCheckpointError) as err:
+        ckpt.find_latest(tmp_path, warn=lambda _: None)
+    a10, a20 = ckpt.iter_dir(tmp_path, 10).resolve(), ckpt.iter_dir(tmp_path, 20).resolve()
+    assert str(err.value) == (
+        f"{tmp_path / ckpt.MARKER} is missing or damaged, and {tmp_path} holds checkpoints of 3 trajectories "
+        "none of which started from all the others', so which one to go on with is unknown: iteration 30 "
+        f"(started from scratch); iteration 25 (started from {a10}); iteration 22 (started from {a20}). "
+        f"Write the iteration of the one to go on with into {tmp_path / ckpt.MARKER}, or name its "
+        "checkpoint: checkpoint.load=<its iter_* path>; nothing was deleted"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    (tmp_path / ckpt.MARKER).write_text("22\n")  # the fix the message names
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (22, ckpt.iter_dir(tmp_path, 22))
+
+
+def test_without_a_marker_an_untraceable_descent_goes_by_iteration(tmp_path):
+    """The checkpoint directory moved (the origins name the old place): which trajectory started last
+    cannot be followed, so the newest directory is resumed, as before origins were recorded, with a
+    warning that says why."""
+    root = tmp_path / "ckpt"
+    _rollback(root)
+    (root / ckpt.MARKER).unlink()
+    moved = tmp_path / "moved"
+    root.rename(moved)
+    warnings = []
+    assert ckpt.find_latest(moved, warn=warnings.append) == (30, ckpt.iter_dir(moved, 30))
+    assert warnings[0] == (
+        f"checkpoint: WARNING: {moved} holds checkpoints of several trajectories and which one started last "
+        "cannot be traced (a start checkpoint moved, deleted or unreadable): going by iteration alone"
+    )
 
 
 def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):
@@ -286,12 +367,13 @@ def test_every_rank_walks_rank_0s_reading(tmp_path):
         _save_from(tmp_path, it)
     for it in (15, 25):
         _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 10).resolve())
-    rank0 = (25, ckpt.complete_iterations(tmp_path))
+    rank0 = (15, ckpt.complete_iterations(tmp_path))  # rank 0's marker names 15 (an edited marker)
     (tmp_path / ckpt.MARKER).write_bytes(b"\x00")  # this rank's read of the marker fails
     seen = []
     got = ckpt.find_latest(tmp_path, warn=lambda _: None, share=lambda mine: (seen.append(mine), rank0)[1])
-    assert got == (25, ckpt.iter_dir(tmp_path, 25)) and seen == [(None, [10, 15, 20, 25, 30])]
-    assert ckpt.find_latest(tmp_path, warn=lambda _: None)[0] == 30  # by itself: the newest directory
+    assert got == (15, ckpt.iter_dir(tmp_path, 15)) and seen == [(None, [10, 15, 20, 25, 30])]
+    # by itself: no marker, so the newest of the trajectory started last (B's 25, not A's 30)
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None)[0] == 25
 
 
 def test_manifest_without_checksums_still_loads(tmp_path):
