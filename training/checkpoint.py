@@ -19,14 +19,13 @@ next save) and never becomes the latest. A checkpoint is *complete* when its man
 every listed file has the listed size and checksum; :func:`find_latest` checks the one the marker
 names and, if it is incomplete (truncated, deleted files) or damaged (bytes changed at the same
 size: bit rot, a bad copy), warns naming the file and falls back to the newest complete older one.
-A marker that is not an iteration number (binary garbage, a directory) is reported by its path and
-the newest complete ``iter_*`` directory is used instead: the marker is written after the rename,
-so that directory is never older than the one the marker named, and no work is lost (Megatron-LM
-exits on an unreadable marker, which would leave a requeued job failing until someone fixed it).
-After a rollback (``checkpoint.load=<iter path>``) the newest directory can be the rolled-back
-run's, so where the directory holds several trajectories the one that descends from all the others
-(:func:`current_trajectory`) is the one resumed, and where none does the job stops and asks which. A
-fall-back from a checkpoint that
+A marker that is missing or not an iteration number (binary garbage, a directory) is reported by
+its path and the checkpoint saved last (the manifest's ``saved_at``) is used instead: the marker is
+rewritten after every save, so that is the one it named, and no work is lost (Megatron-LM exits on
+an unreadable marker, which would leave a requeued job failing until someone fixed it). After a
+rollback (``checkpoint.load=<iter path>`` or an edited marker) newer iterations, saved before it by
+the run rolled back, are passed over with a warning (:func:`find_latest`); checkpoints saved before
+``saved_at`` was recorded go by iteration, the newest first. A fall-back from a checkpoint that
 failed keeps to its trajectory (:func:`same_trajectory`): after a rollback the directory also holds
 the other run's newer iterations, and a fall-back to one of those would resume the run that was
 rolled back; they are skipped with a warning naming their origin.
@@ -65,6 +64,7 @@ import json
 import os
 import re
 import shutil
+import time
 import zlib
 from pathlib import Path
 
@@ -82,7 +82,6 @@ __all__ = [
     "UnsafeCheckpointError",
     "check_resume_compatible",
     "checksum_shard",
-    "current_trajectory",
     "file_checksum",
     "find_latest",
     "finish_save",
@@ -94,6 +93,7 @@ __all__ = [
     "read_checkpoint_json",
     "read_json",
     "read_marker",
+    "saved_at",
     "rng_file",
     "shard_files",
     "tmp_dir",
@@ -319,6 +319,7 @@ def finish_save(
             "files": files,
             "checksum": CHECKSUM,
             "checksums": sums,
+            "saved_at": time.time(),  # which save was the last where no marker says (find_latest)
         },
     )
     _fsync_dir(tmp)
@@ -475,17 +476,12 @@ def find_latest(
     the older ones are taken only on its trajectory (``same``; found in review, 2026-12-06: after a
     rollback the fall-back resumed the rolled-back run's newer iteration). Where that trajectory
     cannot be traced (``same`` answers None), the fall-back goes by iteration alone, as before
-    origins were recorded. Where the marker is missing or damaged and ``root`` holds checkpoints of
-    several trajectories, the newest checkpoint of the one that descends from all the others
-    (:func:`current_trajectory`) takes the marker's place (found in review, 2026-12-06: the newest
-    iteration, the rolled-back run's, was resumed); where their descent cannot be followed, by
-    iteration alone, as before.
+    origins were recorded. Where the marker is missing or damaged, the checkpoint saved last
+    (:func:`_last_saved`) takes its place: the iterations above it were saved before it, by a run
+    rolled back since, and are passed over, and the older ones are taken on its trajectory (found in
+    review, 2026-12-06: the newest iteration, the rolled-back run's, was resumed). Where no candidate
+    records when it was saved (saved before 2026-12-06), by iteration alone, as before.
     Returns None when ``root`` holds no such complete checkpoint (a fresh start where it holds none).
-
-    Raises:
-        NoUsableCheckpointError: the marker is missing or damaged and no trajectory in ``root``
-            descends from all the others (two rollbacks from one run): the message names each one's
-            newest iteration and how to choose.
     """
     root = Path(root)
     same = same_trajectory if same is None else same
@@ -499,7 +495,9 @@ def find_latest(
         candidates.append(named)
     failed = iter_dir(root, before) if before is not None else None
     if named is None and before is None and len(candidates) > 1:
-        failed = _anchor_without_marker(root, candidates, warn=warn, share=share)
+        failed = _last_saved(root, candidates, warn=warn, share=share)
+        if failed is not None:  # the iterations above it were saved before it: another run's
+            candidates = [it for it in candidates if it <= iteration_of(failed)]
     traced, skipped = True, []
     for it in sorted(candidates, reverse=True):
         path = iter_dir(root, it)
@@ -540,102 +538,37 @@ def find_latest(
     return None
 
 
-def _descends(origin: str | None, ancestor: str | None) -> bool | None:
-    """Whether the trajectory started at checkpoint ``origin`` (a path; None: from scratch) descends
-    from the trajectory started at ``ancestor``: its start checkpoint, or that one's start, and so on
-    up the chain, was saved by it. None where a start checkpoint no longer exists where its path
-    says (moved, deleted), its trainer state cannot be read, or the chain leads back to itself."""
-    seen = set()
-    while origin is not None:
-        if origin in seen:
-            return None
-        seen.add(origin)
-        start = Path(origin)
-        if not start.is_dir():
-            return None
-        ok, parent = _trainer_origin(start)
-        if not ok:
-            return None
-        if parent == ancestor:
-            return True
-        origin = parent
-    return False
+def saved_at(path: str | os.PathLike) -> float | None:
+    """When checkpoint ``path`` was saved (seconds since the epoch, the saving rank's clock), from its
+    manifest; None where the manifest cannot be read or predates the field (2026-12-06)."""
+    manifest, _ = _read_manifest(Path(path))
+    value = None if manifest is None else manifest.get("saved_at")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def current_trajectory(root: str | os.PathLike, iterations: list[int]) -> tuple[str, object]:
-    """The trajectory a relaunch goes on with when no marker names a checkpoint: among the
-    checkpoints ``iterations`` of ``root``, grouped by their ``origin`` (:func:`origin_of`), the one
-    that descends from every other (:func:`_descends`). A run started by ``checkpoint.load`` of a
-    checkpoint starts after the run that saved it stopped (one live run per directory: the run
-    lock), and that run saves nothing after (its relaunch follows the marker, which the newer run's
-    saves rewrite), so a trajectory that descends from another is newer than all of its saves.
-
-    Returns:
-        ``("one", None)``: one trajectory (checkpoints whose trainer state cannot be read are not
-        counted: their verification rejects them); ``("newest", it)``: iteration ``it``, the newest
-        checkpoint of the trajectory that descends from all the others; ``("unknown", None)``: a
-        descent cannot be followed (:func:`_descends` answers None); ``("ambiguous", [(it, origin),
-        ...])``: no trajectory descends from all the others (e.g. two rollbacks from one run), each
-        one's newest iteration and origin, newest first.
-    Limits: as :func:`same_trajectory`'s, a start checkpoint replaced by a later save at its
-    iteration stands in for it, and trajectories are told apart only by their origins.
-    """
-    newest: dict[str | None, int] = {}
-    for it in iterations:
-        ok, origin = _trainer_origin(iter_dir(root, it))
-        if ok:
-            newest[origin] = max(it, newest.get(origin, it))
-    if len(newest) < 2:
-        return "one", None
-    last = []
-    for t in newest:
-        answers = [_descends(t, u) for u in newest if u != t]
-        if None in answers:
-            return "unknown", None
-        if all(answers):
-            last.append(t)
-    if len(last) == 1:
-        return "newest", newest[last[0]]
-    return "ambiguous", sorted(((it, t) for t, it in newest.items()), reverse=True)
-
-
-def _anchor_without_marker(root: Path, candidates: list[int], *, warn, share) -> Path | None:
-    """:func:`find_latest`'s start where no marker names a checkpoint and ``root`` holds several:
-    the newest checkpoint of :func:`current_trajectory` (the older ones are then taken only on its
-    trajectory, as after a failed checkpoint), None to go by iteration. Decided from this process's
-    reads and then ``share``d (the trainer: rank 0's decision on every rank).
-
-    Raises:
-        NoUsableCheckpointError: no trajectory descends from all the others."""
-    decision = current_trajectory(root, candidates)
+def _last_saved(root: Path, candidates: list[int], *, warn, share) -> Path | None:
+    """:func:`find_latest`'s start where no marker names a checkpoint: the candidate saved last
+    (:func:`saved_at`), which the marker would have named (it is rewritten by every save), None where
+    none records it. Read by this process, then ``share``d (the trainer: rank 0's answer on every
+    rank, so that every rank walks the same candidates into the collective verification). Warns
+    where newer iterations were saved before it: a run rolled back since (by ``checkpoint.load`` or
+    an edited marker), whose checkpoints are kept and not resumed."""
+    times = {it: saved_at(iter_dir(root, it)) for it in candidates}
+    known = [(t, it) for it, t in times.items() if t is not None]
+    last = max(known)[1] if known else None
     if share is not None:
-        decision = share(decision)
-    kind, value = decision
-    if kind == "newest":
+        last = share(last)
+    if last is None:
+        return None
+    above = [it for it in candidates if it > last]
+    if above:
         warn(
-            f"checkpoint: {root} holds checkpoints of several trajectories (a rollback by checkpoint.load) "
-            f"and no marker names one: going on with the newest of the one started last, iteration "
-            f"{value} (it descends from the others, whose newer iterations are kept and not resumed)"
+            f"checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last is iteration "
+            f"{last}, and iteration(s) {', '.join(map(str, above))} above it were saved before it, by a run "
+            f"rolled back since: resuming from {last} (they are kept; to resume one of them instead, write "
+            f"its iteration into {root / MARKER})"
         )
-        return iter_dir(root, value)
-    if kind == "unknown":
-        warn(
-            f"checkpoint: WARNING: {root} holds checkpoints of several trajectories and which one started "
-            "last cannot be traced (a start checkpoint moved, deleted or unreadable): going by iteration "
-            "alone"
-        )
-    if kind == "ambiguous":
-        runs = "; ".join(
-            f"iteration {it} (started from {'scratch' if origin is None else origin})" for it, origin in value
-        )
-        raise NoUsableCheckpointError(
-            f"{root / MARKER} is missing or damaged, and {root} holds checkpoints of {len(value)} "
-            "trajectories none of which started from all the others', so which one to go on with is "
-            f"unknown: {runs}. "
-            f"Write the iteration of the one to go on with into {root / MARKER}, or name its checkpoint: "
-            "checkpoint.load=<its iter_* path>; nothing was deleted"
-        )
-    return None
+    return iter_dir(root, last)
 
 
 def _trainer_origin(path: Path) -> tuple[bool, str | None]:

@@ -835,16 +835,10 @@ class Trainer:
         return EXIT_OUT_OF_MEMORY
 
     def _newest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint by sizes (no checksum pass: this only names it); None where
-        there is none, or no marker names one among several trajectories (the start-up error said so)."""
-        try:
-            found = ckpt.find_latest(
-                self.ckpt_root,
-                warn=lambda *_: None,
-                verify=lambda p: ckpt.verify_checkpoint(p, checksums=False),
-            )
-        except ckpt.NoUsableCheckpointError:
-            return None
+        """The newest complete checkpoint by sizes (no checksum pass: this only names it)."""
+        found = ckpt.find_latest(
+            self.ckpt_root, warn=lambda *_: None, verify=lambda p: ckpt.verify_checkpoint(p, checksums=False)
+        )
         return None if found is None else found[1]
 
     def _exit(self, step: int, code: int, detail: str) -> None:

@@ -219,7 +219,7 @@ def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
     """Where the trajectory cannot be traced, the fall-back goes by iteration as before origins were
     recorded (review of 2026-12-06): a start checkpoint whose directory moved or whose trainer state is
     damaged, and a failed checkpoint whose trainer state does not match its manifest. (A damaged marker
-    after a rollback: B's 25, the newest of the trajectory started last, A's 30 being damaged too.)"""
+    after a rollback: B's 25, the checkpoint saved last, A's 30 being damaged too.)"""
     for it in (10, 20, 30):
         _save_from(tmp_path, it)
     for it in (15, 25):
@@ -260,10 +260,10 @@ def _rollback(root):
 
 
 @pytest.mark.parametrize("marker", ["damaged", "missing"])
-def test_without_a_marker_the_trajectory_started_last_goes_on(tmp_path, marker):
+def test_without_a_marker_the_checkpoint_saved_last_goes_on(tmp_path, marker):
     """Found in review (2026-12-06): with the marker damaged or missing after a rollback, the newest
-    directory was resumed, A's 30: the run rolled back, silently. B started from A's checkpoint, so it
-    started after A's last save: B's newest, 25, is resumed, and A's newer 30 is named and kept."""
+    directory was resumed, A's 30: the run rolled back, silently. The checkpoint saved last (its
+    manifest's ``saved_at``), B's 25, is what the marker named: it is resumed, A's 30 named and kept."""
     _rollback(tmp_path)
     if marker == "damaged":
         (tmp_path / ckpt.MARKER).write_bytes(b"\xff")
@@ -271,65 +271,67 @@ def test_without_a_marker_the_trajectory_started_last_goes_on(tmp_path, marker):
         (tmp_path / ckpt.MARKER).unlink()
     warnings = []
     assert ckpt.find_latest(tmp_path, warn=warnings.append) == (25, ckpt.iter_dir(tmp_path, 25))
-    assert ckpt.current_trajectory(tmp_path, [10, 15, 20, 25, 30]) == ("newest", 25)
     assert (
-        f"checkpoint: {tmp_path} holds checkpoints of several trajectories (a rollback by checkpoint.load) "
-        "and no marker names one: going on with the newest of the one started last, iteration 25 (it "
-        "descends from the others, whose newer iterations are kept and not resumed)"
-    ) in warnings
-    assert (
-        "checkpoint: WARNING: skipping iteration 30: a checkpoint of another trajectory than iter_0000025's "
-        "(started from scratch, or saved before origins were recorded); to resume that trajectory instead, "
-        f"name it: checkpoint.load={ckpt.iter_dir(tmp_path, 30)}"
+        "checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last is iteration 25, "
+        "and iteration(s) 30 above it were saved before it, by a run rolled back since: resuming from 25 "
+        f"(they are kept; to resume one of them instead, write its iteration into {tmp_path / ckpt.MARKER})"
     ) in warnings
     # B's 25 damaged as well: back on B's trajectory (its 15), not to A's 20 or 30
     _flip_byte(ckpt.iter_dir(tmp_path, 25) / "model.pt")
-    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (15, ckpt.iter_dir(tmp_path, 15))
-    # a rollback of B (C from B's 15, saved 17) is the one started last, though A's 30 and B's 25 are newer
+    warnings.clear()
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (15, ckpt.iter_dir(tmp_path, 15))
+    skip = "skipping iteration 20: a checkpoint of another trajectory than iter_0000025's"
+    assert any(skip in w for w in warnings)
+    # a rollback of B (C from B's 15, saved 17): saved last, though A's 30 and B's 25 are newer
     _save_from(tmp_path, 17, ckpt.iter_dir(tmp_path, 15).resolve())
-    assert ckpt.current_trajectory(tmp_path, [10, 15, 17, 20, 25, 30]) == ("newest", 17)
-    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (17, ckpt.iter_dir(tmp_path, 17))
-    # one trajectory: the newest directory, as before
-    assert ckpt.current_trajectory(tmp_path, [10, 20, 30]) == ("one", None)
-
-
-def test_without_a_marker_two_rollbacks_of_one_run_stop_the_job(tmp_path):
-    """B and C both started from A's checkpoints: neither started from the other's, so which one was
-    running last is unknown. The job stops naming each one's newest iteration; nothing is deleted."""
-    _rollback(tmp_path)
-    _save_from(tmp_path, 22, ckpt.iter_dir(tmp_path, 20).resolve())  # C from A's 20
     (tmp_path / ckpt.MARKER).unlink()
-    before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(ckpt.NoUsableCheckpointError) as err:
-        ckpt.find_latest(tmp_path, warn=lambda _: None)
-    a10, a20 = ckpt.iter_dir(tmp_path, 10).resolve(), ckpt.iter_dir(tmp_path, 20).resolve()
-    assert str(err.value) == (
-        f"{tmp_path / ckpt.MARKER} is missing or damaged, and {tmp_path} holds checkpoints of 3 trajectories "
-        "none of which started from all the others', so which one to go on with is unknown: iteration 30 "
-        f"(started from scratch); iteration 25 (started from {a10}); iteration 22 (started from {a20}). "
-        f"Write the iteration of the one to go on with into {tmp_path / ckpt.MARKER}, or name its "
-        "checkpoint: checkpoint.load=<its iter_* path>; nothing was deleted"
-    )
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
-    (tmp_path / ckpt.MARKER).write_text("22\n")  # the fix the message names
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (17, ckpt.iter_dir(tmp_path, 17))
+
+
+def test_without_a_marker_a_rollback_by_marker_and_back_goes_on_with_the_last_save(tmp_path):
+    """From the review of the first fix (2026-12-06), which took the trajectory started from another's
+    checkpoint as the newer: A saved 4, 8, 12; B, started from A's 4, saved 5; then the marker was
+    edited back to 8 (Megatron-LM's rollback) and A went on, saving 12 again. A's 12 is the last save,
+    though B started from A's checkpoint; resuming B would have replaced A's 8 and 12 with B's."""
+    for it in (4, 8, 12):
+        _save_from(tmp_path, it)
+    _save_from(tmp_path, 5, ckpt.iter_dir(tmp_path, 4).resolve())
+    (tmp_path / ckpt.MARKER).write_text("8\n")
+    _save_from(tmp_path, 12)  # A on from 8
+    (tmp_path / ckpt.MARKER).write_bytes(b"\x00")
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (12, ckpt.iter_dir(tmp_path, 12))
+    assert not any("saved before it" in w for w in warnings)
+
+
+def test_without_a_marker_a_replaced_start_does_not_mislead(tmp_path):
+    """A saved 10, 20, 30; B from A's 20 saved 25; C from A's 10 saved 15, 20 (replacing B's start) and
+    22. Following origins through the replaced 20 makes B look like C's descendant; the last save, C's
+    22, is what the marker named (review of 2026-12-06)."""
+    for it in (10, 20, 30):
+        _save_from(tmp_path, it)
+    _save_from(tmp_path, 25, ckpt.iter_dir(tmp_path, 20).resolve())
+    for it in (15, 20, 22):
+        _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 10).resolve())
+    (tmp_path / ckpt.MARKER).unlink()
     assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (22, ckpt.iter_dir(tmp_path, 22))
 
 
-def test_without_a_marker_an_untraceable_descent_goes_by_iteration(tmp_path):
-    """The checkpoint directory moved (the origins name the old place): which trajectory started last
-    cannot be followed, so the newest directory is resumed, as before origins were recorded, with a
-    warning that says why."""
-    root = tmp_path / "ckpt"
-    _rollback(root)
-    (root / ckpt.MARKER).unlink()
-    moved = tmp_path / "moved"
-    root.rename(moved)
-    warnings = []
-    assert ckpt.find_latest(moved, warn=warnings.append) == (30, ckpt.iter_dir(moved, 30))
-    assert warnings[0] == (
-        f"checkpoint: WARNING: {moved} holds checkpoints of several trajectories and which one started last "
-        "cannot be traced (a start checkpoint moved, deleted or unreadable): going by iteration alone"
-    )
+def test_without_a_marker_checkpoints_without_a_save_time_go_by_iteration(tmp_path):
+    """Checkpoints saved before ``saved_at`` was recorded: the newest directory, as before; a newer
+    save (with the field) is taken as the last over them."""
+    _rollback(tmp_path)
+    for it in (10, 15, 20, 25, 30):
+        manifest = ckpt.iter_dir(tmp_path, it) / ckpt.MANIFEST
+        old = json.loads(manifest.read_text())
+        del old["saved_at"]
+        manifest.write_text(json.dumps(old))
+    assert ckpt.saved_at(ckpt.iter_dir(tmp_path, 30)) is None
+    (tmp_path / ckpt.MARKER).unlink()
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (30, ckpt.iter_dir(tmp_path, 30))
+    _save_from(tmp_path, 16, ckpt.iter_dir(tmp_path, 10).resolve())
+    (tmp_path / ckpt.MARKER).unlink()
+    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (16, ckpt.iter_dir(tmp_path, 16))
 
 
 def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):
@@ -372,8 +374,19 @@ def test_every_rank_walks_rank_0s_reading(tmp_path):
     seen = []
     got = ckpt.find_latest(tmp_path, warn=lambda _: None, share=lambda mine: (seen.append(mine), rank0)[1])
     assert got == (15, ckpt.iter_dir(tmp_path, 15)) and seen == [(None, [10, 15, 20, 25, 30])]
-    # by itself: no marker, so the newest of the trajectory started last (B's 25, not A's 30)
+    # by itself: no marker, so the checkpoint saved last (B's 25, not A's 30)
     assert ckpt.find_latest(tmp_path, warn=lambda _: None)[0] == 25
+    # rank 0's marker damaged too: the checkpoint saved last is rank 0's reading as well (here 15, as
+    # if this rank's clock-ordered reading differed), and every rank starts from it
+    answers = iter([(None, ckpt.complete_iterations(tmp_path)), 15])
+    seen.clear()
+
+    def rank0_again(mine):
+        seen.append(mine)
+        return next(answers)
+
+    got = ckpt.find_latest(tmp_path, warn=lambda _: None, share=rank0_again)
+    assert got == (15, ckpt.iter_dir(tmp_path, 15)) and seen == [(None, [10, 15, 20, 25, 30]), 25]
 
 
 def test_manifest_without_checksums_still_loads(tmp_path):

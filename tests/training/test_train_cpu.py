@@ -405,8 +405,8 @@ def test_a_damaged_rollback_checkpoint_falls_back_on_its_own_trajectory(make_cfg
 def test_a_damaged_marker_after_a_rollback_goes_on_with_the_rollback(make_cfg, train, tmp_path):
     """Found in review (2026-12-06): after a rollback that stopped before the rolled-back run's last
     iteration, a damaged marker made the relaunch take the newest directory, the rolled-back run's,
-    and end at once as "already trained". The trajectory that started from the other's checkpoint is
-    the newer one: the relaunch goes on with it."""
+    and end at once as "already trained". The checkpoint saved last is what the marker named: the
+    relaunch goes on with it."""
     from training.signals import EXIT_TIME_BUDGET
 
     code, log = train(make_cfg("checkpoint.keep_last=3"))  # A: 4 and 8
@@ -421,9 +421,8 @@ def test_a_damaged_marker_after_a_rollback_goes_on_with_the_rollback(make_cfg, t
     code, log = train(make_cfg())  # the relaunch: checkpoint.load=auto
     assert code == EXIT_DONE, log.text()
     assert (
-        f"checkpoint: {root} holds checkpoints of several trajectories (a rollback by checkpoint.load) "
-        "and no marker names one: going on with the newest of the one started last, iteration 5 (it "
-        "descends from the others, whose newer iterations are kept and not resumed)"
+        "checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last is iteration 5, "
+        "and iteration(s) 8 above it were saved before it, by a run rolled back since: resuming from 5"
     ) in log.text()
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert [e for e in events if e[0] == "resume"][-1] == ("resume", 5) and events[-1] == ("exit", 8)
@@ -432,38 +431,30 @@ def test_a_damaged_marker_after_a_rollback_goes_on_with_the_rollback(make_cfg, t
     assert ckpt.origin_of(ckpt.iter_dir(root, 8)) == str(back.resolve())  # B's save replaced A's 8
 
 
-def test_a_damaged_marker_between_two_rollbacks_stops_and_names_them(make_cfg, train, tmp_path):
-    """Two rollbacks of one run (B from A's 4, C from A's 8), then the marker damaged: neither started
-    from the other's checkpoint, so which ran last is unknown. The relaunch exits 2 naming each one's
-    newest iteration and deletes nothing; the marker written by hand is then followed."""
+def test_a_damaged_marker_after_a_rollback_by_marker_and_back_goes_on_with_the_last_save(
+    make_cfg, train, tmp_path
+):
+    """From the review of the first fix (2026-12-06), which took the run started from another's
+    checkpoint as the newer: B from A's 4 (saved 5), then the marker edited back to A's 8 and A on to
+    12 (saved again). With the marker damaged, the relaunch resumed B's 5 and its saves replaced A's
+    8 and 12. A's 12 is the last save: the relaunch finds the run done."""
     from training.signals import EXIT_TIME_BUDGET
 
-    run = ("training.train_iters=10", "checkpoint.keep_last=5")
-    code, log = train(make_cfg(*run))  # A: 4, 8 and 10
+    run = ("training.train_iters=12", "checkpoint.keep_last=5")
+    code, log = train(make_cfg(*run))  # A: 4, 8, 12
     assert code == EXIT_DONE, log.text()
     root = tmp_path / "run" / "checkpoints"
-    a4, a8 = ckpt.iter_dir(root, 4), ckpt.iter_dir(root, 8)
-    stop = "runtime.exit_duration_mins=0.001"  # one step, then the stop save
-    for start in (a4, a8):  # B: 5; C: 9
-        code, log = train(make_cfg(*run, f"checkpoint.load={start}", stop))
-        assert code == EXIT_TIME_BUDGET, log.text()
-    assert ckpt.complete_iterations(root) == [4, 5, 8, 9, 10]
+    back = f"checkpoint.load={ckpt.iter_dir(root, 4)}"
+    code, log = train(make_cfg(*run, back, "runtime.exit_duration_mins=0.001"))  # B: 5
+    assert code == EXIT_TIME_BUDGET, log.text()
+    (root / ckpt.MARKER).write_text("8\n")  # back to A at 8, Megatron-LM's way
+    code, log = train(make_cfg(*run))  # A on from 8: its 12 saved again
+    assert code == EXIT_DONE, log.text()
     (root / ckpt.MARKER).write_bytes(b"\xff")
-    before = sorted(p.name for p in root.iterdir())
-    code, log = train(make_cfg(*run))
-    assert code == EXIT_CONFIG, log.text()
-    assert (
-        f"pretrain_llama: cannot resume: {root / ckpt.MARKER} is missing or damaged, and {root} holds "
-        "checkpoints of 3 trajectories none of which started from all the others', so which one to go on "
-        f"with is unknown: iteration 10 (started from scratch); iteration 9 (started from {a8.resolve()}); "
-        f"iteration 5 (started from {a4.resolve()})."
-    ) in log.text()
-    assert sorted(p.name for p in root.iterdir()) == before
-    (root / ckpt.MARKER).write_text("5\n")  # B, by hand
     code, log = train(make_cfg(*run))
     assert code == EXIT_DONE, log.text()
-    events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
-    assert [e for e in events if e[0] == "resume"][-1] == ("resume", 5) and events[-1] == ("exit", 10)
+    assert metrics(tmp_path / "run")[-1]["detail"].startswith("done: already trained 12 of 12 steps")
+    assert [ckpt.origin_of(ckpt.iter_dir(root, it)) for it in (4, 8, 12)] == [None] * 3  # A's, kept
 
 
 def test_a_pinned_start_relaunched_resumes_its_own_save_and_keeps_the_other_runs(make_cfg, train, tmp_path):
