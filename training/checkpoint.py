@@ -20,12 +20,14 @@ every listed file has the listed size and checksum; :func:`find_latest` checks t
 names and, if it is incomplete (truncated, deleted files) or damaged (bytes changed at the same
 size: bit rot, a bad copy), warns naming the file and falls back to the newest complete older one.
 A marker that is missing or not an iteration number (binary garbage, a directory) is reported by
-its path and the checkpoint saved last (the manifest's ``saved_at``) is used instead: the marker is
+its path and the checkpoint saved last into the directory is used instead (each manifest records
+its save's number in the directory, ``save``, and the directory, ``saved_in``): the marker is
 rewritten after every save, so that is the one it named, and no work is lost (Megatron-LM exits on
 an unreadable marker, which would leave a requeued job failing until someone fixed it). After a
-rollback (``checkpoint.load=<iter path>`` or an edited marker) newer iterations, saved before it by
-the run rolled back, are passed over with a warning (:func:`find_latest`); checkpoints saved before
-``saved_at`` was recorded go by iteration, the newest first. A fall-back from a checkpoint that
+rollback (``checkpoint.load=<iter path>`` or an edited marker), newer iterations saved before it by
+the run rolled back are passed over with a warning (:func:`find_latest`). Where a newer iteration's
+order is unknown (saved before the field, into another directory, or its manifest damaged), by
+iteration, the newest first, as before. A fall-back from a checkpoint that
 failed keeps to its trajectory (:func:`same_trajectory`): after a rollback the directory also holds
 the other run's newer iterations, and a fall-back to one of those would resume the run that was
 rolled back; they are skipped with a warning naming their origin.
@@ -93,7 +95,7 @@ __all__ = [
     "read_checkpoint_json",
     "read_json",
     "read_marker",
-    "saved_at",
+    "save_number",
     "rng_file",
     "shard_files",
     "tmp_dir",
@@ -311,6 +313,8 @@ def finish_save(
     given = checksums or {}
     sums = {rel: given[rel] if rel in given else file_checksum(tmp / rel) for rel in files}
     _fsync_tree(tmp)
+    earlier = (save_number(iter_dir(root, it), root) for it in complete_iterations(root))
+    number = 1 + max((n for n in earlier if n is not None), default=0)
     write_json(
         tmp / MANIFEST,
         {
@@ -319,7 +323,11 @@ def finish_save(
             "files": files,
             "checksum": CHECKSUM,
             "checksums": sums,
-            "saved_at": time.time(),  # which save was the last where no marker says (find_latest)
+            # which save was the last where no marker says (find_latest): its number in this directory,
+            # not a clock (nodes' clocks differ); the time for people
+            "saved_in": str(root.resolve()),
+            "save": number,
+            "saved_at": time.time(),
         },
     )
     _fsync_dir(tmp)
@@ -424,7 +432,7 @@ def read_marker(root: str | os.PathLike, *, warn=print) -> int | None:
     except OSError as err:
         warn(
             f"checkpoint: WARNING: cannot read {marker} ({type(err).__name__}: {err.strerror}); "
-            f"looking for the newest complete checkpoint under {root} instead"
+            f"looking for the checkpoint saved last under {root} instead"
         )
         return None
     text = raw.decode("ascii", errors="replace").strip()
@@ -433,7 +441,7 @@ def read_marker(root: str | os.PathLike, *, warn=print) -> int | None:
     shown = raw[:40] + (b"..." if len(raw) > 40 else b"")
     warn(
         f"checkpoint: WARNING: {marker} is damaged: {len(raw)} bytes that are not an iteration number "
-        f"({shown!r}); looking for the newest complete checkpoint under {root} instead"
+        f"({shown!r}); looking for the checkpoint saved last under {root} instead"
     )
     return None
 
@@ -476,11 +484,11 @@ def find_latest(
     the older ones are taken only on its trajectory (``same``; found in review, 2026-12-06: after a
     rollback the fall-back resumed the rolled-back run's newer iteration). Where that trajectory
     cannot be traced (``same`` answers None), the fall-back goes by iteration alone, as before
-    origins were recorded. Where the marker is missing or damaged, the checkpoint saved last
-    (:func:`_last_saved`) takes its place: the iterations above it were saved before it, by a run
-    rolled back since, and are passed over, and the older ones are taken on its trajectory (found in
-    review, 2026-12-06: the newest iteration, the rolled-back run's, was resumed). Where no candidate
-    records when it was saved (saved before 2026-12-06), by iteration alone, as before.
+    origins were recorded. Where the marker is missing or damaged, the checkpoint saved last into
+    ``root`` (:func:`_last_saved`) takes its place: the iterations above it were saved before it, by
+    a run rolled back since, and are passed over, and the older ones are taken on its trajectory
+    (found in review, 2026-12-06: the newest iteration, the rolled-back run's, was resumed). Where
+    the order of an iteration above it is unknown, by iteration alone, as before.
     Returns None when ``root`` holds no such complete checkpoint (a fresh start where it holds none).
     """
     root = Path(root)
@@ -495,6 +503,11 @@ def find_latest(
         candidates.append(named)
     failed = iter_dir(root, before) if before is not None else None
     if named is None and before is None and len(candidates) > 1:
+        if not (root / MARKER).exists():
+            warn(
+                f"checkpoint: WARNING: {root / MARKER} is missing; looking for the checkpoint saved last "
+                "instead"
+            )
         failed = _last_saved(root, candidates, warn=warn, share=share)
         if failed is not None:  # the iterations above it were saved before it: another run's
             candidates = [it for it in candidates if it <= iteration_of(failed)]
@@ -538,35 +551,44 @@ def find_latest(
     return None
 
 
-def saved_at(path: str | os.PathLike) -> float | None:
-    """When checkpoint ``path`` was saved (seconds since the epoch, the saving rank's clock), from its
-    manifest; None where the manifest cannot be read or predates the field (2026-12-06)."""
+def save_number(path: str | os.PathLike, root: str | os.PathLike) -> int | None:
+    """The number of checkpoint ``path``'s save among the saves into directory ``root`` (its
+    manifest's ``save``: 1 + the highest in the directory at that save), None where the manifest
+    cannot be read, predates the field (2026-12-06) or was written into another directory (a copied
+    or moved checkpoint: its number counts another directory's saves)."""
     manifest, _ = _read_manifest(Path(path))
-    value = None if manifest is None else manifest.get("saved_at")
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if manifest is None or manifest.get("saved_in") != str(Path(root).resolve()):
+        return None
+    value = manifest.get("save")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _last_saved(root: Path, candidates: list[int], *, warn, share) -> Path | None:
-    """:func:`find_latest`'s start where no marker names a checkpoint: the candidate saved last
-    (:func:`saved_at`), which the marker would have named (it is rewritten by every save), None where
-    none records it. Read by this process, then ``share``d (the trainer: rank 0's answer on every
-    rank, so that every rank walks the same candidates into the collective verification). Warns
-    where newer iterations were saved before it: a run rolled back since (by ``checkpoint.load`` or
-    an edited marker), whose checkpoints are kept and not resumed."""
-    times = {it: saved_at(iter_dir(root, it)) for it in candidates}
-    known = [(t, it) for it, t in times.items() if t is not None]
+    """:func:`find_latest`'s start where no marker names a checkpoint: the candidate saved last into
+    ``root`` (:func:`save_number`), which the marker named (every save rewrites it); None (by
+    iteration) where no candidate has a number or one above the last has none (saved before the
+    field, copied in, its manifest damaged: its place in the order is unknown). Read by this process,
+    then ``share``d (the trainer: rank 0's answer on every rank, so that every rank walks the same
+    candidates into the collective verification). Warns where iterations above it were saved
+    before it: a run rolled back since (by ``checkpoint.load`` or an edited marker), whose checkpoints
+    are kept and not resumed."""
+    numbers = {it: save_number(iter_dir(root, it), root) for it in candidates}
+    known = [(n, it) for it, n in numbers.items() if n is not None]
     last = max(known)[1] if known else None
+    if last is not None and any(numbers[it] is None for it in candidates if it > last):
+        last = None
     if share is not None:
         last = share(last)
     if last is None:
         return None
     above = [it for it in candidates if it > last]
     if above:
+        saves = ", ".join(f"{it} (save {numbers[it]})" for it in above)
         warn(
-            f"checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last is iteration "
-            f"{last}, and iteration(s) {', '.join(map(str, above))} above it were saved before it, by a run "
-            f"rolled back since: resuming from {last} (they are kept; to resume one of them instead, write "
-            f"its iteration into {root / MARKER})"
+            f"checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last into "
+            f"{root} is iteration {last} (save {numbers[last]}), and iteration(s) {saves} above it were "
+            f"saved before it, by a run rolled back since: resuming from {last} (they are kept; to resume "
+            "one of them instead, name it: checkpoint.load=<its iter_* path>)"
         )
     return iter_dir(root, last)
 

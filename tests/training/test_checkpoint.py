@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -272,10 +273,23 @@ def test_without_a_marker_the_checkpoint_saved_last_goes_on(tmp_path, marker):
     warnings = []
     assert ckpt.find_latest(tmp_path, warn=warnings.append) == (25, ckpt.iter_dir(tmp_path, 25))
     assert (
-        "checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last is iteration 25, "
-        "and iteration(s) 30 above it were saved before it, by a run rolled back since: resuming from 25 "
-        f"(they are kept; to resume one of them instead, write its iteration into {tmp_path / ckpt.MARKER})"
+        f"checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last into {tmp_path} "
+        "is iteration 25 (save 5), and iteration(s) 30 (save 3) above it were saved before it, by a run "
+        "rolled back since: resuming from 25 (they are kept; to resume one of them instead, name it: "
+        "checkpoint.load=<its iter_* path>)"
     ) in warnings
+    assert [ckpt.save_number(ckpt.iter_dir(tmp_path, it), tmp_path) for it in (10, 15, 20, 25, 30)] == [
+        1,
+        4,
+        2,
+        5,
+        3,
+    ]
+    if marker == "missing":
+        assert (
+            f"checkpoint: WARNING: {tmp_path / ckpt.MARKER} is missing; looking for the checkpoint saved "
+            "last instead"
+        ) in warnings
     # B's 25 damaged as well: back on B's trajectory (its 15), not to A's 20 or 30
     _flip_byte(ckpt.iter_dir(tmp_path, 25) / "model.pt")
     warnings.clear()
@@ -317,21 +331,66 @@ def test_without_a_marker_a_replaced_start_does_not_mislead(tmp_path):
     assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (22, ckpt.iter_dir(tmp_path, 22))
 
 
-def test_without_a_marker_checkpoints_without_a_save_time_go_by_iteration(tmp_path):
-    """Checkpoints saved before ``saved_at`` was recorded: the newest directory, as before; a newer
-    save (with the field) is taken as the last over them."""
-    _rollback(tmp_path)
-    for it in (10, 15, 20, 25, 30):
-        manifest = ckpt.iter_dir(tmp_path, it) / ckpt.MANIFEST
+def _strip_save_numbers(root, *its):
+    for it in its:
+        manifest = ckpt.iter_dir(root, it) / ckpt.MANIFEST
         old = json.loads(manifest.read_text())
-        del old["saved_at"]
+        for key in ("save", "saved_in"):
+            del old[key]
         manifest.write_text(json.dumps(old))
-    assert ckpt.saved_at(ckpt.iter_dir(tmp_path, 30)) is None
+
+
+def test_without_a_marker_an_iteration_of_unknown_order_above_goes_by_iteration(tmp_path):
+    """From the review of 2026-12-06: where an iteration above the last numbered save has no number in
+    this directory, its place in the order is unknown and the newest directory is resumed, as before
+    the field: checkpoints saved before it (an older checkout saving 20 and 30 after a new one saved
+    10), one whose manifest is damaged (verification then names it), and one copied in from another
+    run's directory (its number counts that directory's saves)."""
+    for it in (10, 20, 30):
+        _save_from(tmp_path, it)
+    _strip_save_numbers(tmp_path, 20, 30)
+    assert ckpt.save_number(ckpt.iter_dir(tmp_path, 30), tmp_path) is None
     (tmp_path / ckpt.MARKER).unlink()
     assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (30, ckpt.iter_dir(tmp_path, 30))
-    _save_from(tmp_path, 16, ckpt.iter_dir(tmp_path, 10).resolve())
+    # the last save's manifest damaged: by iteration, and its verification names the manifest
+    root = tmp_path / "b"
+    for it in (10, 20, 30):
+        _save_from(root, it)
+    (ckpt.iter_dir(root, 30) / ckpt.MANIFEST).write_bytes(b"{garbage")
+    (root / ckpt.MARKER).unlink()
+    warnings = []
+    assert ckpt.find_latest(root, warn=warnings.append) == (20, ckpt.iter_dir(root, 20))
+    assert any(
+        "skipping iteration 30" in w and "manifest.json is missing or unreadable" in w for w in warnings
+    )
+    assert not any("saved before it" in w for w in warnings)
+    # another run's checkpoint copied in, saved after ours (a higher number of its own directory)
+    other = tmp_path / "other"
+    for it in (100, 200, 300, 400, 500):
+        _save_from(other, it)
+    mine = tmp_path / "mine"
+    for it in (1000, 2000, 3000):
+        _save_from(mine, it)
+    shutil.copytree(ckpt.iter_dir(other, 500), ckpt.iter_dir(mine, 500))
+    assert ckpt.save_number(ckpt.iter_dir(mine, 500), mine) is None
+    (mine / ckpt.MARKER).unlink()
+    assert ckpt.find_latest(mine, warn=lambda _: None) == (3000, ckpt.iter_dir(mine, 3000))
+
+
+def test_without_a_marker_the_order_is_the_directorys_not_a_clock(tmp_path):
+    """From the review of 2026-12-06: a relaunch on a node whose clock is an hour behind saves 30 after
+    20. Ordered by the save times, 30 looked older and was passed over (a later save then replaced
+    it); the saves' numbers in the directory do not depend on clocks."""
+    for it in (10, 20, 30):
+        _save_from(tmp_path, it)
+    manifest = ckpt.iter_dir(tmp_path, 30) / ckpt.MANIFEST
+    skewed = json.loads(manifest.read_text())
+    skewed["saved_at"] -= 3600
+    manifest.write_text(json.dumps(skewed))
     (tmp_path / ckpt.MARKER).unlink()
-    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (16, ckpt.iter_dir(tmp_path, 16))
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (30, ckpt.iter_dir(tmp_path, 30))
+    assert not any("saved before it" in w for w in warnings)
 
 
 def test_same_trajectory_follows_a_rollback_of_a_rollback(tmp_path):
@@ -444,7 +503,7 @@ def test_damaged_marker_is_named_and_the_newest_complete_checkpoint_is_used(tmp_
     warnings = []
     assert ckpt.find_latest(tmp_path, warn=warnings.append) == (20, tmp_path / "iter_0000020")
     assert len(warnings) == 1 and f"{marker} is damaged" in warnings[0]
-    assert "looking for the newest complete checkpoint" in warnings[0]
+    assert "looking for the checkpoint saved last" in warnings[0]
     assert ckpt.read_marker(tmp_path, warn=lambda _: None) is None
     fake_save(tmp_path, 30)  # the next save replaces it
     assert ckpt.read_marker(tmp_path) == 30

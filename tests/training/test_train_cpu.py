@@ -421,8 +421,9 @@ def test_a_damaged_marker_after_a_rollback_goes_on_with_the_rollback(make_cfg, t
     code, log = train(make_cfg())  # the relaunch: checkpoint.load=auto
     assert code == EXIT_DONE, log.text()
     assert (
-        "checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last is iteration 5, "
-        "and iteration(s) 8 above it were saved before it, by a run rolled back since: resuming from 5"
+        f"checkpoint: WARNING: no marker names the checkpoint to resume; the one saved last into {root} is "
+        "iteration 5 (save 3), and iteration(s) 8 (save 2) above it were saved before it, by a run rolled "
+        "back since: resuming from 5"
     ) in log.text()
     events = [(r["event"], r["step"]) for r in metrics(tmp_path / "run") if r["kind"] == "event"]
     assert [e for e in events if e[0] == "resume"][-1] == ("resume", 5) and events[-1] == ("exit", 8)
