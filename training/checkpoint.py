@@ -571,14 +571,22 @@ def _last_saved(root: Path, candidates: list[int], *, warn, share) -> Path | Non
     then ``share``d (the trainer: rank 0's answer on every rank, so that every rank walks the same
     candidates into the collective verification). Warns where iterations above it were saved
     before it: a run rolled back since (by ``checkpoint.load`` or an edited marker), whose checkpoints
-    are kept and not resumed."""
+    are kept and not resumed. Limit: a marker edited by hand since the last save names another
+    checkpoint than the last save; lost before the next save, that edit is not followed."""
     numbers = {it: save_number(iter_dir(root, it), root) for it in candidates}
     known = [(n, it) for it, n in numbers.items() if n is not None]
     last = max(known)[1] if known else None
-    if last is not None and any(numbers[it] is None for it in candidates if it > last):
+    unknown = [it for it in candidates if last is not None and it > last and numbers[it] is None]
+    if unknown:
         last = None
     if share is not None:
-        last = share(last)
+        last, unknown = share((last, unknown))
+    if unknown:
+        warn(
+            "checkpoint: WARNING: no marker names the checkpoint to resume, and the save order of "
+            f"iteration(s) {', '.join(map(str, unknown))} is unknown (saved before saves were numbered, "
+            "into another directory or by another path to it, or a damaged manifest): going by iteration"
+        )
     if last is None:
         return None
     above = [it for it in candidates if it > last]

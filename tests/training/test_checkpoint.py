@@ -351,7 +351,13 @@ def test_without_a_marker_an_iteration_of_unknown_order_above_goes_by_iteration(
     _strip_save_numbers(tmp_path, 20, 30)
     assert ckpt.save_number(ckpt.iter_dir(tmp_path, 30), tmp_path) is None
     (tmp_path / ckpt.MARKER).unlink()
-    assert ckpt.find_latest(tmp_path, warn=lambda _: None) == (30, ckpt.iter_dir(tmp_path, 30))
+    warnings = []
+    assert ckpt.find_latest(tmp_path, warn=warnings.append) == (30, ckpt.iter_dir(tmp_path, 30))
+    assert (
+        "checkpoint: WARNING: no marker names the checkpoint to resume, and the save order of iteration(s) "
+        "20, 30 is unknown (saved before saves were numbered, into another directory or by another path to "
+        "it, or a damaged manifest): going by iteration"
+    ) in warnings
     # the last save's manifest damaged: by iteration, and its verification names the manifest
     root = tmp_path / "b"
     for it in (10, 20, 30):
@@ -437,7 +443,7 @@ def test_every_rank_walks_rank_0s_reading(tmp_path):
     assert ckpt.find_latest(tmp_path, warn=lambda _: None)[0] == 25
     # rank 0's marker damaged too: the checkpoint saved last is rank 0's reading as well (here 15, as
     # if this rank's clock-ordered reading differed), and every rank starts from it
-    answers = iter([(None, ckpt.complete_iterations(tmp_path)), 15])
+    answers = iter([(None, ckpt.complete_iterations(tmp_path)), (15, [])])
     seen.clear()
 
     def rank0_again(mine):
@@ -445,7 +451,7 @@ def test_every_rank_walks_rank_0s_reading(tmp_path):
         return next(answers)
 
     got = ckpt.find_latest(tmp_path, warn=lambda _: None, share=rank0_again)
-    assert got == (15, ckpt.iter_dir(tmp_path, 15)) and seen == [(None, [10, 15, 20, 25, 30]), 25]
+    assert got == (15, ckpt.iter_dir(tmp_path, 15)) and seen == [(None, [10, 15, 20, 25, 30]), (25, [])]
 
 
 def test_manifest_without_checksums_still_loads(tmp_path):
