@@ -300,8 +300,9 @@ def finish_save(
     checksums: dict[str, str] | None = None,
 ) -> Path:
     """Complete a save (one rank, after every rank has written into ``tmp``): config, trainer state,
-    manifest (last, with every file's size and checksum), fsync, rename to ``iter_XXXXXXX/``,
-    marker, prune. Returns the final directory.
+    manifest (last, with every file's size and checksum and the save's number in ``root``:
+    :func:`save_number`), fsync, rename to ``iter_XXXXXXX/``, marker, prune. Returns the final
+    directory.
 
     ``checksums``: the files other ranks hashed (:func:`checksum_shard`); every file not in it is
     hashed here.
@@ -508,9 +509,10 @@ def find_latest(
                 f"checkpoint: WARNING: {root / MARKER} is missing; looking for the checkpoint saved last "
                 "instead"
             )
-        failed = _last_saved(root, candidates, warn=warn, share=share)
-        if failed is not None:  # the iterations above it were saved before it: another run's
-            candidates = [it for it in candidates if it <= iteration_of(failed)]
+        last = _last_saved(root, candidates, warn=warn, share=share)
+        if last is not None:  # the iterations above it were saved before it: another run's
+            candidates = [it for it in candidates if it <= last]
+            failed = iter_dir(root, last)
     traced, skipped = True, []
     for it in sorted(candidates, reverse=True):
         path = iter_dir(root, it)
@@ -563,8 +565,8 @@ def save_number(path: str | os.PathLike, root: str | os.PathLike) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _last_saved(root: Path, candidates: list[int], *, warn, share) -> Path | None:
-    """:func:`find_latest`'s start where no marker names a checkpoint: the candidate saved last into
+def _last_saved(root: Path, candidates: list[int], *, warn, share) -> int | None:
+    """:func:`find_latest`'s start where no marker names a checkpoint: the iteration saved last into
     ``root`` (:func:`save_number`), which the marker named (every save rewrites it); None (by
     iteration) where no candidate has a number or one above the last has none (saved before the
     field, copied in, its manifest damaged: its place in the order is unknown). Read by this process,
@@ -598,7 +600,7 @@ def _last_saved(root: Path, candidates: list[int], *, warn, share) -> Path | Non
             f"saved before it, by a run rolled back since: resuming from {last} (they are kept; to resume "
             "one of them instead, name it: checkpoint.load=<its iter_* path>)"
         )
-    return iter_dir(root, last)
+    return last
 
 
 def _trainer_origin(path: Path) -> tuple[bool, str | None]:
