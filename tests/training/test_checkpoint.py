@@ -177,15 +177,20 @@ def _save_from(root, it, origin=None, keep_last=10):
     return ckpt.finish_save(root, it, tmp, config={"a": 1}, trainer_state=state, keep_last=keep_last)
 
 
+def _rollback(root):
+    """Run A saved 10, 20, 30 from scratch; B, started from A's 10 (a rollback), saved 15 and 25."""
+    for it in (10, 20, 30):
+        _save_from(root, it)
+    for it in (15, 25):
+        _save_from(root, it, ckpt.iter_dir(root, 10).resolve())
+
+
 def test_fall_back_keeps_to_the_failed_checkpoints_trajectory(tmp_path):
     """Found in review (2026-12-06): run A saved 10, 20, 30; a rollback B (``checkpoint.load`` of A's 10)
     saved 15 and 25, between A's iterations. B's 25 damaged: the fall-back skips A's 20 (named, with
     its origin) and resumes B's 15; before, it resumed A's 20, the run that was rolled back."""
-    for it in (10, 20, 30):
-        _save_from(tmp_path, it)
+    _rollback(tmp_path)
     origin = ckpt.iter_dir(tmp_path, 10).resolve()
-    for it in (15, 25):
-        _save_from(tmp_path, it, origin)
     _flip_byte(ckpt.iter_dir(tmp_path, 25) / "model.pt")
     warnings = []
     assert ckpt.find_latest(tmp_path, warn=warnings.append) == (15, ckpt.iter_dir(tmp_path, 15))
@@ -221,10 +226,7 @@ def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
     recorded (review of 2026-12-06): a start checkpoint whose directory moved or whose trainer state is
     damaged, and a failed checkpoint whose trainer state does not match its manifest. (A damaged marker
     after a rollback: B's 25, the checkpoint saved last, A's 30 being damaged too.)"""
-    for it in (10, 20, 30):
-        _save_from(tmp_path, it)
-    for it in (15, 25):
-        _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 10).resolve())
+    _rollback(tmp_path)
     _flip_byte(ckpt.iter_dir(tmp_path, 30) / "model.pt")
     (tmp_path / ckpt.MARKER).write_bytes(b"\xff\xfe")  # damaged marker: 30 (A's, damaged) then B's 25
     warnings = []
@@ -252,19 +254,12 @@ def test_fall_back_by_iteration_where_the_trajectory_is_unknown(tmp_path):
     assert ckpt.same_trajectory(ckpt.iter_dir(tmp_path, 20), ckpt.iter_dir(tmp_path, 25)) is None
 
 
-def _rollback(root):
-    """Run A saved 10, 20, 30 from scratch; B, started from A's 10 (a rollback), saved 15 and 25."""
-    for it in (10, 20, 30):
-        _save_from(root, it)
-    for it in (15, 25):
-        _save_from(root, it, ckpt.iter_dir(root, 10).resolve())
-
-
 @pytest.mark.parametrize("marker", ["damaged", "missing"])
 def test_without_a_marker_the_checkpoint_saved_last_goes_on(tmp_path, marker):
     """Found in review (2026-12-06): with the marker damaged or missing after a rollback, the newest
     directory was resumed, A's 30: the run rolled back, silently. The checkpoint saved last (its
-    manifest's ``saved_at``), B's 25, is what the marker named: it is resumed, A's 30 named and kept."""
+    manifest's ``save`` number in the directory), B's 25, is what the marker named: it is resumed,
+    A's 30 named and kept."""
     _rollback(tmp_path)
     if marker == "damaged":
         (tmp_path / ckpt.MARKER).write_bytes(b"\xff")
@@ -430,10 +425,7 @@ def test_every_rank_walks_rank_0s_reading(tmp_path):
     """``share`` (the trainer's: rank 0's value on every rank) replaces what this process read of the
     directory: a rank whose marker read failed still walks the candidates of rank 0's marker into the
     collective verification, instead of the newest directory (a rank out of step would hang)."""
-    for it in (10, 20, 30):
-        _save_from(tmp_path, it)
-    for it in (15, 25):
-        _save_from(tmp_path, it, ckpt.iter_dir(tmp_path, 10).resolve())
+    _rollback(tmp_path)
     rank0 = (15, ckpt.complete_iterations(tmp_path))  # rank 0's marker names 15 (an edited marker)
     (tmp_path / ckpt.MARKER).write_bytes(b"\x00")  # this rank's read of the marker fails
     seen = []
@@ -442,7 +434,7 @@ def test_every_rank_walks_rank_0s_reading(tmp_path):
     # by itself: no marker, so the checkpoint saved last (B's 25, not A's 30)
     assert ckpt.find_latest(tmp_path, warn=lambda _: None)[0] == 25
     # rank 0's marker damaged too: the checkpoint saved last is rank 0's reading as well (here 15, as
-    # if this rank's clock-ordered reading differed), and every rank starts from it
+    # if this rank's reading of the save numbers differed), and every rank starts from it
     answers = iter([(None, ckpt.complete_iterations(tmp_path)), (15, [])])
     seen.clear()
 
