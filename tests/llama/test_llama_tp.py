@@ -3,11 +3,21 @@
 Each rank receives np/2 query heads and ng/2 key/value groups in the core attention; the test loads
 the TP=1 weights sharded the way megatron-core lays them out (QKV by query group, FC1 as
 [gate_r; up_r], row-parallel weights by input columns, vocabulary by rows) and compares the
-gathered vocabulary-parallel logits. FP32 parameters, so that the only TP-dependent rounding is
-the FP32 summation order of the row-parallel all-reduce (~1e-7); the attention still runs its
-recipe from BF16-cast Q/K/V. Tolerance: rel-L2 <= 1e-4 (measured 2e-7 with nvfp4qk_fp8pv; with BF16
-parameters the BF16 partial sums alone give ~7e-3, which would hide a real error).
-"""
+gathered vocabulary-parallel logits. FP32 parameters, so that TP changes only FP32 rounding: the
+sharded GEMMs (column-parallel outputs are not bitwise the slices of the full GEMM) and the
+row-parallel all-reduce, ~1e-7.
+
+The attention quantizes, so a rounding difference that moves a BF16 Q/K/V element across a rounding
+boundary (or an NVFP4 block's amax) changes a quantized value and the logits by far more than 1e-7.
+Measured with ``nvfp4qk_fp8pv`` over 48 weight seeds (2026-12-06): rel-L2 ~5e-7 for 38 of them,
+2.5e-5..3.0e-4 for the 10 where such a flip happened; 7.3e-4 for one seed of a 1-layer model, and
+5.7e-4 for seed 0 once in CI (not reproduced outside pytest-xdist: that process's GEMMs must have
+rounded otherwise). A sharding error is of
+another order: FC1 split without [gate_r; up_r] gives 0.80, one layer's QKV shards swapped 1.03
+(and the loss off by 1.9e-3 and 7.4e-3 relative, against at most 2.8e-6 for the flips). Hence the
+tolerances: logits rel-L2 <= 1e-2, loss <= 1e-4 relative. The head sharding of the core attention
+itself is checked exactly (``torch.equal``) by ``test_megatron_adapter.py::
+test_tensor_parallel_rank_sees_its_heads_only``."""
 
 from __future__ import annotations
 
@@ -98,5 +108,5 @@ def test_tp2_matches_tp1(mcore, tmp_path):
     got = out["logits"]
     assert got.shape == ref.shape
     rel = float((got.double() - ref.double()).norm() / ref.double().norm())
-    assert rel <= 1e-4, rel
+    assert rel <= 1e-2, rel  # quantization flips reach ~1e-3, a sharding error ~1 (docstring)
     assert abs(out["loss"] - ref_loss) < 1e-4 * abs(ref_loss)
