@@ -149,14 +149,13 @@ if [[ $steps == *" pytest "* ]]; then  # chosen GPU tests (PYTEST_ARGS: paths an
   tail -5 "$out/pytest.log"
 fi
 if [[ $steps == *" profile "* ]]; then  # Nsight Compute, one warm launch per variant (bench/cute_profile.py)
-  ncu=$(command -v ncu || find /opt/nvidia -name ncu -type f 2>/dev/null | sort | tail -1)
+  # shellcheck source=bench/ncu_lib.sh
+  source bench/ncu_lib.sh
+  ncu=$(ncu_path)
   [[ -n $ncu ]] || { echo "cute_session: ncu (Nsight Compute) not found on PATH or under /opt/nvidia" >&2; exit 2; }
   causal=(); [[ ${PROFILE_CAUSAL:-0} == 1 ]] && causal=(--causal)
   for variant in ${PROFILE_VARIANTS:-fp8 fa4_bf16}; do
-    case $variant in
-      fa4_bf16) name=FlashAttentionForwardSm90 ;; fp8_bwd) name=FP8BackwardSm90 ;;
-      fa4_bf16_bwd) name=FlashAttentionBackwardSm90 ;; *) name=FP8ForwardSm90 ;;
-    esac
+    name=$(ncu_kernel "$variant")
     rep="$out/prof_$variant"
     timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none -k "regex:$name" --launch-skip 2 --launch-count 1 \
       --set full --import-source no -f -o "$rep" python3 bench/cute_profile.py --variant "$variant" \

@@ -8,9 +8,11 @@
 #   bash bench/ncu_l2.sh DEST NAME [VARIANT] [SHAPE]
 set -uo pipefail
 dest=${1:?usage: ncu_l2.sh DEST NAME [VARIANT] [SHAPE]}; name=${2:?}; variant=${3:-fp8_bwd}; shape=${4:-4,32,8,4096}
-ncu=$(command -v ncu || find /opt/nvidia -name ncu -type f 2>/dev/null | sort | tail -1)
+# shellcheck source=bench/ncu_lib.sh
+source "$(dirname "$0")/ncu_lib.sh"
+ncu=$(ncu_path)
 [[ -n $ncu ]] || { echo "ncu_l2: ncu not found" >&2; exit 2; }
-case $variant in fp8_bwd) k=FP8BackwardSm90 ;; fa4_bf16_bwd) k=FlashAttentionBackwardSm90 ;; *) k=FP8ForwardSm90 ;; esac
+k=$(ncu_kernel "$variant")
 metrics=breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,lts__t_sectors.sum
 metrics+=,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum
 metrics+=,lts__t_sectors_srcunit_tex.sum,gpc__cycles_elapsed.max,dram__bytes.sum,sm__cycles_elapsed.avg

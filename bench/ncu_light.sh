@@ -5,9 +5,11 @@
 #   bash bench/ncu_light.sh DEST NAME [VARIANT] [SHAPE]
 set -uo pipefail
 dest=${1:?usage: ncu_light.sh DEST NAME [VARIANT] [SHAPE]}; name=${2:?}; variant=${3:-fp8_bwd}; shape=${4:-4,32,8,4096}
-ncu=$(command -v ncu || find /opt/nvidia -name ncu -type f 2>/dev/null | sort | tail -1)
+# shellcheck source=bench/ncu_lib.sh
+source "$(dirname "$0")/ncu_lib.sh"
+ncu=$(ncu_path)
 [[ -n $ncu ]] || { echo "ncu_light: ncu not found" >&2; exit 2; }
-case $variant in fp8_bwd) k=FP8BackwardSm90 ;; fa4_bf16_bwd) k=FlashAttentionBackwardSm90 ;; *) k=FP8ForwardSm90 ;; esac
+k=$(ncu_kernel "$variant")
 mkdir -p "$dest"; rep="$dest/$name"
 "$ncu" --clock-control none -k "regex:$k" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
   --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section SourceCounters \
