@@ -13,9 +13,9 @@ Measured with ``nvfp4qk_fp8pv`` over 48 weight seeds (2026-12-06: this test with
 ``torch.manual_seed(seed)``, seeds 0-47, printing what it asserts): rel-L2 ~5e-7 for 38 of them,
 2.5e-5..3.0e-4 for the 10 where such a flip happened; 7.3e-4 for one seed of a 1-layer model, and
 5.7e-4 for seed 0 once in CI (not reproduced in 25 runs alone nor in two whole suites: that
-process's GEMMs must have rounded otherwise). A sharding error is of
-another order: FC1 split without [gate_r; up_r] gives 0.80, one layer's QKV shards swapped 1.03
-(and the loss off by 1.9e-3 and 7.4e-3 relative, against at most 2.8e-6 for the flips). Hence the
+process's GEMMs must have rounded otherwise). A sharding error is of another order: FC1 split
+without [gate_r; up_r] gives 0.80, one layer's QKV shards swapped 1.03 (and the loss off by 1.9e-3
+and 7.4e-3 relative, against at most 2.8e-6 for the flips). Hence the
 tolerances: logits rel-L2 <= 1e-2, loss <= 1e-4 relative. The head sharding of the core attention
 itself is checked exactly (``torch.equal``) by ``test_megatron_adapter.py::
 test_tensor_parallel_rank_sees_its_heads_only``."""
